@@ -1,0 +1,154 @@
+/* Devices, backends and the registry.
+ *
+ * A device is a (type, index) pair. Each device type is served by one backend: a vtable of
+ * functions plus a context pointer. The registry always holds the CPU backend (type 0),
+ * holds backends compiled in at configure time (CUDA when nvcc was found), and loads
+ * out-of-tree backends (an Ascend NPU, a test device) from shared objects with dlopen: from
+ * every path in the colon-separated environment variable LOWP_BACKEND_PATH on first use, or
+ * from lowp_backend_load(path).
+ *
+ *   int32_t npu;
+ *   if (lowp_backend_load("./liblowp_npu.so", &npu) != LOWP_OK) puts(lowp_last_error());
+ *   lowp_device dev = {npu, 0};
+ *   void *buf;
+ *   lowp_malloc(dev, 1 << 20, &buf);
+ *   lowp_memcpy(dev, buf, LOWP_DEVICE_HOST, host_data, 1 << 20);
+ *   lowp_device_synchronize(dev);      // waits for dev's queue only
+ *
+ * Writing a backend: fill a lowp_backend_iface (a NULL slot means "unsupported", and the ops
+ * layer says so), and export from the shared object
+ *
+ *   LOWP_API lowp_status lowp_backend_entry(lowp_backend_reg *reg);
+ *
+ * which fills `reg` with api_version = LOWP_BACKEND_API_VERSION, struct_size =
+ * sizeof(lowp_backend_reg), a name, the vtable and a context. A plugin whose api_version
+ * differs from the library's is refused with LOWP_ERR_VERSION.
+ */
+#ifndef LOWP_DEVICE_H
+#define LOWP_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Device type ids. CPU and CUDA are fixed; loaded backends get ids from
+ * LOWP_DEVICE_PLUGIN_FIRST upwards, in load order (look them up by name). */
+enum {
+    LOWP_DEVICE_CPU = 0,
+    LOWP_DEVICE_CUDA = 1,
+    LOWP_DEVICE_PLUGIN_FIRST = 16,
+    LOWP_DEVICE_MAX_TYPES = 32,
+};
+
+typedef struct lowp_device {
+    int32_t type;  /* a device type id */
+    int32_t index; /* which device of that type, from 0 */
+} lowp_device;
+
+/* The host (CPU device 0), for lowp_memcpy and descriptors of host memory. */
+#define LOWP_DEVICE_HOST ((lowp_device){LOWP_DEVICE_CPU, 0})
+
+/* Capability bits. CPU bits come from CPUID and the kernel; other backends report theirs. */
+enum {
+    LOWP_CAP_AVX512F = 1u << 0,
+    LOWP_CAP_AVX512BW = 1u << 1,
+    LOWP_CAP_AVX512VL = 1u << 2,
+    LOWP_CAP_AVX512_BF16 = 1u << 3,
+    LOWP_CAP_AVX512_FP16 = 1u << 4,
+    LOWP_CAP_AMX_TILE = 1u << 5,
+    LOWP_CAP_AMX_BF16 = 1u << 6,
+    LOWP_CAP_AMX_PERMITTED = 1u << 7, /* the kernel granted XTILEDATA to this process */
+    LOWP_CAP_AVX2 = 1u << 8,
+    LOWP_CAP_FMA = 1u << 9,
+    LOWP_CAP_ASYNC_QUEUE = 1u << 16, /* work completes after the call returns */
+    LOWP_CAP_FP8_MATH = 1u << 17,    /* native FP8 matrix arithmetic */
+    LOWP_CAP_MX_MATH = 1u << 18,     /* native block-scaled (MX) matrix arithmetic */
+};
+
+typedef struct lowp_caps {
+    char name[64];      /* e.g. the CPU brand string or the GPU name */
+    uint32_t flags;     /* LOWP_CAP_* bits */
+    int32_t cores;      /* hardware threads (CPU) or multiprocessors (GPU) */
+    uint64_t mem_bytes; /* device memory, 0 if unknown */
+} lowp_caps;
+
+/* Names of the LOWP_CAP_* bits that are set, space separated, into buf. */
+LOWP_API lowp_status lowp_caps_describe(const lowp_caps *caps, char *buf, size_t buf_size);
+
+struct lowp_tensor;
+struct lowp_cast_cfg;
+
+/* A backend's vtable. Every slot takes the backend's context first. */
+typedef struct lowp_backend_iface {
+    lowp_status (*device_count)(void *ctx, int32_t *count);
+    lowp_status (*caps)(void *ctx, int32_t index, lowp_caps *out);
+    /* Wait until all work queued on device `index` has completed. */
+    lowp_status (*synchronize)(void *ctx, int32_t index);
+    lowp_status (*alloc)(void *ctx, int32_t index, size_t nbytes, void **ptr);
+    lowp_status (*free)(void *ctx, int32_t index, void *ptr);
+    /* Copies, queued on the device's queue in order with its other work. */
+    lowp_status (*memcpy_h2d)(void *ctx, int32_t index, void *dst, const void *src, size_t n);
+    lowp_status (*memcpy_d2h)(void *ctx, int32_t index, void *dst, const void *src, size_t n);
+    lowp_status (*memcpy_d2d)(void *ctx, int32_t dst_index, void *dst, int32_t src_index,
+                              const void *src, size_t n);
+    /* Element conversion (lowp_cast), both tensors on device `index`. */
+    lowp_status (*cast)(void *ctx, int32_t index, const struct lowp_tensor *src,
+                        struct lowp_tensor *dst, const struct lowp_cast_cfg *cfg);
+    /* Called once when the registry is torn down (may be NULL). */
+    void (*destroy)(void *ctx);
+} lowp_backend_iface;
+
+#define LOWP_BACKEND_API_VERSION 1u
+#define LOWP_BACKEND_ENTRY_SYMBOL "lowp_backend_entry"
+
+typedef struct lowp_backend_reg {
+    uint32_t api_version; /* LOWP_BACKEND_API_VERSION of the headers it was built with */
+    uint32_t struct_size; /* sizeof(lowp_backend_reg) */
+    const char *name;     /* device type name, e.g. "npu"; unique in the registry */
+    const lowp_backend_iface *iface;
+    void *ctx;
+} lowp_backend_reg;
+
+typedef lowp_status (*lowp_backend_entry_fn)(lowp_backend_reg *reg);
+
+/* Register a backend given in-process; *type_out (may be NULL) receives its device type id. */
+LOWP_API lowp_status lowp_backend_register(const lowp_backend_reg *reg, int32_t *type_out);
+
+/* dlopen `path`, call its lowp_backend_entry and register the backend. */
+LOWP_API lowp_status lowp_backend_load(const char *path, int32_t *type_out);
+
+/* Registered device types: ids are listed in `types` (up to `cap`), count in *n. */
+LOWP_API lowp_status lowp_backend_list(int32_t *types, int32_t cap, int32_t *n);
+LOWP_API lowp_status lowp_backend_name(int32_t type, const char **name);
+LOWP_API lowp_status lowp_backend_find(const char *name, int32_t *type);
+
+/* Messages of LOWP_BACKEND_PATH entries that failed to load ("" when none). */
+LOWP_API const char *lowp_backend_env_errors(void);
+
+LOWP_API lowp_status lowp_device_count(int32_t type, int32_t *count);
+LOWP_API lowp_status lowp_device_caps(lowp_device dev, lowp_caps *out);
+
+/* Synchronize the queue of `dev`, and only that one. */
+LOWP_API lowp_status lowp_device_synchronize(lowp_device dev);
+
+/* Device memory. */
+LOWP_API lowp_status lowp_malloc(lowp_device dev, size_t nbytes, void **ptr);
+LOWP_API lowp_status lowp_free(lowp_device dev, void *ptr);
+/* Copy n bytes between any two devices (through host memory when they are of different
+ * non-CPU types). */
+LOWP_API lowp_status lowp_memcpy(lowp_device dst_dev, void *dst, lowp_device src_dev,
+                                 const void *src, size_t n);
+
+/* The registry entry of a type, for the ops layer: its vtable and context. */
+LOWP_API lowp_status lowp_backend_get(int32_t type, const lowp_backend_iface **iface,
+                                      void **ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

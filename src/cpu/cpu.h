@@ -1,0 +1,44 @@
+/* The CPU backend's internal interface: capability detection, the backend registration and
+ * the element-conversion kernels (reference and AVX-512), which the dispatcher in cast.c
+ * splits into pieces and runs on threads. */
+#ifndef LOWP_CPU_H
+#define LOWP_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/internal.h"
+#include "lowp/cast.h"
+#include "lowp/device.h"
+
+/* Detected once (CPUID, XGETBV, and the AMX permission request); thread-safe. */
+LOWP_HIDDEN const lowp_caps *lowp_cpu_caps(void);
+
+/* The CPU backend's registration (src/cpu/backend.c). */
+LOWP_HIDDEN lowp_status lowp_cpu_backend_entry(lowp_backend_reg *reg);
+
+/* Host-side cast entry, used by the CPU backend's vtable and by the ops layer. */
+LOWP_HIDDEN lowp_status lowp_cpu_cast(const lowp_tensor *src, lowp_tensor *dst,
+                                      const lowp_cast_cfg *cfg);
+
+/* A piece of a cast: n consecutive elements of one row. `idx` is the row-major index of the
+ * piece's first element (the Philox word offset is cfg->offset + idx). E2M1 pieces start at
+ * an even element and src/dst point at the byte that holds it. */
+typedef struct lowp_cast_piece {
+    const void *src;
+    void *dst;
+    size_t n;
+    uint64_t idx;
+    lowp_format src_format;
+    lowp_format dst_format;
+    const lowp_cast_cfg *cfg;
+} lowp_cast_piece;
+
+LOWP_HIDDEN void lowp_cpu_cast_ref(const lowp_cast_piece *p);
+
+/* Returns 1 when the AVX-512 kernels handle (src_format, dst_format, rounding), else 0. */
+LOWP_HIDDEN int lowp_cpu_cast_avx512_supports(lowp_format src, lowp_format dst,
+                                              lowp_rounding rounding);
+LOWP_HIDDEN void lowp_cpu_cast_avx512(const lowp_cast_piece *p);
+
+#endif

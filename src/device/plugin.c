@@ -1,0 +1,1 @@
+/* STUB: plugin loader */

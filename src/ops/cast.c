@@ -1,0 +1,86 @@
+/* lowp_cast: validate the arguments, then run the cast on the backend of the tensors'
+ * device. */
+#include "core/internal.h"
+#include "lowp/cast.h"
+
+lowp_status lowp_cast_cfg_init(lowp_cast_cfg *cfg) {
+    LOWP_CHECK_PTR("lowp_cast_cfg_init", cfg);
+    memset(cfg, 0, sizeof *cfg);
+    cfg->overflow = LOWP_OVERFLOW_SATFINITE;
+    cfg->rounding = LOWP_ROUND_RNE;
+    cfg->path = LOWP_PATH_AUTO;
+    return LOWP_OK;
+}
+
+static lowp_status check_cfg(const lowp_cast_cfg *cfg) {
+    if (cfg->overflow != LOWP_OVERFLOW_SATFINITE && cfg->overflow != LOWP_OVERFLOW_NONSAT)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_cast: cfg.overflow (%d) is not a lowp_overflow",
+                         (int) cfg->overflow);
+    if (cfg->rounding != LOWP_ROUND_RNE && cfg->rounding != LOWP_ROUND_SR)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_cast: cfg.rounding (%d) is not a lowp_rounding",
+                         (int) cfg->rounding);
+    if (cfg->path != LOWP_PATH_AUTO && cfg->path != LOWP_PATH_REFERENCE &&
+        cfg->path != LOWP_PATH_AVX512)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_cast: cfg.path (%d) is not a lowp_kernel_path",
+                         (int) cfg->path);
+    if (cfg->threads < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_cast: cfg.threads (%d) < 0", cfg->threads);
+    return LOWP_OK;
+}
+
+lowp_status lowp_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_cast_cfg *cfg) {
+    LOWP_CHECK_PTR("lowp_cast", src);
+    LOWP_CHECK_PTR("lowp_cast", dst);
+    lowp_cast_cfg defaults;
+    if (!cfg) {
+        lowp_cast_cfg_init(&defaults);
+        cfg = &defaults;
+    }
+    lowp_status st = check_cfg(cfg);
+    if (st != LOWP_OK) return st;
+    const lowp_format_traits *st_, *dt;
+    if (lowp_format_get(src->format, &st_) != LOWP_OK)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_cast: src.format (%d) is not a lowp_format",
+                         (int) src->format);
+    if (lowp_format_get(dst->format, &dt) != LOWP_OK)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_cast: dst.format (%d) is not a lowp_format",
+                         (int) dst->format);
+    int encode_pair = src->format == LOWP_FORMAT_F32 ||
+                      (src->format == LOWP_FORMAT_BF16 && dst->format != LOWP_FORMAT_F32 &&
+                       dst->format != LOWP_FORMAT_BF16);
+    int decode_pair = dst->format == LOWP_FORMAT_F32;
+    if (!encode_pair && !decode_pair)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "lowp_cast: src.format (%s) -> dst.format (%s) is not a supported pair "
+                         "(f32 -> any, bf16 -> 8/4-bit or f16, any -> f32)",
+                         st_->name, dt->name);
+    if (cfg->rounding == LOWP_ROUND_SR && !dt->encode_sr)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "lowp_cast: cfg.rounding (LOWP_ROUND_SR) is not defined for dst.format (%s)",
+                         dt->name);
+    if (src->rows != dst->rows || src->cols != dst->cols)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_cast: dst shape (%lld x %lld) != src shape (%lld x %lld)",
+                         (long long) dst->rows, (long long) dst->cols, (long long) src->rows,
+                         (long long) src->cols);
+    size_t sbytes, dbytes;
+    if ((st = lowp_tensor_nbytes(src, &sbytes)) != LOWP_OK) return st;
+    if ((st = lowp_tensor_nbytes(dst, &dbytes)) != LOWP_OK) return st;
+    if (sbytes && !src->data) return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_cast: src.data is NULL");
+    if (dbytes && !dst->data) return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_cast: dst.data is NULL");
+    if (src->device.type != dst->device.type || src->device.index != dst->device.index)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_cast: dst.device (%d:%d) != src.device (%d:%d); copy first",
+                         dst->device.type, dst->device.index, src->device.type,
+                         src->device.index);
+    const lowp_backend_iface *iface;
+    void *ctx;
+    if ((st = lowp_backend_get(src->device.type, &iface, &ctx)) != LOWP_OK) return st;
+    if (!iface->cast) {
+        const char *name = "?";
+        lowp_backend_name(src->device.type, &name);
+        return lowp_fail(LOWP_ERR_UNSUPPORTED, "lowp_cast: backend \"%s\" has no cast kernel",
+                         name);
+    }
+    return iface->cast(ctx, src->device.index, src, dst, cfg);
+}

@@ -1,0 +1,1 @@
+typedef int lowp_stub_unit;

@@ -1,0 +1,1 @@
+/* STUB */ typedef int lowp_stub_unit;
