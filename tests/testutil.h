@@ -1,0 +1,43 @@
+/* A minimal test harness for lowp's C tests: CHECK macros that count, and a summary line
+ * "N passed, M failed" that ctest's log shows; main returns testutil_finish(). */
+#ifndef LOWP_TESTUTIL_H
+#define LOWP_TESTUTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static int tu_passed, tu_failed;
+
+#define CHECK(cond)                                                                               \
+    do {                                                                                          \
+        if (cond) tu_passed++;                                                                    \
+        else {                                                                                    \
+            tu_failed++;                                                                          \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);              \
+        }                                                                                         \
+    } while (0)
+
+/* Like CHECK, with a printf-style explanation on failure. */
+#define CHECKF(cond, ...)                                                                         \
+    do {                                                                                          \
+        if (cond) tu_passed++;                                                                    \
+        else {                                                                                    \
+            tu_failed++;                                                                          \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);              \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fputc('\n', stderr);                                                                  \
+        }                                                                                         \
+    } while (0)
+
+static inline int testutil_finish(void) {
+    printf("%d passed, %d failed\n", tu_passed, tu_failed);
+    return tu_failed ? 1 : 0;
+}
+
+/* LOWP_TEST_QUICK=1 (the sanitizer run) asks for smaller sizes. */
+static inline int testutil_quick(void) {
+    const char *q = getenv("LOWP_TEST_QUICK");
+    return q && q[0] == '1';
+}
+
+#endif
