@@ -82,6 +82,8 @@ LOWP_API lowp_status lowp_caps_describe(const lowp_caps *caps, char *buf, size_t
 
 struct lowp_tensor;
 struct lowp_cast_cfg;
+struct lowp_qtensor;
+struct lowp_quant_cfg;
 
 /* A backend's vtable. Every slot takes the backend's context first. */
 typedef struct lowp_backend_iface {
@@ -99,6 +101,16 @@ typedef struct lowp_backend_iface {
     /* Element conversion (lowp_cast), both tensors on device `index`. */
     lowp_status (*cast)(void *ctx, int32_t index, const struct lowp_tensor *src,
                         struct lowp_tensor *dst, const struct lowp_cast_cfg *cfg);
+    /* Quantization (lowp_quantize, lowp_quantize_grouped, lowp_dequantize, lowp_amax); the
+     * ops layer has validated every argument. */
+    lowp_status (*quantize)(void *ctx, int32_t index, const struct lowp_tensor *x,
+                            struct lowp_qtensor *row_out, struct lowp_qtensor *col_out,
+                            const struct lowp_quant_cfg *cfg);
+    lowp_status (*quantize_grouped)(void *ctx, int32_t index, const struct lowp_tensor *x,
+                                    struct lowp_qtensor *col_out,
+                                    const struct lowp_quant_cfg *cfg);
+    lowp_status (*dequantize)(void *ctx, int32_t index, const struct lowp_qtensor *q,
+                              struct lowp_tensor *out);
     /* Called once when the registry is torn down (may be NULL). */
     void (*destroy)(void *ctx);
 } lowp_backend_iface;

@@ -9,5 +9,6 @@
 #include "device.h"
 #include "tensor.h"
 #include "cast.h"
+#include "quant.h"
 
 #endif

@@ -41,4 +41,15 @@ LOWP_HIDDEN int lowp_cpu_cast_avx512_supports(lowp_format src, lowp_format dst,
                                               lowp_rounding rounding);
 LOWP_HIDDEN void lowp_cpu_cast_avx512(const lowp_cast_piece *p);
 
+/* Quantization entry points (src/cpu/quant.c), arguments validated by src/ops/quant.c. */
+struct lowp_qtensor;
+struct lowp_quant_cfg;
+LOWP_HIDDEN lowp_status lowp_cpu_quantize(const lowp_tensor *x, struct lowp_qtensor *row,
+                                          struct lowp_qtensor *col,
+                                          const struct lowp_quant_cfg *cfg);
+LOWP_HIDDEN lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, struct lowp_qtensor *col,
+                                                  const struct lowp_quant_cfg *cfg);
+LOWP_HIDDEN lowp_status lowp_cpu_dequantize(const struct lowp_qtensor *q, lowp_tensor *out);
+LOWP_HIDDEN lowp_status lowp_cpu_amax(const lowp_tensor *x, int scaling, float *out);
+
 #endif

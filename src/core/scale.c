@@ -1,0 +1,151 @@
+/* Scale rules (NUMERICS.md sections 3-4), the scaling kinds' names, block sizes and buffer
+ * sizes of quantized tensors. Kernels call the inline forms in scale_rules.h; the public
+ * functions here wrap them with argument checks. */
+#include <float.h>
+#include <string.h>
+
+#include "internal.h"
+#include "lowp/quant.h"
+#include "scale_rules.h"
+
+static const char *const g_scaling_names[LOWP_SCALING_COUNT] = {
+    "tensor", "row", "mx32", "block128", "block128x128", "block32x32"};
+
+const char *lowp_scaling_name(lowp_scaling scaling) {
+    return (unsigned) scaling < LOWP_SCALING_COUNT ? g_scaling_names[scaling] : "?";
+}
+
+lowp_status lowp_scaling_from_name(const char *name, lowp_scaling *out) {
+    LOWP_CHECK_PTR("lowp_scaling_from_name", name);
+    LOWP_CHECK_PTR("lowp_scaling_from_name", out);
+    for (int s = 0; s < LOWP_SCALING_COUNT; s++) {
+        if (strcmp(name, g_scaling_names[s]) == 0) {
+            *out = (lowp_scaling) s;
+            return LOWP_OK;
+        }
+    }
+    return lowp_fail(LOWP_ERR_INVALID_ARG,
+                     "lowp_scaling_from_name: name (\"%s\") is not one of tensor, row, mx32, "
+                     "block128, block128x128, block32x32",
+                     name);
+}
+
+lowp_status lowp_scale_mode_from_name(const char *name, lowp_scale_mode *out) {
+    static const char *const names[] = {"default", "rceil", "floor", "ceil", "even"};
+    LOWP_CHECK_PTR("lowp_scale_mode_from_name", name);
+    LOWP_CHECK_PTR("lowp_scale_mode_from_name", out);
+    for (int m = 0; m < 5; m++) {
+        if (strcmp(name, names[m]) == 0) {
+            *out = (lowp_scale_mode) m;
+            return LOWP_OK;
+        }
+    }
+    return lowp_fail(LOWP_ERR_INVALID_ARG,
+                     "lowp_scale_mode_from_name: name (\"%s\") is not one of rceil, floor, ceil, "
+                     "even",
+                     name);
+}
+
+lowp_status lowp_scaling_block(lowp_scaling scaling, int64_t *block_rows, int64_t *block_cols) {
+    LOWP_CHECK_PTR("lowp_scaling_block", block_rows);
+    LOWP_CHECK_PTR("lowp_scaling_block", block_cols);
+    switch (scaling) {
+    case LOWP_SCALING_TENSOR: *block_rows = 0, *block_cols = 0; break;
+    case LOWP_SCALING_ROW: *block_rows = 1, *block_cols = 0; break;
+    case LOWP_SCALING_MX32: *block_rows = 1, *block_cols = 32; break;
+    case LOWP_SCALING_BLOCK128: *block_rows = 1, *block_cols = 128; break;
+    case LOWP_SCALING_BLOCK128X128: *block_rows = 128, *block_cols = 128; break;
+    case LOWP_SCALING_BLOCK32X32: *block_rows = 32, *block_cols = 32; break;
+    default:
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_scaling_block: scaling (%d) is not a lowp_scaling",
+                         (int) scaling);
+    }
+    return LOWP_OK;
+}
+
+/* Blocks along the columns of a (possibly grouped) qtensor. */
+static lowp_status col_blocks(const char *fn, const lowp_qtensor *q, int64_t bc, int64_t *out) {
+    if (!q->group_offs) {
+        *out = bc == 0 ? 1 : (q->cols + bc - 1) / bc;
+        return LOWP_OK;
+    }
+    if (q->scaling != LOWP_SCALING_MX32 && q->scaling != LOWP_SCALING_BLOCK128)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: q.group_offs is set but q.scaling (%s) is not mx32 or block128", fn,
+                         lowp_scaling_name(q->scaling));
+    if (q->groups < 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: q.groups (%d) < 1", fn, q->groups);
+    int64_t n = 0, prev = 0;
+    for (int32_t g = 0; g < q->groups; g++) {
+        int64_t end = q->group_offs[g];
+        if (end < prev || end > q->cols)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: q.group_offs[%d] (%lld) is not in [%lld, cols (%lld)]", fn, g,
+                             (long long) end, (long long) prev, (long long) q->cols);
+        n += (end - prev + bc - 1) / bc;
+        prev = end;
+    }
+    *out = n;
+    return LOWP_OK;
+}
+
+lowp_status lowp_qtensor_scale_shape(const lowp_qtensor *q, int64_t *scale_rows,
+                                     int64_t *scale_cols, int *scale_is_e8m0) {
+    const char *fn = "lowp_qtensor_scale_shape";
+    LOWP_CHECK_PTR(fn, q);
+    LOWP_CHECK_PTR(fn, scale_rows);
+    LOWP_CHECK_PTR(fn, scale_cols);
+    int64_t br, bc;
+    if (lowp_scaling_block(q->scaling, &br, &bc) != LOWP_OK)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: q.scaling (%d) is not a lowp_scaling", fn,
+                         (int) q->scaling);
+    if (q->rows < 0 || q->cols < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: q shape (%lld x %lld) is negative", fn,
+                         (long long) q->rows, (long long) q->cols);
+    *scale_rows = br == 0 ? 1 : (q->rows + br - 1) / br;
+    lowp_status st = col_blocks(fn, q, bc, scale_cols);
+    if (st != LOWP_OK) return st;
+    if (scale_is_e8m0)
+        *scale_is_e8m0 = q->scaling == LOWP_SCALING_MX32 || q->scaling == LOWP_SCALING_BLOCK32X32;
+    return LOWP_OK;
+}
+
+lowp_status lowp_qtensor_nbytes(const lowp_qtensor *q, size_t *data_bytes, size_t *scale_bytes) {
+    const char *fn = "lowp_qtensor_nbytes";
+    LOWP_CHECK_PTR(fn, q);
+    int64_t sr, sc;
+    int e8;
+    lowp_status st = lowp_qtensor_scale_shape(q, &sr, &sc, &e8);
+    if (st != LOWP_OK) return st;
+    lowp_tensor t = {q->format, q->rows, q->cols, NULL, q->device};
+    size_t db;
+    if ((st = lowp_tensor_nbytes(&t, &db)) != LOWP_OK) return st;
+    if (data_bytes) *data_bytes = db;
+    if (scale_bytes) *scale_bytes = (size_t) sr * (size_t) sc * (e8 ? 1u : 4u);
+    return LOWP_OK;
+}
+
+lowp_status lowp_e8m0_scale(float amax, lowp_format format, lowp_scale_mode mode, uint8_t *code) {
+    LOWP_CHECK_PTR("lowp_e8m0_scale", code);
+    const lowp_format_traits *t;
+    if (lowp_format_get(format, &t) != LOWP_OK || t->bits > 8 || format == LOWP_FORMAT_E8M0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_e8m0_scale: format (%d) is not an element format (e4m3, e5m2, e2m1)",
+                         (int) format);
+    if (mode < LOWP_SCALE_DEFAULT || mode > LOWP_SCALE_EVEN)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_e8m0_scale: mode (%d) is not a lowp_scale_mode",
+                         (int) mode);
+    if (mode == LOWP_SCALE_DEFAULT) mode = LOWP_SCALE_RCEIL;
+    *code = lowp_rule_e8m0_code(amax, t, mode);
+    return LOWP_OK;
+}
+
+lowp_status lowp_fp32_scale(float amax, lowp_format format, float eps, int pow2, float *scale) {
+    LOWP_CHECK_PTR("lowp_fp32_scale", scale);
+    const lowp_format_traits *t;
+    if (lowp_format_get(format, &t) != LOWP_OK || t->bits > 8 || format == LOWP_FORMAT_E8M0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_fp32_scale: format (%d) is not an element format", (int) format);
+    *scale = lowp_rule_fp32_scale(amax, t->fmax, eps, pow2);
+    return LOWP_OK;
+}

@@ -1,0 +1,76 @@
+/* The scale rules of NUMERICS.md sections 3-4 as inline functions, shared by the reference
+ * and the fast kernels so that there is one statement of each rule. */
+#ifndef LOWP_SCALE_RULES_H
+#define LOWP_SCALE_RULES_H
+
+#include <float.h>
+#include <math.h>
+
+#include "internal.h"
+#include "lowp/format.h"
+#include "lowp/quant.h"
+
+/* NaN-propagating max of |x| accumulation: NaN wins over every number. */
+static inline float lowp_amax_acc(float m, float x) {
+    float a = fabsf(x);
+    return (a > m || a != a) ? a : m;
+}
+
+/* RCEIL's rounding of d = amax / fmax to a scale code: the smallest power of two >= d. */
+static inline int lowp_rule_rceil_code_from_d(uint32_t d) {
+    uint32_t de = (d & 0x7FFFFFFFu) >> 23, dm = d & 0x7FFFFFu;
+    if (de == 0) return dm > 0x400000u ? 1 : 0;
+    return (int) de + (dm != 0);
+}
+
+/* Scale code of a block with amax `amax` (0xFF for NaN/Inf, 0x00 for 0). `mode` is resolved
+ * (not DEFAULT). */
+static inline uint8_t lowp_rule_e8m0_code(float amax, const lowp_format_traits *t,
+                                          lowp_scale_mode mode) {
+    uint32_t a = lowp_f2u(amax) & 0x7FFFFFFFu;
+    if (a >= 0x7F800000u) return 0xFF;
+    if (a == 0) return 0x00;
+    int e; /* the biased scale code before clamping: e_unbiased + 127 */
+    switch (mode) {
+    case LOWP_SCALE_FLOOR: e = (int) (a >> 23) - t->emax; break;
+    case LOWP_SCALE_CEIL: e = (int) (a >> 23) + ((a & 0x7FFFFFu) != 0) - t->emax; break;
+    case LOWP_SCALE_EVEN: {
+        uint32_t b = (a + (1u << (22 - t->mbits))) & 0xFF800000u;
+        e = (int) (b >> 23) - t->emax;
+        break;
+    }
+    default: { /* RCEIL: one binary32 multiply by the binary32 constant 1/fmax */
+        float inv = 1.0f / t->fmax;
+        e = lowp_rule_rceil_code_from_d(lowp_f2u(amax * inv));
+        break;
+    }
+    }
+    if (e < 0) e = 0;
+    if (e > 254) e = 254;
+    return (uint8_t) e;
+}
+
+/* 2^(127 - code): the factor that brings a block into the element range (code 254 gives the
+ * binary32 subnormal 2^-127, code 0 gives 2^127). */
+static inline float lowp_rule_e8m0_quant_factor(uint8_t code) {
+    uint32_t be = 254u - code; /* biased exponent of 2^(127-code) */
+    return lowp_u2f(be == 0 ? 0x00400000u : be << 23);
+}
+
+/* 2^(code - 127): the decode factor (NaN for 0xFF). */
+static inline float lowp_rule_e8m0_value(uint8_t code) {
+    if (code == 0xFF) return NAN;
+    return lowp_u2f(code == 0 ? 0x00400000u : (uint32_t) code << 23);
+}
+
+/* NUMERICS.md section 4, steps 1-3. */
+static inline float lowp_rule_fp32_scale(float amax, float fmax, float eps, int pow2) {
+    float a = amax > eps ? amax : (amax != amax ? amax : eps);
+    if (a == 0.0f || a != a || a == INFINITY) return 1.0f;
+    float s = fmax / a;
+    if (s == INFINITY) s = FLT_MAX;
+    if (pow2) s = lowp_u2f(lowp_f2u(s) & 0xFF800000u);
+    return s;
+}
+
+#endif

@@ -1,0 +1,190 @@
+/* CPU quantization dispatcher: settles the job (modes, defaults, whole-tensor scales), picks
+ * the kernel (reference or AVX-512) and runs bands of rows on the threads. Arguments were
+ * validated by the ops layer (src/ops/quant.c). */
+#include <omp.h>
+#include <stdlib.h>
+
+#include "core/scale_rules.h"
+#include "cpu.h"
+#include "quant_kernels.h"
+
+typedef void (*band_kernel)(const lowp_quant_job *, int64_t, int64_t);
+
+static int n_threads(int32_t want) { return want > 0 ? want : omp_get_num_procs(); }
+
+/* amax over the whole input (NaN wins), in parallel. */
+static float tensor_amax(const lowp_quant_job *j, int threads) {
+    float m = 0.0f;
+    int nan = 0;
+#pragma omp parallel for num_threads(threads) reduction(max : m) reduction(| : nan)             \
+    schedule(static) if (j->rows * j->cols > 65536)
+    for (int64_t r = 0; r < j->rows; r++) {
+        float mr = 0.0f;
+        for (int64_t c = 0; c < j->cols; c++) mr = lowp_amax_acc(mr, lowp_job_x(j, r, c));
+        if (mr != mr) nan = 1;
+        else if (mr > m) m = mr;
+    }
+    return nan ? NAN : m;
+}
+
+/* Per-column amax (for the columnwise copy of ROW scaling), NaN wins. */
+static lowp_status column_amax(const lowp_quant_job *j, float *amax) {
+    for (int64_t c = 0; c < j->cols; c++) amax[c] = 0.0f;
+    for (int64_t r = 0; r < j->rows; r++)
+        for (int64_t c = 0; c < j->cols; c++) amax[c] = lowp_amax_acc(amax[c], lowp_job_x(j, r, c));
+    return LOWP_OK;
+}
+
+static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtensor *row,
+                             lowp_qtensor *col, const lowp_quant_cfg *cfg) {
+    const lowp_qtensor *q = row ? row : col;
+    memset(j, 0, sizeof *j);
+    j->x = x->data;
+    j->xfmt = x->format;
+    j->rows = x->rows;
+    j->cols = x->cols;
+    j->row = row;
+    j->col = col;
+    j->efmt = q->format;
+    j->scaling = q->scaling;
+    lowp_format_get(q->format, &j->et);
+    j->mode = cfg->scale_mode;
+    if (j->mode == LOWP_SCALE_DEFAULT)
+        j->mode = q->scaling == LOWP_SCALING_BLOCK32X32 ? LOWP_SCALE_FLOOR : LOWP_SCALE_RCEIL;
+    j->pow2 = cfg->pow2_scales < 0 ? q->scaling == LOWP_SCALING_ROW : cfg->pow2_scales;
+    j->eps = cfg->eps;
+    j->tensor_scale = 1.0f;
+    switch (q->scaling) {
+    case LOWP_SCALING_MX32: j->band_rows = col ? 32 : 1; break;
+    case LOWP_SCALING_BLOCK128: j->band_rows = col ? 128 : 1; break;
+    case LOWP_SCALING_BLOCK128X128: j->band_rows = 128; break;
+    case LOWP_SCALING_BLOCK32X32: j->band_rows = 32; break;
+    default: j->band_rows = 1; break;
+    }
+    return LOWP_OK;
+}
+
+static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, const char *fn,
+                               lowp_status *st) {
+    uint32_t flags = lowp_cpu_caps()->flags;
+    int have512 = (flags & LOWP_CAP_AVX512F) && (flags & LOWP_CAP_AVX512BW);
+    int fast_ok = have512 && lowp_cpu_quant_avx512_supports(j);
+    *st = LOWP_OK;
+    if (path == LOWP_PATH_AVX512) {
+        if (!fast_ok) {
+            *st = lowp_fail(LOWP_ERR_UNSUPPORTED,
+                            "%s: cfg.path (LOWP_PATH_AVX512) but %s", fn,
+                            have512 ? "there is no AVX-512 kernel for this scaling/format"
+                                    : "this CPU lacks AVX-512F/BW");
+            return NULL;
+        }
+        return lowp_cpu_quant_avx512;
+    }
+    if (path == LOWP_PATH_AUTO && fast_ok) return lowp_cpu_quant_avx512;
+    return lowp_cpu_quant_ref;
+}
+
+lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qtensor *col,
+                              const lowp_quant_cfg *cfg) {
+    lowp_quant_job j;
+    setup_job(&j, x, row, col, cfg);
+    const int threads = n_threads(cfg->threads);
+    lowp_status st;
+    band_kernel kernel = pick_kernel(&j, cfg->path, "lowp_quantize", &st);
+    if (!kernel) return st;
+
+    float amax = 0.0f;
+    int have_amax = 0;
+    if (j.scaling == LOWP_SCALING_TENSOR) {
+        if (cfg->scale) {
+            j.tensor_scale = *cfg->scale;
+        } else {
+            amax = tensor_amax(&j, threads);
+            have_amax = 1;
+            j.tensor_scale = lowp_rule_fp32_scale(amax, j.et->fmax, j.eps, j.pow2);
+        }
+        if (row) ((float *) row->scales)[0] = 1.0f / j.tensor_scale;
+        if (col) ((float *) col->scales)[0] = 1.0f / j.tensor_scale;
+    }
+    if (cfg->amax_out) {
+        if (!have_amax) amax = tensor_amax(&j, threads);
+        *cfg->amax_out = amax;
+    }
+    float *colsc = NULL;
+    if (j.scaling == LOWP_SCALING_ROW && col && j.cols > 0) {
+        colsc = malloc((size_t) j.cols * sizeof *colsc);
+        if (!colsc)
+            return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_quantize: %lld column scales",
+                             (long long) j.cols);
+        column_amax(&j, colsc);
+        for (int64_t c = 0; c < j.cols; c++) {
+            colsc[c] = lowp_rule_fp32_scale(colsc[c], j.et->fmax, j.eps, j.pow2);
+            ((float *) col->scales)[c] = 1.0f / colsc[c];
+        }
+        j.col_scale = colsc;
+    }
+    /* Bands of band_rows rows; each thread takes a contiguous run of bands. */
+    const int64_t nbands = (j.rows + j.band_rows - 1) / j.band_rows;
+    int64_t per = (nbands + threads - 1) / threads;
+    if (per < 1) per = 1;
+    const int64_t nchunks = (nbands + per - 1) / per;
+#pragma omp parallel for num_threads(threads) schedule(static) if (nchunks > 1 && j.rows * j.cols > 32768)
+    for (int64_t t = 0; t < nchunks; t++) {
+        int64_t r0 = t * per * j.band_rows;
+        int64_t r1 = r0 + per * j.band_rows;
+        if (r1 > j.rows) r1 = j.rows;
+        kernel(&j, r0, r1);
+    }
+    free(colsc);
+    return LOWP_OK;
+}
+
+lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
+                                      const lowp_quant_cfg *cfg) {
+    lowp_quant_job j;
+    setup_job(&j, x, NULL, col, cfg);
+    const int threads = n_threads(cfg->threads);
+    if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads);
+#pragma omp parallel for num_threads(threads) schedule(static) if (j.rows * j.cols > 32768)
+    for (int64_t c = 0; c < j.cols; c++) lowp_cpu_quant_grouped_ref(&j, c, c + 1);
+    return LOWP_OK;
+}
+
+lowp_status lowp_cpu_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
+    int64_t br = q->scaling == LOWP_SCALING_BLOCK128X128 ? 128
+                 : q->scaling == LOWP_SCALING_BLOCK32X32 ? 32
+                                                          : 1;
+    const int64_t nbands = (q->rows + br - 1) / br;
+#pragma omp parallel for schedule(static) if (q->rows * q->cols > 65536)
+    for (int64_t b = 0; b < nbands; b++) {
+        int64_t r1 = (b + 1) * br < q->rows ? (b + 1) * br : q->rows;
+        lowp_cpu_dequant_ref(q, (float *) out->data, b * br, r1);
+    }
+    return LOWP_OK;
+}
+
+lowp_status lowp_cpu_amax(const lowp_tensor *x, int scaling_, float *out) {
+    lowp_scaling scaling = (lowp_scaling) scaling_;
+    lowp_qtensor shape = {LOWP_FORMAT_E4M3, scaling, x->rows, x->cols, NULL, NULL,
+                          x->device, NULL, 0};
+    int64_t sr, sc;
+    lowp_status st = lowp_qtensor_scale_shape(&shape, &sr, &sc, NULL);
+    if (st != LOWP_OK) return st;
+    int64_t br, bc;
+    lowp_scaling_block(scaling, &br, &bc);
+    if (br == 0) br = x->rows > 0 ? x->rows : 1;
+    if (bc == 0) bc = x->cols > 0 ? x->cols : 1;
+    lowp_quant_job j;
+    memset(&j, 0, sizeof j);
+    j.x = x->data;
+    j.xfmt = x->format;
+    j.rows = x->rows;
+    j.cols = x->cols;
+    for (int64_t i = 0; i < sr * sc; i++) out[i] = 0.0f;
+    for (int64_t r = 0; r < x->rows; r++)
+        for (int64_t c = 0; c < x->cols; c++) {
+            float *m = &out[(r / br) * sc + c / bc];
+            *m = lowp_amax_acc(*m, lowp_job_x(&j, r, c));
+        }
+    return LOWP_OK;
+}

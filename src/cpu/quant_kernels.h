@@ -1,0 +1,50 @@
+/* The CPU quantization kernels' interface. The dispatcher (quant.c) resolves the
+ * configuration into a job (modes and defaults settled, tensor and column scales computed
+ * where a whole-tensor pass is needed), then hands bands of input rows to a kernel on each
+ * thread. Bands start on a multiple of job->band_rows, so no two threads share a scale block
+ * or a byte of packed E2M1 output. */
+#ifndef LOWP_QUANT_KERNELS_H
+#define LOWP_QUANT_KERNELS_H
+
+#include "core/internal.h"
+#include "lowp/quant.h"
+
+typedef struct lowp_quant_job {
+    const void *x;    /* input [rows, cols], F32 or BF16, row-major */
+    lowp_format xfmt; /* LOWP_FORMAT_F32 or LOWP_FORMAT_BF16 */
+    int64_t rows, cols;
+    lowp_qtensor *row; /* rowwise output [rows, cols] or NULL */
+    lowp_qtensor *col; /* columnwise output [cols, rows] or NULL */
+    lowp_format efmt;  /* element format of the outputs */
+    lowp_scaling scaling;
+    const lowp_format_traits *et; /* traits of efmt */
+    lowp_scale_mode mode;         /* resolved (never DEFAULT) */
+    int pow2;                     /* resolved */
+    float eps;
+    float tensor_scale;     /* TENSOR: the scale to apply (computed or given) */
+    const float *col_scale; /* ROW with a columnwise copy: scale per input column [cols] */
+    int64_t band_rows;      /* bands start on multiples of this */
+} lowp_quant_job;
+
+/* Quantize input rows [r0, r1) into the job's outputs. */
+LOWP_HIDDEN void lowp_cpu_quant_ref(const lowp_quant_job *j, int64_t r0, int64_t r1);
+
+/* Grouped columnwise quantization: output rows (input columns) [c0, c1). */
+LOWP_HIDDEN void lowp_cpu_quant_grouped_ref(const lowp_quant_job *j, int64_t c0, int64_t c1);
+
+/* Dequantize output rows [r0, r1) of q into out (F32, q's shape). r0 is a multiple of the
+ * scaling's block rows. */
+LOWP_HIDDEN void lowp_cpu_dequant_ref(const lowp_qtensor *q, float *out, int64_t r0, int64_t r1);
+
+/* The AVX-512 kernels, bit-exact with the reference; supports() says which jobs they take. */
+LOWP_HIDDEN int lowp_cpu_quant_avx512_supports(const lowp_quant_job *j);
+LOWP_HIDDEN void lowp_cpu_quant_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1);
+
+/* Element x[r][c] of a job's input as binary32 (exact for BF16). */
+static inline float lowp_job_x(const lowp_quant_job *j, int64_t r, int64_t c) {
+    size_t i = (size_t) r * (size_t) j->cols + (size_t) c;
+    if (j->xfmt == LOWP_FORMAT_BF16) return lowp_u2f((uint32_t) ((const uint16_t *) j->x)[i] << 16);
+    return ((const float *) j->x)[i];
+}
+
+#endif

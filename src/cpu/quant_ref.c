@@ -1,0 +1,224 @@
+/* The scalar reference of quantization and dequantization (NUMERICS.md sections 3-4): plain
+ * loops, one element at a time, in the order the document states the rules. It is the golden
+ * model the AVX-512 kernels and every other backend are compared with.
+ *
+ * Packed E2M1 outputs are written in ascending element order along each output row: an even
+ * element sets its byte (clearing the high nibble, so the pad nibble of an odd-length row is
+ * 0), an odd element ORs its nibble in. */
+#include "core/scale_rules.h"
+#include "quant_kernels.h"
+
+static size_t row_bytes(const lowp_qtensor *q) {
+    return q->format == LOWP_FORMAT_E2M1 ? ((size_t) q->cols + 1) / 2 : (size_t) q->cols;
+}
+
+static void put(const lowp_qtensor *q, int64_t r, int64_t c, uint32_t code) {
+    uint8_t *row = (uint8_t *) q->data + (size_t) r * row_bytes(q);
+    if (q->format != LOWP_FORMAT_E2M1) row[c] = (uint8_t) code;
+    else if ((c & 1) == 0) row[c / 2] = (uint8_t) (code & 0xF);
+    else row[c / 2] |= (uint8_t) ((code & 0xF) << 4);
+}
+
+static uint32_t get(const lowp_qtensor *q, int64_t r, int64_t c) {
+    const uint8_t *row = (const uint8_t *) q->data + (size_t) r * row_bytes(q);
+    if (q->format != LOWP_FORMAT_E2M1) return row[c];
+    return (row[c / 2] >> (4 * (c & 1))) & 0xF;
+}
+
+/* Element code of x in a block whose E8M0 scale code is `code` (section 3, steps 1 and 4). */
+static uint32_t enc_e8m0(const lowp_quant_job *j, float x, uint8_t code) {
+    if (code == 0xFF) return j->et->nan_code; /* 0 for E2M1 */
+    return j->et->encode(x * lowp_rule_e8m0_quant_factor(code), LOWP_OVERFLOW_SATFINITE);
+}
+
+static uint32_t enc_fp32(const lowp_quant_job *j, float x, float scale) {
+    return j->et->encode(x * scale, LOWP_OVERFLOW_SATFINITE);
+}
+
+/* amax of the input rectangle [r0, r1) x [c0, c1). */
+static float rect_amax(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    float m = 0.0f;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++) m = lowp_amax_acc(m, lowp_job_x(j, r, c));
+    return m;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Quantize the input rectangle [r0,r1) x [c0,c1) with one scale into the row copy (at
+ * [r, c]) and/or the col copy (at [c, r]); returns the scale's stored form through *code or
+ * *scale_inv. Used for every block shape: a 1xN block along a row, an Nx1 block along a
+ * column, or a 2-D tile. `to_row`/`to_col` choose the destinations. */
+typedef struct block_out {
+    uint8_t code;    /* E8M0 kinds */
+    float scale_inv; /* binary32 kinds */
+} block_out;
+
+static block_out quant_block(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t c0,
+                             int64_t c1, int to_row, int to_col) {
+    block_out b = {0, 1.0f};
+    float amax = rect_amax(j, r0, r1, c0, c1);
+    int e8 = j->scaling == LOWP_SCALING_MX32 || j->scaling == LOWP_SCALING_BLOCK32X32;
+    float s = 1.0f;
+    if (e8) b.code = lowp_rule_e8m0_code(amax, j->et, j->mode);
+    else {
+        s = lowp_rule_fp32_scale(amax, j->et->fmax, j->eps, j->pow2);
+        b.scale_inv = 1.0f / s;
+    }
+    /* Column-major visiting within the block when writing the col copy keeps its packed
+     * nibbles in ascending order; the row copy needs row-major order. */
+    if (to_row) {
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t c = c0; c < c1; c++) {
+                float x = lowp_job_x(j, r, c);
+                put(j->row, r, c, e8 ? enc_e8m0(j, x, b.code) : enc_fp32(j, x, s));
+            }
+    }
+    if (to_col) {
+        for (int64_t c = c0; c < c1; c++)
+            for (int64_t r = r0; r < r1; r++) {
+                float x = lowp_job_x(j, r, c);
+                put(j->col, c, r, e8 ? enc_e8m0(j, x, b.code) : enc_fp32(j, x, s));
+            }
+    }
+    return b;
+}
+
+static void store_scale(const lowp_qtensor *q, size_t idx, block_out b) {
+    if (q->scaling == LOWP_SCALING_MX32 || q->scaling == LOWP_SCALING_BLOCK32X32)
+        ((uint8_t *) q->scales)[idx] = b.code;
+    else ((float *) q->scales)[idx] = b.scale_inv;
+}
+
+void lowp_cpu_quant_ref(const lowp_quant_job *j, int64_t r0, int64_t r1) {
+    const int64_t R = j->rows, C = j->cols;
+    switch (j->scaling) {
+    case LOWP_SCALING_TENSOR:
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t c = 0; c < C; c++) {
+                uint32_t q = enc_fp32(j, lowp_job_x(j, r, c), j->tensor_scale);
+                if (j->row) put(j->row, r, c, q);
+            }
+        if (j->col)
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t r = r0; r < r1; r++)
+                    put(j->col, c, r, enc_fp32(j, lowp_job_x(j, r, c), j->tensor_scale));
+        break;
+    case LOWP_SCALING_ROW:
+        if (j->row)
+            for (int64_t r = r0; r < r1; r++)
+                store_scale(j->row, (size_t) r, quant_block(j, r, r + 1, 0, C, 1, 0));
+        if (j->col)
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t r = r0; r < r1; r++)
+                    put(j->col, c, r, enc_fp32(j, lowp_job_x(j, r, c), j->col_scale[c]));
+        break;
+    case LOWP_SCALING_MX32:
+    case LOWP_SCALING_BLOCK128: {
+        const int64_t bs = j->scaling == LOWP_SCALING_MX32 ? 32 : 128;
+        if (j->row) {
+            const int64_t nb = (C + bs - 1) / bs;
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t b = 0; b < nb; b++)
+                    store_scale(j->row, (size_t) (r * nb + b),
+                                quant_block(j, r, r + 1, b * bs, min64(b * bs + bs, C), 1, 0));
+        }
+        if (j->col) {
+            const int64_t nb = (R + bs - 1) / bs; /* blocks along the input's rows */
+            for (int64_t rb = r0 / bs; rb * bs < r1; rb++)
+                for (int64_t c = 0; c < C; c++)
+                    store_scale(j->col, (size_t) (c * nb + rb),
+                                quant_block(j, rb * bs, min64(rb * bs + bs, R), c, c + 1, 0, 1));
+        }
+        break;
+    }
+    case LOWP_SCALING_BLOCK128X128:
+    case LOWP_SCALING_BLOCK32X32: {
+        const int64_t bs = j->scaling == LOWP_SCALING_BLOCK32X32 ? 32 : 128;
+        const int64_t nbr = (R + bs - 1) / bs, nbc = (C + bs - 1) / bs;
+        for (int64_t tr = r0 / bs; tr * bs < r1; tr++)
+            for (int64_t tc = 0; tc < nbc; tc++) {
+                block_out b = quant_block(j, tr * bs, min64(tr * bs + bs, R), tc * bs,
+                                          min64(tc * bs + bs, C), j->row != NULL, j->col != NULL);
+                if (j->row) store_scale(j->row, (size_t) (tr * nbc + tc), b);
+                if (j->col) store_scale(j->col, (size_t) (tc * nbr + tr), b);
+            }
+        break;
+    }
+    default: break;
+    }
+}
+
+void lowp_cpu_quant_grouped_ref(const lowp_quant_job *j, int64_t c0, int64_t c1) {
+    const lowp_qtensor *q = j->col;
+    const int64_t bs = j->scaling == LOWP_SCALING_MX32 ? 32 : 128;
+    int64_t nbt = 0, prev = 0; /* total blocks per output row */
+    for (int32_t g = 0; g < q->groups; g++) {
+        nbt += (q->group_offs[g] - prev + bs - 1) / bs;
+        prev = q->group_offs[g];
+    }
+    const int64_t used = prev; /* tokens past offs[G-1] are ignored */
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t blk = 0, start = 0;
+        for (int32_t g = 0; g < q->groups; g++) {
+            const int64_t end = q->group_offs[g];
+            for (int64_t s = start; s < end; s += bs, blk++)
+                store_scale(q, (size_t) (c * nbt + blk),
+                            quant_block(j, s, min64(s + bs, end), c, c + 1, 0, 1));
+            start = end;
+        }
+        for (int64_t r = used; r < j->rows; r++) put(q, c, r, 0);
+    }
+}
+
+/* Block index of column c along a grouped row; -1 past the last group. */
+static int64_t grouped_block(const lowp_qtensor *q, int64_t c, int64_t bs) {
+    int64_t start = 0, blk = 0;
+    for (int32_t g = 0; g < q->groups; g++) {
+        const int64_t end = q->group_offs[g];
+        if (c < end) return blk + (c - start) / bs;
+        blk += (end - start + bs - 1) / bs;
+        start = end;
+    }
+    return -1;
+}
+
+/* Decode factor of element (r, c) of q; *ignored is set for grouped columns past the last
+ * group, which decode to 0. */
+static float dequant_factor(const lowp_qtensor *q, int64_t r, int64_t c, int64_t nbt,
+                            int *ignored) {
+    const float *fs = (const float *) q->scales;
+    const uint8_t *es = (const uint8_t *) q->scales;
+    *ignored = 0;
+    switch (q->scaling) {
+    case LOWP_SCALING_TENSOR: return fs[0];
+    case LOWP_SCALING_ROW: return fs[r];
+    case LOWP_SCALING_BLOCK128X128: return fs[(r / 128) * ((q->cols + 127) / 128) + c / 128];
+    case LOWP_SCALING_BLOCK32X32:
+        return lowp_rule_e8m0_value(es[(r / 32) * ((q->cols + 31) / 32) + c / 32]);
+    default: break;
+    }
+    /* MX32 and BLOCK128, possibly grouped. */
+    const int64_t bs = q->scaling == LOWP_SCALING_MX32 ? 32 : 128;
+    int64_t blk = q->group_offs ? grouped_block(q, c, bs) : c / bs;
+    if (blk < 0) {
+        *ignored = 1;
+        return 0.0f;
+    }
+    size_t idx = (size_t) (r * nbt + blk);
+    return q->scaling == LOWP_SCALING_MX32 ? lowp_rule_e8m0_value(es[idx]) : fs[idx];
+}
+
+void lowp_cpu_dequant_ref(const lowp_qtensor *q, float *out, int64_t r0, int64_t r1) {
+    const lowp_format_traits *t;
+    lowp_format_get(q->format, &t);
+    int64_t sr, sc;
+    lowp_qtensor_scale_shape(q, &sr, &sc, NULL);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = 0; c < q->cols; c++) {
+            int ignored;
+            float f = dequant_factor(q, r, c, sc, &ignored);
+            out[(size_t) r * (size_t) q->cols + (size_t) c] =
+                ignored ? 0.0f : t->decode(get(q, r, c)) * f;
+        }
+}

@@ -1,0 +1,229 @@
+/* lowp_quantize, lowp_quantize_grouped, lowp_dequantize, lowp_amax: validate every argument
+ * (nothing is written on error), then run on the backend of the tensors' device. */
+#include <math.h>
+
+#include "core/internal.h"
+#include "cpu/cpu.h"
+#include "lowp/quant.h"
+
+lowp_status lowp_quant_cfg_init(lowp_quant_cfg *cfg) {
+    LOWP_CHECK_PTR("lowp_quant_cfg_init", cfg);
+    memset(cfg, 0, sizeof *cfg);
+    cfg->scale_mode = LOWP_SCALE_DEFAULT;
+    cfg->pow2_scales = -1;
+    cfg->eps = 0.0f;
+    cfg->path = LOWP_PATH_AUTO;
+    return LOWP_OK;
+}
+
+static int same_device(lowp_device a, lowp_device b) {
+    return a.type == b.type && a.index == b.index;
+}
+
+static lowp_status check_input(const char *fn, const lowp_tensor *x) {
+    LOWP_CHECK_PTR(fn, x);
+    if (x->format != LOWP_FORMAT_F32 && x->format != LOWP_FORMAT_BF16)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: x.format (%d) is not f32 or bf16", fn,
+                         (int) x->format);
+    if (x->cols <= 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: x.cols (%lld) must be > 0", fn,
+                         (long long) x->cols);
+    if (x->rows < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: x.rows (%lld) < 0", fn, (long long) x->rows);
+    size_t n;
+    lowp_status st = lowp_tensor_nbytes(x, &n);
+    if (st != LOWP_OK) return st;
+    if (n && !x->data) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: x.data is NULL", fn);
+    return LOWP_OK;
+}
+
+static lowp_status check_cfg(const char *fn, const lowp_quant_cfg *cfg, lowp_scaling scaling) {
+    if (cfg->scale_mode < LOWP_SCALE_DEFAULT || cfg->scale_mode > LOWP_SCALE_EVEN)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.scale_mode (%d) is not a lowp_scale_mode",
+                         fn, (int) cfg->scale_mode);
+    if (cfg->pow2_scales < -1 || cfg->pow2_scales > 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.pow2_scales (%d) is not -1, 0 or 1", fn,
+                         cfg->pow2_scales);
+    if (!(cfg->eps >= 0.0f) || isinf(cfg->eps))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.eps (%g) must be finite and >= 0", fn,
+                         (double) cfg->eps);
+    if (cfg->scale) {
+        if (scaling != LOWP_SCALING_TENSOR)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: cfg.scale is set but the scaling (%s) is not tensor", fn,
+                             lowp_scaling_name(scaling));
+        if (!(*cfg->scale > 0.0f) || isinf(*cfg->scale))
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: *cfg.scale (%g) must be finite and > 0",
+                             fn, (double) *cfg->scale);
+    }
+    if (cfg->threads < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.threads (%d) < 0", fn, cfg->threads);
+    if (cfg->path != LOWP_PATH_AUTO && cfg->path != LOWP_PATH_REFERENCE &&
+        cfg->path != LOWP_PATH_AVX512)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.path (%d) is not a lowp_kernel_path", fn,
+                         (int) cfg->path);
+    return LOWP_OK;
+}
+
+/* Format/scaling support, shape [rows, cols], buffers present. */
+static lowp_status check_q(const char *fn, const char *name, const lowp_qtensor *q, int64_t rows,
+                           int64_t cols) {
+    if ((unsigned) q->scaling >= LOWP_SCALING_COUNT)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.scaling (%d) is not a lowp_scaling", fn,
+                         name, (int) q->scaling);
+    int ok = q->format == LOWP_FORMAT_E4M3 || q->format == LOWP_FORMAT_E5M2 ||
+             (q->format == LOWP_FORMAT_E2M1 && q->scaling == LOWP_SCALING_MX32);
+    if (!ok) {
+        const lowp_format_traits *t;
+        const char *fname = lowp_format_get(q->format, &t) == LOWP_OK ? t->name : "?";
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: %s.format (%s) is not supported by scaling %s (e4m3, e5m2%s)", fn,
+                         name, fname, lowp_scaling_name(q->scaling),
+                         q->scaling == LOWP_SCALING_MX32 ? ", e2m1" : "");
+    }
+    if (q->rows != rows || q->cols != cols)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s shape (%lld x %lld) != expected (%lld x %lld)",
+                         fn, name, (long long) q->rows, (long long) q->cols, (long long) rows,
+                         (long long) cols);
+    size_t db, sb;
+    lowp_status st = lowp_qtensor_nbytes(q, &db, &sb);
+    if (st != LOWP_OK) return st;
+    if (db && !q->data) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.data is NULL", fn, name);
+    if (sb && !q->scales) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.scales is NULL", fn, name);
+    return LOWP_OK;
+}
+
+static lowp_status backend_of(const char *fn, lowp_device dev, const lowp_backend_iface **iface,
+                              void **ctx) {
+    lowp_status st = lowp_backend_get(dev.type, iface, ctx);
+    if (st != LOWP_OK) lowp_error_append("%s", fn);
+    return st;
+}
+
+static lowp_status unsupported(const char *fn, lowp_device dev, const char *what) {
+    const char *name = "?";
+    lowp_backend_name(dev.type, &name);
+    return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: backend \"%s\" has no %s kernel", fn, name, what);
+}
+
+lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out, lowp_qtensor *col_out,
+                          const lowp_quant_cfg *cfg) {
+    const char *fn = "lowp_quantize";
+    lowp_status st = check_input(fn, x);
+    if (st != LOWP_OK) return st;
+    if (!row_out && !col_out)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: row_out and col_out are both NULL", fn);
+    lowp_quant_cfg defaults;
+    if (!cfg) {
+        lowp_quant_cfg_init(&defaults);
+        cfg = &defaults;
+    }
+    const lowp_qtensor *q0 = row_out ? row_out : col_out;
+    if (row_out && col_out &&
+        (row_out->format != col_out->format || row_out->scaling != col_out->scaling))
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: row_out (format %d, scaling %d) and col_out (format %d, scaling %d) "
+                         "differ",
+                         fn, (int) row_out->format, (int) row_out->scaling, (int) col_out->format,
+                         (int) col_out->scaling);
+    if ((st = check_cfg(fn, cfg, q0->scaling)) != LOWP_OK) return st;
+    if (row_out) {
+        if (row_out->group_offs)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: row_out.group_offs is set; use lowp_quantize_grouped", fn);
+        if ((st = check_q(fn, "row_out", row_out, x->rows, x->cols)) != LOWP_OK) return st;
+        if (!same_device(row_out->device, x->device))
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: row_out.device (%d:%d) != x.device (%d:%d)",
+                             fn, row_out->device.type, row_out->device.index, x->device.type,
+                             x->device.index);
+    }
+    if (col_out) {
+        if (col_out->group_offs)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: col_out.group_offs is set; use lowp_quantize_grouped", fn);
+        if ((st = check_q(fn, "col_out", col_out, x->cols, x->rows)) != LOWP_OK) return st;
+        if (!same_device(col_out->device, x->device))
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.device (%d:%d) != x.device (%d:%d)",
+                             fn, col_out->device.type, col_out->device.index, x->device.type,
+                             x->device.index);
+    }
+    const lowp_backend_iface *iface;
+    void *ctx;
+    if ((st = backend_of(fn, x->device, &iface, &ctx)) != LOWP_OK) return st;
+    if (!iface->quantize) return unsupported(fn, x->device, "quantize");
+    return iface->quantize(ctx, x->device.index, x, row_out, col_out, cfg);
+}
+
+lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
+                                  const lowp_quant_cfg *cfg) {
+    const char *fn = "lowp_quantize_grouped";
+    lowp_status st = check_input(fn, x);
+    if (st != LOWP_OK) return st;
+    LOWP_CHECK_PTR(fn, col_out);
+    lowp_quant_cfg defaults;
+    if (!cfg) {
+        lowp_quant_cfg_init(&defaults);
+        cfg = &defaults;
+    }
+    if ((st = check_cfg(fn, cfg, col_out->scaling)) != LOWP_OK) return st;
+    if (!col_out->group_offs)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.group_offs is NULL", fn);
+    if (col_out->scaling != LOWP_SCALING_MX32 && col_out->scaling != LOWP_SCALING_BLOCK128)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: col_out.scaling (%s) is not mx32 or block128 (other kinds need no "
+                         "group boundaries: use lowp_quantize)",
+                         fn, lowp_scaling_name(col_out->scaling));
+    if ((st = check_q(fn, "col_out", col_out, x->cols, x->rows)) != LOWP_OK) return st;
+    if (!same_device(col_out->device, x->device))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.device (%d:%d) != x.device (%d:%d)", fn,
+                         col_out->device.type, col_out->device.index, x->device.type,
+                         x->device.index);
+    const lowp_backend_iface *iface;
+    void *ctx;
+    if ((st = backend_of(fn, x->device, &iface, &ctx)) != LOWP_OK) return st;
+    if (!iface->quantize_grouped) return unsupported(fn, x->device, "grouped quantize");
+    return iface->quantize_grouped(ctx, x->device.index, x, col_out, cfg);
+}
+
+lowp_status lowp_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
+    const char *fn = "lowp_dequantize";
+    LOWP_CHECK_PTR(fn, q);
+    LOWP_CHECK_PTR(fn, out);
+    lowp_status st = check_q(fn, "q", q, q->rows, q->cols);
+    if (st != LOWP_OK) return st;
+    if (out->format != LOWP_FORMAT_F32)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: out.format (%d) is not f32", fn,
+                         (int) out->format);
+    if (out->rows != q->rows || out->cols != q->cols)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out shape (%lld x %lld) != q shape (%lld x %lld)",
+                         fn, (long long) out->rows, (long long) out->cols, (long long) q->rows,
+                         (long long) q->cols);
+    if (q->rows * q->cols > 0 && !out->data)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out.data is NULL", fn);
+    if (!same_device(out->device, q->device))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out.device (%d:%d) != q.device (%d:%d)", fn,
+                         out->device.type, out->device.index, q->device.type, q->device.index);
+    const lowp_backend_iface *iface;
+    void *ctx;
+    if ((st = backend_of(fn, q->device, &iface, &ctx)) != LOWP_OK) return st;
+    if (!iface->dequantize) return unsupported(fn, q->device, "dequantize");
+    return iface->dequantize(ctx, q->device.index, q, out);
+}
+
+lowp_status lowp_amax(const lowp_tensor *x, lowp_scaling scaling, float *out, size_t out_count) {
+    const char *fn = "lowp_amax";
+    lowp_status st = check_input(fn, x);
+    if (st != LOWP_OK) return st;
+    LOWP_CHECK_PTR(fn, out);
+    lowp_qtensor shape = {LOWP_FORMAT_E4M3, scaling, x->rows, x->cols, NULL, NULL,
+                          x->device, NULL, 0};
+    int64_t sr, sc;
+    if ((st = lowp_qtensor_scale_shape(&shape, &sr, &sc, NULL)) != LOWP_OK) return st;
+    if ((size_t) (sr * sc) != out_count)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out_count (%zu) != %lld x %lld for scaling %s",
+                         fn, out_count, (long long) sr, (long long) sc, lowp_scaling_name(scaling));
+    if (x->device.type != LOWP_DEVICE_CPU)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: x.device type (%d) is not the CPU", fn,
+                         x->device.type);
+    return lowp_cpu_amax(x, (int) scaling, out);
+}
