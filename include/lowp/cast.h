@@ -26,7 +26,7 @@ extern "C" {
 typedef enum lowp_kernel_path {
     LOWP_PATH_AUTO = 0,      /* the fastest the capabilities allow */
     LOWP_PATH_REFERENCE = 1, /* the scalar golden model */
-    LOWP_PATH_AVX512 = 2,    /* LOWP_ERR_UNSUPPORTED where the CPU lacks AVX-512F/BW */
+    LOWP_PATH_AVX512 = 2,    /* LOWP_ERR_UNSUPPORTED where the CPU lacks AVX-512F/BW/VL/DQ */
 } lowp_kernel_path;
 
 typedef struct lowp_cast_cfg {

@@ -21,8 +21,11 @@
  *   LOWP_API lowp_status lowp_backend_entry(lowp_backend_reg *reg);
  *
  * which fills `reg` with api_version = LOWP_BACKEND_API_VERSION, struct_size =
- * sizeof(lowp_backend_reg), a name, the vtable and a context. A plugin whose api_version
- * differs from the library's is refused with LOWP_ERR_VERSION.
+ * sizeof(lowp_backend_reg), a name (1 to 31 characters of [A-Za-z0-9_.-], unique), the
+ * vtable and a context. A plugin whose api_version differs from the library's is refused with
+ * LOWP_ERR_VERSION. The entry may run while the registry is being set up (for
+ * LOWP_BACKEND_PATH), so it must not call lowp functions itself. Registered backends stay
+ * until the process exits; the registry is never torn down.
  */
 #ifndef LOWP_DEVICE_H
 #define LOWP_DEVICE_H
@@ -65,6 +68,7 @@ enum {
     LOWP_CAP_AMX_PERMITTED = 1u << 7, /* the kernel granted XTILEDATA to this process */
     LOWP_CAP_AVX2 = 1u << 8,
     LOWP_CAP_FMA = 1u << 9,
+    LOWP_CAP_AVX512DQ = 1u << 10,
     LOWP_CAP_ASYNC_QUEUE = 1u << 16, /* work completes after the call returns */
     LOWP_CAP_FP8_MATH = 1u << 17,    /* native FP8 matrix arithmetic */
     LOWP_CAP_MX_MATH = 1u << 18,     /* native block-scaled (MX) matrix arithmetic */
@@ -84,6 +88,7 @@ struct lowp_tensor;
 struct lowp_cast_cfg;
 struct lowp_qtensor;
 struct lowp_quant_cfg;
+struct lowp_gemm_cfg;
 
 /* A backend's vtable. Every slot takes the backend's context first. */
 typedef struct lowp_backend_iface {
@@ -93,7 +98,8 @@ typedef struct lowp_backend_iface {
     lowp_status (*synchronize)(void *ctx, int32_t index);
     lowp_status (*alloc)(void *ctx, int32_t index, size_t nbytes, void **ptr);
     lowp_status (*free)(void *ctx, int32_t index, void *ptr);
-    /* Copies, queued on the device's queue in order with its other work. */
+    /* Copies, queued on the device's queue in order with its other work. A d2d copy is queued
+     * on dst_index's queue and runs after the work already queued on src_index. */
     lowp_status (*memcpy_h2d)(void *ctx, int32_t index, void *dst, const void *src, size_t n);
     lowp_status (*memcpy_d2h)(void *ctx, int32_t index, void *dst, const void *src, size_t n);
     lowp_status (*memcpy_d2d)(void *ctx, int32_t dst_index, void *dst, int32_t src_index,
@@ -111,7 +117,21 @@ typedef struct lowp_backend_iface {
                                     const struct lowp_quant_cfg *cfg);
     lowp_status (*dequantize)(void *ctx, int32_t index, const struct lowp_qtensor *q,
                               struct lowp_tensor *out);
-    /* Called once when the registry is torn down (may be NULL). */
+    /* GEMMs (lowp_gemm, lowp_grouped_gemm, lowp_grouped_gemm_wgrad), arguments validated. */
+    lowp_status (*gemm)(void *ctx, int32_t index, const struct lowp_qtensor *a,
+                        const struct lowp_qtensor *b, struct lowp_tensor *c,
+                        const struct lowp_gemm_cfg *cfg);
+    lowp_status (*grouped_gemm)(void *ctx, int32_t index, const struct lowp_qtensor *a,
+                                const struct lowp_qtensor *b, const int32_t *offs, int32_t groups,
+                                struct lowp_tensor *c, const struct lowp_gemm_cfg *cfg);
+    lowp_status (*grouped_gemm_wgrad)(void *ctx, int32_t index, const struct lowp_qtensor *a,
+                                      const struct lowp_qtensor *b, const int32_t *offs,
+                                      int32_t groups, struct lowp_tensor *c,
+                                      const struct lowp_gemm_cfg *cfg);
+    /* Called when the registry refuses a registration after the plugin's entry has run (a
+     * duplicate name, say), so that the backend can release what the entry made: threads,
+     * device contexts. Not called for registered backends, which live until exit. May be
+     * NULL. */
     void (*destroy)(void *ctx);
 } lowp_backend_iface;
 
@@ -134,12 +154,15 @@ LOWP_API lowp_status lowp_backend_register(const lowp_backend_reg *reg, int32_t 
 /* dlopen `path`, call its lowp_backend_entry and register the backend. */
 LOWP_API lowp_status lowp_backend_load(const char *path, int32_t *type_out);
 
-/* Registered device types: ids are listed in `types` (up to `cap`), count in *n. */
+/* Registered device types, in increasing id order: ids are listed in `types` (up to `cap`;
+ * types may be NULL when cap is 0), and *n receives how many are registered, which may exceed
+ * cap. */
 LOWP_API lowp_status lowp_backend_list(int32_t *types, int32_t cap, int32_t *n);
 LOWP_API lowp_status lowp_backend_name(int32_t type, const char **name);
 LOWP_API lowp_status lowp_backend_find(const char *name, int32_t *type);
 
-/* Messages of LOWP_BACKEND_PATH entries that failed to load ("" when none). */
+/* Messages of LOWP_BACKEND_PATH entries (and built-in backends) that failed to load, one line
+ * each, each naming its path ("" when none). Empty entries of the variable are skipped. */
 LOWP_API const char *lowp_backend_env_errors(void);
 
 LOWP_API lowp_status lowp_device_count(int32_t type, int32_t *count);
@@ -148,11 +171,14 @@ LOWP_API lowp_status lowp_device_caps(lowp_device dev, lowp_caps *out);
 /* Synchronize the queue of `dev`, and only that one. */
 LOWP_API lowp_status lowp_device_synchronize(lowp_device dev);
 
-/* Device memory. */
+/* Device memory. lowp_malloc of 0 bytes succeeds; lowp_free of NULL does nothing. Free only
+ * memory whose queued work has completed (synchronize first). */
 LOWP_API lowp_status lowp_malloc(lowp_device dev, size_t nbytes, void **ptr);
 LOWP_API lowp_status lowp_free(lowp_device dev, void *ptr);
-/* Copy n bytes between any two devices (through host memory when they are of different
- * non-CPU types). */
+/* Copy n bytes between any two devices. The copy is queued like other device work: on the
+ * non-CPU device when one side is the host, on the destination device when both are of one
+ * type; synchronize that device before reading the result or reusing the source. Copies
+ * between two different non-CPU types go through host memory and return complete. */
 LOWP_API lowp_status lowp_memcpy(lowp_device dst_dev, void *dst, lowp_device src_dev,
                                  const void *src, size_t n);
 

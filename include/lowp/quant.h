@@ -27,6 +27,7 @@
  *   BLOCK128         float32 scale_inv     [rows, ceil(cols/128)]
  *   BLOCK128x128     float32 scale_inv     [ceil(rows/128), ceil(cols/128)]
  *   BLOCK32x32       uint8 E8M0            [ceil(rows/32), ceil(cols/32)]
+ *   NONE             (no scales)           [0, 0]   plain F32/BF16 operand of a GEMM
  *
  * A grouped tensor (group_offs != NULL, for MoE weight gradients) is quantized along its
  * columns (the tokens) in blocks that restart at every group boundary: group g owns columns
@@ -55,6 +56,7 @@ typedef enum lowp_scaling {
     LOWP_SCALING_BLOCK128 = 3,     /* 1x128 blocks, binary32 scale_inv (DeepSeek-V3 acts) */
     LOWP_SCALING_BLOCK128X128 = 4, /* 128x128 tiles, binary32 scale_inv (DeepSeek-V3 weights) */
     LOWP_SCALING_BLOCK32X32 = 5,   /* 32x32 tiles, E8M0 scale (Ascend NPU Block FP8) */
+    LOWP_SCALING_NONE = 6,         /* not quantized: F32 or BF16 elements, no scales (GEMM) */
     LOWP_SCALING_COUNT
 } lowp_scaling;
 

@@ -8,7 +8,8 @@
  * E2M1 rows are packed two codes per byte (element 2i in the low nibble), each row starting
  * on a byte boundary: a row takes (cols + 1) / 2 bytes. Every other format takes
  * bits / 8 bytes per element. Sizes come from lowp_tensor_nbytes, never from callers'
- * arithmetic. A 1-D array is a tensor with rows = 1.
+ * arithmetic. A 1-D array is a tensor with rows = 1. When an E2M1 row has an odd length, the
+ * high nibble of its last byte is padding, and every lowp writer sets it to 0.
  */
 #ifndef LOWP_TENSOR_H
 #define LOWP_TENSOR_H

@@ -9,7 +9,7 @@
 #include "scale_rules.h"
 
 static const char *const g_scaling_names[LOWP_SCALING_COUNT] = {
-    "tensor", "row", "mx32", "block128", "block128x128", "block32x32"};
+    "tensor", "row", "mx32", "block128", "block128x128", "block32x32", "none"};
 
 const char *lowp_scaling_name(lowp_scaling scaling) {
     return (unsigned) scaling < LOWP_SCALING_COUNT ? g_scaling_names[scaling] : "?";
@@ -26,7 +26,7 @@ lowp_status lowp_scaling_from_name(const char *name, lowp_scaling *out) {
     }
     return lowp_fail(LOWP_ERR_INVALID_ARG,
                      "lowp_scaling_from_name: name (\"%s\") is not one of tensor, row, mx32, "
-                     "block128, block128x128, block32x32",
+                     "block128, block128x128, block32x32, none",
                      name);
 }
 
@@ -56,6 +56,7 @@ lowp_status lowp_scaling_block(lowp_scaling scaling, int64_t *block_rows, int64_
     case LOWP_SCALING_BLOCK128: *block_rows = 1, *block_cols = 128; break;
     case LOWP_SCALING_BLOCK128X128: *block_rows = 128, *block_cols = 128; break;
     case LOWP_SCALING_BLOCK32X32: *block_rows = 32, *block_cols = 32; break;
+    case LOWP_SCALING_NONE: *block_rows = 0, *block_cols = 0; break;
     default:
         return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_scaling_block: scaling (%d) is not a lowp_scaling",
                          (int) scaling);
@@ -102,6 +103,15 @@ lowp_status lowp_qtensor_scale_shape(const lowp_qtensor *q, int64_t *scale_rows,
     if (q->rows < 0 || q->cols < 0)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: q shape (%lld x %lld) is negative", fn,
                          (long long) q->rows, (long long) q->cols);
+    if (q->scaling == LOWP_SCALING_NONE) {
+        if (q->group_offs)
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: q.group_offs is set on an unscaled tensor",
+                             fn);
+        *scale_rows = 0;
+        *scale_cols = 0;
+        if (scale_is_e8m0) *scale_is_e8m0 = 0;
+        return LOWP_OK;
+    }
     *scale_rows = br == 0 ? 1 : (q->rows + br - 1) / br;
     lowp_status st = col_blocks(fn, q, bc, scale_cols);
     if (st != LOWP_OK) return st;

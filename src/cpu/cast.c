@@ -20,14 +20,13 @@ static const uint8_t *elem_addr(const void *base, lowp_format f, size_t i) {
 
 lowp_status lowp_cpu_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_cast_cfg *cfg) {
     cast_kernel kernel = lowp_cpu_cast_ref;
-    uint32_t flags = lowp_cpu_caps()->flags;
-    int have512 = (flags & LOWP_CAP_AVX512F) && (flags & LOWP_CAP_AVX512BW);
+    int have512 = lowp_cpu_has_avx512();
     int fast_ok = lowp_cpu_cast_avx512_supports(src->format, dst->format, cfg->rounding);
     if (cfg->path == LOWP_PATH_AVX512) {
         if (!have512)
             return lowp_fail(LOWP_ERR_UNSUPPORTED,
                              "lowp_cast: cfg.path (LOWP_PATH_AVX512) but this CPU lacks "
-                             "AVX-512F/BW");
+                             "AVX-512F/BW/VL/DQ");
         if (!fast_ok)
             return lowp_fail(LOWP_ERR_UNSUPPORTED,
                              "lowp_cast: cfg.path (LOWP_PATH_AVX512) has no kernel for %d -> %d",

@@ -31,9 +31,11 @@ static void store_code(void *dst, lowp_format f, size_t i, uint32_t code) {
     case LOWP_FORMAT_BF16:
     case LOWP_FORMAT_F16: ((uint16_t *) dst)[i] = (uint16_t) code; break;
     case LOWP_FORMAT_E2M1: {
+        /* Elements are stored in ascending order: an even one sets its byte (so the pad
+         * nibble after an odd-length row is 0), an odd one adds the high nibble. */
         uint8_t *b = (uint8_t *) dst + i / 2;
-        int sh = 4 * (int) (i & 1);
-        *b = (uint8_t) ((*b & ~(0xF << sh)) | ((code & 0xF) << sh));
+        if ((i & 1) == 0) *b = (uint8_t) (code & 0xF);
+        else *b = (uint8_t) ((*b & 0xF) | ((code & 0xF) << 4));
         break;
     }
     default: ((uint8_t *) dst)[i] = (uint8_t) code; break;

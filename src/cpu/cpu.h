@@ -14,6 +14,13 @@
 /* Detected once (CPUID, XGETBV, and the AMX permission request); thread-safe. */
 LOWP_HIDDEN const lowp_caps *lowp_cpu_caps(void);
 
+/* The AVX-512 subsets every lowp AVX-512 kernel is compiled for (F, BW, VL, DQ). */
+#define LOWP_CAPS_AVX512_KERNELS                                                                   \
+    (LOWP_CAP_AVX512F | LOWP_CAP_AVX512BW | LOWP_CAP_AVX512VL | LOWP_CAP_AVX512DQ)
+static inline int lowp_cpu_has_avx512(void) {
+    return (lowp_cpu_caps()->flags & LOWP_CAPS_AVX512_KERNELS) == LOWP_CAPS_AVX512_KERNELS;
+}
+
 /* The CPU backend's registration (src/cpu/backend.c). */
 LOWP_HIDDEN lowp_status lowp_cpu_backend_entry(lowp_backend_reg *reg);
 
@@ -51,5 +58,19 @@ LOWP_HIDDEN lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, struct l
                                                   const struct lowp_quant_cfg *cfg);
 LOWP_HIDDEN lowp_status lowp_cpu_dequantize(const struct lowp_qtensor *q, lowp_tensor *out);
 LOWP_HIDDEN lowp_status lowp_cpu_amax(const lowp_tensor *x, int scaling, float *out);
+
+/* GEMM entry points (src/cpu/gemm.c), arguments validated by src/ops/gemm.c. */
+struct lowp_gemm_cfg;
+LOWP_HIDDEN lowp_status lowp_cpu_gemm(const struct lowp_qtensor *a, const struct lowp_qtensor *b,
+                                      lowp_tensor *c, const struct lowp_gemm_cfg *cfg);
+LOWP_HIDDEN lowp_status lowp_cpu_grouped_gemm(const struct lowp_qtensor *a,
+                                              const struct lowp_qtensor *b, const int32_t *offs,
+                                              int32_t groups, lowp_tensor *c,
+                                              const struct lowp_gemm_cfg *cfg);
+LOWP_HIDDEN lowp_status lowp_cpu_grouped_gemm_wgrad(const struct lowp_qtensor *a,
+                                                    const struct lowp_qtensor *b,
+                                                    const int32_t *offs, int32_t groups,
+                                                    lowp_tensor *c,
+                                                    const struct lowp_gemm_cfg *cfg);
 
 #endif

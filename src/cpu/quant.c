@@ -66,8 +66,7 @@ static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtens
 
 static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, const char *fn,
                                lowp_status *st) {
-    uint32_t flags = lowp_cpu_caps()->flags;
-    int have512 = (flags & LOWP_CAP_AVX512F) && (flags & LOWP_CAP_AVX512BW);
+    int have512 = lowp_cpu_has_avx512();
     int fast_ok = have512 && lowp_cpu_quant_avx512_supports(j);
     *st = LOWP_OK;
     if (path == LOWP_PATH_AVX512) {
@@ -75,7 +74,7 @@ static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, c
             *st = lowp_fail(LOWP_ERR_UNSUPPORTED,
                             "%s: cfg.path (LOWP_PATH_AVX512) but %s", fn,
                             have512 ? "there is no AVX-512 kernel for this scaling/format"
-                                    : "this CPU lacks AVX-512F/BW");
+                                    : "this CPU lacks AVX-512F/BW/VL/DQ");
             return NULL;
         }
         return lowp_cpu_quant_avx512;

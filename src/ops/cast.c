@@ -1,6 +1,7 @@
 /* lowp_cast: validate the arguments, then run the cast on the backend of the tensors'
  * device. */
 #include "core/internal.h"
+#include "device/registry.h"
 #include "lowp/cast.h"
 
 lowp_status lowp_cast_cfg_init(lowp_cast_cfg *cfg) {
@@ -75,12 +76,16 @@ lowp_status lowp_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_cast_
                          src->device.index);
     const lowp_backend_iface *iface;
     void *ctx;
-    if ((st = lowp_backend_get(src->device.type, &iface, &ctx)) != LOWP_OK) return st;
+    if ((st = lowp_device_resolve("lowp_cast", "src.device", src->device, &iface, &ctx)) != LOWP_OK)
+        return st;
     if (!iface->cast) {
         const char *name = "?";
         lowp_backend_name(src->device.type, &name);
         return lowp_fail(LOWP_ERR_UNSUPPORTED, "lowp_cast: backend \"%s\" has no cast kernel",
                          name);
     }
-    return iface->cast(ctx, src->device.index, src, dst, cfg);
+    lowp_call_guard g;
+    lowp_call_begin(&g);
+    st = iface->cast(ctx, src->device.index, src, dst, cfg);
+    return lowp_call_end(&g, st, "lowp_cast", src->device, "cast");
 }

@@ -4,6 +4,7 @@
 
 #include "core/internal.h"
 #include "cpu/cpu.h"
+#include "device/registry.h"
 #include "lowp/quant.h"
 
 lowp_status lowp_quant_cfg_init(lowp_quant_cfg *cfg) {
@@ -71,8 +72,9 @@ static lowp_status check_q(const char *fn, const char *name, const lowp_qtensor 
     if ((unsigned) q->scaling >= LOWP_SCALING_COUNT)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.scaling (%d) is not a lowp_scaling", fn,
                          name, (int) q->scaling);
-    int ok = q->format == LOWP_FORMAT_E4M3 || q->format == LOWP_FORMAT_E5M2 ||
-             (q->format == LOWP_FORMAT_E2M1 && q->scaling == LOWP_SCALING_MX32);
+    int ok = q->scaling != LOWP_SCALING_NONE &&
+             (q->format == LOWP_FORMAT_E4M3 || q->format == LOWP_FORMAT_E5M2 ||
+              (q->format == LOWP_FORMAT_E2M1 && q->scaling == LOWP_SCALING_MX32));
     if (!ok) {
         const lowp_format_traits *t;
         const char *fname = lowp_format_get(q->format, &t) == LOWP_OK ? t->name : "?";
@@ -95,9 +97,7 @@ static lowp_status check_q(const char *fn, const char *name, const lowp_qtensor 
 
 static lowp_status backend_of(const char *fn, lowp_device dev, const lowp_backend_iface **iface,
                               void **ctx) {
-    lowp_status st = lowp_backend_get(dev.type, iface, ctx);
-    if (st != LOWP_OK) lowp_error_append("%s", fn);
-    return st;
+    return lowp_device_resolve(fn, "x.device", dev, iface, ctx);
 }
 
 static lowp_status unsupported(const char *fn, lowp_device dev, const char *what) {
@@ -151,7 +151,10 @@ lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out, lowp_qten
     void *ctx;
     if ((st = backend_of(fn, x->device, &iface, &ctx)) != LOWP_OK) return st;
     if (!iface->quantize) return unsupported(fn, x->device, "quantize");
-    return iface->quantize(ctx, x->device.index, x, row_out, col_out, cfg);
+    lowp_call_guard g;
+    lowp_call_begin(&g);
+    st = iface->quantize(ctx, x->device.index, x, row_out, col_out, cfg);
+    return lowp_call_end(&g, st, fn, x->device, "quantize");
 }
 
 lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
@@ -182,7 +185,10 @@ lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
     void *ctx;
     if ((st = backend_of(fn, x->device, &iface, &ctx)) != LOWP_OK) return st;
     if (!iface->quantize_grouped) return unsupported(fn, x->device, "grouped quantize");
-    return iface->quantize_grouped(ctx, x->device.index, x, col_out, cfg);
+    lowp_call_guard g;
+    lowp_call_begin(&g);
+    st = iface->quantize_grouped(ctx, x->device.index, x, col_out, cfg);
+    return lowp_call_end(&g, st, fn, x->device, "quantize_grouped");
 }
 
 lowp_status lowp_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
@@ -207,7 +213,10 @@ lowp_status lowp_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
     void *ctx;
     if ((st = backend_of(fn, q->device, &iface, &ctx)) != LOWP_OK) return st;
     if (!iface->dequantize) return unsupported(fn, q->device, "dequantize");
-    return iface->dequantize(ctx, q->device.index, q, out);
+    lowp_call_guard g;
+    lowp_call_begin(&g);
+    st = iface->dequantize(ctx, q->device.index, q, out);
+    return lowp_call_end(&g, st, fn, q->device, "dequantize");
 }
 
 lowp_status lowp_amax(const lowp_tensor *x, lowp_scaling scaling, float *out, size_t out_count) {

@@ -1,0 +1,264 @@
+/* `lowp bench quant`: throughput of lowp_quantize beside memcpy.
+ *
+ * Quantizes one BF16 input (default 8192x4096, 64 MiB: twice a 32 MiB L3) to E4M3 with the
+ * training kinds: MXFP8 rowwise, MXFP8 dual-axis (rowwise and columnwise copies from one
+ * call), BLOCK128 rowwise, BLOCK128x128 and BLOCK32x32 (one copy: the tile kinds serve both
+ * GEMMs from it), on 1 and 2 threads. Bandwidth is (bytes read + bytes written) / median time,
+ * the written bytes being codes plus scales. The memcpy baseline copies the input (B bytes
+ * read, B written) and is timed in the same rounds: every round runs memcpy and then each
+ * kernel once, so that the noise of a shared machine hits all of them alike, and the medians
+ * of many such short rounds are reported.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+#include "cli.h"
+#include "lowp/lowp.h"
+
+#define DEFAULT_ROWS 8192
+#define DEFAULT_COLS 4096
+#define DEFAULT_REPS 21
+#define NKERNELS     5
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: lowp bench quant [--json] [--rows R --cols C] [--reps N]\n"
+            "                        [--path auto|reference|avx512]\n"
+            "  --rows R, --cols C  shape of the BF16 input (default %dx%d)\n"
+            "  --reps N     timed rounds; each runs memcpy and every kernel once (default %d)\n"
+            "  --path P     the kernel path to measure (default auto)\n"
+            "  --json       one JSON object per line instead of the table\n"
+            "Kernels (E4M3 elements): mxfp8_row, mxfp8_dual (row + col copies), block128_row,\n"
+            "block128x128, block32x32. Bandwidth is (bytes read + bytes written) / median time\n"
+            "on 1 and 2 threads, beside a memcpy of the input timed in the same rounds.\n",
+            DEFAULT_ROWS, DEFAULT_COLS, DEFAULT_REPS);
+}
+
+typedef struct kernel_def {
+    const char *name;
+    lowp_scaling scaling;
+    int col; /* also the columnwise copy */
+} kernel_def;
+
+static const kernel_def KERNELS[NKERNELS] = {
+    {"mxfp8_row", LOWP_SCALING_MX32, 0},
+    {"mxfp8_dual", LOWP_SCALING_MX32, 1},
+    {"block128_row", LOWP_SCALING_BLOCK128, 0},
+    {"block128x128", LOWP_SCALING_BLOCK128X128, 0},
+    {"block32x32", LOWP_SCALING_BLOCK32X32, 0},
+};
+
+typedef struct kernel_run {
+    lowp_qtensor row, col;
+    size_t bytes; /* read + written per call */
+} kernel_run;
+
+static int quant_once(const lowp_tensor *x, kernel_run *k, int col, const lowp_quant_cfg *cfg) {
+    lowp_status st = lowp_quantize(x, &k->row, col ? &k->col : NULL, cfg);
+    if (st != LOWP_OK) {
+        fprintf(stderr, "lowp bench quant: lowp_quantize failed: %s: %s\n", lowp_status_str(st),
+                lowp_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_dim(const char *opt, const char *v, int64_t *out) {
+    int n;
+    if (lowp_bench_parse_int(v, &n) != 0 || n > (1 << 20)) {
+        fprintf(stderr, "lowp bench quant: %s '%s' is not an integer in 1..1048576\n", opt, v);
+        return -1;
+    }
+    *out = n;
+    return 0;
+}
+
+static void emit_json(const char *kernel, int threads, int64_t rows, int64_t cols, size_t bytes,
+                      int reps, const char *path, double seconds, double gbps, double ratio) {
+    lowp_bench_json j;
+    lowp_bench_json_begin(&j);
+    lowp_bench_json_str(&j, "bench", "quant");
+    lowp_bench_json_str(&j, "kernel", kernel);
+    lowp_bench_json_int(&j, "threads", threads);
+    lowp_bench_json_int(&j, "rows", (long long) rows);
+    lowp_bench_json_int(&j, "cols", (long long) cols);
+    lowp_bench_json_int(&j, "bytes", (long long) bytes);
+    lowp_bench_json_int(&j, "reps", reps);
+    lowp_bench_json_num(&j, "seconds", seconds);
+    lowp_bench_json_num(&j, "gbps", gbps);
+    if (ratio > 0) {
+        lowp_bench_json_str(&j, "path", path);
+        lowp_bench_json_num(&j, "ratio_to_memcpy", ratio);
+    }
+    lowp_bench_json_end(&j, stdout);
+}
+
+int lowp_bench_quant(int argc, char **argv) {
+    int json = 0, reps = DEFAULT_REPS;
+    int64_t rows = DEFAULT_ROWS, cols = DEFAULT_COLS;
+    lowp_kernel_path path = LOWP_PATH_AUTO;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--json") == 0) {
+            json = 1;
+        } else if (strcmp(a, "--rows") == 0 || strcmp(a, "--cols") == 0 ||
+                   strcmp(a, "--reps") == 0 || strcmp(a, "--path") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "lowp bench quant: %s needs a value (see --help)\n", a);
+                return 2;
+            }
+            const char *v = argv[++i];
+            if (strcmp(a, "--rows") == 0) {
+                if (parse_dim(a, v, &rows)) return 2;
+            } else if (strcmp(a, "--cols") == 0) {
+                if (parse_dim(a, v, &cols)) return 2;
+            } else if (strcmp(a, "--reps") == 0) {
+                if (lowp_bench_parse_int(v, &reps) != 0 || reps > 100000) {
+                    fprintf(stderr,
+                            "lowp bench quant: --reps '%s' is not an integer in 1..100000\n", v);
+                    return 2;
+                }
+            } else if (strcmp(v, "auto") == 0) {
+                path = LOWP_PATH_AUTO;
+            } else if (strcmp(v, "reference") == 0) {
+                path = LOWP_PATH_REFERENCE;
+            } else if (strcmp(v, "avx512") == 0) {
+                path = LOWP_PATH_AVX512;
+            } else {
+                fprintf(stderr,
+                        "lowp bench quant: --path '%s' is not one of auto, reference, avx512\n",
+                        v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "lowp bench quant: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+
+    /* The path AUTO resolves to, for the record (the dispatcher's rule: AVX-512F/BW). */
+    lowp_caps caps;
+    memset(&caps, 0, sizeof caps);
+    lowp_device_caps(LOWP_DEVICE_HOST, &caps);
+    int have512 = (caps.flags & LOWP_CAP_AVX512F) && (caps.flags & LOWP_CAP_AVX512BW);
+    const char *path_name = path == LOWP_PATH_REFERENCE ? "reference"
+                            : path == LOWP_PATH_AVX512  ? "avx512"
+                            : have512                   ? "auto:avx512"
+                                                        : "auto:reference";
+
+    const size_t n = (size_t) rows * (size_t) cols, in_bytes = 2 * n;
+    int status = 1;
+    uint16_t *x = lowp_bench_alloc(in_bytes);
+    uint8_t *mdst = lowp_bench_alloc(in_bytes);
+    kernel_run kr[NKERNELS];
+    memset(kr, 0, sizeof kr);
+    double *times = malloc(sizeof(double) * (size_t) reps * (NKERNELS + 1));
+    if (!x || !mdst || !times) {
+        fprintf(stderr, "lowp bench quant: out of memory for a %lldx%lld input\n",
+                (long long) rows, (long long) cols);
+        goto out;
+    }
+    for (int k = 0; k < NKERNELS; k++) {
+        kernel_run *r = &kr[k];
+        r->row = (lowp_qtensor){LOWP_FORMAT_E4M3, KERNELS[k].scaling, rows, cols, NULL, NULL,
+                                LOWP_DEVICE_HOST, NULL, 0};
+        r->col = (lowp_qtensor){LOWP_FORMAT_E4M3, KERNELS[k].scaling, cols, rows, NULL, NULL,
+                                LOWP_DEVICE_HOST, NULL, 0};
+        size_t db, sb;
+        r->bytes = in_bytes;
+        for (int c = 0; c <= KERNELS[k].col; c++) {
+            lowp_qtensor *q = c ? &r->col : &r->row;
+            if (lowp_qtensor_nbytes(q, &db, &sb) != LOWP_OK) {
+                fprintf(stderr, "lowp bench quant: %s\n", lowp_last_error());
+                goto out;
+            }
+            q->data = lowp_bench_alloc(db);
+            q->scales = lowp_bench_alloc(sb);
+            if (!q->data || !q->scales) {
+                fprintf(stderr, "lowp bench quant: out of memory for the outputs\n");
+                goto out;
+            }
+            r->bytes += db + sb;
+        }
+    }
+    /* BF16 values with block magnitudes varying over a few binades, so that scales differ
+     * from block to block (the kernels are branch-free: the mix only matters for realism). */
+    uint64_t s = 0x2545F4914F6CDD1Dull;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t e = 120u + (uint32_t) ((i / 32) * 0x9E3779B1u >> 29); /* 2^-7 .. 2^0 */
+        x[i] = (uint16_t) ((uint32_t) (s >> 63) << 15 | e << 7 | (uint32_t) ((s >> 40) & 0x7F));
+    }
+    lowp_tensor xt = {LOWP_FORMAT_BF16, rows, cols, x, LOWP_DEVICE_HOST};
+    lowp_quant_cfg cfg;
+    lowp_quant_cfg_init(&cfg);
+    cfg.path = path;
+
+    double med[2][NKERNELS + 1]; /* [threads-1][0: memcpy, 1..: kernels] */
+    for (int ti = 0; ti < 2; ti++) {
+        const int threads = ti + 1;
+        cfg.threads = threads;
+        /* Warm-up: thread pool started, code and TLB entries hot. */
+        lowp_bench_memcpy(mdst, x, in_bytes, threads);
+        for (int k = 0; k < NKERNELS; k++)
+            if (quant_once(&xt, &kr[k], KERNELS[k].col, &cfg)) goto out;
+        for (int r = 0; r < reps; r++) {
+            double t0 = lowp_bench_now();
+            lowp_bench_memcpy(mdst, x, in_bytes, threads);
+            double t1 = lowp_bench_now();
+            times[r] = t1 - t0;
+            for (int k = 0; k < NKERNELS; k++) {
+                t0 = lowp_bench_now();
+                if (quant_once(&xt, &kr[k], KERNELS[k].col, &cfg)) goto out;
+                t1 = lowp_bench_now();
+                times[(size_t) (k + 1) * (size_t) reps + (size_t) r] = t1 - t0;
+            }
+        }
+        for (int k = 0; k <= NKERNELS; k++)
+            med[ti][k] = lowp_bench_median(times + (size_t) k * (size_t) reps, (size_t) reps);
+    }
+
+    if (!json) {
+        printf("lowp bench quant: %lldx%lld bf16 -> e4m3, path %s,\n"
+               "median of %d rounds (memcpy of the %.1f MiB input, then each kernel)\n\n",
+               (long long) rows, (long long) cols, path_name, reps,
+               (double) in_bytes / (1 << 20));
+        printf("%-14s %7s %10s %10s %9s %10s\n", "kernel", "threads", "MB moved", "ms", "GB/s",
+               "vs memcpy");
+    }
+    for (int ti = 0; ti < 2; ti++) {
+        const double mgbps = med[ti][0] > 0 ? 2.0 * (double) in_bytes / med[ti][0] / 1e9 : 0;
+        for (int k = 0; k <= NKERNELS; k++) {
+            const char *name = k ? KERNELS[k - 1].name : "memcpy";
+            const size_t bytes = k ? kr[k - 1].bytes : 2 * in_bytes;
+            const double sec = med[ti][k], gbps = sec > 0 ? (double) bytes / sec / 1e9 : 0;
+            const double ratio = k && mgbps > 0 ? gbps / mgbps : 0;
+            if (json) {
+                emit_json(name, ti + 1, rows, cols, bytes, reps, path_name, sec, gbps, ratio);
+            } else {
+                printf("%-14s %7d %10.1f %10.3f %9.2f", name, ti + 1, (double) bytes / 1e6,
+                       sec * 1e3, gbps);
+                if (k) printf(" %10.2f", ratio);
+                printf("\n");
+            }
+        }
+    }
+    status = 0;
+out:
+    for (int k = 0; k < NKERNELS; k++) {
+        lowp_bench_free(kr[k].row.data);
+        lowp_bench_free(kr[k].row.scales);
+        lowp_bench_free(kr[k].col.data);
+        lowp_bench_free(kr[k].col.scales);
+    }
+    free(times);
+    lowp_bench_free(x);
+    lowp_bench_free(mdst);
+    return status;
+}

@@ -1,0 +1,73 @@
+/* Low-precision GEMM and grouped GEMM (NUMERICS.md section 6).
+ *
+ *   C[M,N] = A[M,K] . B[N,K]^T      both operands K-major (quantized along K)
+ *
+ * Operands are lowp_qtensor descriptors: quantized (E4M3/E5M2/E2M1 codes plus scales) or plain
+ * (format F32 or BF16 with scaling LOWP_SCALING_NONE and no scales). The supported pairs
+ * (A scaling x B scaling):
+ *
+ *   NONE x NONE            F32 x F32 or BF16 x BF16 (the baselines)
+ *   TENSOR x TENSOR        E4M3/E5M2 in any combination (E5M2 x E4M3 is the HYBRID dgrad)
+ *   ROW x ROW              E4M3/E5M2
+ *   MX32 x MX32            E4M3, E5M2, E2M1 elements
+ *   BLOCK128 x BLOCK128X128   DeepSeek-V3 forward and dgrad (activation 1x128, weight 128x128)
+ *   BLOCK128 x BLOCK128       DeepSeek-V3 wgrad
+ *   MX32 x BLOCK32X32      NPU Block FP8 weights with MX activations
+ *
+ * Any other pair is LOWP_ERR_UNSUPPORTED, never a silent fallback.
+ *
+ *   lowp_gemm_cfg cfg;
+ *   lowp_gemm_cfg_init(&cfg);                 // F32 output, overwrite C, fastest kernel
+ *   lowp_tensor c = {LOWP_FORMAT_F32, M, N, cdata, LOWP_DEVICE_HOST};
+ *   lowp_gemm(&a, &b, &c, &cfg);
+ */
+#ifndef LOWP_GEMM_H
+#define LOWP_GEMM_H
+
+#include "quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum lowp_gemm_path {
+    LOWP_GEMM_PATH_AUTO = 0,      /* AMX where granted, else AVX-512, else the reference */
+    LOWP_GEMM_PATH_REFERENCE = 1, /* the scalar golden model (NUMERICS.md summation order) */
+    LOWP_GEMM_PATH_AVX512 = 2,
+    LOWP_GEMM_PATH_AMX = 3,
+} lowp_gemm_path;
+
+typedef struct lowp_gemm_cfg {
+    int32_t accumulate;  /* 0: C = A.B^T; 1: C = C + A.B^T (weight-gradient accumulation) */
+    int32_t threads;     /* 0: all cores */
+    lowp_gemm_path path; /* LOWP_ERR_UNSUPPORTED when a forced path cannot run here */
+} lowp_gemm_cfg;
+
+LOWP_API lowp_status lowp_gemm_cfg_init(lowp_gemm_cfg *cfg);
+
+/* C = A . B^T (+ C). a: [M, K], b: [N, K], c: [M, N] of format F32 or BF16 (rounded RNE at the
+ * end; with accumulate, the old C is read in c's format and added in binary32 first). */
+LOWP_API lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                               const lowp_gemm_cfg *cfg);
+
+/* Grouped GEMM, split-M (MoE forward and dgrad), torch._grouped_mm semantics: offs is int32,
+ * length G, cumulative group ends along M; group g owns rows [offs[g-1], offs[g]) of a and c
+ * (offs[-1] = 0) and multiplies them by b[g] ([N, K], one descriptor per expert). Empty groups
+ * are allowed; rows of c past offs[G-1] are left untouched. */
+LOWP_API lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b,
+                                       const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                       const lowp_gemm_cfg *cfg);
+
+/* Grouped GEMM, split-K (MoE weight gradient): dW[g] = dY^T[:, rows_g] . X[rows_g] for every
+ * group, contracting over each group's tokens. a = dY^T [N, M] and b = X^T [K, M] are the
+ * columnwise copies (for MX32 and BLOCK128, quantized with lowp_quantize_grouped over the same
+ * offs, so no block straddles a group); c is [G * N, K], group g's dW in rows [g*N, (g+1)*N).
+ * An empty group gives dW[g] = 0 (or leaves it unchanged with accumulate). */
+LOWP_API lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
+                                             const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                             const lowp_gemm_cfg *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

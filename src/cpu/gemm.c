@@ -1,0 +1,178 @@
+/* CPU GEMM dispatcher: turns lowp_gemm, split-M and split-K grouped GEMMs into jobs over row
+ * ranges, picks the kernel (AMX, AVX-512 or the reference) and runs the jobs on the threads,
+ * each with its own bounded workspace. Arguments were validated by src/ops/gemm.c. */
+#include <omp.h>
+#include <stdlib.h>
+
+#include "cpu.h"
+#include "gemm_kernels.h"
+
+typedef void (*gemm_kernel)(const lowp_gemm_job *);
+
+static gemm_kernel pick(const lowp_gemm_job *j, lowp_gemm_path path, lowp_status *st) {
+    uint32_t f = lowp_cpu_caps()->flags;
+    int amx = (f & LOWP_CAP_AMX_BF16) && (f & LOWP_CAP_AMX_PERMITTED) && lowp_cpu_has_avx512() &&
+              lowp_cpu_gemm_amx_supports(j);
+    int avx = lowp_cpu_has_avx512() && lowp_cpu_gemm_avx512_supports(j);
+    *st = LOWP_OK;
+    switch (path) {
+    case LOWP_GEMM_PATH_REFERENCE: return lowp_cpu_gemm_ref;
+    case LOWP_GEMM_PATH_AMX:
+        if (amx) return lowp_cpu_gemm_amx;
+        *st = lowp_fail(LOWP_ERR_UNSUPPORTED,
+                        "lowp_gemm: cfg.path (LOWP_GEMM_PATH_AMX) but AMX is not available or has "
+                        "no kernel for this pair");
+        return NULL;
+    case LOWP_GEMM_PATH_AVX512:
+        if (avx) return lowp_cpu_gemm_avx512;
+        *st = lowp_fail(LOWP_ERR_UNSUPPORTED,
+                        "lowp_gemm: cfg.path (LOWP_GEMM_PATH_AVX512) but AVX-512 is not available "
+                        "or has no kernel for this pair");
+        return NULL;
+    default: break;
+    }
+    return amx ? lowp_cpu_gemm_amx : avx ? lowp_cpu_gemm_avx512 : lowp_cpu_gemm_ref;
+}
+
+static size_t ws_floats(gemm_kernel k, const lowp_gemm_job *j) {
+    size_t n = lowp_gemm_ref_ws_floats(j);
+    if (k == lowp_cpu_gemm_amx) {
+        size_t m = lowp_cpu_gemm_amx_ws_floats(j);
+        if (m > n) n = m;
+    } else if (k == lowp_cpu_gemm_avx512) {
+        size_t m = lowp_cpu_gemm_avx512_ws_floats(j);
+        if (m > n) n = m;
+    }
+    return n;
+}
+
+/* Run `count` jobs (each already complete but for its workspace) on up to `threads` threads. */
+static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kernel, int threads) {
+    if (count <= 0) return LOWP_OK;
+    if (threads > count) threads = (int) count;
+    size_t per = 0;
+    for (int64_t i = 0; i < count; i++) {
+        size_t w = ws_floats(kernel, &jobs[i]);
+        if (w > per) per = w;
+    }
+    per = (per + 15) & ~(size_t) 15; /* keep every thread's workspace 64-byte aligned */
+    float *ws = NULL;
+    if (per) {
+        ws = aligned_alloc(64, per * sizeof(float) * (size_t) threads);
+        if (!ws)
+            return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_gemm: workspace of %zu bytes",
+                             per * sizeof(float) * (size_t) threads);
+    }
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (int64_t i = 0; i < count; i++) {
+        lowp_gemm_job j = jobs[i];
+        j.ws = ws ? ws + per * (size_t) omp_get_thread_num() : NULL;
+        kernel(&j);
+    }
+    free(ws);
+    return LOWP_OK;
+}
+
+static int n_threads(int32_t want) { return want > 0 ? want : omp_get_num_procs(); }
+
+/* Split a job's m range (or n range when m is short) into about 4 pieces per thread. */
+static int64_t split(const lowp_gemm_job *j, int threads, lowp_gemm_job *out, int64_t cap) {
+    const int64_t M = j->m1 - j->m0, N = j->n1 - j->n0;
+    int64_t want = threads > 1 ? (int64_t) threads * 4 : 1;
+    if (want > cap) want = cap;
+    const int by_m = M >= N || M >= want * 32;
+    const int64_t len = by_m ? M : N;
+    int64_t step = (len + want - 1) / want;
+    step = (step + 31) / 32 * 32; /* whole 32-row tiles for the fast kernels */
+    if (step < 32) step = 32;
+    int64_t n = 0;
+    for (int64_t s = 0; s < len; s += step) {
+        out[n] = *j;
+        int64_t e = s + step < len ? s + step : len;
+        if (by_m) out[n].m0 = j->m0 + s, out[n].m1 = j->m0 + e;
+        else out[n].n0 = j->n0 + s, out[n].n1 = j->n0 + e;
+        n++;
+    }
+    return n;
+}
+
+#define LOWP_MAX_PIECES 256
+
+static lowp_status base_job(lowp_gemm_job *j, const lowp_qtensor *a, const lowp_qtensor *b,
+                            lowp_tensor *c, const lowp_gemm_cfg *cfg) {
+    memset(j, 0, sizeof *j);
+    j->a = a;
+    j->b = b;
+    j->c = c;
+    j->accumulate = cfg->accumulate;
+    return lowp_gemm_classify("lowp_gemm", a, b, &j->pair, &j->bk);
+}
+
+lowp_status lowp_cpu_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                          const lowp_gemm_cfg *cfg) {
+    lowp_gemm_job j;
+    lowp_status st = base_job(&j, a, b, c, cfg);
+    if (st != LOWP_OK) return st;
+    j.m1 = a->rows;
+    j.n1 = b->rows;
+    j.k1 = a->cols;
+    gemm_kernel k = pick(&j, cfg->path, &st);
+    if (!k) return st;
+    const int threads = n_threads(cfg->threads);
+    lowp_gemm_job pieces[LOWP_MAX_PIECES];
+    return run_jobs(pieces, split(&j, threads, pieces, LOWP_MAX_PIECES), k, threads);
+}
+
+lowp_status lowp_cpu_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b,
+                                  const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                  const lowp_gemm_cfg *cfg) {
+    const int threads = n_threads(cfg->threads);
+    int64_t start = 0;
+    for (int32_t g = 0; g < groups; g++) {
+        const int64_t end = offs[g];
+        if (end > start) {
+            lowp_gemm_job j;
+            lowp_status st = base_job(&j, a, &b[g], c, cfg);
+            if (st != LOWP_OK) return st;
+            j.m0 = start;
+            j.m1 = end;
+            j.n1 = b[g].rows;
+            j.k1 = a->cols;
+            gemm_kernel k = pick(&j, cfg->path, &st);
+            if (!k) return st;
+            lowp_gemm_job pieces[LOWP_MAX_PIECES];
+            st = run_jobs(pieces, split(&j, threads, pieces, LOWP_MAX_PIECES), k, threads);
+            if (st != LOWP_OK) return st;
+        }
+        start = end;
+    }
+    return LOWP_OK;
+}
+
+lowp_status lowp_cpu_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
+                                        const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                        const lowp_gemm_cfg *cfg) {
+    const int threads = n_threads(cfg->threads);
+    int64_t start = 0, blk = 0;
+    for (int32_t g = 0; g < groups; g++) {
+        const int64_t end = offs[g];
+        lowp_gemm_job j;
+        lowp_status st = base_job(&j, a, b, c, cfg);
+        if (st != LOWP_OK) return st;
+        j.m1 = a->rows;
+        j.n1 = b->rows;
+        j.k0 = start;
+        j.k1 = end;
+        j.a_blk = blk;
+        j.b_blk = blk;
+        j.c_row_base = (int64_t) g * a->rows;
+        gemm_kernel k = pick(&j, cfg->path, &st);
+        if (!k) return st;
+        lowp_gemm_job pieces[LOWP_MAX_PIECES];
+        st = run_jobs(pieces, split(&j, threads, pieces, LOWP_MAX_PIECES), k, threads);
+        if (st != LOWP_OK) return st;
+        if (j.bk > 0) blk += (end - start + j.bk - 1) / j.bk;
+        start = end;
+    }
+    return LOWP_OK;
+}

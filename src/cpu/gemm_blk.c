@@ -1,0 +1,531 @@
+/* The blocked BF16 GEMM driver (see gemm_blk.h): decodes A strips and packs B panels into
+ * BF16 tile layouts, decides per tile whether MX scales can be folded into the elements, runs
+ * the kernel's micro-kernel and applies each pair's scales in binary32 (NUMERICS.md section 6).
+ * Compiled with AVX-512 F/BW/VL/DQ. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "gemm_blk.h"
+
+/* MX scales fold into the elements while every block exponent of a strip (panel) lies within
+ * FOLD_SPAN of the strip's centre r. Then a folded FP8 value is a * 2^d with |d| <= 37: the
+ * smallest nonzero product (E5M2 subnormals, 2^-16 each) is >= 2^(-32 - 74) = 2^-106 and every
+ * partial sum is a multiple of it, so nothing reaches the binary32 denormals that AMX and
+ * VDPBF16PS flush; the largest (57344^2 * 2^74 per product) cannot overflow for K < 2^21. */
+#define FOLD_SPAN 37
+#define FOLD_MAX_K ((int64_t) 1 << 21)
+
+/* Plain BF16 tiles whose largest products are below 2^-100 run on the IEEE micro-kernel,
+ * since the fast ones would flush their denormal products: biased exponents summing to at
+ * most this bound. */
+#define TINY_EXP_SUM 152
+
+typedef struct dec_table {
+    __m512i t0, t1, t2, t3; /* FP8: |code| 0..127 -> BF16 bits; E2M1: t0 = 16 signed codes */
+} dec_table;
+
+typedef struct tile_facts {
+    int32_t folded; /* MX: the scales are folded into the elements (relative to r) */
+    int32_t r;      /* MX: the exponent left to apply (2^r) when folded */
+    int32_t exact;  /* plain BF16: holds a denormal: needs the IEEE micro-kernel */
+    int32_t maxe;   /* plain BF16: largest biased exponent (of |x|, 0..255) */
+} tile_facts;
+
+typedef struct blk_ctx {
+    const lowp_gemm_job *j;
+    const lowp_gemm_blk_kernel *kern;
+    int64_t K, nkt, nc;
+    int64_t nba, nbb; /* scale columns of a and b */
+    uint16_t *bblock, *astrip, *tmp;
+    float *P, *acc;
+    tile_facts *pfacts;
+    dec_table ta, tb;
+} blk_ctx;
+
+static int64_t rup32(int64_t x) { return (x + 31) / 32 * 32; }
+
+static int64_t nc_cols(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k) {
+    const int64_t kp = rup32(j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 1);
+    int64_t nc = (int64_t) (k->b_budget_bytes / (2 * (size_t) kp)) / 32 * 32;
+    if (nc < 32) nc = 32;
+    const int64_t ncap = rup32(j->n1 - j->n0 > 0 ? j->n1 - j->n0 : 1);
+    return nc < ncap ? nc : ncap;
+}
+
+size_t lowp_gemm_blk_ws_floats(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k) {
+    const int64_t K = j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 0, kp = rup32(K), nc = nc_cols(j, k);
+    return (size_t) (nc * kp / 2 + 16 * kp + 3 * 1024 + nc / 8 + 16);
+}
+
+int lowp_gemm_blk_supports(const lowp_gemm_job *j) {
+    return !(j->pair == LOWP_PAIR_PLAIN && j->a->format == LOWP_FORMAT_F32);
+}
+
+/* ---- decoding ---- */
+
+static uint16_t bf16_bits(float x) {
+    if (x != x) return 0x7FC0;
+    return (uint16_t) (lowp_f2u(x) >> 16); /* exact: every FP8/FP4 value is a BF16 value */
+}
+
+static void build_table(lowp_format f, dec_table *t) {
+    uint16_t tab[128];
+    memset(tab, 0, sizeof tab);
+    const lowp_format_traits *tr;
+    if (f == LOWP_FORMAT_E4M3 || f == LOWP_FORMAT_E5M2) {
+        lowp_format_get(f, &tr);
+        for (uint32_t c = 0; c < 128; c++) tab[c] = bf16_bits(tr->decode(c));
+    } else if (f == LOWP_FORMAT_E2M1) {
+        lowp_format_get(f, &tr);
+        for (uint32_t c = 0; c < 16; c++) tab[c] = bf16_bits(tr->decode(c));
+    }
+    t->t0 = _mm512_loadu_si512(tab);
+    t->t1 = _mm512_loadu_si512(tab + 32);
+    t->t2 = _mm512_loadu_si512(tab + 64);
+    t->t3 = _mm512_loadu_si512(tab + 96);
+}
+
+static __mmask32 len_mask32(int len) { return len >= 32 ? 0xFFFFFFFFu : (1u << len) - 1u; }
+static __mmask16 len_mask16(int len) {
+    return (__mmask16) (len >= 16 ? 0xFFFFu : (1u << len) - 1u);
+}
+
+/* Columns [k, k + len) (1 <= len <= 32) of row r of q as 32 BF16 (zeros past len), with the
+ * power of two 2^d folded into every nonzero finite value (|d| <= FOLD_SPAN). */
+static inline __m512i dec_block(const lowp_qtensor *q, const dec_table *t, int64_t r, int64_t k,
+                                int len, int d) {
+    __m512i v;
+    switch (q->format) {
+    case LOWP_FORMAT_BF16: {
+        const uint16_t *p = (const uint16_t *) q->data + (size_t) r * (size_t) q->cols + k;
+        return _mm512_maskz_loadu_epi16(len_mask32(len), p);
+    }
+    case LOWP_FORMAT_E2M1: {
+        const uint8_t *p = (const uint8_t *) q->data + (size_t) r * (size_t) ((q->cols + 1) / 2);
+        __m512i idx;
+        if ((k & 1) == 0) {
+            /* Byte i holds elements 2i (low nibble) and 2i+1: dword i -> words (lo, hi). */
+            __m128i b8 = _mm_maskz_loadu_epi8(len_mask16((len + 1) / 2), p + (k >> 1));
+            __m512i w = _mm512_cvtepu8_epi32(b8);
+            idx = _mm512_ternarylogic_epi32(w, _mm512_slli_epi32(w, 12),
+                                            _mm512_set1_epi32(0x000F000F), 0xA8);
+        } else {
+            /* Odd start: pair i is (high nibble of byte s+i, low nibble of byte s+i+1). */
+            const uint8_t *s = p + (k >> 1);
+            __m512i w0 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(len_mask16((len + 1) / 2), s));
+            __m512i w1 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(len_mask16(len / 2), s + 1));
+            idx = _mm512_ternarylogic_epi32(_mm512_srli_epi32(w0, 4), _mm512_slli_epi32(w1, 16),
+                                            _mm512_set1_epi32(0x000F0000), 0xF8);
+        }
+        /* Past len: a row's padding nibble may be anything. */
+        v = _mm512_maskz_permutexvar_epi16(len_mask32(len), idx, t->t0);
+        break;
+    }
+    default: { /* E4M3, E5M2: 7-bit magnitude through the table, sign from bit 7 */
+        const uint8_t *p = (const uint8_t *) q->data + (size_t) r * (size_t) q->cols + k;
+        __m512i c = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(len_mask32(len), p));
+        __m512i lo = _mm512_permutex2var_epi16(t->t0, c, t->t1);
+        __m512i hi = _mm512_permutex2var_epi16(t->t2, c, t->t3);
+        v = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40)), lo, hi);
+        v = _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 8),
+                                      _mm512_set1_epi16((short) 0x8000), 0xF8);
+        break;
+    }
+    }
+    if (d != 0) {
+        /* Nonzero finite values only: |x| - 1 < 0x7F7F. Adding d to the exponent field is
+         * exact, since the result stays normal (FOLD_SPAN). */
+        __m512i x = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
+        __mmask32 fin = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(x, _mm512_set1_epi16(1)),
+                                                _mm512_set1_epi16(0x7F7F));
+        v = _mm512_mask_add_epi16(v, fin, v, _mm512_set1_epi16((short) (d * 128)));
+    }
+    return v;
+}
+
+/* ---- MX scale facts ---- */
+
+static int mx_is_b32(const lowp_qtensor *q) { return q->scaling == LOWP_SCALING_BLOCK32X32; }
+
+static const uint8_t *mx_codes(const lowp_qtensor *q, int64_t r, int64_t blk0, int64_t nbq) {
+    const int64_t srow = mx_is_b32(q) ? r / 32 : r;
+    return (const uint8_t *) q->scales + (size_t) (srow * nbq + blk0);
+}
+
+/* Whether columns [k, k + len) of row r hold only zeros (codes of +-0). */
+static int block_all_zero(const lowp_qtensor *q, int64_t r, int64_t k, int64_t len) {
+    for (int64_t i = k; i < k + len; i++) {
+        uint8_t c;
+        if (q->format == LOWP_FORMAT_E2M1) {
+            const uint8_t *p =
+                (const uint8_t *) q->data + (size_t) r * (size_t) ((q->cols + 1) / 2);
+            c = (uint8_t) ((p[i >> 1] >> (4 * (i & 1))) & 0x7);
+        } else {
+            c = ((const uint8_t *) q->data)[(size_t) r * (size_t) q->cols + (size_t) i] & 0x7F;
+        }
+        if (c) return 0;
+    }
+    return 1;
+}
+
+/* Fold decision for rows [r0, r1) of MX operand q over the job's K blocks. */
+static void mx_facts(const blk_ctx *x, const lowp_qtensor *q, int64_t r0, int64_t r1,
+                     int64_t blk0, int64_t nbq, tile_facts *f) {
+    const lowp_gemm_job *j = x->j;
+    int lo = 255, hi = -1, nan = 0;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *c = mx_codes(q, r, blk0, nbq);
+        for (int64_t b = 0; b < x->nkt; b++) {
+            int v = c[b];
+            if (v == 0xFF) {
+                nan = 1;
+            } else if (v == 0) {
+                /* Scale 2^-127 of an all-zero block (amax 0) does not matter. */
+                int64_t k = j->k0 + 32 * b, len = j->k1 - k < 32 ? j->k1 - k : 32;
+                if (!block_all_zero(q, r, k, len)) lo = 0;
+            } else {
+                if (v < lo) lo = v;
+                if (v > hi) hi = v;
+            }
+        }
+    }
+    if (lo == 0 && hi < 0) hi = 0;
+    memset(f, 0, sizeof *f);
+    if (nan || (hi >= 0 && hi - lo > 2 * FOLD_SPAN) || x->K >= FOLD_MAX_K) return;
+    f->folded = 1;
+    f->r = hi < 0 ? 0 : (lo + hi) / 2 - 127;
+}
+
+/* The shift folded into row r's block b (0 for all-zero blocks outside the window). */
+static int fold_shift(const lowp_qtensor *q, int64_t r, int64_t b, int64_t blk0, int64_t nbq,
+                      const tile_facts *f) {
+    if (!f->folded) return 0;
+    int d = (int) mx_codes(q, r, blk0, nbq)[b] - 127 - f->r;
+    return d < -FOLD_SPAN || d > FOLD_SPAN ? 0 : d;
+}
+
+/* ---- packing ---- */
+
+static void plain_stats(__m512i v, __mmask32 *denorm, __m512i *maxmag) {
+    __m512i x = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
+    *denorm |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(x, _mm512_set1_epi16(1)),
+                                       _mm512_set1_epi16(0x7F));
+    *maxmag = _mm512_max_epu16(*maxmag, x);
+}
+
+static int max_exp(__m512i maxmag) {
+    uint16_t m[32];
+    _mm512_storeu_si512(m, maxmag);
+    int e = 0;
+    for (int i = 0; i < 32; i++)
+        if ((m[i] >> 7) > e) e = m[i] >> 7;
+    return e;
+}
+
+/* 16x16 transpose of 32-bit elements: dst row p = column p of src (row strides 16). */
+static void transpose16(const uint32_t *src, uint32_t *dst) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(src + 16 * i);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    /* r[4i + j], 128-bit lane L: column 4L + j of rows 4i..4i+3. */
+    for (int jj = 0; jj < 4; jj++) {
+        __m512i a = _mm512_shuffle_i32x4(r[jj], r[4 + jj], 0x88);
+        __m512i b = _mm512_shuffle_i32x4(r[jj], r[4 + jj], 0xDD);
+        __m512i c = _mm512_shuffle_i32x4(r[8 + jj], r[12 + jj], 0x88);
+        __m512i d = _mm512_shuffle_i32x4(r[8 + jj], r[12 + jj], 0xDD);
+        _mm512_storeu_si512(dst + 16 * jj, _mm512_shuffle_i32x4(a, c, 0x88));
+        _mm512_storeu_si512(dst + 16 * (8 + jj), _mm512_shuffle_i32x4(a, c, 0xDD));
+        _mm512_storeu_si512(dst + 16 * (4 + jj), _mm512_shuffle_i32x4(b, d, 0x88));
+        _mm512_storeu_si512(dst + 16 * (12 + jj), _mm512_shuffle_i32x4(b, d, 0xDD));
+    }
+}
+
+/* Pack rows [n0, n0 + w) of b (w <= 32) into a panel at dst. */
+static void pack_panel(blk_ctx *x, int64_t n0, int w, uint16_t *dst, tile_facts *f) {
+    const lowp_gemm_job *j = x->j;
+    const lowp_qtensor *b = j->b;
+    const int mx = j->pair == LOWP_PAIR_MX || j->pair == LOWP_PAIR_MX_B32;
+    memset(f, 0, sizeof *f);
+    if (mx) mx_facts(x, b, n0, n0 + w, j->b_blk, x->nbb, f);
+    __mmask32 denorm = 0;
+    __m512i maxmag = _mm512_setzero_si512();
+    for (int64_t kt = 0; kt < x->nkt; kt++) {
+        const int64_t k = j->k0 + 32 * kt;
+        const int len = (int) (j->k1 - k < 32 ? j->k1 - k : 32);
+        for (int i = 0; i < 32; i++) {
+            __m512i v = _mm512_setzero_si512();
+            if (i < w) {
+                int d = mx ? fold_shift(b, n0 + i, kt, j->b_blk, x->nbb, f) : 0;
+                v = dec_block(b, &x->tb, n0 + i, k, len, d);
+                if (!mx) plain_stats(v, &denorm, &maxmag);
+            }
+            _mm512_store_si512(x->tmp + 32 * i, v);
+        }
+        uint16_t *o = dst + kt * LOWP_BLK_TILE_U16;
+        transpose16((const uint32_t *) x->tmp, (uint32_t *) o);
+        transpose16((const uint32_t *) (x->tmp + 16 * 32), (uint32_t *) (o + 512));
+    }
+    if (!mx) {
+        f->exact = denorm != 0;
+        f->maxe = max_exp(maxmag);
+    }
+}
+
+/* Decode rows [m0, m0 + rows) of a into the strip (rows past `rows` are zero). */
+static void decode_strip(blk_ctx *x, int64_t m0, int rows, tile_facts *f) {
+    const lowp_gemm_job *j = x->j;
+    const lowp_qtensor *a = j->a;
+    const int mx = j->pair == LOWP_PAIR_MX || j->pair == LOWP_PAIR_MX_B32;
+    memset(f, 0, sizeof *f);
+    if (mx) mx_facts(x, a, m0, m0 + rows, j->a_blk, x->nba, f);
+    __mmask32 denorm = 0;
+    __m512i maxmag = _mm512_setzero_si512();
+    for (int i = 0; i < 32; i++) {
+        uint16_t *o = x->astrip + 32 * i;
+        if (i >= rows) {
+            for (int64_t kt = 0; kt < x->nkt; kt++)
+                _mm512_store_si512(o + kt * LOWP_BLK_TILE_U16, _mm512_setzero_si512());
+            continue;
+        }
+        for (int64_t kt = 0; kt < x->nkt; kt++) {
+            const int64_t k = j->k0 + 32 * kt;
+            const int len = (int) (j->k1 - k < 32 ? j->k1 - k : 32);
+            int d = mx ? fold_shift(a, m0 + i, kt, j->a_blk, x->nba, f) : 0;
+            __m512i v = dec_block(a, &x->ta, m0 + i, k, len, d);
+            if (!mx) plain_stats(v, &denorm, &maxmag);
+            _mm512_store_si512(o + kt * LOWP_BLK_TILE_U16, v);
+        }
+    }
+    if (!mx) {
+        f->exact = denorm != 0;
+        f->maxe = max_exp(maxmag);
+    }
+}
+
+/* ---- epilogues ---- */
+
+static float fp32_scale(const lowp_qtensor *q, int64_t r, int64_t blk, int64_t nb) {
+    const float *s = (const float *) q->scales;
+    switch (q->scaling) {
+    case LOWP_SCALING_TENSOR: return s[0];
+    case LOWP_SCALING_ROW: return s[r];
+    case LOWP_SCALING_BLOCK128X128: return s[(r / 128) * nb + blk];
+    default: return s[r * nb + blk]; /* BLOCK128 */
+    }
+}
+
+void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int w,
+                          const float *v) {
+    const int64_t ldc = j->c->cols;
+    const int bf16 = j->c->format == LOWP_FORMAT_BF16;
+    for (int64_t m = m0; m < m1; m++) {
+        const float *src = v + (m - m0) * 32;
+        const size_t row = (size_t) (j->c_row_base + m) * (size_t) ldc + (size_t) n0;
+        for (int h = 0; h < 2 && 16 * h < w; h++) {
+            const __mmask16 mk = len_mask16(w - 16 * h);
+            __m512 s = _mm512_loadu_ps(src + 16 * h);
+            if (!bf16) {
+                float *c = (float *) j->c->data + row + 16 * h;
+                if (j->accumulate) s = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, c), s);
+                _mm512_mask_storeu_ps(c, mk, s);
+                continue;
+            }
+            uint16_t *c = (uint16_t *) j->c->data + row + 16 * h;
+            if (j->accumulate) {
+                __m512i old = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, c));
+                s = _mm512_add_ps(s, _mm512_castsi512_ps(_mm512_slli_epi32(old, 16)));
+            }
+            /* lowp's BF16 encoder, NONSAT: RNE on the bits, NaN -> 0x7FC0 with its sign. */
+            __m512i u = _mm512_castps_si512(s);
+            __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+            __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, 16), _mm512_set1_epi32(1));
+            __m512i r = _mm512_srli_epi32(
+                _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFF)), odd), 16);
+            __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000));
+            r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+            r = _mm512_or_si512(r, _mm512_srli_epi32(_mm512_andnot_si512(a, u), 16));
+            _mm256_mask_storeu_epi16(c, mk, _mm512_cvtepi32_epi16(r));
+        }
+    }
+}
+
+/* Column scales of the panel at n0 (w columns) for K block `blk`, binary32 kinds. */
+static void col_scales(const blk_ctx *x, int64_t n0, int w, int64_t blk, float *sb) {
+    for (int i = 0; i < 32; i++)
+        sb[i] = i < w ? fp32_scale(x->j->b, n0 + i, x->j->b_blk + blk, x->nbb) : 0.0f;
+}
+
+/* acc rows [0, rows) += (P * sa[r]) * sb, the reference's order. */
+static void acc_b128(float *acc, const float *P, int rows, const float *sa, const float *sb) {
+    const __m512 sb0 = _mm512_loadu_ps(sb), sb1 = _mm512_loadu_ps(sb + 16);
+    for (int r = 0; r < rows; r++) {
+        const __m512 s = _mm512_set1_ps(sa[r]);
+        float *o = acc + 32 * r;
+        const float *p = P + 32 * r;
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o),
+                                          _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p), s), sb0)));
+        _mm512_storeu_ps(o + 16,
+                         _mm512_add_ps(_mm512_loadu_ps(o + 16),
+                                       _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + 16), s), sb1)));
+    }
+}
+
+/* acc rows += P * 2^(xa[r] + xb[c]), NaN where either block scale is 0xFF. */
+static void acc_mx(float *acc, const float *P, int rows, const float *xa, const uint8_t *nan_a,
+                   const float *xb, uint32_t nan_b) {
+    const __m512 xb0 = _mm512_loadu_ps(xb), xb1 = _mm512_loadu_ps(xb + 16);
+    const __m512 qnan = _mm512_set1_ps(NAN);
+    for (int r = 0; r < rows; r++) {
+        float *o = acc + 32 * r;
+        const float *p = P + 32 * r;
+        if (nan_a[r]) {
+            _mm512_storeu_ps(o, qnan);
+            _mm512_storeu_ps(o + 16, qnan);
+            continue;
+        }
+        const __m512 e = _mm512_set1_ps(xa[r]);
+        __m512 y0 = _mm512_scalef_ps(_mm512_loadu_ps(p), _mm512_add_ps(e, xb0));
+        __m512 y1 = _mm512_scalef_ps(_mm512_loadu_ps(p + 16), _mm512_add_ps(e, xb1));
+        y0 = _mm512_mask_mov_ps(y0, (__mmask16) nan_b, qnan);
+        y1 = _mm512_mask_mov_ps(y1, (__mmask16) (nan_b >> 16), qnan);
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), y0));
+        _mm512_storeu_ps(o + 16, _mm512_add_ps(_mm512_loadu_ps(o + 16), y1));
+    }
+}
+
+/* One 32x32 tile of C: strip rows [m0, m0 + rows), panel columns [n0, n0 + w). */
+static void tile(blk_ctx *x, int64_t m0, int rows, const tile_facts *sf, int64_t n0, int w,
+                 const uint16_t *panel, const tile_facts *pf) {
+    const lowp_gemm_job *j = x->j;
+    const lowp_gemm_blk_kernel *kern = x->kern;
+    const int ra = kern->rows_align;
+    const int mr = (rows + ra - 1) / ra * ra;
+    float *P = x->P;
+    const uint16_t *a = x->astrip;
+
+    switch (j->pair) {
+    case LOWP_PAIR_PLAIN: {
+        const int exact = sf->exact || pf->exact || sf->maxe + pf->maxe <= TINY_EXP_SUM;
+        (exact ? kern->micro_exact : kern->micro)(a, panel, x->nkt, 0, mr, P);
+        lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, P);
+        return;
+    }
+    case LOWP_PAIR_TENSOR:
+    case LOWP_PAIR_ROW: {
+        kern->micro(a, panel, x->nkt, 0, mr, P);
+        float sb[32];
+        col_scales(x, n0, w, 0, sb);
+        const __m512 sb0 = _mm512_loadu_ps(sb), sb1 = _mm512_loadu_ps(sb + 16);
+        for (int r = 0; r < rows; r++) {
+            const __m512 s = _mm512_set1_ps(fp32_scale(j->a, m0 + r, 0, 1));
+            float *p = P + 32 * r;
+            _mm512_storeu_ps(p, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p), s), sb0));
+            _mm512_storeu_ps(p + 16, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + 16), s), sb1));
+        }
+        lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, P);
+        return;
+    }
+    case LOWP_PAIR_MX:
+    case LOWP_PAIR_MX_B32: {
+        if (sf->folded && pf->folded) {
+            kern->micro(a, panel, x->nkt, 0, mr, P);
+            const __m512 e = _mm512_set1_ps((float) (sf->r + pf->r));
+            for (int r = 0; r < rows; r++) {
+                float *p = P + 32 * r;
+                _mm512_storeu_ps(p, _mm512_scalef_ps(_mm512_loadu_ps(p), e));
+                _mm512_storeu_ps(p + 16, _mm512_scalef_ps(_mm512_loadu_ps(p + 16), e));
+            }
+            lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, P);
+            return;
+        }
+        /* Block by block: each 32-K partial sum gets its own power of two. */
+        memset(x->acc, 0, sizeof(float) * 32 * (size_t) rows);
+        float xa[32], xb[32];
+        uint8_t nan_a[32];
+        for (int64_t kt = 0; kt < x->nkt; kt++) {
+            uint32_t nan_b = 0;
+            for (int r = 0; r < rows; r++) {
+                int c = mx_codes(j->a, m0 + r, j->a_blk, x->nba)[kt];
+                nan_a[r] = !sf->folded && c == 0xFF;
+                xa[r] = (float) (sf->folded ? sf->r : c - 127);
+            }
+            for (int i = 0; i < 32; i++) {
+                int c = i < w ? mx_codes(j->b, n0 + i, j->b_blk, x->nbb)[kt] : 127;
+                if (!pf->folded && c == 0xFF) nan_b |= 1u << i;
+                xb[i] = (float) (pf->folded ? pf->r : c - 127);
+            }
+            kern->micro(a + kt * LOWP_BLK_TILE_U16, panel + kt * LOWP_BLK_TILE_U16, 1, 0, mr, P);
+            acc_mx(x->acc, P, rows, xa, nan_a, xb, nan_b);
+        }
+        lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, x->acc);
+        return;
+    }
+    case LOWP_PAIR_B128_W:
+    case LOWP_PAIR_B128_B128: {
+        memset(x->acc, 0, sizeof(float) * 32 * (size_t) rows);
+        float sa[32], sb[32];
+        for (int64_t kt = 0, blk = 0; kt < x->nkt; kt += 4, blk++) {
+            const int64_t n = x->nkt - kt < 4 ? x->nkt - kt : 4;
+            kern->micro(a + kt * LOWP_BLK_TILE_U16, panel + kt * LOWP_BLK_TILE_U16, n, 0, mr, P);
+            for (int r = 0; r < rows; r++)
+                sa[r] = fp32_scale(j->a, m0 + r, j->a_blk + blk, x->nba);
+            col_scales(x, n0, w, blk, sb);
+            acc_b128(x->acc, P, rows, sa, sb);
+        }
+        lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, x->acc);
+        return;
+    }
+    }
+}
+
+void lowp_gemm_blk_run(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *kern) {
+    blk_ctx x;
+    memset(&x, 0, sizeof x);
+    x.j = j;
+    x.kern = kern;
+    x.K = j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 0;
+    x.nkt = (x.K + 31) / 32;
+    x.nc = nc_cols(j, kern);
+    int64_t sr;
+    if (j->a->scaling != LOWP_SCALING_NONE) lowp_qtensor_scale_shape(j->a, &sr, &x.nba, NULL);
+    if (j->b->scaling != LOWP_SCALING_NONE) lowp_qtensor_scale_shape(j->b, &sr, &x.nbb, NULL);
+    const int64_t kp = 32 * x.nkt;
+    float *ws = j->ws;
+    x.bblock = (uint16_t *) ws;
+    ws += x.nc * kp / 2;
+    x.astrip = (uint16_t *) ws;
+    ws += 16 * kp;
+    x.P = ws;
+    x.acc = ws + 1024;
+    x.tmp = (uint16_t *) (ws + 2048);
+    x.pfacts = (tile_facts *) (ws + 3072);
+    build_table(j->a->format, &x.ta);
+    build_table(j->b->format, &x.tb);
+
+    for (int64_t nb0 = j->n0; nb0 < j->n1; nb0 += x.nc) {
+        const int64_t ncols = j->n1 - nb0 < x.nc ? j->n1 - nb0 : x.nc;
+        const int64_t npan = (ncols + 31) / 32;
+        for (int64_t p = 0; p < npan; p++) {
+            const int w = (int) (ncols - 32 * p < 32 ? ncols - 32 * p : 32);
+            pack_panel(&x, nb0 + 32 * p, w, x.bblock + p * kp * 32, &x.pfacts[p]);
+        }
+        for (int64_t m0 = j->m0; m0 < j->m1; m0 += 32) {
+            const int rows = (int) (j->m1 - m0 < 32 ? j->m1 - m0 : 32);
+            tile_facts sf;
+            decode_strip(&x, m0, rows, &sf);
+            for (int64_t p = 0; p < npan; p++) {
+                const int w = (int) (ncols - 32 * p < 32 ? ncols - 32 * p : 32);
+                tile(&x, m0, rows, &sf, nb0 + 32 * p, w, x.bblock + p * kp * 32, &x.pfacts[p]);
+            }
+        }
+    }
+}

@@ -1,0 +1,71 @@
+/* The blocked BF16 GEMM driver shared by the AMX and AVX-512 BF16 kernels (gemm_blk.c).
+ *
+ * Every pair but F32 x F32 runs on BF16 arithmetic: FP8 and FP4 codes decode exactly into
+ * BF16, so a product of two elements is exact in binary32 and only the summation order
+ * differs from the reference. The driver, per job:
+ *
+ *   for each block of NC columns of C (NC from the kernel's B budget):
+ *       pack the B rows of the block into 32-column panels, VNNI layout (below)
+ *       for each strip of 32 rows of A:
+ *           decode the strip into the A layout (below)
+ *           for each panel: micro-kernel over K (or per K block), epilogue into C
+ *
+ * Layouts (uint16 BF16 bits, K padded with zeros to a multiple of 32, "kt" = 32 K):
+ *   A strip: [kt][32 rows][32 k]                    (an AMX A tile is 16 rows of it)
+ *   B panel: [kt][2 halves of 16 columns][16 k-pairs][16 columns][2 k]
+ *            (an AMX B tile is one half: row p holds (B[n][2p], B[n][2p+1]) for 16 n)
+ * Both layouts give VDPBF16PS its operands directly: a 32-bit broadcast of an A pair and
+ * a 64-byte row of a B half.
+ *
+ * Accuracy (NUMERICS.md section 6): AMX and VDPBF16PS read BF16 denormals as zero and flush
+ * binary32 denormal results. FP8/FP4 values and products are far from that range; MX block
+ * scales are folded into the decoded elements only while every exponent of a strip (panel)
+ * lies within FOLD_SPAN of a centre (then no folded value or product is denormal), else the
+ * tile is computed block by block with the scale applied in binary32. Plain BF16 tiles that
+ * hold denormals (or whose products could all be tiny) use micro_exact, an IEEE binary32 FMA
+ * kernel on the same layouts. */
+#ifndef LOWP_GEMM_BLK_H
+#define LOWP_GEMM_BLK_H
+
+#include "gemm_kernels.h"
+
+#define LOWP_BLK_KT      32   /* K per tile step */
+#define LOWP_BLK_ROWS    32   /* rows of an A strip, and columns of a B panel */
+#define LOWP_BLK_TILE_U16 1024 /* uint16 of one kt of a strip or of a panel */
+
+/* P[r][c] (rows r0 <= r < r0 + mr, all 32 columns; row stride 32 floats) = the dot products
+ * of strip rows and panel columns over `nkt` K tiles starting at `a` and `b`. */
+typedef void (*lowp_gemm_micro_fn)(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0,
+                                   int mr, float *p);
+
+typedef struct lowp_gemm_blk_kernel {
+    lowp_gemm_micro_fn micro;       /* the fast kernel (DAZ/FTZ arithmetic allowed) */
+    lowp_gemm_micro_fn micro_exact; /* IEEE binary32 kernel for tiles with tiny values */
+    int rows_align;                 /* micro's row granularity: 32 (AMX: whole tiles) or 4 */
+    size_t b_budget_bytes;          /* bytes of packed B per column block */
+} lowp_gemm_blk_kernel;
+
+/* Workspace (floats) of a job on kernel k:
+ *   NC * Kp / 2      packed B block      (NC = columns per block, Kp = K rounded up to 32)
+ *   16 * Kp          decoded A strip     (32 rows of Kp BF16)
+ *   3 * 1024 + 2*NC  P tile, accumulator tile, packing scratch, per-panel facts */
+LOWP_HIDDEN size_t lowp_gemm_blk_ws_floats(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k);
+LOWP_HIDDEN void lowp_gemm_blk_run(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k);
+/* Pairs the driver handles (all but PLAIN F32). */
+LOWP_HIDDEN int lowp_gemm_blk_supports(const lowp_gemm_job *j);
+
+/* The IEEE binary32 micro-kernel (gemm_avx512.c, AVX-512F), shared by both BF16 kernels. */
+LOWP_HIDDEN void lowp_gemm_micro_f32x(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0,
+                                      int mr, float *p);
+
+/* The VDPBF16PS micro-kernel (gemm_avx512.c; needs AVX512_BF16). */
+LOWP_HIDDEN void lowp_gemm_micro_dpbf16(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0,
+                                        int mr, float *p);
+
+/* Store rows [m0, m1) x columns [n0, n0 + w) (w <= 32) of C from v (row stride 32 floats,
+ * v[0] is (m0, n0)), honouring accumulate and BF16 output (RNE, NaN -> 0x7FC0 | sign, as
+ * lowp's BF16 encoder with NONSAT). */
+LOWP_HIDDEN void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_t n0,
+                                      int w, const float *v);
+
+#endif

@@ -1,0 +1,42 @@
+/* The CPU GEMM kernels' interface. The ops layer (src/ops/gemm.c) validates and classifies
+ * the operand pair; the dispatcher (src/cpu/gemm.c) turns a GEMM, a split-M group or a split-K
+ * group into jobs over row ranges and runs them on the threads. */
+#ifndef LOWP_GEMM_KERNELS_H
+#define LOWP_GEMM_KERNELS_H
+
+#include "core/gemm_pair.h"
+#include "core/internal.h"
+#include "lowp/gemm.h"
+
+typedef struct lowp_gemm_job {
+    const lowp_qtensor *a; /* [*, Ka] */
+    const lowp_qtensor *b; /* [*, Kb] */
+    lowp_tensor *c;
+    lowp_gemm_pair pair;
+    int64_t bk;             /* K block of the pair: 32, 128, or 0 (no blocks) */
+    int64_t m0, m1;         /* rows of a to compute */
+    int64_t n0, n1;         /* rows of b to compute */
+    int64_t k0, k1;         /* contraction range (columns of a and b) */
+    int64_t a_blk, b_blk;   /* scale-block index of column k0 in a's and b's scale rows */
+    int64_t c_row_base;     /* C element of (m, n) is c[(c_row_base + m) * c->cols + n] */
+    int accumulate;
+    float *ws;              /* workspace of lowp_gemm_ref_ws_floats(job) floats */
+} lowp_gemm_job;
+
+/* Workspace the reference needs for a job (decoded A row and a panel of B rows). */
+#define LOWP_GEMM_REF_PANEL 64
+static inline size_t lowp_gemm_ref_ws_floats(const lowp_gemm_job *j) {
+    return (size_t) (LOWP_GEMM_REF_PANEL + 1) * (size_t) (j->k1 - j->k0);
+}
+
+LOWP_HIDDEN void lowp_cpu_gemm_ref(const lowp_gemm_job *j);
+
+/* Fast kernels; supports() says which jobs they take, ws_floats() how much workspace. */
+LOWP_HIDDEN int lowp_cpu_gemm_amx_supports(const lowp_gemm_job *j);
+LOWP_HIDDEN size_t lowp_cpu_gemm_amx_ws_floats(const lowp_gemm_job *j);
+LOWP_HIDDEN void lowp_cpu_gemm_amx(const lowp_gemm_job *j);
+LOWP_HIDDEN int lowp_cpu_gemm_avx512_supports(const lowp_gemm_job *j);
+LOWP_HIDDEN size_t lowp_cpu_gemm_avx512_ws_floats(const lowp_gemm_job *j);
+LOWP_HIDDEN void lowp_cpu_gemm_avx512(const lowp_gemm_job *j);
+
+#endif

@@ -1,0 +1,126 @@
+/* The scalar reference GEMM (NUMERICS.md section 6): for every output element, products are
+ * summed in binary32 sequentially in k within a block, each block's sum is scaled as the pair
+ * requires and added to the binary32 accumulator in increasing k; tensorwise and rowwise
+ * scales are applied once at the end. Elements are decoded exactly (a table per format); the
+ * only memory it uses is the job's workspace: one decoded A row and a panel of B rows. */
+#include <math.h>
+
+#include "core/scale_rules.h"
+#include "gemm_kernels.h"
+
+/* Decode columns [k0, k1) of row r of q into out (codes only, no scales). */
+static void decode_row(const lowp_qtensor *q, int64_t r, int64_t k0, int64_t k1,
+                       const float *lut, float *out) {
+    const int64_t n = k1 - k0;
+    switch (q->format) {
+    case LOWP_FORMAT_F32: {
+        const float *p = (const float *) q->data + (size_t) r * (size_t) q->cols + k0;
+        for (int64_t i = 0; i < n; i++) out[i] = p[i];
+        break;
+    }
+    case LOWP_FORMAT_BF16: {
+        const uint16_t *p = (const uint16_t *) q->data + (size_t) r * (size_t) q->cols + k0;
+        for (int64_t i = 0; i < n; i++) out[i] = lowp_u2f((uint32_t) p[i] << 16);
+        break;
+    }
+    case LOWP_FORMAT_E2M1: {
+        const uint8_t *p = (const uint8_t *) q->data + (size_t) r * (size_t) ((q->cols + 1) / 2);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t k = k0 + i;
+            out[i] = lut[(p[k / 2] >> (4 * (k & 1))) & 0xF];
+        }
+        break;
+    }
+    default: {
+        const uint8_t *p = (const uint8_t *) q->data + (size_t) r * (size_t) q->cols + k0;
+        for (int64_t i = 0; i < n; i++) out[i] = lut[p[i]];
+        break;
+    }
+    }
+}
+
+static void build_lut(lowp_format f, float lut[256]) {
+    const lowp_format_traits *t;
+    lowp_format_get(f, &t);
+    if (t->bits > 8) return;
+    for (uint32_t c = 0; c < (1u << t->bits); c++) lut[c] = t->decode(c);
+}
+
+/* Scale of operand q's row r for K-block `blk` (binary32 kinds). */
+static float fp32_scale_at(const lowp_qtensor *q, int64_t r, int64_t blk, int64_t nb) {
+    const float *s = (const float *) q->scales;
+    switch (q->scaling) {
+    case LOWP_SCALING_TENSOR: return s[0];
+    case LOWP_SCALING_ROW: return s[r];
+    case LOWP_SCALING_BLOCK128X128: return s[(r / 128) * nb + blk];
+    default: return s[r * nb + blk]; /* BLOCK128 */
+    }
+}
+
+/* E8M0 code of operand q's row r for K-block `blk`. */
+static uint8_t e8m0_code_at(const lowp_qtensor *q, int64_t r, int64_t blk, int64_t nb) {
+    const uint8_t *s = (const uint8_t *) q->scales;
+    if (q->scaling == LOWP_SCALING_BLOCK32X32) return s[(r / 32) * nb + blk];
+    return s[r * nb + blk]; /* MX32 */
+}
+
+void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
+    const lowp_qtensor *a = j->a, *b = j->b;
+    const int64_t K = j->k1 - j->k0;
+    float lut_a[256], lut_b[256];
+    build_lut(a->format, lut_a);
+    build_lut(b->format, lut_b);
+    int64_t sra, nba, srb, nbb;
+    lowp_qtensor_scale_shape(a, &sra, &nba, NULL);
+    lowp_qtensor_scale_shape(b, &srb, &nbb, NULL);
+    const int64_t bk = j->bk > 0 ? j->bk : (K > 0 ? K : 1);
+    float *arow = j->ws, *bpanel = j->ws + K;
+    const int e8 = j->pair == LOWP_PAIR_MX || j->pair == LOWP_PAIR_MX_B32;
+    const int blk128 = j->pair == LOWP_PAIR_B128_W || j->pair == LOWP_PAIR_B128_B128;
+    const int bf16_out = j->c->format == LOWP_FORMAT_BF16;
+    const lowp_format_traits *bf16;
+    lowp_format_get(LOWP_FORMAT_BF16, &bf16);
+
+    for (int64_t n0 = j->n0; n0 < j->n1; n0 += LOWP_GEMM_REF_PANEL) {
+        const int64_t n1 = n0 + LOWP_GEMM_REF_PANEL < j->n1 ? n0 + LOWP_GEMM_REF_PANEL : j->n1;
+        for (int64_t n = n0; n < n1; n++)
+            decode_row(b, n, j->k0, j->k1, lut_b, bpanel + (size_t) (n - n0) * (size_t) K);
+        for (int64_t m = j->m0; m < j->m1; m++) {
+            decode_row(a, m, j->k0, j->k1, lut_a, arow);
+            for (int64_t n = n0; n < n1; n++) {
+                const float *bp = bpanel + (size_t) (n - n0) * (size_t) K;
+                float acc = 0.0f;
+                for (int64_t k = 0, blk = 0; k < K; k += bk, blk++) {
+                    const int64_t ke = k + bk < K ? k + bk : K;
+                    float s = 0.0f;
+                    for (int64_t i = k; i < ke; i++) s += arow[i] * bp[i];
+                    if (e8) {
+                        uint8_t ca = e8m0_code_at(a, m, j->a_blk + blk, nba);
+                        uint8_t cb = e8m0_code_at(b, n, j->b_blk + blk, nbb);
+                        /* Combine the exponents as integers: 2^-127 * 2^-127 underflows. */
+                        s = (ca == 0xFF || cb == 0xFF) ? NAN
+                                                       : ldexpf(s, (int) ca + (int) cb - 254);
+                        acc += s;
+                    } else if (blk128) {
+                        float sa = fp32_scale_at(a, m, j->a_blk + blk, nba);
+                        float sb = fp32_scale_at(b, n, j->b_blk + blk, nbb);
+                        acc += s * sa * sb;
+                    } else {
+                        acc += s;
+                    }
+                }
+                if (j->pair == LOWP_PAIR_TENSOR || j->pair == LOWP_PAIR_ROW)
+                    acc = acc * fp32_scale_at(a, m, 0, 1) * fp32_scale_at(b, n, 0, 1);
+                const size_t ci = (size_t) (j->c_row_base + m) * (size_t) j->c->cols + (size_t) n;
+                if (bf16_out) {
+                    uint16_t *c = (uint16_t *) j->c->data;
+                    if (j->accumulate) acc += lowp_u2f((uint32_t) c[ci] << 16);
+                    c[ci] = (uint16_t) bf16->encode(acc, LOWP_OVERFLOW_NONSAT);
+                } else {
+                    float *c = (float *) j->c->data;
+                    c[ci] = j->accumulate ? c[ci] + acc : acc;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+/* lowp_gemm, lowp_grouped_gemm, lowp_grouped_gemm_wgrad: validate every argument (nothing is
+ * written on error) and run on the backend of the operands' device. */
+#include <stdio.h>
+
+#include "core/gemm_pair.h"
+#include "core/internal.h"
+#include "device/registry.h"
+#include "lowp/gemm.h"
+
+lowp_status lowp_gemm_cfg_init(lowp_gemm_cfg *cfg) {
+    LOWP_CHECK_PTR("lowp_gemm_cfg_init", cfg);
+    memset(cfg, 0, sizeof *cfg);
+    cfg->path = LOWP_GEMM_PATH_AUTO;
+    return LOWP_OK;
+}
+
+static int same_device(lowp_device a, lowp_device b) {
+    return a.type == b.type && a.index == b.index;
+}
+
+static lowp_status check_cfg(const char *fn, const lowp_gemm_cfg *cfg) {
+    if (cfg->accumulate != 0 && cfg->accumulate != 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.accumulate (%d) is not 0 or 1", fn,
+                         cfg->accumulate);
+    if (cfg->threads < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.threads (%d) < 0", fn, cfg->threads);
+    if (cfg->path < LOWP_GEMM_PATH_AUTO || cfg->path > LOWP_GEMM_PATH_AMX)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.path (%d) is not a lowp_gemm_path", fn,
+                         (int) cfg->path);
+    return LOWP_OK;
+}
+
+/* An operand: buffers present for its size, on `dev`. */
+static lowp_status check_operand(const char *fn, const char *name, const lowp_qtensor *q,
+                                 lowp_device dev) {
+    if (!q) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s is NULL", fn, name);
+    if (q->rows < 0 || q->cols < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s shape (%lld x %lld) is negative", fn, name,
+                         (long long) q->rows, (long long) q->cols);
+    size_t db, sb;
+    lowp_status st = lowp_qtensor_nbytes(q, &db, &sb);
+    if (st != LOWP_OK) {
+        lowp_error_append("%s: operand %s", fn, name);
+        return st;
+    }
+    if (db && !q->data) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.data is NULL", fn, name);
+    if (sb && !q->scales) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.scales is NULL", fn, name);
+    if (!same_device(q->device, dev))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.device (%d:%d) != a.device (%d:%d)", fn,
+                         name, q->device.type, q->device.index, dev.type, dev.index);
+    return LOWP_OK;
+}
+
+static lowp_status check_c(const char *fn, const lowp_tensor *c, int64_t rows, int64_t cols,
+                           lowp_device dev) {
+    if (!c) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: c is NULL", fn);
+    if (c->format != LOWP_FORMAT_F32 && c->format != LOWP_FORMAT_BF16)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: c.format (%d) is not f32 or bf16", fn,
+                         (int) c->format);
+    if (c->rows != rows || c->cols != cols)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: c shape (%lld x %lld) != expected (%lld x %lld)",
+                         fn, (long long) c->rows, (long long) c->cols, (long long) rows,
+                         (long long) cols);
+    if (rows * cols > 0 && !c->data) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: c.data is NULL", fn);
+    if (!same_device(c->device, dev))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: c.device (%d:%d) != a.device (%d:%d)", fn,
+                         c->device.type, c->device.index, dev.type, dev.index);
+    return LOWP_OK;
+}
+
+static lowp_status check_offs(const char *fn, const int32_t *offs, int32_t groups, int64_t limit,
+                              const char *limit_name) {
+    if (groups < 1) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: groups (%d) < 1", fn, groups);
+    if (!offs) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: offs is NULL", fn);
+    int64_t prev = 0;
+    for (int32_t g = 0; g < groups; g++) {
+        if (offs[g] < prev || offs[g] > limit)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: offs[%d] (%d) is not in [%lld, %s (%lld)] (offsets are "
+                             "cumulative group ends)",
+                             fn, g, offs[g], (long long) prev, limit_name, (long long) limit);
+        prev = offs[g];
+    }
+    return LOWP_OK;
+}
+
+static lowp_status no_kernel(const char *fn, lowp_device dev, const char *what) {
+    const char *name = "?";
+    lowp_backend_name(dev.type, &name);
+    return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: backend \"%s\" has no %s kernel", fn, name, what);
+}
+
+lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                      const lowp_gemm_cfg *cfg) {
+    const char *fn = "lowp_gemm";
+    LOWP_CHECK_PTR(fn, a);
+    lowp_gemm_cfg defaults;
+    if (!cfg) {
+        lowp_gemm_cfg_init(&defaults);
+        cfg = &defaults;
+    }
+    lowp_status st;
+    if ((st = check_cfg(fn, cfg)) != LOWP_OK) return st;
+    if ((st = check_operand(fn, "a", a, a->device)) != LOWP_OK) return st;
+    if ((st = check_operand(fn, "b", b, a->device)) != LOWP_OK) return st;
+    if (a->group_offs || b->group_offs)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: %s.group_offs is set; use lowp_grouped_gemm_wgrad", fn,
+                         a->group_offs ? "a" : "b");
+    lowp_gemm_pair pair;
+    int64_t bk;
+    if ((st = lowp_gemm_classify(fn, a, b, &pair, &bk)) != LOWP_OK) return st;
+    if (a->cols != b->cols)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld) != b.cols (%lld)", fn,
+                         (long long) a->cols, (long long) b->cols);
+    if ((st = check_c(fn, c, a->rows, b->rows, a->device)) != LOWP_OK) return st;
+    const lowp_backend_iface *iface;
+    void *ctx;
+    if ((st = lowp_device_resolve(fn, "a.device", a->device, &iface, &ctx)) != LOWP_OK) return st;
+    if (!iface->gemm) return no_kernel(fn, a->device, "gemm");
+    lowp_call_guard g;
+    lowp_call_begin(&g);
+    st = iface->gemm(ctx, a->device.index, a, b, c, cfg);
+    return lowp_call_end(&g, st, fn, a->device, "gemm");
+}
+
+lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
+                              int32_t groups, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
+    const char *fn = "lowp_grouped_gemm";
+    LOWP_CHECK_PTR(fn, a);
+    LOWP_CHECK_PTR(fn, b);
+    lowp_gemm_cfg defaults;
+    if (!cfg) {
+        lowp_gemm_cfg_init(&defaults);
+        cfg = &defaults;
+    }
+    lowp_status st;
+    if ((st = check_cfg(fn, cfg)) != LOWP_OK) return st;
+    if ((st = check_operand(fn, "a", a, a->device)) != LOWP_OK) return st;
+    if (a->group_offs)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.group_offs is set (split-M groups come from offs)",
+                         fn);
+    if ((st = check_offs(fn, offs, groups, a->rows, "a.rows")) != LOWP_OK) return st;
+    const int64_t N = b[0].rows;
+    for (int32_t g = 0; g < groups; g++) {
+        char name[32];
+        snprintf(name, sizeof name, "b[%d]", g);
+        if ((st = check_operand(fn, name, &b[g], a->device)) != LOWP_OK) return st;
+        if (b[g].group_offs)
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.group_offs is set", fn, name);
+        if (b[g].rows != N || b[g].cols != a->cols)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: %s shape (%lld x %lld) != b[0] rows x a.cols (%lld x %lld)", fn,
+                             name, (long long) b[g].rows, (long long) b[g].cols, (long long) N,
+                             (long long) a->cols);
+        lowp_gemm_pair pair;
+        int64_t bk;
+        if ((st = lowp_gemm_classify(fn, a, &b[g], &pair, &bk)) != LOWP_OK) return st;
+    }
+    if ((st = check_c(fn, c, a->rows, N, a->device)) != LOWP_OK) return st;
+    const lowp_backend_iface *iface;
+    void *ctx;
+    if ((st = lowp_device_resolve(fn, "a.device", a->device, &iface, &ctx)) != LOWP_OK) return st;
+    if (!iface->grouped_gemm) return no_kernel(fn, a->device, "grouped gemm");
+    lowp_call_guard g;
+    lowp_call_begin(&g);
+    st = iface->grouped_gemm(ctx, a->device.index, a, b, offs, groups, c, cfg);
+    return lowp_call_end(&g, st, fn, a->device, "grouped_gemm");
+}
+
+/* For the block kinds, a wgrad operand must be quantized with the same groups as offs. */
+static lowp_status check_grouping(const char *fn, const char *name, const lowp_qtensor *q,
+                                  int64_t bk, const int32_t *offs, int32_t groups) {
+    if (bk == 0) {
+        if (q->group_offs)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: %s.group_offs is set but scaling %s has no token blocks", fn,
+                             name, lowp_scaling_name(q->scaling));
+        return LOWP_OK;
+    }
+    if (!q->group_offs)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: %s (scaling %s) must be quantized with lowp_quantize_grouped over "
+                         "the same offs (its group_offs is NULL)",
+                         fn, name, lowp_scaling_name(q->scaling));
+    if (q->groups != groups)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.groups (%d) != groups (%d)", fn, name,
+                         q->groups, groups);
+    for (int32_t g = 0; g < groups; g++)
+        if (q->group_offs[g] != offs[g])
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.group_offs[%d] (%d) != offs[%d] (%d)",
+                             fn, name, g, q->group_offs[g], g, offs[g]);
+    return LOWP_OK;
+}
+
+lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
+                                    const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                    const lowp_gemm_cfg *cfg) {
+    const char *fn = "lowp_grouped_gemm_wgrad";
+    LOWP_CHECK_PTR(fn, a);
+    lowp_gemm_cfg defaults;
+    if (!cfg) {
+        lowp_gemm_cfg_init(&defaults);
+        cfg = &defaults;
+    }
+    lowp_status st;
+    if ((st = check_cfg(fn, cfg)) != LOWP_OK) return st;
+    if ((st = check_operand(fn, "a", a, a->device)) != LOWP_OK) return st;
+    if ((st = check_operand(fn, "b", b, a->device)) != LOWP_OK) return st;
+    lowp_gemm_pair pair;
+    int64_t bk;
+    if ((st = lowp_gemm_classify(fn, a, b, &pair, &bk)) != LOWP_OK) return st;
+    if (pair == LOWP_PAIR_B128_W || pair == LOWP_PAIR_MX_B32)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: b (scaling %s) is a weight tiling, not a token-blocked activation", fn,
+                         lowp_scaling_name(b->scaling));
+    if (a->cols != b->cols)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld tokens) != b.cols (%lld tokens)",
+                         fn, (long long) a->cols, (long long) b->cols);
+    if ((st = check_offs(fn, offs, groups, a->cols, "a.cols")) != LOWP_OK) return st;
+    if ((st = check_grouping(fn, "a", a, bk, offs, groups)) != LOWP_OK) return st;
+    if ((st = check_grouping(fn, "b", b, bk, offs, groups)) != LOWP_OK) return st;
+    if ((st = check_c(fn, c, (int64_t) groups * a->rows, b->rows, a->device)) != LOWP_OK) return st;
+    const lowp_backend_iface *iface;
+    void *ctx;
+    if ((st = lowp_device_resolve(fn, "a.device", a->device, &iface, &ctx)) != LOWP_OK) return st;
+    if (!iface->grouped_gemm_wgrad) return no_kernel(fn, a->device, "grouped wgrad gemm");
+    lowp_call_guard g;
+    lowp_call_begin(&g);
+    st = iface->grouped_gemm_wgrad(ctx, a->device.index, a, b, offs, groups, c, cfg);
+    return lowp_call_end(&g, st, fn, a->device, "grouped_gemm_wgrad");
+}

@@ -1,0 +1,355 @@
+/* lowp_quantize: the AVX-512 kernels against the scalar reference, bit for bit, through the
+ * public API (cfg.path = LOWP_PATH_REFERENCE vs LOWP_PATH_AVX512).
+ *
+ * Every scaling kind, element format, scale mode (E8M0 kinds) or pow2/eps setting (binary32
+ * kinds), orientation (rowwise, columnwise, both from one call) and input format (F32, BF16)
+ * is run on awkward shapes (1x1 up to 256x4096: tails in both dimensions, odd E2M1 rows) at
+ * 1 and 2 threads. Inputs mix block magnitudes from binary32 subnormals to 2^124 (scale codes
+ * clamped at both ends), zero blocks and tiles with both signs of zero, subnormals, values
+ * just above fmax and at the rounding ties near it, FLT_MAX, and NaN/Inf in some regions only,
+ * so that poisoned and clean blocks sit side by side. Output buffers are pre-filled with
+ * different garbage for each path, so a byte either path forgets to write (an E2M1 pad
+ * nibble, a tail) shows up. A separate sweep checks the vectorized E8M0 scale rule on amax bit
+ * patterns across every exponent. LOWP_TEST_QUICK=1 keeps only the small shapes.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lowp/lowp.h"
+#include "lowp/quant.h"
+#include "testutil.h"
+
+/* splitmix64: deterministic test inputs. */
+static uint64_t g_rng = 0x243F6A8885A308D3ull;
+static uint64_t rnd64(void) {
+    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static uint32_t rnd_below(uint32_t n) { return (uint32_t) (((rnd64() >> 32) * n) >> 32); }
+static float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static int g_quick;
+static int g_runs; /* quantize calls compared */
+
+/* ---- inputs ---- */
+
+/* A random value whose magnitude is around 2^e. */
+static float around(int e) {
+    int ee = e + (int) rnd_below(7) - 3;
+    if (ee > 124) ee = 124;
+    float m = 1.0f + (float) rnd_below(1u << 23) * 0x1p-23f;
+    float v = ldexpf(m, ee);
+    return rnd_below(2) ? -v : v;
+}
+
+/* Input [R, C] as binary32. `specials` adds NaN/Inf in the 128x128 regions whose
+ * (row tile + col tile) % 3 == 0, so clean blocks remain next to poisoned ones. */
+static void gen(float *x, int64_t R, int64_t C, int specials) {
+    static const float near_max[] = {448.0f, 449.0f, 464.0f, 465.0f, 480.0f, 57344.0f,
+                                     61440.0f, 61441.0f, 65536.0f, 6.0f, 6.5f, 7.0f};
+    const int64_t nbc = (C + 31) / 32;
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t b = 0; b < nbc; b++) {
+            /* block magnitude: mostly moderate, sometimes subnormal-tiny or huge */
+            uint32_t pick = rnd_below(20);
+            int e = pick < 16 ? (int) rnd_below(41) - 20
+                    : pick < 18 ? -149 + (int) rnd_below(30)
+                                : 100 + (int) rnd_below(25);
+            int zero_block = (r % 5 == 2 && b % 3 == 1) || ((r / 32) % 4 == 1 && b % 4 == 2);
+            for (int64_t c = 32 * b; c < C && c < 32 * b + 32; c++) {
+                float v;
+                uint32_t s = rnd_below(1000);
+                if (zero_block) v = rnd_below(2) ? 0.0f : -0.0f;
+                else if (s < 10) v = rnd_below(2) ? 0.0f : -0.0f;
+                else if (s < 20) v = u2f((rnd_below(2) << 31) | (1u + rnd_below(0x7FFFFF)));
+                else if (s < 26) v = near_max[rnd_below(sizeof near_max / sizeof near_max[0])];
+                else if (s < 28) v = rnd_below(2) ? 3.0e38f : -3.4028235e38f;
+                else v = around(e);
+                if (specials && ((r / 128 + c / 128) % 3 == 0) && rnd_below(300) == 0) {
+                    uint32_t k = rnd_below(4);
+                    v = k == 0   ? INFINITY
+                        : k == 1 ? -INFINITY
+                        : k == 2 ? u2f(0x7FC00000u | rnd_below(0x400000))
+                                 : u2f(0xFFC00001u);
+                }
+                x[r * C + c] = v;
+            }
+        }
+    }
+}
+
+/* ---- one comparison ---- */
+
+typedef struct outs {
+    uint8_t *rd, *rs, *cd, *cs;
+    size_t rdb, rsb, cdb, csb;
+} outs;
+
+static void outs_alloc(outs *o, const lowp_qtensor *row, const lowp_qtensor *col) {
+    memset(o, 0, sizeof *o);
+    if (row) lowp_qtensor_nbytes(row, &o->rdb, &o->rsb);
+    if (col) lowp_qtensor_nbytes(col, &o->cdb, &o->csb);
+    o->rd = malloc(o->rdb + 1);
+    o->rs = malloc(o->rsb + 1);
+    o->cd = malloc(o->cdb + 1);
+    o->cs = malloc(o->csb + 1);
+}
+static void outs_free(outs *o) {
+    free(o->rd);
+    free(o->rs);
+    free(o->cd);
+    free(o->cs);
+}
+
+typedef struct qcase {
+    lowp_scaling scaling;
+    lowp_format ef;
+    lowp_scale_mode mode;
+    int pow2;
+    float eps;
+    float scale; /* TENSOR: > 0 means cfg.scale */
+    int orient;  /* 1 row, 2 col, 3 both */
+} qcase;
+
+static lowp_status run(const lowp_tensor *x, const qcase *q, lowp_kernel_path path, int threads,
+                       outs *o, int fill, float *amax) {
+    lowp_qtensor row = {q->ef, q->scaling, x->rows, x->cols, o->rd, o->rs,
+                        LOWP_DEVICE_HOST, NULL, 0};
+    lowp_qtensor col = {q->ef, q->scaling, x->cols, x->rows, o->cd, o->cs,
+                        LOWP_DEVICE_HOST, NULL, 0};
+    memset(o->rd, fill, o->rdb);
+    memset(o->rs, fill, o->rsb);
+    memset(o->cd, fill, o->cdb);
+    memset(o->cs, fill, o->csb);
+    lowp_quant_cfg cfg;
+    lowp_quant_cfg_init(&cfg);
+    cfg.scale_mode = q->mode;
+    cfg.pow2_scales = q->pow2;
+    cfg.eps = q->eps;
+    cfg.scale = q->scale > 0 ? &q->scale : NULL;
+    cfg.amax_out = q->scaling == LOWP_SCALING_TENSOR ? amax : NULL;
+    cfg.threads = threads;
+    cfg.path = path;
+    return lowp_quantize(x, q->orient & 1 ? &row : NULL, q->orient & 2 ? &col : NULL, &cfg);
+}
+
+static const char *fname(lowp_format f) {
+    const lowp_format_traits *t = NULL;
+    lowp_format_get(f, &t);
+    return t ? t->name : "?";
+}
+
+/* First differing byte, or -1. */
+static long first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return (long) i;
+    return -1;
+}
+
+static int g_fail_reports;
+
+static void compare(const char *what, const qcase *q, const lowp_tensor *x, int threads,
+                    const uint8_t *ref, const uint8_t *fast, size_t n) {
+    long d = first_diff(ref, fast, n);
+    CHECKF(d < 0,
+           "%s differs at byte %ld (ref 0x%02X, avx512 0x%02X): %s %s %s mode %d pow2 %d eps %g "
+           "scale %g orient %d, x %s %lldx%lld, threads %d",
+           what, d, d >= 0 ? ref[d] : 0, d >= 0 ? fast[d] : 0, lowp_scaling_name(q->scaling),
+           fname(q->ef), fname(x->format), (int) q->mode, q->pow2, (double) q->eps,
+           (double) q->scale, q->orient, fname(x->format), (long long) x->rows,
+           (long long) x->cols, threads);
+    if (d >= 0 && ++g_fail_reports > 30) {
+        fprintf(stderr, "too many failures, stopping\n");
+        exit(testutil_finish());
+    }
+}
+
+static void check_case(const lowp_tensor *x, const qcase *q) {
+    lowp_qtensor row = {q->ef, q->scaling, x->rows, x->cols, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
+    lowp_qtensor col = {q->ef, q->scaling, x->cols, x->rows, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
+    outs ro, fo;
+    outs_alloc(&ro, &row, &col);
+    outs_alloc(&fo, &row, &col);
+    float amax_ref = -1.0f;
+    lowp_status st = run(x, q, LOWP_PATH_REFERENCE, 2, &ro, 0xA5, &amax_ref);
+    CHECKF(st == LOWP_OK, "reference: %s", lowp_last_error());
+    for (int threads = 1; threads <= 2; threads++) {
+        float amax_fast = -2.0f;
+        st = run(x, q, LOWP_PATH_AVX512, threads, &fo, 0x5A, &amax_fast);
+        CHECKF(st == LOWP_OK, "avx512: %s", lowp_last_error());
+        g_runs++;
+        if (q->orient & 1) {
+            compare("row codes", q, x, threads, ro.rd, fo.rd, ro.rdb);
+            compare("row scales", q, x, threads, ro.rs, fo.rs, ro.rsb);
+        }
+        if (q->orient & 2) {
+            compare("col codes", q, x, threads, ro.cd, fo.cd, ro.cdb);
+            compare("col scales", q, x, threads, ro.cs, fo.cs, ro.csb);
+        }
+        if (q->scaling == LOWP_SCALING_TENSOR)
+            CHECKF(f2u(amax_ref) == f2u(amax_fast) || (amax_ref != amax_ref && amax_fast != amax_fast),
+                   "tensor amax %g vs %g", (double) amax_ref, (double) amax_fast);
+    }
+    outs_free(&ro);
+    outs_free(&fo);
+}
+
+/* Every kind, format and setting on one input. `light` keeps one setting per kind. */
+static void check_input(const lowp_tensor *x, int light) {
+    static const lowp_scale_mode modes[] = {LOWP_SCALE_RCEIL, LOWP_SCALE_FLOOR, LOWP_SCALE_CEIL,
+                                            LOWP_SCALE_EVEN};
+    static const struct {
+        int pow2;
+        float eps;
+    } fp[] = {{-1, 0.0f}, {1, 0.0f}, {0, 1e-3f}};
+    for (int s = LOWP_SCALING_TENSOR; s <= LOWP_SCALING_BLOCK32X32; s++) {
+        const lowp_scaling sc = (lowp_scaling) s;
+        const int e8 = sc == LOWP_SCALING_MX32 || sc == LOWP_SCALING_BLOCK32X32;
+        const int nf = sc == LOWP_SCALING_MX32 ? 3 : 2;
+        for (int fi = 0; fi < nf; fi++) {
+            const lowp_format ef = fi == 0 ? LOWP_FORMAT_E4M3
+                                   : fi == 1 ? LOWP_FORMAT_E5M2
+                                             : LOWP_FORMAT_E2M1;
+            const int nset = light ? 1 : e8 ? 4 : sc == LOWP_SCALING_TENSOR ? 5 : 3;
+            for (int k = 0; k < nset; k++) {
+                for (int orient = 1; orient <= 3; orient++) {
+                    qcase q = {sc, ef, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f, orient};
+                    if (e8) {
+                        q.mode = light ? LOWP_SCALE_DEFAULT : modes[k];
+                    } else if (k < 3) {
+                        q.pow2 = fp[k].pow2;
+                        q.eps = fp[k].eps;
+                    } else {
+                        q.scale = k == 3 ? 1.0f : 3.7f; /* delayed scaling: a given scale */
+                    }
+                    check_case(x, &q);
+                }
+            }
+        }
+    }
+}
+
+/* Binary32 input f as the tensor of format xf (BF16: the top half of each pattern). */
+static void *as_format(const float *f, size_t n, lowp_format xf) {
+    if (xf == LOWP_FORMAT_F32) {
+        float *d = malloc(n * 4 + 4);
+        memcpy(d, f, n * 4);
+        return d;
+    }
+    uint16_t *d = malloc(n * 2 + 2);
+    for (size_t i = 0; i < n; i++) d[i] = (uint16_t) (f2u(f[i]) >> 16);
+    return d;
+}
+
+static void test_shapes(void) {
+    static const int64_t shapes[][2] = {{1, 1},     {3, 31},    {33, 65},  {129, 257},
+                                        {128, 128}, {1000, 1030}, {256, 4096}};
+    const int nshapes = (int) (sizeof shapes / sizeof shapes[0]);
+    for (int si = 0; si < nshapes; si++) {
+        const int64_t R = shapes[si][0], C = shapes[si][1];
+        const int big = R * C > 100000;
+        if (g_quick && big) continue;
+        float *f = malloc((size_t) (R * C) * sizeof *f);
+        for (int variant = big ? 1 : 0; variant <= 1; variant++) {
+            gen(f, R, C, variant);
+            for (int xi = 0; xi < 2; xi++) {
+                const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+                void *data = as_format(f, (size_t) (R * C), xf);
+                lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
+                check_input(&x, big);
+                free(data);
+            }
+        }
+        free(f);
+        printf("shape %lldx%lld done (%d comparisons so far)\n", (long long) R, (long long) C,
+               g_runs);
+        fflush(stdout);
+    }
+}
+
+/* The vectorized E8M0 rule: one 1x32 block per amax pattern (the block's other elements are
+ * smaller), swept over every exponent with the mantissas where the modes change their answer,
+ * plus random patterns; MX32 rowwise and BLOCK32X32 (its tiles reduce through another path). */
+static void test_e8m0_sweep(void) {
+    static const uint32_t mant[] = {0x000000, 0x000001, 0x0FFFFF, 0x100000, 0x1FFFFF, 0x200000,
+                                    0x200001, 0x3FFFFF, 0x400000, 0x400001, 0x5FFFFF, 0x600000,
+                                    0x6FFFFF, 0x700000, 0x7FFFFE, 0x7FFFFF};
+    const int nm = (int) (sizeof mant / sizeof mant[0]);
+    const int64_t nrand = g_quick ? 2048 : 16384;
+    const int64_t R = 255 * nm + nrand + 3, C = 32;
+    float *f = malloc((size_t) (R * C) * sizeof *f);
+    int64_t r = 0;
+    for (uint32_t e = 0; e < 255; e++)
+        for (int k = 0; k < nm; k++, r++) f[r * C] = u2f(e << 23 | mant[k]);
+    for (int64_t i = 0; i < nrand; i++, r++) f[r * C] = u2f((uint32_t) (rnd64() >> 33) % 0x7F800000u);
+    f[r++ * C] = INFINITY;
+    f[r++ * C] = NAN;
+    f[r++ * C] = 0.0f;
+    for (r = 0; r < R; r++) {
+        const float a = f[r * C];
+        if (rnd_below(2)) f[r * C] = -a;
+        for (int64_t c = 1; c < C; c++) /* smaller magnitudes, never above |a| */
+            f[r * C + c] = isfinite(a) ? a * ((float) rnd_below(1u << 20) * 0x1p-20f) : 1.0f;
+        /* move the maximum to a random column */
+        const int64_t p = rnd_below(32);
+        const float t = f[r * C + p];
+        f[r * C + p] = f[r * C];
+        f[r * C] = t;
+    }
+    lowp_tensor x = {LOWP_FORMAT_F32, R, C, f, LOWP_DEVICE_HOST};
+    static const lowp_scale_mode modes[] = {LOWP_SCALE_RCEIL, LOWP_SCALE_FLOOR, LOWP_SCALE_CEIL,
+                                            LOWP_SCALE_EVEN};
+    for (int fi = 0; fi < 3; fi++)
+        for (int m = 0; m < 4; m++) {
+            qcase q = {LOWP_SCALING_MX32, fi == 0 ? LOWP_FORMAT_E4M3 : fi == 1 ? LOWP_FORMAT_E5M2 : LOWP_FORMAT_E2M1,
+                       modes[m], -1, 0.0f, 0.0f, 1};
+            check_case(&x, &q);
+            if (fi < 2) {
+                q.scaling = LOWP_SCALING_BLOCK32X32;
+                check_case(&x, &q);
+            }
+        }
+    free(f);
+}
+
+/* Returns 1 when LOWP_PATH_AVX512 can run lowp_quantize here; prints why not otherwise. */
+static int avx512_available(void) {
+    float v = 1.0f;
+    uint8_t code = 0, scale = 0;
+    lowp_tensor x = {LOWP_FORMAT_F32, 1, 1, &v, LOWP_DEVICE_HOST};
+    lowp_qtensor row = {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 1, 1, &code, &scale,
+                        LOWP_DEVICE_HOST, NULL, 0};
+    lowp_quant_cfg cfg;
+    lowp_quant_cfg_init(&cfg);
+    cfg.path = LOWP_PATH_AVX512;
+    lowp_status st = lowp_quantize(&x, &row, NULL, &cfg);
+    if (st == LOWP_ERR_UNSUPPORTED) {
+        printf("skip: LOWP_PATH_AVX512 unsupported here (%s)\n", lowp_last_error());
+        return 0;
+    }
+    CHECKF(st == LOWP_OK, "probe: %s", lowp_last_error());
+    return st == LOWP_OK;
+}
+
+int main(void) {
+    g_quick = testutil_quick();
+    if (!avx512_available()) return testutil_finish();
+    test_e8m0_sweep();
+    printf("e8m0 sweep done (%d comparisons)\n", g_runs);
+    test_shapes();
+    printf("%d quantize calls compared with the reference\n", g_runs);
+    return testutil_finish();
+}
