@@ -10,5 +10,9 @@
 #include "tensor.h"
 #include "cast.h"
 #include "quant.h"
+#include "gemm.h"
+#include "recipe.h"
+#include "train.h"
+#include "checkpoint.h"
 
 #endif

@@ -1,0 +1,92 @@
+/* Recipes: which parameters train in which low-precision format.
+ *
+ * A recipe is an ordered list of rules; each rule maps a parameter-name pattern (shell glob:
+ * `*`, `?`, `[...]`) to a linear-layer configuration, or to "high precision" (plain BF16
+ * GEMMs). The first rule whose pattern matches a parameter's name decides; a parameter no rule
+ * matches stays plain. Built-in recipes start with rules that keep embeddings (`embed*`), the
+ * output head (`head*`) and MoE routers (`*router*`) in high precision.
+ *
+ *   lowp_recipe r;
+ *   lowp_recipe_init(&r, "mix");                       // a built-in recipe by name
+ *
+ *   lowp_recipe mine;                                  // or composed from presets
+ *   lowp_recipe_init(&mine, "custom");                 // no rules
+ *   lowp_linear_cfg mx, blk;
+ *   lowp_linear_cfg_preset("mxfp8", &mx);
+ *   lowp_linear_cfg_preset("block_fp8", &blk);
+ *   lowp_recipe_append(&mine, "*router*", NULL);       // high precision
+ *   lowp_recipe_append(&mine, "*.experts.*", &blk);
+ *   lowp_recipe_append(&mine, "*", &mx);
+ *
+ * Built-in recipes: bf16, fp8_delayed (HYBRID: E4M3 forward, E5M2 gradients, delayed
+ * tensorwise scaling), fp8_current (HYBRID, current tensorwise scaling), fp8_rowwise,
+ * all_mxfp8, block128 (DeepSeek-V3 1x128 activations, 128x128 weights), all_block_fp8 (NPU
+ * 32x32 E8M0 weights, MX32 activations), mix (attention and shared experts MXFP8, routed
+ * experts NPU Block FP8), mix_fp4 (mix with MXFP4 fake quantization of the routed experts).
+ * Presets: bf16, fp8_delayed, fp8_current, fp8_rowwise, mxfp8, block128, block_fp8,
+ * block_fp8_fp4 (block_fp8 with MXFP4 fake quantization of the weight).
+ */
+#ifndef LOWP_RECIPE_H
+#define LOWP_RECIPE_H
+
+#include "quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How one operand of a linear layer is quantized. format BF16 means not quantized (the
+ * operand goes to a BF16 GEMM). */
+typedef struct lowp_operand_spec {
+    lowp_format format;         /* E4M3, E5M2, E2M1 (MX32 only) or BF16 */
+    lowp_scaling scaling;       /* ignored for BF16 */
+    lowp_scale_mode scale_mode; /* E8M0 kinds */
+    int32_t pow2_scales;        /* binary32 kinds: -1 default, 0, 1 */
+    int32_t delayed;            /* TENSOR only: 1 = delayed scaling from the amax history */
+} lowp_operand_spec;
+
+/* The three operands of a linear layer's GEMMs:
+ *   forward  Y  = X . W^T      input (rowwise)       x weight (rowwise)
+ *   dgrad    dX = dY . W       grad_output (rowwise) x weight (columnwise copy)
+ *   wgrad    dW = dY^T . X     grad_output (columnwise copy) x input (columnwise copy) */
+typedef struct lowp_linear_cfg {
+    lowp_operand_spec input, weight, grad_output;
+    int32_t keep_quantized;   /* 1: backward reuses the forward's quantized X (the NPU way);
+                                 0: backward requantizes X from high precision (torchao) */
+    int32_t wgrad_hp;         /* 1: the weight-gradient GEMM runs in BF16 */
+    int32_t fake_quant_mxfp4; /* 1: weight -> MXFP4 -> dequantize, then quantized as `weight` */
+    lowp_delayed_cfg delayed; /* history length, margin, algorithm (format per role) */
+} lowp_linear_cfg;
+
+#define LOWP_RECIPE_MAX_RULES 16
+#define LOWP_RECIPE_PATTERN_MAX 64
+
+typedef struct lowp_recipe_rule {
+    char pattern[LOWP_RECIPE_PATTERN_MAX];
+    int32_t high_precision; /* 1: matching parameters stay plain (BF16 GEMMs) */
+    lowp_linear_cfg cfg;    /* when high_precision is 0 */
+} lowp_recipe_rule;
+
+typedef struct lowp_recipe {
+    char name[32];
+    int32_t nrules;
+    lowp_recipe_rule rules[LOWP_RECIPE_MAX_RULES];
+} lowp_recipe;
+
+/* A built-in recipe by name, or "custom" for an empty one. */
+LOWP_API lowp_status lowp_recipe_init(lowp_recipe *recipe, const char *name);
+/* Add a rule at the end; cfg NULL means high precision. */
+LOWP_API lowp_status lowp_recipe_append(lowp_recipe *recipe, const char *pattern,
+                                        const lowp_linear_cfg *cfg);
+/* The rule that decides `param_name` (*rule = NULL when none matches). */
+LOWP_API lowp_status lowp_recipe_match(const lowp_recipe *recipe, const char *param_name,
+                                       const lowp_recipe_rule **rule);
+/* A linear configuration by preset name. */
+LOWP_API lowp_status lowp_linear_cfg_preset(const char *name, lowp_linear_cfg *cfg);
+/* Comma-separated names of the built-in recipes, for help texts. */
+LOWP_API const char *lowp_recipe_names(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,2 @@
+/* STUB: to be written */
+typedef int lowp_stub_rng_tracker;
