@@ -77,8 +77,10 @@ typedef struct lowp_wrap_stats {
 LOWP_API lowp_status lowp_param_stats(const lowp_param *param, lowp_wrap_stats *out);
 
 typedef struct lowp_linear_opts {
-    int32_t recompute; /* 1: activation recomputation: no amax is recorded */
-    int32_t threads;   /* 0: all cores */
+    int32_t recompute;  /* 1: activation recomputation: no amax is recorded */
+    int32_t threads;    /* 0: all cores */
+    int32_t fp32_plain; /* 1: unwrapped weights run F32 GEMMs instead of BF16 (gradient
+                           checks and float references); wrapped weights are unaffected */
 } lowp_linear_opts;
 
 /* What a forward keeps for its backward (opaque; freed by the backward or lowp_linear_saved_free). */
