@@ -197,10 +197,10 @@ def amax_for_d(d_bits, fmt):
     d = Q.f32(np.uint32(d_bits))[()]
     if d == 0:
         return np.float32(0.0)
-    a0 = float(d) / float(c)
-    if not np.isfinite(np.float32(a0)):
+    with np.errstate(over="ignore"):
+        a0 = np.float32(float(d) / float(c))
+    if not np.isfinite(a0):
         return None
-    a0 = np.float32(a0)
     for k in range(-4, 5):
         a = Q.f32(np.uint32(int(Q.bits32(a0)[()]) + k))[()]
         with np.errstate(over="ignore"):

@@ -110,7 +110,7 @@ static void test_sizes(void) {
     }
     /* Block sizes. */
     static const int64_t blocks[NKINDS][2] = {{0, 0},   {1, 0},     {1, 32},
-                                                          {1, 128}, {128, 128}, {32, 32}};
+                                              {1, 128}, {128, 128}, {32, 32}};
     for (int s = 0; s < NKINDS; s++) {
         int64_t br = -1, bc = -1;
         CHECK(lowp_scaling_block((lowp_scaling) s, &br, &bc) == LOWP_OK);

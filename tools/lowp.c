@@ -20,10 +20,13 @@ static const subcommand COMMANDS[] = {
     {"info", lowp_cli_info, "library version, devices, backends and their capabilities"},
     {"cast", lowp_cli_cast, "encode a float32 .npy into element codes, or decode them back"},
     {"demo", lowp_cli_demo, "a few values in every format, and stochastic rounding"},
+    {"quantize", lowp_cli_quantize, "quantize a 2-D float32 .npy: element codes and scales"},
+    {"dequantize", lowp_cli_dequantize, "decode the files of `lowp quantize` back to float32"},
 };
 
 static const subcommand BENCHMARKS[] = {
     {"cast", lowp_bench_cast, "throughput of lowp_cast per format and kernel path"},
+    {"gemm", lowp_bench_gemm, "GEMM GFLOP/s of lowp's kernels beside oneDNN and OpenBLAS"},
 };
 
 #define COUNT(a) ((int) (sizeof(a) / sizeof((a)[0])))
