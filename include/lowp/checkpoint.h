@@ -24,6 +24,9 @@
  * length keeps row 0 (this step's staging row) and the most recent L-1 rows that fit, padding
  * with zeros. A truncated or corrupt blob (bad magic, version, sizes, CRC, formats, a
  * non-finite or non-positive scale) returns an error and leaves the module's state untouched.
+ * The module's own margin and algorithm (from its recipe) win over the blob's, which are
+ * checked but not applied; role formats that differ from the module's are LOWP_ERR_INVALID_ARG;
+ * a version above LOWP_EXTRA_STATE_VERSION is LOWP_ERR_VERSION.
  */
 #ifndef LOWP_CHECKPOINT_H
 #define LOWP_CHECKPOINT_H

@@ -74,6 +74,7 @@ typedef struct lowp_wrap_stats {
     int64_t forward_calls, backward_calls;
     char cfg_name[32];            /* the preset or recipe rule that wrapped it */
 } lowp_wrap_stats;
+/* A plain (unwrapped) parameter gives zero counts and cfg_name "plain". */
 LOWP_API lowp_status lowp_param_stats(const lowp_param *param, lowp_wrap_stats *out);
 
 typedef struct lowp_linear_opts {
@@ -92,14 +93,16 @@ LOWP_API lowp_status lowp_linear_forward(lowp_param *w, const float *bias, const
                                          lowp_tensor *y, const lowp_linear_opts *opts,
                                          lowp_linear_saved **saved);
 /* From dy[M, N]: dx[M, K] (may be NULL), dbias[N] += column sums of dy (may be NULL), and
- * w->grad += dW. Consumes `saved` (from the matching forward; NULL allowed when the forward was
- * not asked to save: x is then requantized). */
+ * w->grad += dW. Consumes `saved`, also when it fails (from the matching forward of this same
+ * lowp_param, same x shape and offs; NULL allowed when the forward was not asked to save: x is
+ * then requantized). */
 LOWP_API lowp_status lowp_linear_backward(lowp_param *w, const lowp_tensor *x, const lowp_tensor *dy,
                                           lowp_tensor *dx, float *dbias,
                                           const lowp_linear_opts *opts, lowp_linear_saved *saved);
 
 /* MoE experts: w has groups = G ([G, N, K]); offs (int32, G cumulative ends) splits the rows
- * of x [M, K] into groups; y[rows_g] = x[rows_g] . W[g]^T; rows past offs[G-1] of y are 0. */
+ * of x [M, K] into groups; y[rows_g] = x[rows_g] . W[g]^T; rows past offs[G-1] of y (and of
+ * dx in the backward) are 0. The backward adds dW[g] into grad [G, N, K]. */
 LOWP_API lowp_status lowp_grouped_linear_forward(lowp_param *w, const lowp_tensor *x,
                                                  const int32_t *offs, lowp_tensor *y,
                                                  const lowp_linear_opts *opts,
@@ -123,7 +126,9 @@ typedef enum lowp_role {
  * (LOWP_ROLE_COUNT * (history_len + 1) floats). Computation reads and writes the host mirror
  * (`roles[r].history`, `roles[r].scale`); lowp_fp8_state_push copies the mirror to the device
  * (queued on the device's queue) and lowp_fp8_state_pull reads it back after synchronizing
- * that device. */
+ * that device. A push first synchronizes the device if an earlier push may still be pending;
+ * a pull first pushes amaxes recorded since the last push, so that a save taken between
+ * record and update loses nothing. */
 typedef struct lowp_fp8_state {
     lowp_device device;
     int32_t history_len;
@@ -164,7 +169,8 @@ LOWP_API lowp_status lowp_autocast_dtype(const lowp_autocast *ac, lowp_device de
 /* RMSNorm over rows: y = x / sqrt(mean(x^2) + eps) * weight. x, y [M, D] F32 on the same
  * device; weight [D]; rstd [M] (may be NULL) receives 1/sqrt(mean + eps) for the backward.
  * When autocast is on for x's device type, the input, the weight and the output are rounded to
- * its dtype (the statistics are computed in binary32). ac may be NULL (off). */
+ * its dtype (the statistics are computed in binary32). ac may be NULL (off). CPU tensors only
+ * for now: other device types give LOWP_ERR_UNSUPPORTED. */
 LOWP_API lowp_status lowp_rmsnorm_forward(const lowp_tensor *x, const float *weight, float eps,
                                           lowp_tensor *y, float *rstd, const lowp_autocast *ac);
 /* dx [M, D] from dy; dweight [D] += (may be NULL). */
