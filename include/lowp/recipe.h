@@ -3,8 +3,11 @@
  * A recipe is an ordered list of rules; each rule maps a parameter-name pattern (shell glob:
  * `*`, `?`, `[...]`) to a linear-layer configuration, or to "high precision" (plain BF16
  * GEMMs). The first rule whose pattern matches a parameter's name decides; a parameter no rule
- * matches stays plain. Built-in recipes start with rules that keep embeddings (`embed*`), the
- * output head (`head*`) and MoE routers (`*router*`) in high precision.
+ * matches stays plain. Built-in recipes start with rules that keep embeddings (`*embed*`), the
+ * output head (`head*`, `*.head`, `*lm_head*`), MoE routers (`*router*`) and normalization
+ * weights (`*norm*`, which are not GEMM operands at all) in high precision;
+ * mix and mix_fp4 then send shared experts (`*shared*`) to MXFP8 and routed experts
+ * (`*experts*`) to NPU Block FP8, and every recipe ends with `*`.
  *
  *   lowp_recipe r;
  *   lowp_recipe_init(&r, "mix");                       // a built-in recipe by name

@@ -1,2 +1,643 @@
-/* STUB: to be written */
-typedef int lowp_stub_linear;
+/* Linear and grouped-linear (MoE experts) layers, forward and backward, in the low-precision
+ * formats of a wrapped weight's configuration, or in BF16 for a plain weight.
+ *
+ * The three GEMMs of a layer, all K-major (C = A . B^T):
+ *   forward  Y  = X W^T    a = X rowwise [M, K]          b = W rowwise [N, K]
+ *   dgrad    dX = dY W     a = dY rowwise [M, N]         b = W columnwise copy [K, N]
+ *   wgrad    dW = dY^T X   a = dY columnwise copy [N, M] b = X columnwise copy [K, M]
+ * A GEMM runs quantized when both of its operands' specs are quantized (and, for the wgrad,
+ * wgrad_hp is off); otherwise both operands are rounded to BF16 from high precision. The
+ * gradients are straight-through: dX and dW come from the quantized operands and dW is added
+ * to the FP32 master gradient.
+ *
+ * A wrapped weight's copies (forward and dgrad operands, every expert) are made in one pass per
+ * parameter version and cached in its wrap, so micro-batches and recomputed forwards reuse
+ * them; a plain weight is rounded to BF16 on every call (or, with opts.fp32_plain, multiplied
+ * in F32: the float references of gradient checks). */
+#include <stdlib.h>
+
+#include "train_internal.h"
+
+/* A GEMM operand: quantized per its spec, or high precision (BF16, or F32 for fp32_plain). */
+enum copy_kind { COPY_Q = 1, COPY_BF16 = 2, COPY_F32 = 3 };
+
+/* What the configuration asks of this call. */
+typedef struct plan {
+    lowp_linear_cfg cfg; /* the wrap's, or the bf16 preset for a plain weight */
+    lowp_fp8_state *fp8; /* NULL when no operand is delayed */
+    int fwd_q, dgrad_q, wgrad_q;
+    int hp; /* the kind of the GEMMs that are not quantized: COPY_BF16 or COPY_F32 */
+} plan;
+
+static void plan_of(const lowp_param *w, const lowp_linear_opts *opts, plan *p) {
+    memset(p, 0, sizeof *p);
+    p->hp = COPY_BF16;
+    if (w->wrap) {
+        p->cfg = w->wrap->cfg;
+        p->fp8 = w->wrap->fp8;
+    } else {
+        lowp_linear_cfg_preset("bf16", &p->cfg);
+        if (opts && opts->fp32_plain) p->hp = COPY_F32;
+    }
+    const int qi = lowp_spec_quantized(&p->cfg.input), qw = lowp_spec_quantized(&p->cfg.weight),
+              qg = lowp_spec_quantized(&p->cfg.grad_output);
+    p->fwd_q = qi && qw;
+    p->dgrad_q = qg && qw;
+    p->wgrad_q = qg && qi && !p->cfg.wgrad_hp;
+}
+
+/* The delayed scale of a role, or NULL when the role is current-scaled. */
+static const float *delayed_scale(const plan *p, const lowp_operand_spec *s, lowp_role role) {
+    return p->fp8 && lowp_spec_delayed(s) ? &p->fp8->roles[role].scale : NULL;
+}
+
+/* ---- Owned operand buffers ---- */
+
+/* Set up q as a copy of kind `kind` ([rows, cols], quantized per s or BF16) and allocate its
+ * buffers. A quantized columnwise copy of a grouped layer gets the groups (offs) when its
+ * blocks run along the tokens. */
+static lowp_status qt_alloc(const char *fn, lowp_qtensor *q, const lowp_operand_spec *s, int kind,
+                            int64_t rows, int64_t cols, const int32_t *offs, int32_t groups) {
+    memset(q, 0, sizeof *q);
+    q->rows = rows;
+    q->cols = cols;
+    q->device = LOWP_DEVICE_HOST;
+    if (kind == COPY_Q) {
+        q->format = s->format;
+        q->scaling = s->scaling;
+        if (offs && (s->scaling == LOWP_SCALING_MX32 || s->scaling == LOWP_SCALING_BLOCK128)) {
+            q->group_offs = offs;
+            q->groups = groups;
+        }
+    } else {
+        q->format = kind == COPY_F32 ? LOWP_FORMAT_F32 : LOWP_FORMAT_BF16;
+        q->scaling = LOWP_SCALING_NONE;
+    }
+    size_t db, sb;
+    lowp_status st = lowp_qtensor_nbytes(q, &db, &sb);
+    if (st != LOWP_OK) return st;
+    q->data = malloc(db ? db : 1);
+    q->scales = sb ? malloc(sb) : NULL;
+    if (!q->data || (sb && !q->scales)) {
+        free(q->data);
+        free(q->scales);
+        q->data = q->scales = NULL;
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: %zu + %zu bytes for a %lld x %lld operand",
+                         fn, db, sb, (long long) rows, (long long) cols);
+    }
+    return LOWP_OK;
+}
+
+static void qt_free(lowp_qtensor *q) {
+    free(q->data);
+    free(q->scales);
+    q->data = q->scales = NULL;
+}
+
+/* dst [cols, rows] = src [rows, cols]^T, in 32x32 tiles that stay in cache. */
+static void transpose_u16(const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 32)
+        for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+            const int64_t r1 = r0 + 32 < rows ? r0 + 32 : rows,
+                          c1 = c0 + 32 < cols ? c0 + 32 : cols;
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++) dst[c * rows + r] = src[r * cols + c];
+        }
+}
+
+static void transpose_f32(const float *src, int64_t rows, int64_t cols, float *dst) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 32)
+        for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+            const int64_t r1 = r0 + 32 < rows ? r0 + 32 : rows,
+                          c1 = c0 + 32 < cols ? c0 + 32 : cols;
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++) dst[c * rows + r] = src[r * cols + c];
+        }
+}
+
+/* Fill copies of x [R, C] from one read where the kernels allow: `row` ([R, C]) and `col`
+ * ([C, R]), either NULL, each already set up by qt_alloc (quantized per s, or BF16). `scale`:
+ * the delayed scale for a TENSOR spec (NULL: current scaling). `amax` (may be NULL) receives
+ * the amax of x, for the delayed-scaling history. */
+static lowp_status fill_copies(const char *fn, const lowp_tensor *x, const lowp_operand_spec *s,
+                               lowp_qtensor *row, lowp_qtensor *col, const float *scale,
+                               float *amax, int32_t threads) {
+    lowp_qtensor *rq = row && row->scaling != LOWP_SCALING_NONE ? row : NULL;
+    lowp_qtensor *cq = col && col->scaling != LOWP_SCALING_NONE ? col : NULL;
+    lowp_qtensor *rb = row && row->scaling == LOWP_SCALING_NONE ? row : NULL;
+    lowp_qtensor *cb = col && col->scaling == LOWP_SCALING_NONE ? col : NULL;
+    lowp_quant_cfg qc;
+    lowp_quant_cfg_init(&qc);
+    qc.scale_mode = s->scale_mode;
+    qc.pow2_scales = s->pow2_scales;
+    qc.threads = threads;
+    qc.scale = scale;
+    qc.amax_out = amax;
+    lowp_status st = LOWP_OK;
+    int have_amax = 0;
+    if (rq && cq && !cq->group_offs) {
+        st = lowp_quantize(x, rq, cq, &qc); /* dual-axis: one read of x */
+        have_amax = 1;
+    } else {
+        if (rq && st == LOWP_OK) {
+            st = lowp_quantize(x, rq, NULL, &qc);
+            qc.amax_out = NULL;
+            have_amax = 1;
+        }
+        if (cq && st == LOWP_OK) {
+            st = cq->group_offs ? lowp_quantize_grouped(x, cq, &qc)
+                                : lowp_quantize(x, NULL, cq, &qc);
+            have_amax = 1;
+        }
+    }
+    if (st == LOWP_OK && amax && !have_amax) st = lowp_amax(x, LOWP_SCALING_TENSOR, amax, 1);
+    if (st != LOWP_OK || (!rb && !cb)) return st;
+    const lowp_qtensor *hp = rb ? rb : cb;
+    if (hp->format == LOWP_FORMAT_F32) {
+        if (rb) memcpy(rb->data, x->data, (size_t) (x->rows * x->cols) * sizeof(float));
+        if (cb) transpose_f32(x->data, x->rows, x->cols, cb->data);
+        return LOWP_OK;
+    }
+    uint16_t *b16 = rb ? rb->data : malloc((size_t) (x->rows * x->cols) * 2 + 1);
+    if (!b16)
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: BF16 copy of %lld x %lld", fn,
+                         (long long) x->rows, (long long) x->cols);
+    lowp_cast_cfg cc;
+    lowp_cast_cfg_init(&cc);
+    cc.threads = threads;
+    lowp_tensor t = {LOWP_FORMAT_BF16, x->rows, x->cols, b16, LOWP_DEVICE_HOST};
+    st = lowp_cast(x, &t, &cc);
+    if (st == LOWP_OK && cb) transpose_u16(b16, x->rows, x->cols, cb->data);
+    if (!rb) free(b16);
+    return st;
+}
+
+/* ---- The weight's copies ---- */
+
+struct lowp_weight_cache {
+    uint64_t version; /* the param version the copies were made from */
+    int valid;
+    int32_t groups;     /* G; 1 for a plain matrix */
+    int64_t rows, cols; /* N, K of each expert */
+    lowp_qtensor *fwd;  /* [G] forward operands b: W_g [N, K] (NULL buffers: not made) */
+    lowp_qtensor *dgr;  /* [G] dgrad operands b: W_g^T [K, N], the columnwise copies */
+};
+
+void lowp_weight_cache_free(struct lowp_weight_cache *c) {
+    if (!c) return;
+    for (int32_t g = 0; g < c->groups; g++) {
+        if (c->fwd) qt_free(&c->fwd[g]);
+        if (c->dgr) qt_free(&c->dgr[g]);
+    }
+    free(c->fwd);
+    free(c->dgr);
+    free(c);
+}
+
+static lowp_status cache_new(const char *fn, const lowp_param *w, const plan *p, int want_fwd,
+                             int want_dgr, struct lowp_weight_cache **out) {
+    const int32_t G = w->groups > 0 ? w->groups : 1;
+    struct lowp_weight_cache *c = calloc(1, sizeof *c);
+    if (c) {
+        c->groups = G;
+        c->rows = w->rows;
+        c->cols = w->cols;
+        c->fwd = calloc((size_t) G, sizeof *c->fwd);
+        c->dgr = calloc((size_t) G, sizeof *c->dgr);
+    }
+    if (!c || !c->fwd || !c->dgr) {
+        lowp_weight_cache_free(c);
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: weight cache of \"%s\"", fn, w->name);
+    }
+    lowp_status st = LOWP_OK;
+    for (int32_t g = 0; g < G && st == LOWP_OK; g++) {
+        if (want_fwd)
+            st = qt_alloc(fn, &c->fwd[g], &p->cfg.weight, p->fwd_q ? COPY_Q : p->hp, w->rows,
+                          w->cols, NULL, 0);
+        if (want_dgr && st == LOWP_OK)
+            st = qt_alloc(fn, &c->dgr[g], &p->cfg.weight, p->dgrad_q ? COPY_Q : p->hp, w->cols,
+                          w->rows, NULL, 0);
+    }
+    if (st != LOWP_OK) {
+        lowp_weight_cache_free(c);
+        return st;
+    }
+    *out = c;
+    return LOWP_OK;
+}
+
+/* Make every copy the cache holds from the master weights, expert by expert. With MXFP4 fake
+ * quantization the weight first goes through MXFP4 and back (straight-through: the gradient
+ * still reaches the FP32 master). The weight's amax is recorded here, once per version. */
+static lowp_status cache_fill(const char *fn, const lowp_param *w, const plan *p,
+                              struct lowp_weight_cache *c, int32_t threads) {
+    const int64_t N = w->rows, K = w->cols;
+    const lowp_operand_spec *ws = &p->cfg.weight;
+    const float *scale = delayed_scale(p, ws, LOWP_ROLE_WEIGHT);
+    lowp_status st = LOWP_OK;
+    float *fq = NULL;
+    lowp_qtensor fp4;
+    memset(&fp4, 0, sizeof fp4);
+    if (p->cfg.fake_quant_mxfp4) {
+        const lowp_operand_spec mxfp4 = {LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, LOWP_SCALE_DEFAULT,
+                                         -1, 0};
+        fq = malloc((size_t) (N * K) * sizeof *fq);
+        if (!fq) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: fake-quantized weight", fn);
+        if ((st = qt_alloc(fn, &fp4, &mxfp4, COPY_Q, N, K, NULL, 0)) != LOWP_OK) {
+            free(fq);
+            return st;
+        }
+    }
+    for (int32_t g = 0; g < c->groups && st == LOWP_OK; g++) {
+        lowp_tensor src = {LOWP_FORMAT_F32, N, K, w->data + (size_t) g * (size_t) (N * K),
+                           LOWP_DEVICE_HOST};
+        if (fq) {
+            lowp_quant_cfg qc;
+            lowp_quant_cfg_init(&qc);
+            qc.threads = threads;
+            lowp_tensor deq = {LOWP_FORMAT_F32, N, K, fq, LOWP_DEVICE_HOST};
+            if ((st = lowp_quantize(&src, &fp4, NULL, &qc)) != LOWP_OK) break;
+            if ((st = lowp_dequantize(&fp4, &deq)) != LOWP_OK) break;
+            src.data = fq;
+        }
+        float amax = 0.0f;
+        st = fill_copies(fn, &src, ws, c->fwd[g].data ? &c->fwd[g] : NULL,
+                         c->dgr[g].data ? &c->dgr[g] : NULL, scale, scale ? &amax : NULL, threads);
+        if (st == LOWP_OK && scale) st = lowp_fp8_state_record(p->fp8, LOWP_ROLE_WEIGHT, amax);
+    }
+    free(fq);
+    qt_free(&fp4);
+    return st;
+}
+
+/* The weight's operands for this call: a wrapped weight's cache (remade when the parameter's
+ * version moved on), or, for a plain weight, fresh BF16 (or F32) copies that the caller frees
+ * (*owned set). */
+static lowp_status weight_operands(const char *fn, lowp_param *w, const plan *p, int want_fwd,
+                                   int want_dgr, int32_t threads, struct lowp_weight_cache **out,
+                                   int *owned) {
+    lowp_status st;
+    *owned = 0;
+    if (!w->wrap) {
+        if ((st = cache_new(fn, w, p, want_fwd, want_dgr, out)) != LOWP_OK) return st;
+        if ((st = cache_fill(fn, w, p, *out, threads)) != LOWP_OK) {
+            lowp_weight_cache_free(*out);
+            return st;
+        }
+        *owned = 1;
+        return LOWP_OK;
+    }
+    struct lowp_wrap *wr = w->wrap;
+    if (wr->cache && (wr->cache->groups != (w->groups > 0 ? w->groups : 1) ||
+                      wr->cache->rows != w->rows || wr->cache->cols != w->cols)) {
+        lowp_weight_cache_free(wr->cache); /* the caller changed the shape: start over */
+        wr->cache = NULL;
+    }
+    /* A wrapped weight makes both orientations at once: one read of the master weights per
+     * version, whichever GEMM comes first. */
+    if (!wr->cache && (st = cache_new(fn, w, p, 1, 1, &wr->cache)) != LOWP_OK) return st;
+    struct lowp_weight_cache *c = wr->cache;
+    if (!c->valid || c->version != w->version) {
+        c->valid = 0;
+        if ((st = cache_fill(fn, w, p, c, threads)) != LOWP_OK) return st;
+        c->valid = 1;
+        c->version = w->version;
+        wr->stats.weight_quantizations++;
+    }
+    *out = c;
+    return LOWP_OK;
+}
+
+/* ---- Argument checks ---- */
+
+static lowp_status check_param(const char *fn, const lowp_param *w, int grouped) {
+    LOWP_CHECK_PTR(fn, w);
+    const char *name = w->name ? w->name : "?";
+    if (grouped && w->groups < 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: w (\"%s\").groups (%d) < 1 (a single matrix goes to %s)", fn, name,
+                         w->groups, "lowp_linear_forward/backward");
+    if (!grouped && w->groups != 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: w (\"%s\").groups (%d) != 0 (experts go to %s)",
+                         fn, name, w->groups, "lowp_grouped_linear_forward/backward");
+    if (w->rows <= 0 || w->cols <= 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: w (\"%s\") shape (%lld x %lld) must be positive", fn, name,
+                         (long long) w->rows, (long long) w->cols);
+    if (!w->data) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: w (\"%s\").data is NULL", fn, name);
+    return LOWP_OK;
+}
+
+/* An F32 host tensor of shape [rows, cols]. */
+static lowp_status check_tensor(const char *fn, const char *arg, const lowp_tensor *t, int64_t rows,
+                                int64_t cols) {
+    if (!t) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s is NULL", fn, arg);
+    if (t->format != LOWP_FORMAT_F32)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: %s.format (%d) is not f32", fn, arg,
+                         (int) t->format);
+    if (t->device.type != LOWP_DEVICE_CPU)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: %s.device (%d:%d) is not the host", fn, arg,
+                         t->device.type, t->device.index);
+    if (t->rows < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.rows (%lld) < 0", fn, arg,
+                         (long long) t->rows);
+    if (t->rows != rows || t->cols != cols)
+        return lowp_fail(
+            LOWP_ERR_INVALID_ARG, "%s: %s shape (%lld x %lld) != expected (%lld x %lld)", fn, arg,
+            (long long) t->rows, (long long) t->cols, (long long) rows, (long long) cols);
+    if (rows > 0 && !t->data)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.data is NULL", fn, arg);
+    return LOWP_OK;
+}
+
+static lowp_status check_opts(const char *fn, const lowp_linear_opts *o) {
+    if (!o) return LOWP_OK;
+    if (o->recompute != 0 && o->recompute != 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: opts.recompute (%d) is not 0 or 1", fn,
+                         o->recompute);
+    if (o->threads < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: opts.threads (%d) < 0", fn, o->threads);
+    if (o->fp32_plain != 0 && o->fp32_plain != 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: opts.fp32_plain (%d) is not 0 or 1", fn,
+                         o->fp32_plain);
+    return LOWP_OK;
+}
+
+static lowp_status check_offs(const char *fn, const int32_t *offs, int32_t groups, int64_t rows) {
+    if (!offs) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: offs is NULL", fn);
+    int64_t prev = 0;
+    for (int32_t g = 0; g < groups; g++) {
+        if (offs[g] < prev || offs[g] > rows)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: offs[%d] (%d) is not in [%lld, x.rows (%lld)] (offsets are "
+                             "cumulative group ends)",
+                             fn, g, offs[g], (long long) prev, (long long) rows);
+        prev = offs[g];
+    }
+    return LOWP_OK;
+}
+
+/* ---- Forward ---- */
+
+struct lowp_linear_saved {
+    const lowp_param *param; /* the forward's weight, and its wrap then */
+    const struct lowp_wrap *wrap;
+    int grouped;
+    int64_t rows, cols; /* x's shape */
+    int32_t groups;
+    int32_t *offs; /* grouped: the forward's offs (the X copy's groups point here) */
+    int has_xcol;
+    lowp_qtensor xcol; /* keep_quantized: X's columnwise copy [K, T], quantized */
+};
+
+void lowp_linear_saved_free(lowp_linear_saved *s) {
+    if (!s) return;
+    qt_free(&s->xcol);
+    free(s->offs);
+    free(s);
+}
+
+static void zero_rows(const lowp_tensor *t, int64_t from) {
+    if (t->rows > from)
+        memset((float *) t->data + from * t->cols, 0,
+               (size_t) ((t->rows - from) * t->cols) * sizeof(float));
+}
+
+static lowp_status forward(const char *fn, int grouped, lowp_param *w, const float *bias,
+                           const lowp_tensor *x, const int32_t *offs, lowp_tensor *y,
+                           const lowp_linear_opts *opts, lowp_linear_saved **saved) {
+    if (saved) *saved = NULL;
+    lowp_status st = check_param(fn, w, grouped);
+    if (st != LOWP_OK) return st;
+    const int64_t N = w->rows, K = w->cols;
+    if (!x) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: x is NULL", fn);
+    const int64_t M = x->rows;
+    if ((st = check_tensor(fn, "x", x, M, K)) != LOWP_OK) return st;
+    if ((st = check_tensor(fn, "y", y, M, N)) != LOWP_OK) return st;
+    if ((st = check_opts(fn, opts)) != LOWP_OK) return st;
+    const int32_t G = grouped ? w->groups : 1;
+    if (grouped && (st = check_offs(fn, offs, G, M)) != LOWP_OK) return st;
+    const int32_t threads = opts ? opts->threads : 0;
+    const int recompute = opts ? opts->recompute : 0;
+    const int64_t T = grouped ? offs[G - 1] : M; /* rows past the last group are ignored */
+
+    plan p;
+    plan_of(w, opts, &p);
+    lowp_linear_saved *s = NULL;
+    if (saved) {
+        s = calloc(1, sizeof *s);
+        if (s && grouped) s->offs = malloc((size_t) G * sizeof *s->offs);
+        if (!s || (grouped && !s->offs)) {
+            free(s);
+            return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: saved state", fn);
+        }
+        s->param = w;
+        s->wrap = w->wrap;
+        s->grouped = grouped;
+        s->rows = M;
+        s->cols = K;
+        s->groups = G;
+        if (grouped) memcpy(s->offs, offs, (size_t) G * sizeof *offs);
+    }
+    /* The backward of a BF16 wgrad reads x itself, so only a quantized X copy is worth keeping. */
+    const int keep = s && p.cfg.keep_quantized && p.wgrad_q && T > 0;
+    struct lowp_weight_cache *wc = NULL;
+    int owned = 0;
+    lowp_qtensor xrow;
+    memset(&xrow, 0, sizeof xrow);
+    if (T > 0) {
+        if ((st = weight_operands(fn, w, &p, 1, 0, threads, &wc, &owned)) != LOWP_OK) goto done;
+        const lowp_operand_spec *is = &p.cfg.input;
+        if ((st = qt_alloc(fn, &xrow, is, p.fwd_q ? COPY_Q : p.hp, T, K, NULL, 0)) != LOWP_OK)
+            goto done;
+        if (keep) {
+            if ((st = qt_alloc(fn, &s->xcol, is, COPY_Q, K, T, s->offs, G)) != LOWP_OK) goto done;
+            s->has_xcol = 1;
+        }
+        const float *scale = delayed_scale(&p, is, LOWP_ROLE_INPUT);
+        float amax = 0.0f;
+        lowp_tensor xv = {LOWP_FORMAT_F32, T, K, x->data, LOWP_DEVICE_HOST};
+        st = fill_copies(fn, &xv, is, &xrow, keep ? &s->xcol : NULL, scale, scale ? &amax : NULL,
+                         threads);
+        if (st != LOWP_OK) goto done;
+        /* A recomputed forward sees the same x again: its amax is already in the history. */
+        if (scale && !recompute &&
+            (st = lowp_fp8_state_record(p.fp8, LOWP_ROLE_INPUT, amax)) != LOWP_OK)
+            goto done;
+        lowp_gemm_cfg gc;
+        lowp_gemm_cfg_init(&gc);
+        gc.threads = threads;
+        lowp_tensor yv = {LOWP_FORMAT_F32, T, N, y->data, LOWP_DEVICE_HOST};
+        st = grouped ? lowp_grouped_gemm(&xrow, wc->fwd, offs, G, &yv, &gc)
+                     : lowp_gemm(&xrow, &wc->fwd[0], &yv, &gc);
+        if (st != LOWP_OK) goto done;
+    }
+    if (grouped) zero_rows(y, T);
+    if (bias) {
+        float *yd = y->data;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) yd[m * N + n] += bias[n];
+    }
+    if (w->wrap) w->wrap->stats.forward_calls++;
+done:
+    qt_free(&xrow);
+    if (owned) lowp_weight_cache_free(wc);
+    if (st != LOWP_OK) {
+        lowp_error_append("%s: w \"%s\"", fn, w->name ? w->name : "?");
+        lowp_linear_saved_free(s);
+        return st;
+    }
+    if (saved) *saved = s;
+    return LOWP_OK;
+}
+
+lowp_status lowp_linear_forward(lowp_param *w, const float *bias, const lowp_tensor *x,
+                                lowp_tensor *y, const lowp_linear_opts *opts,
+                                lowp_linear_saved **saved) {
+    return forward("lowp_linear_forward", 0, w, bias, x, NULL, y, opts, saved);
+}
+
+lowp_status lowp_grouped_linear_forward(lowp_param *w, const lowp_tensor *x, const int32_t *offs,
+                                        lowp_tensor *y, const lowp_linear_opts *opts,
+                                        lowp_linear_saved **saved) {
+    return forward("lowp_grouped_linear_forward", 1, w, NULL, x, offs, y, opts, saved);
+}
+
+/* ---- Backward ---- */
+
+static lowp_status check_saved(const char *fn, const lowp_linear_saved *s, const lowp_param *w,
+                               int grouped, int64_t M, int64_t K, const int32_t *offs) {
+    if (!s) return LOWP_OK;
+    if (s->param != w || s->wrap != w->wrap)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: saved comes from the forward of another weight (or of w before a "
+                         "prepare or convert)",
+                         fn);
+    if (s->grouped != grouped || s->rows != M || s->cols != K)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: saved is from a %s forward of x (%lld x %lld), not this x (%lld x "
+                         "%lld)",
+                         fn, s->grouped ? "grouped" : "linear", (long long) s->rows,
+                         (long long) s->cols, (long long) M, (long long) K);
+    if (grouped)
+        for (int32_t g = 0; g < s->groups; g++)
+            if (s->offs[g] != offs[g])
+                return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: offs[%d] (%d) != the forward's (%d)",
+                                 fn, g, offs[g], s->offs[g]);
+    return LOWP_OK;
+}
+
+/* Consumes `saved` on every path, so that a failed backward leaks nothing. */
+static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lowp_tensor *x,
+                            const int32_t *offs, const lowp_tensor *dy, lowp_tensor *dx,
+                            float *dbias, const lowp_linear_opts *opts, lowp_linear_saved *saved) {
+    lowp_status st = check_param(fn, w, grouped);
+    lowp_qtensor dyrow, dycol, xcol;
+    memset(&dyrow, 0, sizeof dyrow);
+    memset(&dycol, 0, sizeof dycol);
+    memset(&xcol, 0, sizeof xcol);
+    struct lowp_weight_cache *wc = NULL;
+    int owned = 0;
+    if (st != LOWP_OK) goto out;
+    const int64_t N = w->rows, K = w->cols;
+    if (!x) {
+        st = lowp_fail(LOWP_ERR_INVALID_ARG, "%s: x is NULL", fn);
+        goto out;
+    }
+    const int64_t M = x->rows;
+    const int32_t G = grouped ? w->groups : 1;
+    if ((st = check_tensor(fn, "x", x, M, K)) != LOWP_OK ||
+        (st = check_tensor(fn, "dy", dy, M, N)) != LOWP_OK ||
+        (dx && (st = check_tensor(fn, "dx", dx, M, K)) != LOWP_OK) ||
+        (st = check_opts(fn, opts)) != LOWP_OK ||
+        (grouped && (st = check_offs(fn, offs, G, M)) != LOWP_OK) ||
+        (st = check_saved(fn, saved, w, grouped, M, K, offs)) != LOWP_OK)
+        goto out;
+    if (!w->grad) {
+        st = lowp_fail(LOWP_ERR_INVALID_ARG, "%s: w (\"%s\").grad is NULL", fn,
+                       w->name ? w->name : "?");
+        goto out;
+    }
+    const int32_t threads = opts ? opts->threads : 0;
+    const int recompute = opts ? opts->recompute : 0;
+    const int64_t T = grouped ? offs[G - 1] : M;
+    plan p;
+    plan_of(w, opts, &p);
+    if (T > 0) {
+        if ((st = weight_operands(fn, w, &p, 0, dx != NULL, threads, &wc, &owned)) != LOWP_OK)
+            goto out;
+        const lowp_operand_spec *gs = &p.cfg.grad_output, *is = &p.cfg.input;
+        const int32_t *go = grouped ? offs : NULL;
+        if (dx &&
+            (st = qt_alloc(fn, &dyrow, gs, p.dgrad_q ? COPY_Q : p.hp, T, N, NULL, 0)) != LOWP_OK)
+            goto out;
+        if ((st = qt_alloc(fn, &dycol, gs, p.wgrad_q ? COPY_Q : p.hp, N, T, go, G)) != LOWP_OK)
+            goto out;
+        const float *scale = delayed_scale(&p, gs, LOWP_ROLE_GRAD_OUTPUT);
+        float amax = 0.0f;
+        lowp_tensor dyv = {LOWP_FORMAT_F32, T, N, dy->data, LOWP_DEVICE_HOST};
+        st = fill_copies(fn, &dyv, gs, dx ? &dyrow : NULL, &dycol, scale, scale ? &amax : NULL,
+                         threads);
+        if (st != LOWP_OK) goto out;
+        if (scale && !recompute &&
+            (st = lowp_fp8_state_record(p.fp8, LOWP_ROLE_GRAD_OUTPUT, amax)) != LOWP_OK)
+            goto out;
+        lowp_gemm_cfg gc;
+        lowp_gemm_cfg_init(&gc);
+        gc.threads = threads;
+        if (dx) {
+            lowp_tensor dxv = {LOWP_FORMAT_F32, T, K, dx->data, LOWP_DEVICE_HOST};
+            st = grouped ? lowp_grouped_gemm(&dyrow, wc->dgr, offs, G, &dxv, &gc)
+                         : lowp_gemm(&dyrow, &wc->dgr[0], &dxv, &gc);
+            if (st != LOWP_OK) goto out;
+        }
+        const lowp_qtensor *xc = &xcol;
+        if (saved && saved->has_xcol) {
+            xc = &saved->xcol;
+        } else {
+            /* Requantize X from high precision with the same scale the forward used (the
+             * role's scale moves only at the end of the step); its amax is already recorded. */
+            if ((st = qt_alloc(fn, &xcol, is, p.wgrad_q ? COPY_Q : p.hp, K, T, go, G)) != LOWP_OK)
+                goto out;
+            lowp_tensor xv = {LOWP_FORMAT_F32, T, K, x->data, LOWP_DEVICE_HOST};
+            st = fill_copies(fn, &xv, is, NULL, &xcol, delayed_scale(&p, is, LOWP_ROLE_INPUT), NULL,
+                             threads);
+            if (st != LOWP_OK) goto out;
+        }
+        gc.accumulate = 1; /* dW adds into the FP32 gradient: micro-batches add up */
+        lowp_tensor gt = {LOWP_FORMAT_F32, (int64_t) G * N, K, w->grad, LOWP_DEVICE_HOST};
+        st = grouped ? lowp_grouped_gemm_wgrad(&dycol, xc, offs, G, &gt, &gc)
+                     : lowp_gemm(&dycol, xc, &gt, &gc);
+        if (st != LOWP_OK) goto out;
+    }
+    if (dx && grouped) zero_rows(dx, T);
+    if (dbias) {
+        const float *d = dy->data;
+        for (int64_t n = 0; n < N; n++) {
+            double sum = 0.0;
+            for (int64_t m = 0; m < M; m++) sum += d[m * N + n];
+            dbias[n] += (float) sum;
+        }
+    }
+    if (w->wrap) w->wrap->stats.backward_calls++;
+out:
+    qt_free(&dyrow);
+    qt_free(&dycol);
+    qt_free(&xcol);
+    if (owned) lowp_weight_cache_free(wc);
+    lowp_linear_saved_free(saved);
+    if (st != LOWP_OK && w) lowp_error_append("%s: w \"%s\"", fn, w->name ? w->name : "?");
+    return st;
+}
+
+lowp_status lowp_linear_backward(lowp_param *w, const lowp_tensor *x, const lowp_tensor *dy,
+                                 lowp_tensor *dx, float *dbias, const lowp_linear_opts *opts,
+                                 lowp_linear_saved *saved) {
+    return backward("lowp_linear_backward", 0, w, x, NULL, dy, dx, dbias, opts, saved);
+}
+
+lowp_status lowp_grouped_linear_backward(lowp_param *w, const lowp_tensor *x, const int32_t *offs,
+                                         const lowp_tensor *dy, lowp_tensor *dx,
+                                         const lowp_linear_opts *opts, lowp_linear_saved *saved) {
+    return backward("lowp_grouped_linear_backward", 1, w, x, offs, dy, dx, NULL, opts, saved);
+}

@@ -1,2 +1,429 @@
-/* STUB: to be written */
-typedef int lowp_stub_recipe;
+/* Recipes: the built-in linear-layer presets, the built-in recipes made of them, shell-glob
+ * name matching (first rule wins), and the validation every configuration passes before it
+ * can wrap a weight: a configuration whose GEMM operand pairs lowp_gemm does not multiply is
+ * refused here, when the recipe is built, not in the middle of a training step. */
+#include <math.h>
+#include <stdio.h>
+
+#include "core/gemm_pair.h"
+#include "train_internal.h"
+
+/* ---- Presets ---- */
+
+static void set_spec(lowp_operand_spec *s, lowp_format format, lowp_scaling scaling,
+                     int32_t delayed) {
+    s->format = format;
+    s->scaling = scaling;
+    s->scale_mode = LOWP_SCALE_DEFAULT;
+    s->pow2_scales = -1;
+    s->delayed = delayed;
+}
+
+static void base_cfg(lowp_linear_cfg *c) {
+    memset(c, 0, sizeof *c);
+    lowp_delayed_cfg_init(&c->delayed, LOWP_FORMAT_E4M3);
+}
+
+static void preset_bf16(lowp_linear_cfg *c) {
+    base_cfg(c);
+    set_spec(&c->input, LOWP_FORMAT_BF16, LOWP_SCALING_NONE, 0);
+    set_spec(&c->weight, LOWP_FORMAT_BF16, LOWP_SCALING_NONE, 0);
+    set_spec(&c->grad_output, LOWP_FORMAT_BF16, LOWP_SCALING_NONE, 0);
+}
+
+/* HYBRID: E4M3 for the forward operands, E5M2 for the gradient (wider range, less precision). */
+static void preset_fp8_tensor(lowp_linear_cfg *c, int32_t delayed) {
+    base_cfg(c);
+    set_spec(&c->input, LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR, delayed);
+    set_spec(&c->weight, LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR, delayed);
+    set_spec(&c->grad_output, LOWP_FORMAT_E5M2, LOWP_SCALING_TENSOR, delayed);
+    c->keep_quantized = 1; /* TE saves the FP8 input for the backward */
+}
+static void preset_fp8_delayed(lowp_linear_cfg *c) {
+    preset_fp8_tensor(c, 1);
+}
+static void preset_fp8_current(lowp_linear_cfg *c) {
+    preset_fp8_tensor(c, 0);
+}
+
+static void preset_fp8_rowwise(lowp_linear_cfg *c) {
+    base_cfg(c);
+    set_spec(&c->input, LOWP_FORMAT_E4M3, LOWP_SCALING_ROW, 0);
+    set_spec(&c->weight, LOWP_FORMAT_E4M3, LOWP_SCALING_ROW, 0);
+    set_spec(&c->grad_output, LOWP_FORMAT_E4M3, LOWP_SCALING_ROW, 0);
+    c->keep_quantized = 0; /* torchao's rowwise recipe requantizes along the other axis */
+}
+
+static void preset_mxfp8(lowp_linear_cfg *c) {
+    base_cfg(c);
+    set_spec(&c->input, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 0);
+    set_spec(&c->weight, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 0);
+    set_spec(&c->grad_output, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 0);
+    c->input.scale_mode = c->weight.scale_mode = c->grad_output.scale_mode = LOWP_SCALE_RCEIL;
+    c->keep_quantized = 1;
+}
+
+static void preset_block128(lowp_linear_cfg *c) {
+    base_cfg(c);
+    set_spec(&c->input, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128, 0);
+    set_spec(&c->weight, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128X128, 0);
+    set_spec(&c->grad_output, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128, 0);
+    c->keep_quantized = 1; /* DeepSeek-V3 caches the FP8 activations for the backward */
+}
+
+/* NPU Block FP8: one 32x32-tiled weight copy serves the forward and the dgrad GEMM. */
+static void preset_block_fp8(lowp_linear_cfg *c) {
+    base_cfg(c);
+    set_spec(&c->input, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 0);
+    set_spec(&c->weight, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK32X32, 0);
+    set_spec(&c->grad_output, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 0);
+    c->keep_quantized = 1;
+}
+
+static void preset_block_fp8_fp4(lowp_linear_cfg *c) {
+    preset_block_fp8(c);
+    c->fake_quant_mxfp4 = 1;
+}
+
+typedef struct preset {
+    const char *name;
+    void (*make)(lowp_linear_cfg *);
+} preset;
+
+static const preset k_presets[] = {
+    {"bf16", preset_bf16},
+    {"fp8_delayed", preset_fp8_delayed},
+    {"fp8_current", preset_fp8_current},
+    {"fp8_rowwise", preset_fp8_rowwise},
+    {"mxfp8", preset_mxfp8},
+    {"block128", preset_block128},
+    {"block_fp8", preset_block_fp8},
+    {"block_fp8_fp4", preset_block_fp8_fp4},
+};
+#define N_PRESETS ((int) (sizeof k_presets / sizeof k_presets[0]))
+
+lowp_status lowp_linear_cfg_preset(const char *name, lowp_linear_cfg *cfg) {
+    const char *fn = "lowp_linear_cfg_preset";
+    LOWP_CHECK_PTR(fn, name);
+    LOWP_CHECK_PTR(fn, cfg);
+    for (int i = 0; i < N_PRESETS; i++)
+        if (strcmp(name, k_presets[i].name) == 0) {
+            k_presets[i].make(cfg);
+            return LOWP_OK;
+        }
+    return lowp_fail(LOWP_ERR_NOT_FOUND,
+                     "%s: name (\"%s\") is not a preset (bf16, fp8_delayed, fp8_current, "
+                     "fp8_rowwise, mxfp8, block128, block_fp8, block_fp8_fp4)",
+                     fn, name);
+}
+
+static int spec_equal(const lowp_operand_spec *a, const lowp_operand_spec *b) {
+    return a->format == b->format && a->scaling == b->scaling && a->scale_mode == b->scale_mode &&
+           a->pow2_scales == b->pow2_scales && a->delayed == b->delayed;
+}
+
+static int cfg_equal(const lowp_linear_cfg *a, const lowp_linear_cfg *b) {
+    return spec_equal(&a->input, &b->input) && spec_equal(&a->weight, &b->weight) &&
+           spec_equal(&a->grad_output, &b->grad_output) && a->keep_quantized == b->keep_quantized &&
+           a->wgrad_hp == b->wgrad_hp && a->fake_quant_mxfp4 == b->fake_quant_mxfp4 &&
+           a->delayed.history_len == b->delayed.history_len &&
+           a->delayed.margin == b->delayed.margin && a->delayed.algo == b->delayed.algo;
+}
+
+const char *lowp_linear_cfg_name(const lowp_linear_cfg *cfg) {
+    for (int i = 0; i < N_PRESETS; i++) {
+        lowp_linear_cfg p;
+        k_presets[i].make(&p);
+        if (cfg_equal(cfg, &p)) return k_presets[i].name;
+    }
+    return "custom";
+}
+
+/* ---- Validation ---- */
+
+static lowp_status check_spec(const char *fn, const char *role, const lowp_operand_spec *s,
+                              int activation) {
+    if (s->format == LOWP_FORMAT_BF16) return LOWP_OK; /* not quantized: the rest is ignored */
+    if (s->format != LOWP_FORMAT_E4M3 && s->format != LOWP_FORMAT_E5M2 &&
+        s->format != LOWP_FORMAT_E2M1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.%s.format (%d) is not e4m3, e5m2, e2m1 or bf16", fn, role,
+                         (int) s->format);
+    if ((unsigned) s->scaling >= LOWP_SCALING_NONE)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.%s.scaling (%d) is not a quantized lowp_scaling", fn, role,
+                         (int) s->scaling);
+    if (s->format == LOWP_FORMAT_E2M1 && s->scaling != LOWP_SCALING_MX32)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: cfg.%s is e2m1 with scaling %s (e2m1 is mx32 only)", fn, role,
+                         lowp_scaling_name(s->scaling));
+    if (activation &&
+        (s->scaling == LOWP_SCALING_BLOCK128X128 || s->scaling == LOWP_SCALING_BLOCK32X32))
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: cfg.%s.scaling (%s) is a weight tiling; activations and gradients "
+                         "are quantized along one axis",
+                         fn, role, lowp_scaling_name(s->scaling));
+    if (s->scale_mode < LOWP_SCALE_DEFAULT || s->scale_mode > LOWP_SCALE_EVEN)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.%s.scale_mode (%d) is not a lowp_scale_mode", fn, role,
+                         (int) s->scale_mode);
+    if (s->pow2_scales < -1 || s->pow2_scales > 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.%s.pow2_scales (%d) is not -1, 0 or 1", fn,
+                         role, s->pow2_scales);
+    if (s->delayed != 0 && s->delayed != 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.%s.delayed (%d) is not 0 or 1", fn, role,
+                         s->delayed);
+    if (s->delayed && s->scaling != LOWP_SCALING_TENSOR)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.%s.delayed is 1 but its scaling (%s) is not tensor (delayed "
+                         "scaling keeps one amax history per tensor)",
+                         fn, role, lowp_scaling_name(s->scaling));
+    if (s->delayed && s->format == LOWP_FORMAT_E2M1)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: cfg.%s: delayed scaling needs e4m3 or e5m2", fn,
+                         role);
+    return LOWP_OK;
+}
+
+/* One GEMM of the layer, when both of its operands are quantized. */
+static lowp_status check_pair(const char *fn, const char *gemm, const char *ra,
+                              const lowp_operand_spec *a, const char *rb,
+                              const lowp_operand_spec *b) {
+    if (!lowp_spec_quantized(a) || !lowp_spec_quantized(b)) return LOWP_OK; /* runs in BF16 */
+    lowp_qtensor qa = {a->format, a->scaling, 0, 0, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
+    lowp_qtensor qb = {b->format, b->scaling, 0, 0, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
+    lowp_gemm_pair pair;
+    int64_t bk;
+    lowp_status st = lowp_gemm_classify(fn, &qa, &qb, &pair, &bk);
+    if (st != LOWP_OK) {
+        lowp_error_append("in the %s GEMM (a = cfg.%s, b = cfg.%s)", gemm, ra, rb);
+        return st;
+    }
+    return LOWP_OK;
+}
+
+static lowp_status check_flag(const char *fn, const char *name, int32_t v) {
+    if (v != 0 && v != 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.%s (%d) is not 0 or 1", fn, name, v);
+    return LOWP_OK;
+}
+
+lowp_status lowp_linear_cfg_check(const char *fn, const lowp_linear_cfg *cfg) {
+    LOWP_CHECK_PTR(fn, cfg);
+    lowp_status st;
+    if ((st = check_spec(fn, "input", &cfg->input, 1)) != LOWP_OK) return st;
+    if ((st = check_spec(fn, "weight", &cfg->weight, 0)) != LOWP_OK) return st;
+    if ((st = check_spec(fn, "grad_output", &cfg->grad_output, 1)) != LOWP_OK) return st;
+    if ((st = check_flag(fn, "keep_quantized", cfg->keep_quantized)) != LOWP_OK) return st;
+    if ((st = check_flag(fn, "wgrad_hp", cfg->wgrad_hp)) != LOWP_OK) return st;
+    if ((st = check_flag(fn, "fake_quant_mxfp4", cfg->fake_quant_mxfp4)) != LOWP_OK) return st;
+    if (lowp_spec_delayed(&cfg->input) || lowp_spec_delayed(&cfg->weight) ||
+        lowp_spec_delayed(&cfg->grad_output)) {
+        const lowp_delayed_cfg *d = &cfg->delayed;
+        if (d->history_len < 1 || d->history_len > (1 << 20))
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: cfg.delayed.history_len (%d) is not in [1, %d]", fn,
+                             d->history_len, 1 << 20);
+        if (!isfinite(d->margin))
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.delayed.margin (%g) is not finite", fn,
+                             (double) d->margin);
+        if (d->algo != LOWP_AMAX_MAX && d->algo != LOWP_AMAX_MOST_RECENT)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: cfg.delayed.algo (%d) is not a lowp_amax_algo", fn,
+                             (int) d->algo);
+    }
+    if ((st = check_pair(fn, "forward", "input", &cfg->input, "weight", &cfg->weight)) != LOWP_OK)
+        return st;
+    if ((st = check_pair(fn, "dgrad", "grad_output", &cfg->grad_output, "weight", &cfg->weight)) !=
+        LOWP_OK)
+        return st;
+    if (!cfg->wgrad_hp && (st = check_pair(fn, "wgrad", "grad_output", &cfg->grad_output, "input",
+                                           &cfg->input)) != LOWP_OK)
+        return st;
+    return LOWP_OK;
+}
+
+/* ---- Name patterns ---- */
+
+/* Does the bracket expression starting after '[' at *pp match c? Advances *pp past ']'.
+ * Returns -1 when the expression is unterminated (then '[' is an ordinary character). */
+static int match_set(const char **pp, char c) {
+    const char *p = *pp;
+    int negate = 0, hit = 0;
+    if (*p == '!' || *p == '^') negate = 1, p++;
+    const char *start = p; /* a ']' right after '[' or '[!' is a member, not the end */
+    while (*p && (p == start || *p != ']')) {
+        unsigned char lo = (unsigned char) *p++;
+        if (lo == '\\' && *p) lo = (unsigned char) *p++;
+        unsigned char hi = lo;
+        if (p[0] == '-' && p[1] && p[1] != ']') {
+            hi = (unsigned char) p[1];
+            p += 2;
+        }
+        if ((unsigned char) c >= lo && (unsigned char) c <= hi) hit = 1;
+    }
+    if (*p != ']') return -1;
+    *pp = p + 1;
+    return hit != negate;
+}
+
+/* Shell glob: `*` any run, `?` one character, `[...]` a set (`!` or `^` negates, ranges
+ * a-z), `\` escapes. Iterative: on a mismatch, the last `*` takes one more character. */
+static int glob_match(const char *pat, const char *s) {
+    const char *star_p = NULL, *star_s = NULL;
+    while (*s) {
+        const char *p = pat;
+        int ok = 0;
+        if (*p == '*') {
+            while (*p == '*') p++;
+            star_p = p;
+            star_s = s;
+            pat = p;
+            continue;
+        }
+        if (*p == '?') {
+            ok = 1;
+            p++;
+        } else if (*p == '[') {
+            const char *q = p + 1;
+            int m = match_set(&q, *s);
+            if (m < 0)
+                ok = *s == '[', p++;
+            else
+                ok = m, p = q;
+        } else if (*p == '\\' && p[1]) {
+            ok = p[1] == *s;
+            p += 2;
+        } else if (*p) {
+            ok = *p == *s;
+            p++;
+        }
+        if (ok) {
+            pat = p;
+            s++;
+        } else if (star_p) {
+            pat = star_p;
+            s = ++star_s;
+        } else {
+            return 0;
+        }
+    }
+    while (*pat == '*') pat++;
+    return *pat == '\0';
+}
+
+/* ---- Recipes ---- */
+
+static lowp_status add_rule(lowp_recipe *r, const char *pattern, const lowp_linear_cfg *cfg) {
+    const char *fn = "lowp_recipe_append";
+    if (r->nrules < 0 || r->nrules >= LOWP_RECIPE_MAX_RULES)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: recipe.nrules (%d) is not in [0, %d)", fn,
+                         r->nrules, LOWP_RECIPE_MAX_RULES);
+    size_t len = strlen(pattern);
+    if (len == 0) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: pattern is empty", fn);
+    if (len >= LOWP_RECIPE_PATTERN_MAX)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: pattern (\"%.20s...\", %zu chars) is longer than %d", fn, pattern,
+                         len, LOWP_RECIPE_PATTERN_MAX - 1);
+    if (cfg) {
+        lowp_status st = lowp_linear_cfg_check(fn, cfg);
+        if (st != LOWP_OK) return st;
+    }
+    lowp_recipe_rule *rule = &r->rules[r->nrules];
+    memset(rule, 0, sizeof *rule);
+    memcpy(rule->pattern, pattern, len + 1);
+    rule->high_precision = cfg == NULL;
+    if (cfg) rule->cfg = *cfg;
+    r->nrules++;
+    return LOWP_OK;
+}
+
+/* What every built-in recipe keeps in high precision: embeddings, the output head and MoE
+ * routers are small GEMMs whose errors feed every token (and, for the router, the expert
+ * choice itself). */
+static const char *const k_hp_patterns[] = {"*embed*", "head*",    "*.head",
+                                             "*lm_head*", "*router*", "*norm*"};
+
+typedef struct builtin {
+    const char *name;
+    const char *all;     /* preset of every other weight */
+    const char *shared;  /* preset of shared experts (NULL: as `all`) */
+    const char *experts; /* preset of routed experts (NULL: as `all`) */
+} builtin;
+
+static const builtin k_recipes[] = {
+    {"bf16", "bf16", NULL, NULL},
+    {"fp8_delayed", "fp8_delayed", NULL, NULL},
+    {"fp8_current", "fp8_current", NULL, NULL},
+    {"fp8_rowwise", "fp8_rowwise", NULL, NULL},
+    {"all_mxfp8", "mxfp8", NULL, NULL},
+    {"block128", "block128", NULL, NULL},
+    {"all_block_fp8", "block_fp8", NULL, NULL},
+    {"mix", "mxfp8", "mxfp8", "block_fp8"},
+    {"mix_fp4", "mxfp8", "mxfp8", "block_fp8_fp4"},
+};
+#define N_RECIPES ((int) (sizeof k_recipes / sizeof k_recipes[0]))
+
+const char *lowp_recipe_names(void) {
+    return "bf16,fp8_delayed,fp8_current,fp8_rowwise,all_mxfp8,block128,all_block_fp8,mix,"
+           "mix_fp4";
+}
+
+lowp_status lowp_recipe_init(lowp_recipe *recipe, const char *name) {
+    const char *fn = "lowp_recipe_init";
+    LOWP_CHECK_PTR(fn, recipe);
+    LOWP_CHECK_PTR(fn, name);
+    const builtin *b = NULL;
+    for (int i = 0; i < N_RECIPES; i++)
+        if (strcmp(name, k_recipes[i].name) == 0) b = &k_recipes[i];
+    if (!b && strcmp(name, "custom") != 0)
+        return lowp_fail(LOWP_ERR_NOT_FOUND, "%s: name (\"%s\") is not a recipe (%s, custom)", fn,
+                         name, lowp_recipe_names());
+    memset(recipe, 0, sizeof *recipe);
+    snprintf(recipe->name, sizeof recipe->name, "%s", name);
+    if (!b) return LOWP_OK;
+    lowp_status st;
+    for (size_t i = 0; i < sizeof k_hp_patterns / sizeof k_hp_patterns[0]; i++)
+        if ((st = add_rule(recipe, k_hp_patterns[i], NULL)) != LOWP_OK) return st;
+    lowp_linear_cfg c;
+    /* Shared experts come before routed ones: "*experts*" also matches "shared_experts". */
+    if (b->shared) {
+        lowp_linear_cfg_preset(b->shared, &c);
+        if ((st = add_rule(recipe, "*shared*", &c)) != LOWP_OK) return st;
+    }
+    if (b->experts) {
+        lowp_linear_cfg_preset(b->experts, &c);
+        if ((st = add_rule(recipe, "*experts*", &c)) != LOWP_OK) return st;
+    }
+    lowp_linear_cfg_preset(b->all, &c);
+    return add_rule(recipe, "*", &c);
+}
+
+lowp_status lowp_recipe_append(lowp_recipe *recipe, const char *pattern,
+                               const lowp_linear_cfg *cfg) {
+    LOWP_CHECK_PTR("lowp_recipe_append", recipe);
+    LOWP_CHECK_PTR("lowp_recipe_append", pattern);
+    return add_rule(recipe, pattern, cfg);
+}
+
+lowp_status lowp_recipe_match(const lowp_recipe *recipe, const char *param_name,
+                              const lowp_recipe_rule **rule) {
+    const char *fn = "lowp_recipe_match";
+    LOWP_CHECK_PTR(fn, recipe);
+    LOWP_CHECK_PTR(fn, param_name);
+    LOWP_CHECK_PTR(fn, rule);
+    *rule = NULL;
+    if (recipe->nrules < 0 || recipe->nrules > LOWP_RECIPE_MAX_RULES)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: recipe.nrules (%d) is not in [0, %d]", fn,
+                         recipe->nrules, LOWP_RECIPE_MAX_RULES);
+    for (int32_t i = 0; i < recipe->nrules; i++) {
+        const lowp_recipe_rule *r = &recipe->rules[i];
+        if (memchr(r->pattern, '\0', sizeof r->pattern) == NULL)
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: recipe.rules[%d].pattern is not terminated",
+                             fn, i);
+        if (glob_match(r->pattern, param_name)) {
+            *rule = r;
+            return LOWP_OK;
+        }
+    }
+    return LOWP_OK;
+}

@@ -1,6 +1,6 @@
 /* The training layer's internal interface: what lowp_train_prepare attaches to a parameter.
- * Shared by the linear layers (linear.c), prepare/convert (wrap.c) and the extra-state
- * checkpoint (extra_state.c). */
+ * Shared by the recipes (recipe.c), the linear layers (linear.c), prepare/convert (wrap.c) and
+ * the extra-state checkpoint (extra_state.c). */
 #ifndef LOWP_TRAIN_INTERNAL_H
 #define LOWP_TRAIN_INTERNAL_H
 
@@ -8,13 +8,36 @@
 #include "lowp/checkpoint.h"
 #include "lowp/train.h"
 
+/* The quantized copies of a wrapped weight for one parameter version (linear.c). */
+struct lowp_weight_cache;
+
 struct lowp_wrap {
-    lowp_linear_cfg cfg;  /* from the recipe rule that matched */
+    lowp_linear_cfg cfg; /* from the recipe rule that matched */
     char cfg_name[32];
-    lowp_fp8_state *fp8;  /* delayed-scaling state, NULL when no operand is delayed */
+    lowp_fp8_state *fp8; /* delayed-scaling state, NULL when no operand is delayed */
     lowp_wrap_stats stats;
-    /* The linear layer's cached quantized weight copies live here too (linear.c). */
-    void *cache;
+    /* The weight's cached quantized (or BF16) copies, made on first use after every version
+     * change; NULL until the first forward or backward. */
+    struct lowp_weight_cache *cache;
 };
+
+/* Whether an operand spec is quantized (anything but BF16). */
+static inline int lowp_spec_quantized(const lowp_operand_spec *s) {
+    return s->format != LOWP_FORMAT_BF16;
+}
+
+/* Whether an operand spec uses delayed scaling (TENSOR scaling, delayed = 1, quantized). */
+static inline int lowp_spec_delayed(const lowp_operand_spec *s) {
+    return lowp_spec_quantized(s) && s->scaling == LOWP_SCALING_TENSOR && s->delayed;
+}
+
+/* recipe.c: check that every field of `cfg` is valid and that each of its three GEMMs is a
+ * pair lowp_gemm multiplies; the message names `fn` and the offending operand. */
+LOWP_HIDDEN lowp_status lowp_linear_cfg_check(const char *fn, const lowp_linear_cfg *cfg);
+/* recipe.c: the preset `cfg` equals, or "custom" (for lowp_wrap_stats.cfg_name). */
+LOWP_HIDDEN const char *lowp_linear_cfg_name(const lowp_linear_cfg *cfg);
+
+/* linear.c: free a weight cache (NULL allowed). */
+LOWP_HIDDEN void lowp_weight_cache_free(struct lowp_weight_cache *cache);
 
 #endif
