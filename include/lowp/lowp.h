@@ -14,5 +14,7 @@
 #include "recipe.h"
 #include "train.h"
 #include "checkpoint.h"
+#include "model.h"
+#include "trainer.h"
 
 #endif

@@ -1,0 +1,49 @@
+/* The trainer's state, shared by trainer.c (the loop) and checkpoint_train.c (what a
+ * checkpoint saves and restores). Not installed. */
+#ifndef LOWP_TRAINER_INTERNAL_H
+#define LOWP_TRAINER_INTERNAL_H
+
+#include "core/internal.h"
+#include "lowp/trainer.h"
+
+struct lowp_trainer {
+    lowp_moe *model;       /* borrowed */
+    const lowp_data *data; /* borrowed */
+    lowp_moe_config mcfg;
+    lowp_trainer_cfg cfg; /* seq_len resolved */
+    lowp_recipe recipe;   /* name "none" when created without one */
+    int32_t prepared;     /* 1: lowp_train_prepare succeeded, convert on free */
+    lowp_param *params;   /* the model's, [n] */
+    int32_t n;
+    lowp_adamw *opt;
+    lowp_rng_tracker rng;      /* dropout; saved in checkpoints */
+    int64_t step;              /* updates done */
+    uint64_t data_pos;         /* micro-batches drawn from the training stream */
+    uint64_t model_seed;       /* recorded in checkpoints */
+    int32_t *tokens, *targets; /* [B, T] */
+    /* Timing of this process's part of the run (not saved: a resumed run starts afresh). */
+    double t0;
+    int64_t run_steps;
+};
+
+/* Snapshots of every wrapped parameter's extra state (evaluation and checkpoint loading
+ * restore them). */
+typedef struct trainer_xstate {
+    int32_t n;
+    unsigned char **blob; /* [n], NULL for plain parameters */
+    size_t *len;          /* [n] */
+} trainer_xstate;
+
+LOWP_HIDDEN lowp_status lowp_trainer_xstate_save(lowp_trainer *t, trainer_xstate *x);
+LOWP_HIDDEN lowp_status lowp_trainer_xstate_load(lowp_trainer *t, const trainer_xstate *x);
+LOWP_HIDDEN void lowp_trainer_xstate_free(trainer_xstate *x);
+
+/* Seconds on a monotonic clock. */
+LOWP_HIDDEN double lowp_trainer_now(void);
+
+/* Elements of a parameter: (groups or 1) x rows x cols. */
+static inline int64_t lowp_param_numel(const lowp_param *p) {
+    return (p->groups > 0 ? p->groups : 1) * p->rows * p->cols;
+}
+
+#endif

@@ -1,0 +1,278 @@
+/* Unit tests of the trainer's parts that need no model (trainer.h):
+ * - data: the sorted byte vocabulary, the 90/10 split, encode/decode, batches that are a pure
+ *   function of (split, seed, index), targets = tokens shifted by one, training batches from
+ *   the first 90% only and validation batches from the rest, a split too short for T, the
+ *   built-in corpus, a file equal to the same text in memory;
+ * - the learning-rate schedule: warm-up, peak, cosine midpoint, floor, no warm-up;
+ * - AdamW: the first update against the formula, convergence on a quadratic, weight decay on
+ *   matrices but not on norm weights, bit-identical results on 1 and 2 threads;
+ * - gradient clipping: the norm against a double reference, scaling to the threshold, no change
+ *   below it or for a non-finite norm, the same on 1 and 2 threads.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lowp/trainer.h"
+#include "testutil.h"
+
+static void test_data(void) {
+    /* 900 lowercase bytes, then 100 uppercase: the split separates them exactly. */
+    char text[1000];
+    for (int i = 0; i < 900; i++) text[i] = (char) ('a' + (i * 7) % 26);
+    for (int i = 900; i < 1000; i++) text[i] = (char) ('A' + (i * 5) % 26);
+    lowp_data *d = NULL;
+    CHECK(lowp_data_from_text(text, sizeof text, "mixed", &d) == LOWP_OK);
+    if (!d) return;
+    lowp_data_info di;
+    lowp_data_get_info(d, &di);
+    CHECK(di.vocab == 52 && di.bytes == 1000 && di.train_tokens == 900 && di.val_tokens == 100);
+    CHECK(strcmp(di.name, "mixed") == 0);
+    const uint8_t *sym;
+    int32_t V;
+    lowp_data_vocab(d, &sym, &V);
+    CHECK(V == 52 && sym[0] == 'A' && sym[25] == 'Z' && sym[26] == 'a' && sym[51] == 'z');
+    int32_t tok[5];
+    char back[6] = {0};
+    CHECK(lowp_data_encode(d, "Hello", 5, tok) == LOWP_OK);
+    CHECK(tok[0] == 'H' - 'A' && tok[1] == 26 + 'e' - 'a');
+    CHECK(lowp_data_decode(d, tok, 5, back) == LOWP_OK && strcmp(back, "Hello") == 0);
+    CHECK(lowp_data_encode(d, "a b", 3, tok) == LOWP_ERR_INVALID_ARG);
+    CHECK(strstr(lowp_last_error(), "0x20") != NULL);
+    tok[0] = 52;
+    CHECK(lowp_data_decode(d, tok, 1, back) == LOWP_ERR_INVALID_ARG);
+
+    enum { B = 4, T = 16 };
+    int32_t x1[B * T], y1[B * T], x2[B * T], y2[B * T];
+    CHECK(lowp_data_batch(d, LOWP_SPLIT_TRAIN, 7, 3, B, T, x1, y1) == LOWP_OK);
+    CHECK(lowp_data_batch(d, LOWP_SPLIT_TRAIN, 7, 3, B, T, x2, y2) == LOWP_OK);
+    CHECK(memcmp(x1, x2, sizeof x1) == 0 && memcmp(y1, y2, sizeof y1) == 0);
+    int shifted = 1, lower = 1;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            if (t + 1 < T && x1[b * T + t + 1] != y1[b * T + t]) shifted = 0;
+            if (x1[b * T + t] < 26 || y1[b * T + t] < 26) lower = 0;
+        }
+    CHECK(shifted && lower);
+    CHECK(lowp_data_batch(d, LOWP_SPLIT_TRAIN, 7, 4, B, T, x2, y2) == LOWP_OK);
+    CHECK(memcmp(x1, x2, sizeof x1) != 0);
+    CHECK(lowp_data_batch(d, LOWP_SPLIT_TRAIN, 8, 3, B, T, x2, y2) == LOWP_OK);
+    CHECK(memcmp(x1, x2, sizeof x1) != 0);
+    /* Batch b of index i with B rows equals row b of the words a B = 1 stream draws at
+     * index i * B + b: the stream is numbered by window, not by call. */
+    int32_t x3[T], y3[T];
+    CHECK(lowp_data_batch(d, LOWP_SPLIT_TRAIN, 7, 3 * B + 2, 1, T, x3, y3) == LOWP_OK);
+    CHECK(memcmp(x3, x1 + 2 * T, sizeof x3) == 0);
+    int upper = 1;
+    for (int k = 0; k < 50; k++) {
+        CHECK(lowp_data_batch(d, LOWP_SPLIT_VAL, 0, (uint64_t) k, B, T, x2, y2) == LOWP_OK);
+        for (int i = 0; i < B * T; i++)
+            if (x2[i] >= 26 || y2[i] >= 26) upper = 0;
+    }
+    CHECK(upper);
+    /* The validation split has 100 tokens: T = 99 fits, T = 100 does not. */
+    int32_t big[100], bigy[100];
+    CHECK(lowp_data_batch(d, LOWP_SPLIT_VAL, 0, 0, 1, 99, big, bigy) == LOWP_OK);
+    CHECK(lowp_data_batch(d, LOWP_SPLIT_VAL, 0, 0, 1, 100, big, bigy) == LOWP_ERR_INVALID_ARG);
+    CHECK(strstr(lowp_last_error(), "validation") != NULL);
+    CHECK(lowp_data_batch(d, LOWP_SPLIT_TRAIN, 0, 0, 0, 4, big, bigy) == LOWP_ERR_INVALID_ARG);
+
+    /* The same text from a file: same vocabulary and hash. */
+    char path[] = "/tmp/lowp_data_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        CHECK(write(fd, text, sizeof text) == (ssize_t) sizeof text);
+        close(fd);
+        lowp_data *e = NULL;
+        CHECK(lowp_data_from_file(path, &e) == LOWP_OK);
+        if (e) {
+            lowp_data_info ei;
+            lowp_data_get_info(e, &ei);
+            CHECK(ei.hash == di.hash && ei.vocab == di.vocab && strcmp(ei.name, path) == 0);
+            lowp_data_free(e);
+        }
+        unlink(path);
+        CHECK(lowp_data_from_file(path, &e) == LOWP_ERR_IO);
+        CHECK(strstr(lowp_last_error(), path) != NULL);
+    }
+    lowp_data_free(d);
+    CHECK(lowp_data_from_text("short", 5, "tiny", &d) == LOWP_ERR_INVALID_ARG);
+
+    CHECK(lowp_data_default(&d) == LOWP_OK);
+    if (d) {
+        lowp_data_get_info(d, &di);
+        CHECK(di.bytes > 20000 && di.vocab > 40 && di.vocab < 100);
+        CHECK(strcmp(di.name, "built-in") == 0);
+        int32_t *xs = malloc(8 * 256 * sizeof *xs), *ys = malloc(8 * 256 * sizeof *ys);
+        CHECK(lowp_data_batch(d, LOWP_SPLIT_VAL, 0, 0, 8, 256, xs, ys) == LOWP_OK);
+        free(xs);
+        free(ys);
+        lowp_data_free(d);
+    }
+}
+
+static void test_schedule(void) {
+    lowp_lr_schedule s = {1e-2f, 1e-3f, 10, 110};
+    float lr;
+    CHECK(lowp_lr_at(&s, 0, &lr) == LOWP_OK && lr == (float) ((double) 1e-2f * 1 / 10));
+    CHECK(lowp_lr_at(&s, 4, &lr) == LOWP_OK && lr == (float) ((double) 1e-2f * 5 / 10));
+    CHECK(lowp_lr_at(&s, 9, &lr) == LOWP_OK && lr == 1e-2f);
+    CHECK(lowp_lr_at(&s, 10, &lr) == LOWP_OK && lr == 1e-2f);
+    CHECK(lowp_lr_at(&s, 60, &lr) == LOWP_OK && fabsf(lr - 5.5e-3f) < 1e-8f);
+    CHECK(lowp_lr_at(&s, 110, &lr) == LOWP_OK && lr == 1e-3f);
+    CHECK(lowp_lr_at(&s, 500, &lr) == LOWP_OK && lr == 1e-3f);
+    float prev = 1.0f;
+    int mono = 1;
+    for (int i = 10; i <= 110; i++) {
+        lowp_lr_at(&s, i, &lr);
+        if (lr > prev) mono = 0;
+        prev = lr;
+    }
+    CHECK(mono);
+    lowp_lr_schedule nw = {1e-2f, 0.0f, 0, 100};
+    CHECK(lowp_lr_at(&nw, 0, &lr) == LOWP_OK && lr == 1e-2f);
+    CHECK(lowp_lr_at(&s, -1, &lr) == LOWP_ERR_INVALID_ARG);
+}
+
+static void make_param(lowp_param *p, const char *name, int64_t rows, int64_t cols) {
+    memset(p, 0, sizeof *p);
+    p->name = name;
+    p->rows = rows;
+    p->cols = cols;
+    p->data = calloc((size_t) (rows * cols), sizeof(float));
+    p->grad = calloc((size_t) (rows * cols), sizeof(float));
+    p->device = LOWP_DEVICE_HOST;
+}
+
+static void free_param(lowp_param *p) {
+    free(p->data);
+    free(p->grad);
+}
+
+static void test_adamw(void) {
+    lowp_param p[2];
+    make_param(&p[0], "w", 8, 16);
+    make_param(&p[1], "norm", 1, 16);
+    lowp_adamw_cfg cfg;
+    lowp_adamw_cfg_init(&cfg);
+    CHECK(cfg.beta1 == 0.9f && cfg.beta2 == 0.95f && cfg.weight_decay == 0.1f);
+    cfg.weight_decay = 0.0f;
+    lowp_adamw *o = NULL;
+    CHECK(lowp_adamw_create(p, 2, &cfg, &o) == LOWP_OK);
+    /* First update: m/(1-b1) = g, v/(1-b2) = g^2, so w -= lr g / (|g| + eps). */
+    for (int i = 0; i < 128; i++) p[0].grad[i] = (float) (i - 64) * 0.01f;
+    CHECK(lowp_adamw_step(o, p, 2, 0.1f) == LOWP_OK);
+    int first_ok = 1;
+    for (int i = 0; i < 128; i++) {
+        float g = (float) (i - 64) * 0.01f;
+        float want = -0.1f * (g / (fabsf(g) + 1e-8f));
+        if (fabsf(p[0].data[i] - want) > 1e-6f) first_ok = 0;
+    }
+    CHECK(first_ok);
+    int64_t t;
+    lowp_adamw_get_t(o, &t);
+    CHECK(t == 1);
+    lowp_adamw_free(o);
+
+    /* A quadratic 0.5 |w - c|^2 converges to c. */
+    CHECK(lowp_adamw_create(p, 2, &cfg, &o) == LOWP_OK);
+    for (int i = 0; i < 128; i++) p[0].data[i] = 0.0f;
+    for (int s = 0; s < 600; s++) {
+        for (int i = 0; i < 128; i++) p[0].grad[i] = p[0].data[i] - (float) (i % 7) * 0.3f;
+        for (int i = 0; i < 16; i++) p[1].grad[i] = p[1].data[i] - 1.0f;
+        lowp_lr_schedule sch = {0.05f, 0.001f, 20, 600};
+        float lr;
+        lowp_lr_at(&sch, s, &lr);
+        lowp_adamw_step(o, p, 2, lr);
+    }
+    double err = 0;
+    for (int i = 0; i < 128; i++) err = fmax(err, fabs(p[0].data[i] - (i % 7) * 0.3));
+    for (int i = 0; i < 16; i++) err = fmax(err, fabs(p[1].data[i] - 1.0));
+    CHECKF(err < 1e-2, "quadratic: max error %g", err);
+    lowp_adamw_free(o);
+
+    /* Weight decay with a zero gradient: matrices shrink by lr wd, norm weights stay. */
+    cfg.weight_decay = 0.5f;
+    CHECK(lowp_adamw_create(p, 2, &cfg, &o) == LOWP_OK);
+    for (int i = 0; i < 128; i++) p[0].data[i] = 2.0f, p[0].grad[i] = 0.0f;
+    for (int i = 0; i < 16; i++) p[1].data[i] = 2.0f, p[1].grad[i] = 0.0f;
+    lowp_adamw_step(o, p, 2, 0.1f);
+    CHECK(fabsf(p[0].data[0] - (2.0f - 0.1f * 0.5f * 2.0f)) < 1e-6f);
+    CHECK(p[1].data[0] == 2.0f);
+    lowp_adamw_free(o);
+    cfg.beta1 = 1.0f;
+    CHECK(lowp_adamw_create(p, 2, &cfg, &o) == LOWP_ERR_INVALID_ARG);
+    free_param(&p[0]);
+    free_param(&p[1]);
+
+    /* Thread count does not change a bit (a parameter large enough to run in parallel). */
+    lowp_param q[2];
+    make_param(&q[0], "big", 512, 512);
+    make_param(&q[1], "big2", 512, 512);
+    lowp_adamw_cfg_init(&cfg);
+    float *res[2];
+    for (int th = 1; th <= 2; th++) {
+        cfg.threads = th;
+        for (int i = 0; i < 512 * 512; i++) {
+            q[0].data[i] = q[1].data[i] = (float) ((i * 37) % 101) * 0.01f;
+            q[0].grad[i] = q[1].grad[i] = (float) ((i * 13) % 97 - 48) * 0.001f;
+        }
+        CHECK(lowp_adamw_create(q, 2, &cfg, &o) == LOWP_OK);
+        for (int s = 0; s < 3; s++) lowp_adamw_step(o, q, 2, 1e-3f);
+        res[th - 1] = malloc(512 * 512 * sizeof(float));
+        memcpy(res[th - 1], q[0].data, 512 * 512 * sizeof(float));
+        lowp_adamw_free(o);
+    }
+    CHECK(memcmp(res[0], res[1], 512 * 512 * sizeof(float)) == 0);
+    free(res[0]);
+    free(res[1]);
+    free_param(&q[0]);
+    free_param(&q[1]);
+}
+
+static void test_clip(void) {
+    lowp_param p[2];
+    make_param(&p[0], "a", 300, 300);
+    make_param(&p[1], "b", 1, 10);
+    double ref = 0;
+    for (int i = 0; i < 90000; i++) {
+        p[0].grad[i] = (float) ((i * 31) % 17 - 8) * 0.01f;
+        ref += (double) p[0].grad[i] * p[0].grad[i];
+    }
+    for (int i = 0; i < 10; i++) {
+        p[1].grad[i] = 1.0f;
+        ref += 1.0;
+    }
+    ref = sqrt(ref);
+    float norm;
+    CHECK(lowp_grad_clip(p, 2, 0.0f, &norm) == LOWP_OK && fabs(norm - ref) < 1e-5 * ref);
+    CHECK(lowp_grad_clip(p, 2, 1e6f, &norm) == LOWP_OK && p[1].grad[0] == 1.0f);
+    omp_set_num_threads(1);
+    float n1;
+    lowp_grad_clip(p, 2, 0.0f, &n1);
+    omp_set_num_threads(2);
+    float n2;
+    lowp_grad_clip(p, 2, 0.0f, &n2);
+    CHECK(n1 == n2);
+    CHECK(lowp_grad_clip(p, 2, 1.0f, &norm) == LOWP_OK);
+    float after;
+    lowp_grad_clip(p, 2, 0.0f, &after);
+    CHECKF(fabsf(after - 1.0f) < 1e-4f, "clipped norm %g", (double) after);
+    p[1].grad[3] = NAN;
+    CHECK(lowp_grad_clip(p, 2, 1.0f, &norm) == LOWP_OK && isnan(norm));
+    CHECK(p[1].grad[0] == p[1].grad[1]); /* untouched */
+    free_param(&p[0]);
+    free_param(&p[1]);
+}
+
+int main(void) {
+    test_data();
+    test_schedule();
+    test_adamw();
+    test_clip();
+    return testutil_finish();
+}
