@@ -30,6 +30,7 @@
 #ifndef LOWP_MODEL_H
 #define LOWP_MODEL_H
 
+#include "rng.h"
 #include "train.h"
 
 #ifdef __cplusplus
@@ -52,12 +53,17 @@ typedef struct lowp_moe_config {
     float dropout;         /* on the residual branches, 0 to disable */
 } lowp_moe_config;
 
-/* Presets: "tiny" (a CI run of seconds), "small" (minutes on two cores), "medium" (benchmarks). */
+/* Presets (override any field afterwards; dropout 0, aux_loss_coef 0.01, rope_theta 1e4):
+ *   tiny    D 64,  L 2, 4 heads, T 32,  E 4 (top 2), H 64,  H_s 64    a CI run of seconds
+ *   small   D 128, L 4, 4 heads, T 64,  E 8 (top 2), H 128, H_s 128   minutes on two cores
+ *   medium  D 384, L 6, 6 heads, T 256, E 8 (top 2), H 512, H_s 512   benchmarks */
 LOWP_API lowp_status lowp_moe_config_preset(const char *name, int32_t vocab, lowp_moe_config *out);
 
 typedef struct lowp_moe lowp_moe;
 
-/* Allocate the model (one arena) and initialize the weights from `seed`. */
+/* Allocate the model (one arena: every weight, then every gradient, zeroed) and initialize
+ * the weights from `seed`, the same on every machine: N(0, 0.02) from Philox through
+ * Box-Muller, wo and w2 scaled by 1/sqrt(2 L), norm weights 1. */
 LOWP_API lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe **out);
 LOWP_API void lowp_moe_free(lowp_moe *m);
 LOWP_API lowp_status lowp_moe_get_config(const lowp_moe *m, lowp_moe_config *out);
@@ -65,26 +71,39 @@ LOWP_API lowp_status lowp_moe_get_config(const lowp_moe *m, lowp_moe_config *out
 /* Every parameter, in a fixed order (the pointers stay valid for the model's life). */
 LOWP_API lowp_status lowp_moe_params(lowp_moe *m, lowp_param **params, int32_t *n);
 
+/* How one forward (and the backward that follows it) runs. The backward reuses the forward's
+ * run, so `rng` and `autocast` must stay valid until it returns. */
 typedef struct lowp_moe_run {
     int32_t training;              /* dropout on, activations kept for backward */
-    int32_t activation_checkpoint; /* keep only layer inputs; recompute in backward */
+    int32_t activation_checkpoint; /* keep only layer inputs; recompute in backward (same
+                                      losses and gradients, bit for bit) */
     lowp_rng_tracker *rng;         /* dropout's generator (NULL: no dropout) */
-    const lowp_autocast *autocast; /* for RMSNorm and the other non-GEMM ops (NULL: off) */
+    const lowp_autocast *autocast; /* for RMSNorm (NULL: off); the softmaxes, SwiGLU and the
+                                      loss always compute in binary32 */
     int32_t threads;               /* 0: all cores */
+    int32_t fp32_plain;            /* 1: unwrapped linears run F32 GEMMs instead of BF16
+                                      (lowp_linear_opts.fp32_plain; gradient checks) */
 } lowp_moe_run;
 
-/* Forward over tokens [B, T] (int32 in [0, V)). With targets [B, T]: *loss = mean
- * cross-entropy + aux_loss_coef * load-balancing loss (targets may be NULL: no loss). The
- * logits of the last call stay readable with lowp_moe_logits. */
+/* Forward over tokens [B, T] (int32 in [0, V)), 1 <= T <= seq_len. With targets [B, T]:
+ * *loss = mean cross-entropy + aux_loss_coef * load-balancing loss, where the load-balancing
+ * loss is the mean over layers of E * sum_e f_e P_e (f_e: share of the token-slots routed to
+ * expert e, P_e: mean router probability of e; 1 when perfectly balanced). targets and loss
+ * may be NULL (no loss). The logits of the last call stay readable with lowp_moe_logits. run
+ * NULL: inference on all cores. The activation arena grows when a larger B * T comes. */
 LOWP_API lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *targets,
                                       int32_t B, int32_t T, const lowp_moe_run *run, float *loss);
 /* Backward of the last training forward (with targets): every params[i].grad += dLoss/dW. */
 LOWP_API lowp_status lowp_moe_backward(lowp_moe *m);
-/* Logits [B, T, V] of the last forward. */
+/* Logits [B, T, V] of the last forward (valid until the next forward). */
 LOWP_API lowp_status lowp_moe_logits(const lowp_moe *m, const float **logits);
+/* The two terms of the last forward's loss: mean cross-entropy (NaN when it had no targets)
+ * and the load-balancing loss before aux_loss_coef. Either pointer may be NULL. */
+LOWP_API lowp_status lowp_moe_loss_terms(const lowp_moe *m, float *cross_entropy, float *aux);
 
-/* Parameters that one token touches (top-k of the experts), and the training FLOPs of one
- * token at sequence length T: 6 x active parameters + attention (12 x L x D x T). */
+/* Parameters that one token touches (all but the E - top_k idle experts of each layer), and
+ * the training FLOPs of one token at sequence length T: 6 x the active parameters that are
+ * GEMM weights (the embedding is a lookup) + attention (12 x L x D x T). */
 LOWP_API lowp_status lowp_moe_active_params(const lowp_moe *m, int64_t *active, int64_t *total);
 LOWP_API lowp_status lowp_moe_flops_per_token(const lowp_moe *m, int32_t T, double *flops);
 

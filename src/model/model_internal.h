@@ -1,0 +1,153 @@
+/* The MoE transformer's internal interface: the model object, the views of one layer's
+ * activations, and the two halves of a decoder layer that moe.c strings together
+ * (moe_attention.c: RMSNorm + causal attention with RoPE; moe_ffn.c: RMSNorm + the MoE
+ * feed-forward). Shapes use N = B * T tokens and S = N * top_k routed token-slots. Not
+ * installed. */
+#ifndef LOWP_MODEL_INTERNAL_H
+#define LOWP_MODEL_INTERNAL_H
+
+#include "core/internal.h"
+#include "lowp/model.h"
+
+/* Loops over less work than this (in elements) stay on the calling thread: waking the team
+ * would cost more than the loop. Which thread computes an element never changes its value. */
+#define MOE_PARALLEL_MIN 32768
+
+/* One layer's parameters, in the order lowp_moe_params lists them. */
+enum {
+    MOE_ATTN_NORM,
+    MOE_WQ,
+    MOE_WK,
+    MOE_WV,
+    MOE_WO,
+    MOE_FFN_NORM,
+    MOE_ROUTER,
+    MOE_SHARED_W1,
+    MOE_SHARED_W3,
+    MOE_SHARED_W2,
+    MOE_EXPERTS_W1,
+    MOE_EXPERTS_W3,
+    MOE_EXPERTS_W2,
+    MOE_LAYER_PARAMS
+};
+
+/* The sizes of one pass. */
+typedef struct moe_dims {
+    int64_t B, T, N;   /* batch, sequence, tokens */
+    int64_t D, nh, hd; /* model width, heads, head width */
+    int64_t E, K, S;   /* routed experts, experts per token, routed slots N * K */
+    int64_t H, Hs, V;  /* expert hidden, shared-expert hidden, vocabulary */
+    int64_t L;         /* layers (the load-balancing loss is their mean) */
+    float eps, aux_coef;
+} moe_dims;
+
+/* How one pass runs; derived from lowp_moe_run and kept for the backward, which has no run
+ * argument of its own. */
+typedef struct moe_exec {
+    lowp_linear_opts lin;          /* recompute is 1 while a checkpointed layer is recomputed */
+    int nthreads;                  /* the model's own OpenMP loops */
+    const lowp_autocast *autocast; /* RMSNorm */
+    lowp_rng_tracker *rng;         /* non-NULL when dropout runs */
+    float dropout;
+} moe_exec;
+
+/* Attention half of a layer. The linear layers' saved state (wq, wk, wv, wo) is per layer
+ * even when the buffers are shared scratch (activation checkpointing). */
+typedef struct moe_attn_acts {
+    float *h;         /* [N, D]  attn_norm(x) */
+    float *rstd;      /* [N]     its 1/rms */
+    float *q, *k, *v; /* [N, D]  projections; q and k after RoPE */
+    float *att;       /* [B, nh, T, T] softmax probabilities (row t: columns 0..t) */
+    float *o;         /* [N, D]  attention output, heads side by side: the input of wo */
+    float *y;         /* [N, D]  the branch output o Wo^T (dropped out in place) */
+    uint8_t *mask;    /* [N, D]  dropout mask, NULL without dropout */
+    lowp_linear_saved *saved[4];
+} moe_attn_acts;
+
+/* MoE half of a layer. */
+typedef struct moe_ffn_acts {
+    float *h;         /* [N, D]   ffn_norm(x_mid) */
+    float *rstd;      /* [N] */
+    float *probs;     /* [N, E]   router softmax (the logits are computed in place) */
+    int32_t *idx;     /* [N, K]   chosen experts, most probable first */
+    float *gate;      /* [N, K]   their probabilities renormalized to sum 1 */
+    int32_t *pos;     /* [N, K]   row of slot (n, j) in the expert-sorted buffers */
+    int32_t *offs;    /* [E]      cumulative ends of each expert's rows */
+    float *frac;      /* [E]      f_e: fraction of the slots routed to e */
+    float *xp;        /* [S, D]   h gathered in expert order */
+    float *u1, *u3;   /* [S, H]   xp W1[e]^T, xp W3[e]^T */
+    float *s;         /* [S, H]   silu(u1) * u3 */
+    float *eo;        /* [S, D]   s W2[e]^T: each slot's expert output */
+    float *su1, *su3; /* [N, H_s] shared expert: h Ws1^T, h Ws3^T */
+    float *ss;        /* [N, H_s] silu(su1) * su3 */
+    float *y;         /* [N, D]   shared + gated routed outputs (dropped out in place) */
+    uint8_t *mask;    /* [N, D]   dropout mask, NULL without dropout */
+    double aux;       /* E * sum_e f_e P_e of this layer */
+    lowp_linear_saved *saved[7];
+} moe_ffn_acts;
+
+/* Backward scratch, reused by every layer (one layer's backward runs at a time). */
+typedef struct moe_grads {
+    float *dres;               /* [N, D]   dLoss/d(residual stream) at the current point */
+    float *dbranch;            /* [N, D]   dLoss/d(branch output), after dropout's backward */
+    float *dh;                 /* [N, D]   dLoss/d(norm output) */
+    float *dtmp;               /* [N, D] */
+    float *dq, *dk, *dv, *do_; /* [N, D] */
+    float *datt;               /* [B * nh, T] one row of dLoss/dprobabilities per task */
+    float *dgate;              /* [N, K] */
+    float *dprobs;             /* [N, E] */
+    float *deo;                /* [S, D] */
+    float *dxp, *dxp3;         /* [S, D] */
+    float *ds, *du1, *du3;     /* [S, H] */
+    float *dss, *dsu1, *dsu3;  /* [N, H_s] */
+} moe_grads;
+
+/* The last forward's loss in binary64 (the float that lowp_moe_forward returns rounds it):
+ * finite-difference gradient checks resolve much smaller changes with it. */
+LOWP_HIDDEN double moe_loss_f64(const lowp_moe *m);
+
+/* A plain F32 host tensor over a buffer. */
+static inline lowp_tensor moe_tensor(const float *p, int64_t rows, int64_t cols) {
+    lowp_tensor t = {LOWP_FORMAT_F32, rows, cols, (void *) p, LOWP_DEVICE_HOST};
+    return t;
+}
+
+/* dst[i] += src[i] over n floats, with the pass's threads. */
+LOWP_HIDDEN void moe_add(float *dst, const float *src, int64_t n, int nthreads);
+
+/* The linear layers of the model, on F32 host buffers: y[M, w.rows] = x[M, w.cols] . W^T, and
+ * the backward (dx [M, w.cols] overwritten, may be NULL; w.grad +=). The backward consumes
+ * *saved and sets it to NULL. */
+LOWP_HIDDEN lowp_status moe_linear_fwd(lowp_param *w, const float *x, int64_t M, float *y,
+                                       const moe_exec *ex, lowp_linear_saved **saved);
+LOWP_HIDDEN lowp_status moe_linear_bwd(lowp_param *w, const float *x, int64_t M, const float *dy,
+                                       float *dx, const moe_exec *ex, lowp_linear_saved **saved);
+/* Grouped (the routed experts, w.groups = E): rows of x split by offs [E]. */
+LOWP_HIDDEN lowp_status moe_grouped_fwd(lowp_param *w, const float *x, int64_t M,
+                                        const int32_t *offs, float *y, const moe_exec *ex,
+                                        lowp_linear_saved **saved);
+LOWP_HIDDEN lowp_status moe_grouped_bwd(lowp_param *w, const float *x, int64_t M,
+                                        const int32_t *offs, const float *dy, float *dx,
+                                        const moe_exec *ex, lowp_linear_saved **saved);
+
+/* Attention half: a->y from x [N, D]. keep: save the linear layers' state for a backward.
+ * rope_cos, rope_sin [seq_len, hd / 2]. */
+LOWP_HIDDEN lowp_status moe_attention_forward(lowp_param *lp, const moe_dims *d, const moe_exec *ex,
+                                              const float *rope_cos, const float *rope_sin,
+                                              const float *x, moe_attn_acts *a, int keep);
+/* From dy = dLoss/da->y [N, D]: every weight's grad +=, and dx [N, D] += dLoss/dx. */
+LOWP_HIDDEN lowp_status moe_attention_backward(lowp_param *lp, const moe_dims *d,
+                                               const moe_exec *ex, const float *rope_cos,
+                                               const float *rope_sin, const float *x,
+                                               moe_attn_acts *a, const float *dy, float *dx,
+                                               moe_grads *g);
+
+/* MoE half: a->y and a->aux from x [N, D]. */
+LOWP_HIDDEN lowp_status moe_ffn_forward(lowp_param *lp, const moe_dims *d, const moe_exec *ex,
+                                        const float *x, moe_ffn_acts *a, int keep);
+/* From dy = dLoss/da->y [N, D] and daux = dLoss/d(this layer's aux): grads +=, dx +=. */
+LOWP_HIDDEN lowp_status moe_ffn_backward(lowp_param *lp, const moe_dims *d, const moe_exec *ex,
+                                         const float *x, moe_ffn_acts *a, const float *dy,
+                                         double daux, float *dx, moe_grads *g);
+
+#endif
