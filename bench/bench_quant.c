@@ -44,10 +44,8 @@ typedef struct kernel_def {
 } kernel_def;
 
 static const kernel_def KERNELS[NKERNELS] = {
-    {"mxfp8_row", LOWP_SCALING_MX32, 0},
-    {"mxfp8_dual", LOWP_SCALING_MX32, 1},
-    {"block128_row", LOWP_SCALING_BLOCK128, 0},
-    {"block128x128", LOWP_SCALING_BLOCK128X128, 0},
+    {"mxfp8_row", LOWP_SCALING_MX32, 0},        {"mxfp8_dual", LOWP_SCALING_MX32, 1},
+    {"block128_row", LOWP_SCALING_BLOCK128, 0}, {"block128x128", LOWP_SCALING_BLOCK128X128, 0},
     {"block32x32", LOWP_SCALING_BLOCK32X32, 0},
 };
 
@@ -132,8 +130,7 @@ int lowp_bench_quant(int argc, char **argv) {
                 path = LOWP_PATH_AVX512;
             } else {
                 fprintf(stderr,
-                        "lowp bench quant: --path '%s' is not one of auto, reference, avx512\n",
-                        v);
+                        "lowp bench quant: --path '%s' is not one of auto, reference, avx512\n", v);
                 return 2;
             }
         } else {
@@ -160,16 +157,30 @@ int lowp_bench_quant(int argc, char **argv) {
     memset(kr, 0, sizeof kr);
     double *times = malloc(sizeof(double) * (size_t) reps * (NKERNELS + 1));
     if (!x || !mdst || !times) {
-        fprintf(stderr, "lowp bench quant: out of memory for a %lldx%lld input\n",
-                (long long) rows, (long long) cols);
+        fprintf(stderr, "lowp bench quant: out of memory for a %lldx%lld input\n", (long long) rows,
+                (long long) cols);
         goto out;
     }
     for (int k = 0; k < NKERNELS; k++) {
         kernel_run *r = &kr[k];
-        r->row = (lowp_qtensor){LOWP_FORMAT_E4M3, KERNELS[k].scaling, rows, cols, NULL, NULL,
-                                LOWP_DEVICE_HOST, NULL, 0};
-        r->col = (lowp_qtensor){LOWP_FORMAT_E4M3, KERNELS[k].scaling, cols, rows, NULL, NULL,
-                                LOWP_DEVICE_HOST, NULL, 0};
+        r->row = (lowp_qtensor){LOWP_FORMAT_E4M3,
+                                KERNELS[k].scaling,
+                                rows,
+                                cols,
+                                NULL,
+                                NULL,
+                                LOWP_DEVICE_HOST,
+                                NULL,
+                                0};
+        r->col = (lowp_qtensor){LOWP_FORMAT_E4M3,
+                                KERNELS[k].scaling,
+                                cols,
+                                rows,
+                                NULL,
+                                NULL,
+                                LOWP_DEVICE_HOST,
+                                NULL,
+                                0};
         size_t db, sb;
         r->bytes = in_bytes;
         for (int c = 0; c <= KERNELS[k].col; c++) {
@@ -192,7 +203,7 @@ int lowp_bench_quant(int argc, char **argv) {
     uint64_t s = 0x2545F4914F6CDD1Dull;
     for (size_t i = 0; i < n; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        uint32_t e = 120u + (uint32_t) ((i / 32) * 0x9E3779B1u >> 29); /* 2^-7 .. 2^0 */
+        uint32_t e = 120u + ((uint32_t) (i / 32) * 0x9E3779B1u >> 29); /* 2^-7 .. 2^0 */
         x[i] = (uint16_t) ((uint32_t) (s >> 63) << 15 | e << 7 | (uint32_t) ((s >> 40) & 0x7F));
     }
     lowp_tensor xt = {LOWP_FORMAT_BF16, rows, cols, x, LOWP_DEVICE_HOST};
@@ -227,8 +238,7 @@ int lowp_bench_quant(int argc, char **argv) {
     if (!json) {
         printf("lowp bench quant: %lldx%lld bf16 -> e4m3, path %s,\n"
                "median of %d rounds (memcpy of the %.1f MiB input, then each kernel)\n\n",
-               (long long) rows, (long long) cols, path_name, reps,
-               (double) in_bytes / (1 << 20));
+               (long long) rows, (long long) cols, path_name, reps, (double) in_bytes / (1 << 20));
         printf("%-14s %7s %10s %10s %9s %10s\n", "kernel", "threads", "MB moved", "ms", "GB/s",
                "vs memcpy");
     }

@@ -29,7 +29,9 @@ static uint64_t rnd64(void) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
-static uint32_t rnd_below(uint32_t n) { return (uint32_t) (((rnd64() >> 32) * n) >> 32); }
+static uint32_t rnd_below(uint32_t n) {
+    return (uint32_t) (((rnd64() >> 32) * n) >> 32);
+}
 static float u2f(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
@@ -58,26 +60,32 @@ static float around(int e) {
 /* Input [R, C] as binary32. `specials` adds NaN/Inf in the 128x128 regions whose
  * (row tile + col tile) % 3 == 0, so clean blocks remain next to poisoned ones. */
 static void gen(float *x, int64_t R, int64_t C, int specials) {
-    static const float near_max[] = {448.0f, 449.0f, 464.0f, 465.0f, 480.0f, 57344.0f,
-                                     61440.0f, 61441.0f, 65536.0f, 6.0f, 6.5f, 7.0f};
+    static const float near_max[] = {448.0f,   449.0f,   464.0f,   465.0f, 480.0f, 57344.0f,
+                                     61440.0f, 61441.0f, 65536.0f, 6.0f,   6.5f,   7.0f};
     const int64_t nbc = (C + 31) / 32;
     for (int64_t r = 0; r < R; r++) {
         for (int64_t b = 0; b < nbc; b++) {
             /* block magnitude: mostly moderate, sometimes subnormal-tiny or huge */
             uint32_t pick = rnd_below(20);
-            int e = pick < 16 ? (int) rnd_below(41) - 20
+            int e = pick < 16   ? (int) rnd_below(41) - 20
                     : pick < 18 ? -149 + (int) rnd_below(30)
                                 : 100 + (int) rnd_below(25);
             int zero_block = (r % 5 == 2 && b % 3 == 1) || ((r / 32) % 4 == 1 && b % 4 == 2);
             for (int64_t c = 32 * b; c < C && c < 32 * b + 32; c++) {
                 float v;
                 uint32_t s = rnd_below(1000);
-                if (zero_block) v = rnd_below(2) ? 0.0f : -0.0f;
-                else if (s < 10) v = rnd_below(2) ? 0.0f : -0.0f;
-                else if (s < 20) v = u2f((rnd_below(2) << 31) | (1u + rnd_below(0x7FFFFF)));
-                else if (s < 26) v = near_max[rnd_below(sizeof near_max / sizeof near_max[0])];
-                else if (s < 28) v = rnd_below(2) ? 3.0e38f : -3.4028235e38f;
-                else v = around(e);
+                if (zero_block)
+                    v = rnd_below(2) ? 0.0f : -0.0f;
+                else if (s < 10)
+                    v = rnd_below(2) ? 0.0f : -0.0f;
+                else if (s < 20)
+                    v = u2f((rnd_below(2) << 31) | (1u + rnd_below(0x7FFFFF)));
+                else if (s < 26)
+                    v = near_max[rnd_below(sizeof near_max / sizeof near_max[0])];
+                else if (s < 28)
+                    v = rnd_below(2) ? 3.0e38f : -3.4028235e38f;
+                else
+                    v = around(e);
                 if (specials && ((r / 128 + c / 128) % 3 == 0) && rnd_below(300) == 0) {
                     uint32_t k = rnd_below(4);
                     v = k == 0   ? INFINITY
@@ -95,23 +103,28 @@ static void gen(float *x, int64_t R, int64_t C, int specials) {
 
 typedef struct outs {
     uint8_t *rd, *rs, *cd, *cs;
+    void *mem[4];
     size_t rdb, rsb, cdb, csb;
 } outs;
 
-static void outs_alloc(outs *o, const lowp_qtensor *row, const lowp_qtensor *col) {
+/* `mis` bytes past a 64-byte boundary: 0 lets large outputs take the non-temporal stores,
+ * 1 forces the kernels' unaligned stores. */
+static uint8_t *alloc_at(void **mem, size_t n, int mis) {
+    *mem = aligned_alloc(64, (n + 64 + 63) / 64 * 64);
+    return (uint8_t *) *mem + mis;
+}
+
+static void outs_alloc(outs *o, const lowp_qtensor *row, const lowp_qtensor *col, int mis) {
     memset(o, 0, sizeof *o);
     if (row) lowp_qtensor_nbytes(row, &o->rdb, &o->rsb);
     if (col) lowp_qtensor_nbytes(col, &o->cdb, &o->csb);
-    o->rd = malloc(o->rdb + 1);
-    o->rs = malloc(o->rsb + 1);
-    o->cd = malloc(o->cdb + 1);
-    o->cs = malloc(o->csb + 1);
+    o->rd = alloc_at(&o->mem[0], o->rdb, mis);
+    o->rs = alloc_at(&o->mem[1], o->rsb, 0);
+    o->cd = alloc_at(&o->mem[2], o->cdb, mis);
+    o->cs = alloc_at(&o->mem[3], o->csb, 0);
 }
 static void outs_free(outs *o) {
-    free(o->rd);
-    free(o->rs);
-    free(o->cd);
-    free(o->cs);
+    for (int i = 0; i < 4; i++) free(o->mem[i]);
 }
 
 typedef struct qcase {
@@ -126,10 +139,10 @@ typedef struct qcase {
 
 static lowp_status run(const lowp_tensor *x, const qcase *q, lowp_kernel_path path, int threads,
                        outs *o, int fill, float *amax) {
-    lowp_qtensor row = {q->ef, q->scaling, x->rows, x->cols, o->rd, o->rs,
-                        LOWP_DEVICE_HOST, NULL, 0};
-    lowp_qtensor col = {q->ef, q->scaling, x->cols, x->rows, o->cd, o->cs,
-                        LOWP_DEVICE_HOST, NULL, 0};
+    lowp_qtensor row = {q->ef, q->scaling,       x->rows, x->cols, o->rd,
+                        o->rs, LOWP_DEVICE_HOST, NULL,    0};
+    lowp_qtensor col = {q->ef, q->scaling,       x->cols, x->rows, o->cd,
+                        o->cs, LOWP_DEVICE_HOST, NULL,    0};
     memset(o->rd, fill, o->rdb);
     memset(o->rs, fill, o->rsb);
     memset(o->cd, fill, o->cdb);
@@ -160,17 +173,17 @@ static long first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
 }
 
 static int g_fail_reports;
+static int g_mis; /* output misalignment for check_case */
 
 static void compare(const char *what, const qcase *q, const lowp_tensor *x, int threads,
                     const uint8_t *ref, const uint8_t *fast, size_t n) {
     long d = first_diff(ref, fast, n);
     CHECKF(d < 0,
-           "%s differs at byte %ld (ref 0x%02X, avx512 0x%02X): %s %s %s mode %d pow2 %d eps %g "
-           "scale %g orient %d, x %s %lldx%lld, threads %d",
+           "%s differs at byte %ld (ref 0x%02X, avx512 0x%02X): %s %s mode %d pow2 %d eps %g "
+           "scale %g orient %d, x %s %lldx%lld, threads %d, misaligned %d",
            what, d, d >= 0 ? ref[d] : 0, d >= 0 ? fast[d] : 0, lowp_scaling_name(q->scaling),
-           fname(q->ef), fname(x->format), (int) q->mode, q->pow2, (double) q->eps,
-           (double) q->scale, q->orient, fname(x->format), (long long) x->rows,
-           (long long) x->cols, threads);
+           fname(q->ef), (int) q->mode, q->pow2, (double) q->eps, (double) q->scale, q->orient,
+           fname(x->format), (long long) x->rows, (long long) x->cols, threads, g_mis);
     if (d >= 0 && ++g_fail_reports > 30) {
         fprintf(stderr, "too many failures, stopping\n");
         exit(testutil_finish());
@@ -181,8 +194,8 @@ static void check_case(const lowp_tensor *x, const qcase *q) {
     lowp_qtensor row = {q->ef, q->scaling, x->rows, x->cols, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
     lowp_qtensor col = {q->ef, q->scaling, x->cols, x->rows, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
     outs ro, fo;
-    outs_alloc(&ro, &row, &col);
-    outs_alloc(&fo, &row, &col);
+    outs_alloc(&ro, &row, &col, 0);
+    outs_alloc(&fo, &row, &col, g_mis);
     float amax_ref = -1.0f;
     lowp_status st = run(x, q, LOWP_PATH_REFERENCE, 2, &ro, 0xA5, &amax_ref);
     CHECKF(st == LOWP_OK, "reference: %s", lowp_last_error());
@@ -200,7 +213,8 @@ static void check_case(const lowp_tensor *x, const qcase *q) {
             compare("col scales", q, x, threads, ro.cs, fo.cs, ro.csb);
         }
         if (q->scaling == LOWP_SCALING_TENSOR)
-            CHECKF(f2u(amax_ref) == f2u(amax_fast) || (amax_ref != amax_ref && amax_fast != amax_fast),
+            CHECKF(f2u(amax_ref) == f2u(amax_fast) ||
+                       (amax_ref != amax_ref && amax_fast != amax_fast),
                    "tensor amax %g vs %g", (double) amax_ref, (double) amax_fast);
     }
     outs_free(&ro);
@@ -220,7 +234,7 @@ static void check_input(const lowp_tensor *x, int light) {
         const int e8 = sc == LOWP_SCALING_MX32 || sc == LOWP_SCALING_BLOCK32X32;
         const int nf = sc == LOWP_SCALING_MX32 ? 3 : 2;
         for (int fi = 0; fi < nf; fi++) {
-            const lowp_format ef = fi == 0 ? LOWP_FORMAT_E4M3
+            const lowp_format ef = fi == 0   ? LOWP_FORMAT_E4M3
                                    : fi == 1 ? LOWP_FORMAT_E5M2
                                              : LOWP_FORMAT_E2M1;
             const int nset = light ? 1 : e8 ? 4 : sc == LOWP_SCALING_TENSOR ? 5 : 3;
@@ -255,7 +269,7 @@ static void *as_format(const float *f, size_t n, lowp_format xf) {
 }
 
 static void test_shapes(void) {
-    static const int64_t shapes[][2] = {{1, 1},     {3, 31},    {33, 65},  {129, 257},
+    static const int64_t shapes[][2] = {{1, 1},     {3, 31},      {33, 65},   {129, 257},
                                         {128, 128}, {1000, 1030}, {256, 4096}};
     const int nshapes = (int) (sizeof shapes / sizeof shapes[0]);
     for (int si = 0; si < nshapes; si++) {
@@ -294,7 +308,8 @@ static void test_e8m0_sweep(void) {
     int64_t r = 0;
     for (uint32_t e = 0; e < 255; e++)
         for (int k = 0; k < nm; k++, r++) f[r * C] = u2f(e << 23 | mant[k]);
-    for (int64_t i = 0; i < nrand; i++, r++) f[r * C] = u2f((uint32_t) (rnd64() >> 33) % 0x7F800000u);
+    for (int64_t i = 0; i < nrand; i++, r++)
+        f[r * C] = u2f((uint32_t) (rnd64() >> 33) % 0x7F800000u);
     f[r++ * C] = INFINITY;
     f[r++ * C] = NAN;
     f[r++ * C] = 0.0f;
@@ -309,29 +324,106 @@ static void test_e8m0_sweep(void) {
         f[r * C + p] = f[r * C];
         f[r * C] = t;
     }
-    lowp_tensor x = {LOWP_FORMAT_F32, R, C, f, LOWP_DEVICE_HOST};
     static const lowp_scale_mode modes[] = {LOWP_SCALE_RCEIL, LOWP_SCALE_FLOOR, LOWP_SCALE_CEIL,
                                             LOWP_SCALE_EVEN};
-    for (int fi = 0; fi < 3; fi++)
-        for (int m = 0; m < 4; m++) {
-            qcase q = {LOWP_SCALING_MX32, fi == 0 ? LOWP_FORMAT_E4M3 : fi == 1 ? LOWP_FORMAT_E5M2 : LOWP_FORMAT_E2M1,
-                       modes[m], -1, 0.0f, 0.0f, 1};
-            check_case(&x, &q);
-            if (fi < 2) {
-                q.scaling = LOWP_SCALING_BLOCK32X32;
+    /* BF16 too: its kernels switch encoders on the scale codes (huge amax patterns) */
+    for (int xi = 0; xi < 2; xi++) {
+        const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+        void *data = as_format(f, (size_t) (R * C), xf);
+        lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
+        for (int fi = 0; fi < 3; fi++)
+            for (int m = 0; m < 4; m++) {
+                const lowp_format ef = fi == 0   ? LOWP_FORMAT_E4M3
+                                       : fi == 1 ? LOWP_FORMAT_E5M2
+                                                 : LOWP_FORMAT_E2M1;
+                qcase q = {LOWP_SCALING_MX32, ef, modes[m], -1, 0.0f, 0.0f, 1};
                 check_case(&x, &q);
+                if (fi < 2) {
+                    q.scaling = LOWP_SCALING_BLOCK32X32;
+                    check_case(&x, &q);
+                }
             }
-        }
+        free(data);
+    }
     free(f);
 }
+
+/* Outputs of 8 MiB and more, 64-byte aligned, are written with non-temporal stores; the same
+ * shape misaligned by one byte takes the ordinary stores. The common training kinds only. */
+static void test_large(void) {
+    const int64_t R = 2048, C = 4096;
+    float *f = malloc((size_t) (R * C) * sizeof *f);
+    gen(f, R, C, 1);
+    for (int xi = 0; xi < 2; xi++) {
+        const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+        void *data = as_format(f, (size_t) (R * C), xf);
+        lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
+        for (g_mis = 0; g_mis <= 1; g_mis++) {
+            static const qcase cases[] = {
+                {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_RCEIL, -1, 0.0f, 0.0f, 3},
+                {LOWP_SCALING_MX32, LOWP_FORMAT_E5M2, LOWP_SCALE_FLOOR, -1, 0.0f, 0.0f, 1},
+                {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_EVEN, -1, 0.0f, 0.0f, 2},
+                {LOWP_SCALING_MX32, LOWP_FORMAT_E2M1, LOWP_SCALE_RCEIL, -1, 0.0f, 0.0f, 3},
+                {LOWP_SCALING_BLOCK32X32, LOWP_FORMAT_E4M3, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f, 3},
+                {LOWP_SCALING_BLOCK128X128, LOWP_FORMAT_E4M3, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f,
+                 1},
+                {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f, 1},
+                {LOWP_SCALING_ROW, LOWP_FORMAT_E5M2, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f, 1},
+                {LOWP_SCALING_TENSOR, LOWP_FORMAT_E4M3, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f, 1},
+            };
+            for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+                if (g_mis && k > 0 && k != 4) continue; /* misaligned: MX32 and BLOCK32X32 */
+                check_case(&x, &cases[k]);
+            }
+        }
+        g_mis = 0;
+        free(data);
+    }
+    free(f);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+/* The BF16 fast encoder needs subnormal products: with FTZ and DAZ set on the calling thread
+ * the kernels must fall back and still equal the reference (run on one thread, so that the
+ * kernel runs where the MXCSR was changed). Inputs without binary32 subnormals, where both
+ * paths stay exact. */
+static void test_mxcsr(void) {
+    const int64_t R = 64, C = 256;
+    float *f = malloc((size_t) (R * C) * sizeof *f);
+    for (int64_t i = 0; i < R * C; i++) f[i] = around((int) rnd_below(21) - 10);
+    void *data = as_format(f, (size_t) (R * C), LOWP_FORMAT_BF16);
+    lowp_tensor x = {LOWP_FORMAT_BF16, R, C, data, LOWP_DEVICE_HOST};
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);
+    qcase q = {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_RCEIL, -1, 0.0f, 0.0f, 3};
+    lowp_qtensor row = {q.ef, q.scaling, R, C, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
+    lowp_qtensor col = {q.ef, q.scaling, C, R, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
+    outs ro, fo;
+    outs_alloc(&ro, &row, &col, 0);
+    outs_alloc(&fo, &row, &col, 0);
+    float amax;
+    CHECK(run(&x, &q, LOWP_PATH_REFERENCE, 1, &ro, 0xA5, &amax) == LOWP_OK);
+    CHECK(run(&x, &q, LOWP_PATH_AVX512, 1, &fo, 0x5A, &amax) == LOWP_OK);
+    _mm_setcsr(csr);
+    compare("row codes (FTZ/DAZ)", &q, &x, 1, ro.rd, fo.rd, ro.rdb);
+    compare("col codes (FTZ/DAZ)", &q, &x, 1, ro.cd, fo.cd, ro.cdb);
+    outs_free(&ro);
+    outs_free(&fo);
+    free(data);
+    free(f);
+}
+#else
+static void test_mxcsr(void) {}
+#endif
 
 /* Returns 1 when LOWP_PATH_AVX512 can run lowp_quantize here; prints why not otherwise. */
 static int avx512_available(void) {
     float v = 1.0f;
     uint8_t code = 0, scale = 0;
     lowp_tensor x = {LOWP_FORMAT_F32, 1, 1, &v, LOWP_DEVICE_HOST};
-    lowp_qtensor row = {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 1, 1, &code, &scale,
-                        LOWP_DEVICE_HOST, NULL, 0};
+    lowp_qtensor row = {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 1,    1, &code,
+                        &scale,           LOWP_DEVICE_HOST,  NULL, 0};
     lowp_quant_cfg cfg;
     lowp_quant_cfg_init(&cfg);
     cfg.path = LOWP_PATH_AVX512;
@@ -350,6 +442,11 @@ int main(void) {
     test_e8m0_sweep();
     printf("e8m0 sweep done (%d comparisons)\n", g_runs);
     test_shapes();
+    test_mxcsr();
+    if (!g_quick) {
+        test_large();
+        printf("large (non-temporal) cases done (%d comparisons)\n", g_runs);
+    }
     printf("%d quantize calls compared with the reference\n", g_runs);
     return testutil_finish();
 }

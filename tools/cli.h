@@ -9,8 +9,13 @@ int lowp_cli_cast(int argc, char **argv);   /* tools/cli_cast.c */
 int lowp_cli_demo(int argc, char **argv);   /* tools/cli_cast.c */
 int lowp_bench_cast(int argc, char **argv); /* bench/bench_cast.c */
 int lowp_bench_gemm(int argc, char **argv); /* bench/bench_gemm.c */
+int lowp_bench_quant(int argc, char **argv); /* bench/bench_quant.c */
 
 int lowp_cli_quantize(int argc, char **argv);   /* tools/cli_quant.c */
 int lowp_cli_dequantize(int argc, char **argv); /* tools/cli_quant.c */
+
+int lowp_cli_train(int argc, char **argv);   /* tools/cli_train.c */
+int lowp_cli_compare(int argc, char **argv); /* tools/cli_train.c */
+int lowp_bench_train(int argc, char **argv); /* bench/bench_train.c */
 
 #endif

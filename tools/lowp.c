@@ -5,6 +5,7 @@
  * returns the exit status (0 ok, 2 bad usage or input, 1 other failure).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -22,11 +23,15 @@ static const subcommand COMMANDS[] = {
     {"demo", lowp_cli_demo, "a few values in every format, and stochastic rounding"},
     {"quantize", lowp_cli_quantize, "quantize a 2-D float32 .npy: element codes and scales"},
     {"dequantize", lowp_cli_dequantize, "decode the files of `lowp quantize` back to float32"},
+    {"train", lowp_cli_train, "train the MoE model on text with a recipe; checkpoints, resume"},
+    {"compare", lowp_cli_compare, "train several recipes; markdown report and SVG loss plot"},
 };
 
 static const subcommand BENCHMARKS[] = {
     {"cast", lowp_bench_cast, "throughput of lowp_cast per format and kernel path"},
     {"gemm", lowp_bench_gemm, "GEMM GFLOP/s of lowp's kernels beside oneDNN and OpenBLAS"},
+    {"quant", lowp_bench_quant, "quantization GB/s per scaling kind beside memcpy"},
+    {"train", lowp_bench_train, "training tokens/s and achieved GFLOP/s per recipe and config"},
 };
 
 #define COUNT(a) ((int) (sizeof(a) / sizeof((a)[0])))
@@ -74,6 +79,11 @@ static int bench(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    /* Training runs thousands of small parallel regions; OpenMP threads that spin between
+     * them steal the cores of a small or shared machine (measured: a tiny run 15x slower on a
+     * loaded 2-core machine). Sleep instead, unless the user chose otherwise. This must happen
+     * before the first parallel region, which is why the tool and not the library does it. */
+    setenv("OMP_WAIT_POLICY", "passive", 0);
     if (argc < 2) {
         usage(stdout);
         fprintf(stderr, "lowp: missing command (run `lowp help` for the list)\n");

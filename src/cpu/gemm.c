@@ -75,12 +75,26 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
 
 static int n_threads(int32_t want) { return want > 0 ? want : omp_get_num_procs(); }
 
-/* Split a job's m range (or n range when m is short) into about 4 pieces per thread. */
-static int64_t split(const lowp_gemm_job *j, int threads, lowp_gemm_job *out, int64_t cap) {
+/* Below about 4M multiply-adds a second thread costs more (waking it, splitting the packing)
+ * than it saves; training a small model runs thousands of such GEMMs. */
+#define LOWP_GEMM_MIN_PARALLEL_MACS (INT64_C(1) << 22)
+static int threads_for(int32_t want, int64_t m, int64_t n, int64_t k) {
+    if (m * n * (k > 0 ? k : 1) < LOWP_GEMM_MIN_PARALLEL_MACS) return 1;
+    return n_threads(want);
+}
+
+/* Split a job's m range (or n range when m is short) into about 4 pieces per thread. The fast
+ * kernels pack all of the job's B and decode its A once per block of B columns: pieces along m
+ * pack B once each, pieces along n decode A once each (pieces of 256 columns or more, no more
+ * often than one job would). So they split n when M < N (pieces of 64 columns or more), or
+ * when the pieces are 256 columns or more. */
+static int64_t split(const lowp_gemm_job *j, int threads, gemm_kernel k, lowp_gemm_job *out,
+                     int64_t cap) {
     const int64_t M = j->m1 - j->m0, N = j->n1 - j->n0;
     int64_t want = threads > 1 ? (int64_t) threads * 4 : 1;
     if (want > cap) want = cap;
-    const int by_m = M >= N || M >= want * 32;
+    const int fast_by_n = k != lowp_cpu_gemm_ref && N >= want * (M < N ? 64 : 256);
+    const int by_m = !fast_by_n && (M >= N || M >= want * 32);
     const int64_t len = by_m ? M : N;
     int64_t step = (len + want - 1) / want;
     step = (step + 31) / 32 * 32; /* whole 32-row tiles for the fast kernels */
@@ -118,15 +132,46 @@ lowp_status lowp_cpu_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_ten
     j.k1 = a->cols;
     gemm_kernel k = pick(&j, cfg->path, &st);
     if (!k) return st;
-    const int threads = n_threads(cfg->threads);
+    const int threads = threads_for(cfg->threads, j.m1, j.n1, j.k1);
     lowp_gemm_job pieces[LOWP_MAX_PIECES];
-    return run_jobs(pieces, split(&j, threads, pieces, LOWP_MAX_PIECES), k, threads);
+    return run_jobs(pieces, split(&j, threads, k, pieces, LOWP_MAX_PIECES), k, threads);
+}
+
+/* The groups' pieces are queued and run together, one parallel region (and barrier) per
+ * LOWP_MAX_PIECES pieces of the same kernel rather than one per group: a barrier per group
+ * costs little cores, but a lot when another process takes one of them for a while. */
+typedef struct job_queue {
+    lowp_gemm_job pieces[LOWP_MAX_PIECES];
+    int64_t count;
+    gemm_kernel kernel;
+    int threads;
+} job_queue;
+
+static lowp_status queue_flush(job_queue *q) {
+    lowp_status st = run_jobs(q->pieces, q->count, q->kernel, q->threads);
+    q->count = 0;
+    return st;
+}
+
+static lowp_status queue_add(job_queue *q, const lowp_gemm_job *j, gemm_kernel k) {
+    const int64_t need = q->threads > 1 ? (int64_t) q->threads * 4 : 1;
+    if (q->count > 0 && (k != q->kernel || q->count + need > LOWP_MAX_PIECES)) {
+        lowp_status st = queue_flush(q);
+        if (st != LOWP_OK) return st;
+    }
+    q->kernel = k;
+    q->count += split(j, q->threads, k, q->pieces + q->count, LOWP_MAX_PIECES - q->count);
+    return LOWP_OK;
 }
 
 lowp_status lowp_cpu_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b,
                                   const int32_t *offs, int32_t groups, lowp_tensor *c,
                                   const lowp_gemm_cfg *cfg) {
-    const int threads = n_threads(cfg->threads);
+    job_queue q;
+    q.count = 0;
+    q.kernel = NULL;
+    /* The whole grouped GEMM's work decides whether it is worth a second thread. */
+    q.threads = threads_for(cfg->threads, offs[groups - 1], b[0].rows, a->cols);
     int64_t start = 0;
     for (int32_t g = 0; g < groups; g++) {
         const int64_t end = offs[g];
@@ -140,19 +185,20 @@ lowp_status lowp_cpu_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b,
             j.k1 = a->cols;
             gemm_kernel k = pick(&j, cfg->path, &st);
             if (!k) return st;
-            lowp_gemm_job pieces[LOWP_MAX_PIECES];
-            st = run_jobs(pieces, split(&j, threads, pieces, LOWP_MAX_PIECES), k, threads);
-            if (st != LOWP_OK) return st;
+            if ((st = queue_add(&q, &j, k)) != LOWP_OK) return st;
         }
         start = end;
     }
-    return LOWP_OK;
+    return queue_flush(&q);
 }
 
 lowp_status lowp_cpu_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
                                         const int32_t *offs, int32_t groups, lowp_tensor *c,
                                         const lowp_gemm_cfg *cfg) {
-    const int threads = n_threads(cfg->threads);
+    job_queue q;
+    q.count = 0;
+    q.kernel = NULL;
+    q.threads = threads_for(cfg->threads, a->rows * groups, b->rows, offs[groups - 1] / groups);
     int64_t start = 0, blk = 0;
     for (int32_t g = 0; g < groups; g++) {
         const int64_t end = offs[g];
@@ -168,11 +214,9 @@ lowp_status lowp_cpu_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtenso
         j.c_row_base = (int64_t) g * a->rows;
         gemm_kernel k = pick(&j, cfg->path, &st);
         if (!k) return st;
-        lowp_gemm_job pieces[LOWP_MAX_PIECES];
-        st = run_jobs(pieces, split(&j, threads, pieces, LOWP_MAX_PIECES), k, threads);
-        if (st != LOWP_OK) return st;
+        if ((st = queue_add(&q, &j, k)) != LOWP_OK) return st;
         if (j.bk > 0) blk += (end - start + j.bk - 1) / j.bk;
         start = end;
     }
-    return LOWP_OK;
+    return queue_flush(&q);
 }

@@ -18,7 +18,7 @@
 #else
 #include <float.h>
 #include <math.h>
-#define AMX_API static
+#define AMX_API     static
 #define AMX_NAME(x) x##_emu
 #endif
 
@@ -52,8 +52,12 @@ static void emu_loadcfg(const amx_cfg *c) {
     g_emu.cfg = *c;
     memset(g_emu.t, 0, sizeof g_emu.t); /* LDTILECFG zeroes every tile */
 }
-static void emu_release(void) { memset(&g_emu, 0, sizeof g_emu); }
-static void emu_zero(int t) { memset(g_emu.t[t], 0, sizeof g_emu.t[t]); }
+static void emu_release(void) {
+    memset(&g_emu, 0, sizeof g_emu);
+}
+static void emu_zero(int t) {
+    memset(g_emu.t[t], 0, sizeof g_emu.t[t]);
+}
 static void emu_load(int t, const void *p, size_t stride) {
     emu_zero(t);
     for (int r = 0; r < g_emu.cfg.rows[t]; r++)
@@ -69,7 +73,9 @@ static float emu_bf16(const uint8_t *p) {
     float x = lowp_u2f((uint32_t) h << 16);
     return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x; /* denormal inputs read as zero */
 }
-static float emu_ftz(float x) { return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x; }
+static float emu_ftz(float x) {
+    return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x;
+}
 static void emu_dp(int c, int a, int b) {
     const int M = g_emu.cfg.rows[c], N = g_emu.cfg.colsb[c] / 4, K = g_emu.cfg.colsb[a] / 4;
     for (int m = 0; m < M; m++)
@@ -106,8 +112,7 @@ static void amx_begin(void) {
 
 /* P (32 x 32, row stride 32 floats) = strip . panel over nkt K tiles. The whole strip is
  * computed (r0 = 0, mr = 32: the kernel's row granularity). */
-static void micro_amx(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0, int mr,
-                      float *p) {
+static void micro_amx(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0, int mr, float *p) {
     (void) r0;
     (void) mr;
     TILE_ZERO(0);
@@ -132,8 +137,7 @@ static void micro_amx(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0,
 }
 
 /* 1 MiB of packed B per column block: half the L2 of the cores that have AMX. */
-static const lowp_gemm_blk_kernel k_amx = {micro_amx, lowp_gemm_micro_f32x, 32,
-                                           (size_t) 1 << 20};
+static const lowp_gemm_blk_kernel k_amx = {micro_amx, lowp_gemm_micro_f32x, 32, (size_t) 1 << 20};
 
 AMX_API int AMX_NAME(lowp_cpu_gemm_amx_supports)(const lowp_gemm_job *j) {
 #ifndef LOWP_AMX_EMULATE

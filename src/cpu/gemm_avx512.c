@@ -1,21 +1,27 @@
 /* AVX-512 GEMM kernels: the F32 x F32 SGEMM (FMA, 12x32 register blocks on packed B panels)
  * and, for every other pair, the blocked BF16 driver (gemm_blk.c) on a VDPBF16PS
- * micro-kernel (CPUs with AVX512_BF16) or on the IEEE binary32 micro-kernel (without it;
- * also used for plain BF16 tiles that hold denormals, which VDPBF16PS reads as zero). */
+ * micro-kernel (CPUs with AVX512_BF16) or on a binary32 FMA micro-kernel (without it); both
+ * fall back, tile by tile, on the exact micro-kernel (the reference's operation sequence)
+ * where DAZ/FTZ or fused products could change a result beyond rounding.
+ *
+ * SGEMM workspace (floats): NC * Kp16 packed B ([K][32] panels; Kp16 = K rounded up to 16,
+ * NC = B_BUDGET_BYTES / (4 Kp16) rounded down to 32, at least 32, at most N rounded up)
+ * + 12 * 32 + 256 + NC / 32. */
 #include <immintrin.h>
 
 #include "cpu.h"
 #include "gemm_blk.h"
 
-#define B_BUDGET_BYTES ((size_t) 512 << 10) /* packed B per column block: half a 1 MiB L2 */
+#define B_BUDGET_BYTES ((size_t) 1024 << 10) /* packed B per column block (about an L2) */
 
 /* ---- IEEE binary32 micro-kernel on the BF16 layouts ---- */
 
-/* Rows [r0, r0 + MR) of P over nkt tiles; every pair's even product is added before its odd
- * one, both with FMA (exact products, IEEE denormals). */
+/* Rows [r0, r0 + MR) of P over nkt tiles, summed sequentially in k. FUSED = 0: a rounded
+ * multiply and a rounded add per product, the reference's exact operation sequence, so that
+ * products that overflow to Inf, and denormals, come out exactly as there. FUSED = 1: FMA. */
 static inline __attribute__((always_inline)) void f32x_rows(const uint16_t *a, const uint16_t *b,
                                                             int64_t nkt, int r0, float *p,
-                                                            const int MR) {
+                                                            const int MR, const int FUSED) {
     __m512 c[8][2];
     const __m512i hi = _mm512_set1_epi32((int) 0xFFFF0000u);
 #pragma GCC unroll 8
@@ -36,10 +42,17 @@ static inline __attribute__((always_inline)) void f32x_rows(const uint16_t *a, c
                 memcpy(&pr, ak + 32 * i + 2 * q, 4);
                 const __m512 ae = _mm512_castsi512_ps(_mm512_set1_epi32((int) (pr << 16)));
                 const __m512 ao = _mm512_castsi512_ps(_mm512_set1_epi32((int) (pr & 0xFFFF0000u)));
-                c[i][0] = _mm512_fmadd_ps(ae, b0e, c[i][0]);
-                c[i][1] = _mm512_fmadd_ps(ae, b1e, c[i][1]);
-                c[i][0] = _mm512_fmadd_ps(ao, b0o, c[i][0]);
-                c[i][1] = _mm512_fmadd_ps(ao, b1o, c[i][1]);
+                if (FUSED) {
+                    c[i][0] = _mm512_fmadd_ps(ae, b0e, c[i][0]);
+                    c[i][1] = _mm512_fmadd_ps(ae, b1e, c[i][1]);
+                    c[i][0] = _mm512_fmadd_ps(ao, b0o, c[i][0]);
+                    c[i][1] = _mm512_fmadd_ps(ao, b1o, c[i][1]);
+                } else {
+                    c[i][0] = _mm512_add_ps(c[i][0], _mm512_mul_ps(ae, b0e));
+                    c[i][1] = _mm512_add_ps(c[i][1], _mm512_mul_ps(ae, b1e));
+                    c[i][0] = _mm512_add_ps(c[i][0], _mm512_mul_ps(ao, b0o));
+                    c[i][1] = _mm512_add_ps(c[i][1], _mm512_mul_ps(ao, b1o));
+                }
             }
         }
     }
@@ -51,10 +64,16 @@ static inline __attribute__((always_inline)) void f32x_rows(const uint16_t *a, c
 }
 
 static void f32x_8(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0, float *p) {
-    f32x_rows(a, b, nkt, r0, p, 8);
+    f32x_rows(a, b, nkt, r0, p, 8, 0);
 }
 static void f32x_4(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0, float *p) {
-    f32x_rows(a, b, nkt, r0, p, 4);
+    f32x_rows(a, b, nkt, r0, p, 4, 0);
+}
+static void fma_8(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0, float *p) {
+    f32x_rows(a, b, nkt, r0, p, 8, 1);
+}
+static void fma_4(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0, float *p) {
+    f32x_rows(a, b, nkt, r0, p, 4, 1);
 }
 
 void lowp_gemm_micro_f32x(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0, int mr,
@@ -62,6 +81,15 @@ void lowp_gemm_micro_f32x(const uint16_t *a, const uint16_t *b, int64_t nkt, int
     int r = r0;
     for (; r + 8 <= r0 + mr; r += 8) f32x_8(a, b, nkt, r, p);
     for (; r < r0 + mr; r += 4) f32x_4(a, b, nkt, r, p);
+}
+
+/* The same with FMA: the fast kernel of CPUs without AVX512_BF16 (FP8/FP4 products never
+ * overflow or reach the denormals, so FMA only changes rounding). */
+void lowp_gemm_micro_f32fma(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0, int mr,
+                            float *p) {
+    int r = r0;
+    for (; r + 8 <= r0 + mr; r += 8) fma_8(a, b, nkt, r, p);
+    for (; r < r0 + mr; r += 4) fma_4(a, b, nkt, r, p);
 }
 
 /* ---- VDPBF16PS micro-kernel ---- */
@@ -116,8 +144,9 @@ void lowp_gemm_micro_dpbf16(const uint16_t *a, const uint16_t *b, int64_t nkt, i
     for (; r < end; r += 4) dp_4(a, b, nkt, r, p);
 }
 
-static const lowp_gemm_blk_kernel k_dp = {lowp_gemm_micro_dpbf16, lowp_gemm_micro_f32x, 4, B_BUDGET_BYTES};
-static const lowp_gemm_blk_kernel k_f32x = {lowp_gemm_micro_f32x, lowp_gemm_micro_f32x, 4,
+static const lowp_gemm_blk_kernel k_dp = {lowp_gemm_micro_dpbf16, lowp_gemm_micro_f32x, 4,
+                                          B_BUDGET_BYTES};
+static const lowp_gemm_blk_kernel k_f32x = {lowp_gemm_micro_f32fma, lowp_gemm_micro_f32x, 4,
                                             B_BUDGET_BYTES};
 
 /* ---- SGEMM: F32 x F32 ---- */
@@ -137,7 +166,7 @@ static int64_t sg_nc(const lowp_gemm_job *j) {
 
 static size_t sg_ws_floats(const lowp_gemm_job *j) {
     const int64_t K = j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 0, kp = (K + 15) / 16 * 16;
-    return (size_t) (sg_nc(j) * kp + SG_MR * SG_NR + 256);
+    return (size_t) (sg_nc(j) * kp + SG_MR * SG_NR + 256 + sg_nc(j) / SG_NR);
 }
 
 /* 16x16 transpose of floats: dst[c * 16 + r] = src[r * 16 + c]. */
@@ -189,10 +218,11 @@ static void sg_pack(const lowp_gemm_job *j, int64_t n0, int w, float *dst, float
     }
 }
 
-/* P[MR][32] = rows a_rows[0..MR) of A . panel over K. */
+/* P[MR][32] = rows a_rows[0..MR) of A . panel over K; FMA, or (FUSED = 0) a rounded multiply
+ * and add per product in k order, the reference's exact sequence. */
 static inline __attribute__((always_inline)) void sg_rows(const float *const *ar,
-                                                          const float *panel, int64_t K,
-                                                          float *p, const int MR) {
+                                                          const float *panel, int64_t K, float *p,
+                                                          const int MR, const int FUSED) {
     __m512 c[SG_MR][2];
 #pragma GCC unroll 12
     for (int i = 0; i < MR; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
@@ -206,8 +236,13 @@ static inline __attribute__((always_inline)) void sg_rows(const float *const *ar
 #pragma GCC unroll 12
         for (int i = 0; i < MR; i++) {
             const __m512 av = _mm512_set1_ps(a[i][k]);
-            c[i][0] = _mm512_fmadd_ps(av, b0, c[i][0]);
-            c[i][1] = _mm512_fmadd_ps(av, b1, c[i][1]);
+            if (FUSED) {
+                c[i][0] = _mm512_fmadd_ps(av, b0, c[i][0]);
+                c[i][1] = _mm512_fmadd_ps(av, b1, c[i][1]);
+            } else {
+                c[i][0] = _mm512_add_ps(c[i][0], _mm512_mul_ps(av, b0));
+                c[i][1] = _mm512_add_ps(c[i][1], _mm512_mul_ps(av, b1));
+            }
         }
     }
 #pragma GCC unroll 12
@@ -218,16 +253,43 @@ static inline __attribute__((always_inline)) void sg_rows(const float *const *ar
 }
 
 static void sg_12(const float *const *ar, const float *panel, int64_t K, float *p) {
-    sg_rows(ar, panel, K, p, 12);
+    sg_rows(ar, panel, K, p, 12, 1);
 }
 static void sg_4(const float *const *ar, const float *panel, int64_t K, float *p) {
-    sg_rows(ar, panel, K, p, 4);
+    sg_rows(ar, panel, K, p, 4, 1);
+}
+static void sg_12_seq(const float *const *ar, const float *panel, int64_t K, float *p) {
+    sg_rows(ar, panel, K, p, 12, 0);
+}
+
+/* Biased exponent of the largest |x| of n floats (255 for Inf/NaN). */
+static int max_exp_f32(const float *x, int64_t n) {
+    __m512i m = _mm512_setzero_si512();
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_loadu_si512(x + i), abs));
+    if (i < n)
+        m = _mm512_max_epu32(
+            m, _mm512_and_si512(_mm512_maskz_loadu_epi32((__mmask16) ((1u << (n - i)) - 1), x + i),
+                                abs));
+    return (int) (_mm512_reduce_max_epu32(m) >> 23);
+}
+
+/* FMA may differ from the reference in more than rounding only when products or sums can
+ * overflow (a product rounded to Inf there, Inf - Inf = NaN) or reach the denormals. */
+static int sg_needs_seq(int ea, int eb, int64_t K) {
+    int lg = 0;
+    while (((int64_t) 1 << lg) < K) lg++;
+    const int e = ea + eb;
+    return e - 252 + lg >= 127 || e <= 152;
 }
 
 static void sgemm(const lowp_gemm_job *j) {
     const int64_t K = j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 0, kp = (K + 15) / 16 * 16;
     const int64_t nc = sg_nc(j), lda = j->a->cols;
     float *blk = j->ws, *P = j->ws + nc * kp, *tmp = P + SG_MR * SG_NR;
+    int *pexp = (int *) (tmp + 256);
     const float *A = (const float *) j->a->data + j->k0;
     for (int64_t nb0 = j->n0; nb0 < j->n1; nb0 += nc) {
         const int64_t ncols = j->n1 - nb0 < nc ? j->n1 - nb0 : nc;
@@ -235,17 +297,33 @@ static void sgemm(const lowp_gemm_job *j) {
         for (int64_t p = 0; p < npan; p++) {
             const int w = (int) (ncols - 32 * p < 32 ? ncols - 32 * p : 32);
             sg_pack(j, nb0 + 32 * p, w, blk + p * kp * SG_NR, tmp);
+            pexp[p] = max_exp_f32(blk + p * kp * SG_NR, K * SG_NR);
         }
         for (int64_t m0 = j->m0; m0 < j->m1; m0 += SG_MR) {
             const int rows = (int) (j->m1 - m0 < SG_MR ? j->m1 - m0 : SG_MR);
             /* Rows past the end repeat the last row; their results are not stored. */
             const float *ar[SG_MR];
-            for (int i = 0; i < SG_MR; i++)
+            int ea = 0;
+            for (int i = 0; i < SG_MR; i++) {
                 ar[i] = A + (m0 + (i < rows ? i : rows - 1)) * lda;
+                if (i < rows) {
+                    int e = max_exp_f32(ar[i], K);
+                    ea = e > ea ? e : ea;
+                }
+            }
+            const int64_t next = m0 + SG_MR,
+                          next_rows = j->m1 - next < SG_MR ? j->m1 - next : SG_MR;
+            const int64_t pf_parts = npan < 2 ? npan : 2;
             for (int64_t p = 0; p < npan; p++) {
                 const int w = (int) (ncols - 32 * p < 32 ? ncols - 32 * p : 32);
                 const float *panel = blk + p * kp * SG_NR;
-                if (rows > 4) {
+                /* The next strip's rows, during the last two panels (see gemm_blk.c). */
+                if (next_rows > 0 && p >= npan - pf_parts)
+                    lowp_gemm_prefetch_rows(j->a, next, next + next_rows, j->k0, j->k1,
+                                            p - (npan - pf_parts), pf_parts);
+                if (sg_needs_seq(ea, pexp[p], K)) {
+                    sg_12_seq(ar, panel, K, P);
+                } else if (rows > 4) {
                     sg_12(ar, panel, K, P);
                 } else {
                     sg_4(ar, panel, K, P);
@@ -254,6 +332,7 @@ static void sgemm(const lowp_gemm_job *j) {
             }
         }
     }
+    _mm_sfence(); /* order the streaming stores of C before the job ends */
 }
 
 /* ---- entry points ---- */

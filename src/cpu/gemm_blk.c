@@ -12,12 +12,14 @@
  * smallest nonzero product (E5M2 subnormals, 2^-16 each) is >= 2^(-32 - 74) = 2^-106 and every
  * partial sum is a multiple of it, so nothing reaches the binary32 denormals that AMX and
  * VDPBF16PS flush; the largest (57344^2 * 2^74 per product) cannot overflow for K < 2^21. */
-#define FOLD_SPAN 37
+#define FOLD_SPAN  37
 #define FOLD_MAX_K ((int64_t) 1 << 21)
 
-/* Plain BF16 tiles whose largest products are below 2^-100 run on the IEEE micro-kernel,
- * since the fast ones would flush their denormal products: biased exponents summing to at
- * most this bound. */
+/* Plain BF16 tiles run on the IEEE micro-kernel (the reference's operation sequence) when
+ * the fast kernels could differ in more than rounding: a denormal input (read as zero), the
+ * largest products below 2^-100 (denormal products flushed), or products and sums that could
+ * overflow (with Inf - Inf = NaN depending on order). maxe is the biased exponent of the
+ * largest |x|, so every product is below 2^(maxe_a + maxe_b - 252). */
 #define TINY_EXP_SUM 152
 
 typedef struct dec_table {
@@ -31,18 +33,30 @@ typedef struct tile_facts {
     int32_t maxe;   /* plain BF16: largest biased exponent (of |x|, 0..255) */
 } tile_facts;
 
+static int plain_needs_exact(const tile_facts *s, const tile_facts *p, int64_t K) {
+    int lg = 0;
+    while (((int64_t) 1 << lg) < K) lg++;
+    const int e = s->maxe + p->maxe;
+    return s->exact || p->exact || e <= TINY_EXP_SUM || e - 252 + lg >= 127;
+}
+
 typedef struct blk_ctx {
     const lowp_gemm_job *j;
     const lowp_gemm_blk_kernel *kern;
     int64_t K, nkt, nc;
+    int64_t nb0;      /* first column of the current B block */
     int64_t nba, nbb; /* scale columns of a and b */
     uint16_t *bblock, *astrip, *tmp;
     float *P, *acc;
     tile_facts *pfacts;
+    int64_t nb128;        /* 128-blocks of the job's K (BLOCK128 pairs) */
+    float *sa128, *sb128; /* scale_invs: strip [blk][32 rows], block [panel][blk][32 cols] */
     dec_table ta, tb;
 } blk_ctx;
 
-static int64_t rup32(int64_t x) { return (x + 31) / 32 * 32; }
+static int64_t rup32(int64_t x) {
+    return (x + 31) / 32 * 32;
+}
 
 static int64_t nc_cols(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k) {
     const int64_t kp = rup32(j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 1);
@@ -54,7 +68,7 @@ static int64_t nc_cols(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k) {
 
 size_t lowp_gemm_blk_ws_floats(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k) {
     const int64_t K = j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 0, kp = rup32(K), nc = nc_cols(j, k);
-    return (size_t) (nc * kp / 2 + 16 * kp + 3 * 1024 + nc / 8 + 16);
+    return (size_t) (nc * kp / 2 + 16 * kp + 3 * 1024 + nc / 8 + 16 + (nc + 32) * (kp / 128 + 1));
 }
 
 int lowp_gemm_blk_supports(const lowp_gemm_job *j) {
@@ -85,7 +99,9 @@ static void build_table(lowp_format f, dec_table *t) {
     t->t3 = _mm512_loadu_si512(tab + 96);
 }
 
-static __mmask32 len_mask32(int len) { return len >= 32 ? 0xFFFFFFFFu : (1u << len) - 1u; }
+static __mmask32 len_mask32(int len) {
+    return len >= 32 ? 0xFFFFFFFFu : (1u << len) - 1u;
+}
 static __mmask16 len_mask16(int len) {
     return (__mmask16) (len >= 16 ? 0xFFFFu : (1u << len) - 1u);
 }
@@ -127,8 +143,8 @@ static inline __m512i dec_block(const lowp_qtensor *q, const dec_table *t, int64
         __m512i lo = _mm512_permutex2var_epi16(t->t0, c, t->t1);
         __m512i hi = _mm512_permutex2var_epi16(t->t2, c, t->t3);
         v = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40)), lo, hi);
-        v = _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 8),
-                                      _mm512_set1_epi16((short) 0x8000), 0xF8);
+        v = _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 8), _mm512_set1_epi16((short) 0x8000),
+                                      0xF8);
         break;
     }
     }
@@ -145,7 +161,9 @@ static inline __m512i dec_block(const lowp_qtensor *q, const dec_table *t, int64
 
 /* ---- MX scale facts ---- */
 
-static int mx_is_b32(const lowp_qtensor *q) { return q->scaling == LOWP_SCALING_BLOCK32X32; }
+static int mx_is_b32(const lowp_qtensor *q) {
+    return q->scaling == LOWP_SCALING_BLOCK32X32;
+}
 
 static const uint8_t *mx_codes(const lowp_qtensor *q, int64_t r, int64_t blk0, int64_t nbq) {
     const int64_t srow = mx_is_b32(q) ? r / 32 : r;
@@ -169,8 +187,8 @@ static int block_all_zero(const lowp_qtensor *q, int64_t r, int64_t k, int64_t l
 }
 
 /* Fold decision for rows [r0, r1) of MX operand q over the job's K blocks. */
-static void mx_facts(const blk_ctx *x, const lowp_qtensor *q, int64_t r0, int64_t r1,
-                     int64_t blk0, int64_t nbq, tile_facts *f) {
+static void mx_facts(const blk_ctx *x, const lowp_qtensor *q, int64_t r0, int64_t r1, int64_t blk0,
+                     int64_t nbq, tile_facts *f) {
     const lowp_gemm_job *j = x->j;
     int lo = 255, hi = -1, nan = 0;
     for (int64_t r = r0; r < r1; r++) {
@@ -206,10 +224,20 @@ static int fold_shift(const lowp_qtensor *q, int64_t r, int64_t b, int64_t blk0,
 
 /* ---- packing ---- */
 
+static float fp32_scale(const lowp_qtensor *q, int64_t r, int64_t blk, int64_t nb) {
+    const float *s = (const float *) q->scales;
+    switch (q->scaling) {
+    case LOWP_SCALING_TENSOR: return s[0];
+    case LOWP_SCALING_ROW: return s[r];
+    case LOWP_SCALING_BLOCK128X128: return s[(r / 128) * nb + blk];
+    default: return s[r * nb + blk]; /* BLOCK128 */
+    }
+}
+
 static void plain_stats(__m512i v, __mmask32 *denorm, __m512i *maxmag) {
     __m512i x = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
-    *denorm |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(x, _mm512_set1_epi16(1)),
-                                       _mm512_set1_epi16(0x7F));
+    *denorm |=
+        _mm512_cmplt_epu16_mask(_mm512_sub_epi16(x, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7F));
     *maxmag = _mm512_max_epu16(*maxmag, x);
 }
 
@@ -278,6 +306,12 @@ static void pack_panel(blk_ctx *x, int64_t n0, int w, uint16_t *dst, tile_facts 
         f->exact = denorm != 0;
         f->maxe = max_exp(maxmag);
     }
+    if (j->pair == LOWP_PAIR_B128_W || j->pair == LOWP_PAIR_B128_B128) {
+        float *sb = x->sb128 + (n0 - x->nb0) / 32 * 32 * x->nb128;
+        for (int64_t blk = 0; blk < x->nb128; blk++)
+            for (int i = 0; i < 32; i++)
+                sb[32 * blk + i] = i < w ? fp32_scale(b, n0 + i, j->b_blk + blk, x->nbb) : 0.0f;
+    }
 }
 
 /* Decode rows [m0, m0 + rows) of a into the strip (rows past `rows` are zero). */
@@ -289,22 +323,23 @@ static void decode_strip(blk_ctx *x, int64_t m0, int rows, tile_facts *f) {
     if (mx) mx_facts(x, a, m0, m0 + rows, j->a_blk, x->nba, f);
     __mmask32 denorm = 0;
     __m512i maxmag = _mm512_setzero_si512();
-    for (int i = 0; i < 32; i++) {
-        uint16_t *o = x->astrip + 32 * i;
-        if (i >= rows) {
-            for (int64_t kt = 0; kt < x->nkt; kt++)
-                _mm512_store_si512(o + kt * LOWP_BLK_TILE_U16, _mm512_setzero_si512());
-            continue;
-        }
-        for (int64_t kt = 0; kt < x->nkt; kt++) {
-            const int64_t k = j->k0 + 32 * kt;
-            const int len = (int) (j->k1 - k < 32 ? j->k1 - k : 32);
+    for (int64_t kt = 0; kt < x->nkt; kt++) {
+        const int64_t k = j->k0 + 32 * kt;
+        const int len = (int) (j->k1 - k < 32 ? j->k1 - k : 32);
+        uint16_t *o = x->astrip + kt * LOWP_BLK_TILE_U16;
+        for (int i = 0; i < rows; i++) {
             int d = mx ? fold_shift(a, m0 + i, kt, j->a_blk, x->nba, f) : 0;
             __m512i v = dec_block(a, &x->ta, m0 + i, k, len, d);
             if (!mx) plain_stats(v, &denorm, &maxmag);
-            _mm512_store_si512(o + kt * LOWP_BLK_TILE_U16, v);
+            _mm512_store_si512(o + 32 * i, v);
         }
+        for (int i = rows; i < 32; i++) _mm512_store_si512(o + 32 * i, _mm512_setzero_si512());
     }
+    if (j->pair == LOWP_PAIR_B128_W || j->pair == LOWP_PAIR_B128_B128)
+        for (int64_t blk = 0; blk < x->nb128; blk++)
+            for (int i = 0; i < 32; i++)
+                x->sa128[32 * blk + i] =
+                    i < rows ? fp32_scale(a, m0 + i, j->a_blk + blk, x->nba) : 0.0f;
     if (!mx) {
         f->exact = denorm != 0;
         f->maxe = max_exp(maxmag);
@@ -313,20 +348,23 @@ static void decode_strip(blk_ctx *x, int64_t m0, int rows, tile_facts *f) {
 
 /* ---- epilogues ---- */
 
-static float fp32_scale(const lowp_qtensor *q, int64_t r, int64_t blk, int64_t nb) {
-    const float *s = (const float *) q->scales;
-    switch (q->scaling) {
-    case LOWP_SCALING_TENSOR: return s[0];
-    case LOWP_SCALING_ROW: return s[r];
-    case LOWP_SCALING_BLOCK128X128: return s[(r / 128) * nb + blk];
-    default: return s[r * nb + blk]; /* BLOCK128 */
-    }
-}
-
 void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int w,
                           const float *v) {
     const int64_t ldc = j->c->cols;
     const int bf16 = j->c->format == LOWP_FORMAT_BF16;
+    /* A C much larger than the caches is written with streaming stores (no read for
+     * ownership; the job ends with SFENCE), when whole aligned 64-byte lines are written. */
+    const size_t cbytes = (size_t) (j->c->rows * ldc) * (bf16 ? 2 : 4);
+    const int nt = !j->accumulate && !bf16 && w == 32 && cbytes >= LOWP_GEMM_NT_BYTES &&
+                   ((uintptr_t) j->c->data & 63) == 0 && (ldc & 15) == 0 && (n0 & 15) == 0;
+    if (nt) {
+        for (int64_t m = m0; m < m1; m++) {
+            float *c = (float *) j->c->data + (size_t) (j->c_row_base + m) * (size_t) ldc + n0;
+            _mm512_stream_ps(c, _mm512_loadu_ps(v + (m - m0) * 32));
+            _mm512_stream_ps(c + 16, _mm512_loadu_ps(v + (m - m0) * 32 + 16));
+        }
+        return;
+    }
     for (int64_t m = m0; m < m1; m++) {
         const float *src = v + (m - m0) * 32;
         const size_t row = (size_t) (j->c_row_base + m) * (size_t) ldc + (size_t) n0;
@@ -336,7 +374,11 @@ void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_
             if (!bf16) {
                 float *c = (float *) j->c->data + row + 16 * h;
                 if (j->accumulate) s = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, c), s);
-                _mm512_mask_storeu_ps(c, mk, s);
+                /* Masked stores are slow on some cores: only for the last columns. */
+                if (mk == 0xFFFF)
+                    _mm512_storeu_ps(c, s);
+                else
+                    _mm512_mask_storeu_ps(c, mk, s);
                 continue;
             }
             uint16_t *c = (uint16_t *) j->c->data + row + 16 * h;
@@ -353,7 +395,10 @@ void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_
             __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000));
             r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
             r = _mm512_or_si512(r, _mm512_srli_epi32(_mm512_andnot_si512(a, u), 16));
-            _mm256_mask_storeu_epi16(c, mk, _mm512_cvtepi32_epi16(r));
+            if (mk == 0xFFFF)
+                _mm256_storeu_si256((__m256i *) c, _mm512_cvtepi32_epi16(r));
+            else
+                _mm256_mask_storeu_epi16(c, mk, _mm512_cvtepi32_epi16(r));
         }
     }
 }
@@ -364,18 +409,22 @@ static void col_scales(const blk_ctx *x, int64_t n0, int w, int64_t blk, float *
         sb[i] = i < w ? fp32_scale(x->j->b, n0 + i, x->j->b_blk + blk, x->nbb) : 0.0f;
 }
 
-/* acc rows [0, rows) += (P * sa[r]) * sb, the reference's order. */
-static void acc_b128(float *acc, const float *P, int rows, const float *sa, const float *sb) {
+/* acc rows [0, rows) += (P * sa[r]) * sb, the reference's order (first block: acc = ...). */
+static void acc_b128(float *acc, const float *P, int rows, const float *sa, const float *sb,
+                     int first) {
     const __m512 sb0 = _mm512_loadu_ps(sb), sb1 = _mm512_loadu_ps(sb + 16);
     for (int r = 0; r < rows; r++) {
         const __m512 s = _mm512_set1_ps(sa[r]);
         float *o = acc + 32 * r;
         const float *p = P + 32 * r;
-        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o),
-                                          _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p), s), sb0)));
-        _mm512_storeu_ps(o + 16,
-                         _mm512_add_ps(_mm512_loadu_ps(o + 16),
-                                       _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + 16), s), sb1)));
+        __m512 y0 = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p), s), sb0);
+        __m512 y1 = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + 16), s), sb1);
+        if (!first) {
+            y0 = _mm512_add_ps(_mm512_loadu_ps(o), y0);
+            y1 = _mm512_add_ps(_mm512_loadu_ps(o + 16), y1);
+        }
+        _mm512_storeu_ps(o, y0);
+        _mm512_storeu_ps(o + 16, y1);
     }
 }
 
@@ -414,8 +463,8 @@ static void tile(blk_ctx *x, int64_t m0, int rows, const tile_facts *sf, int64_t
 
     switch (j->pair) {
     case LOWP_PAIR_PLAIN: {
-        const int exact = sf->exact || pf->exact || sf->maxe + pf->maxe <= TINY_EXP_SUM;
-        (exact ? kern->micro_exact : kern->micro)(a, panel, x->nkt, 0, mr, P);
+        (plain_needs_exact(sf, pf, x->K) ? kern->micro_exact : kern->micro)(a, panel, x->nkt, 0, mr,
+                                                                            P);
         lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, P);
         return;
     }
@@ -471,19 +520,68 @@ static void tile(blk_ctx *x, int64_t m0, int rows, const tile_facts *sf, int64_t
     }
     case LOWP_PAIR_B128_W:
     case LOWP_PAIR_B128_B128: {
-        memset(x->acc, 0, sizeof(float) * 32 * (size_t) rows);
-        float sa[32], sb[32];
+        const float *sb = x->sb128 + (n0 - x->nb0) / 32 * 32 * x->nb128;
+        if (x->nkt == 0) memset(x->acc, 0, sizeof(float) * 32 * (size_t) rows);
         for (int64_t kt = 0, blk = 0; kt < x->nkt; kt += 4, blk++) {
             const int64_t n = x->nkt - kt < 4 ? x->nkt - kt : 4;
             kern->micro(a + kt * LOWP_BLK_TILE_U16, panel + kt * LOWP_BLK_TILE_U16, n, 0, mr, P);
-            for (int r = 0; r < rows; r++)
-                sa[r] = fp32_scale(j->a, m0 + r, j->a_blk + blk, x->nba);
-            col_scales(x, n0, w, blk, sb);
-            acc_b128(x->acc, P, rows, sa, sb);
+            acc_b128(x->acc, P, rows, x->sa128 + 32 * blk, sb + 32 * blk, blk == 0);
         }
         lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, x->acc);
         return;
     }
+    }
+}
+
+/* The next strip's codes are prefetched during the last PREFETCH_PANELS tiles of a strip:
+ * earlier, the stream of B panels would evict them again before they are decoded. */
+#define PREFETCH_PANELS 2
+
+/* Bytes of row r of q from column k0 to k1, and where they start. */
+static const char *row_bytes(const lowp_qtensor *q, int64_t r, int64_t k0, int64_t k1,
+                             size_t *len) {
+    const char *base = q->data;
+    switch (q->format) {
+    case LOWP_FORMAT_F32:
+        *len = 4 * (size_t) (k1 - k0);
+        return base + 4 * ((size_t) r * (size_t) q->cols + (size_t) k0);
+    case LOWP_FORMAT_BF16:
+        *len = 2 * (size_t) (k1 - k0);
+        return base + 2 * ((size_t) r * (size_t) q->cols + (size_t) k0);
+    case LOWP_FORMAT_E2M1:
+        *len = (size_t) ((k1 + 1) / 2 - k0 / 2); /* the bytes that hold elements k0..k1-1 */
+        return base + (size_t) r * (size_t) ((q->cols + 1) / 2) + (size_t) (k0 / 2);
+    default: *len = (size_t) (k1 - k0); return base + (size_t) r * (size_t) q->cols + (size_t) k0;
+    }
+}
+
+void lowp_gemm_prefetch_rows(const lowp_qtensor *q, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
+                             int64_t part, int64_t parts) {
+    size_t len;
+    row_bytes(q, r0, k0, k1, &len);
+    const size_t lines = (len + 63) / 64, total = lines * (size_t) (r1 - r0);
+    const size_t lo = total * (size_t) part / (size_t) parts,
+                 hi = total * (size_t) (part + 1) / (size_t) parts;
+    unsigned sink = 0;
+    for (size_t i = lo; i < hi; i++) {
+        size_t l;
+        const char *p = row_bytes(q, r0 + (int64_t) (i / lines), k0, k1, &l) + 64 * (i % lines);
+        /* A real load on each new page: a prefetch that misses the TLB may be dropped. */
+        if (i == lo || ((uintptr_t) p & 4095) < 64) sink += *(const volatile unsigned char *) p;
+        _mm_prefetch(p, _MM_HINT_T1);
+    }
+    (void) sink;
+}
+
+__attribute__((target("prfchw"))) void lowp_gemm_prefetch_c(const lowp_gemm_job *j, int64_t m0,
+                                                            int rows, int64_t n0, int w) {
+    const size_t es = j->c->format == LOWP_FORMAT_F32 ? 4 : 2;
+    for (int r = 0; r < rows; r++) {
+        const char *p =
+            (const char *) j->c->data +
+            es * ((size_t) (j->c_row_base + m0 + r) * (size_t) j->c->cols + (size_t) n0);
+        __builtin_prefetch(p, 1, 3);
+        __builtin_prefetch(p + es * (size_t) w - 1, 1, 3);
     }
 }
 
@@ -508,12 +606,18 @@ void lowp_gemm_blk_run(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *kern)
     x.acc = ws + 1024;
     x.tmp = (uint16_t *) (ws + 2048);
     x.pfacts = (tile_facts *) (ws + 3072);
+    x.nb128 = (x.K + 127) / 128;
+    x.sa128 = ws + 3072 + x.nc / 8 + 16;
+    x.sb128 = x.sa128 + 32 * x.nb128;
     build_table(j->a->format, &x.ta);
     build_table(j->b->format, &x.tb);
 
+    const int nt_c = !j->accumulate && j->c->format == LOWP_FORMAT_F32 &&
+                     (size_t) (j->c->rows * j->c->cols) * 4 >= LOWP_GEMM_NT_BYTES;
     for (int64_t nb0 = j->n0; nb0 < j->n1; nb0 += x.nc) {
         const int64_t ncols = j->n1 - nb0 < x.nc ? j->n1 - nb0 : x.nc;
         const int64_t npan = (ncols + 31) / 32;
+        x.nb0 = nb0;
         for (int64_t p = 0; p < npan; p++) {
             const int w = (int) (ncols - 32 * p < 32 ? ncols - 32 * p : 32);
             pack_panel(&x, nb0 + 32 * p, w, x.bblock + p * kp * 32, &x.pfacts[p]);
@@ -522,10 +626,19 @@ void lowp_gemm_blk_run(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *kern)
             const int rows = (int) (j->m1 - m0 < 32 ? j->m1 - m0 : 32);
             tile_facts sf;
             decode_strip(&x, m0, rows, &sf);
+            const int64_t next = m0 + 32, next_rows = j->m1 - next < 32 ? j->m1 - next : 32;
+            const int64_t pf_parts = npan < PREFETCH_PANELS ? npan : PREFETCH_PANELS;
             for (int64_t p = 0; p < npan; p++) {
                 const int w = (int) (ncols - 32 * p < 32 ? ncols - 32 * p : 32);
+                /* The next strip's codes, a share per panel, so that its decode does not
+                 * wait on memory; and this tile's C rows, so that the stores do not. */
+                if (next_rows > 0 && p >= npan - pf_parts)
+                    lowp_gemm_prefetch_rows(j->a, next, next + next_rows, j->k0, j->k1,
+                                            p - (npan - pf_parts), pf_parts);
+                if (!nt_c) lowp_gemm_prefetch_c(j, m0, rows, nb0 + 32 * p, w);
                 tile(&x, m0, rows, &sf, nb0 + 32 * p, w, x.bblock + p * kp * 32, &x.pfacts[p]);
             }
         }
     }
+    _mm_sfence(); /* order the streaming stores of C before the job ends */
 }

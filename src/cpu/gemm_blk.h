@@ -22,15 +22,16 @@
  * scales are folded into the decoded elements only while every exponent of a strip (panel)
  * lies within FOLD_SPAN of a centre (then no folded value or product is denormal), else the
  * tile is computed block by block with the scale applied in binary32. Plain BF16 tiles that
- * hold denormals (or whose products could all be tiny) use micro_exact, an IEEE binary32 FMA
- * kernel on the same layouts. */
+ * hold denormals, Inf or NaN, or whose products could all be tiny or could overflow, use
+ * micro_exact: the reference's operation sequence (a rounded multiply and add per product,
+ * in k order) on the same layouts, so that Inf - Inf and flushed products cannot differ. */
 #ifndef LOWP_GEMM_BLK_H
 #define LOWP_GEMM_BLK_H
 
 #include "gemm_kernels.h"
 
-#define LOWP_BLK_KT      32   /* K per tile step */
-#define LOWP_BLK_ROWS    32   /* rows of an A strip, and columns of a B panel */
+#define LOWP_BLK_KT       32   /* K per tile step */
+#define LOWP_BLK_ROWS     32   /* rows of an A strip, and columns of a B panel */
 #define LOWP_BLK_TILE_U16 1024 /* uint16 of one kt of a strip or of a panel */
 
 /* P[r][c] (rows r0 <= r < r0 + mr, all 32 columns; row stride 32 floats) = the dot products
@@ -40,15 +41,19 @@ typedef void (*lowp_gemm_micro_fn)(const uint16_t *a, const uint16_t *b, int64_t
 
 typedef struct lowp_gemm_blk_kernel {
     lowp_gemm_micro_fn micro;       /* the fast kernel (DAZ/FTZ arithmetic allowed) */
-    lowp_gemm_micro_fn micro_exact; /* IEEE binary32 kernel for tiles with tiny values */
+    lowp_gemm_micro_fn micro_exact; /* the reference's sequence, for tiles micro could miss */
     int rows_align;                 /* micro's row granularity: 32 (AMX: whole tiles) or 4 */
     size_t b_budget_bytes;          /* bytes of packed B per column block */
 } lowp_gemm_blk_kernel;
 
-/* Workspace (floats) of a job on kernel k:
- *   NC * Kp / 2      packed B block      (NC = columns per block, Kp = K rounded up to 32)
- *   16 * Kp          decoded A strip     (32 rows of Kp BF16)
- *   3 * 1024 + 2*NC  P tile, accumulator tile, packing scratch, per-panel facts */
+/* Workspace (floats) of a job on kernel k, with Kp = K rounded up to 32 and NC = the columns of
+ * a B block (b_budget_bytes / (2 Kp), rounded down to 32, at least 32, at most N rounded up):
+ *   NC * Kp / 2                  the packed B block (BF16)
+ *   16 * Kp                      the decoded A strip (32 rows of Kp BF16)
+ *   3 * 1024                     P tile, accumulator tile, packing scratch
+ *   NC / 8 + 16                  per-panel facts (fold exponents, denormal flags)
+ *   (NC + 32) * (Kp / 128 + 1)   BLOCK128 scale_invs of the block's columns and the strip's rows
+ * Bounded by the budget for any M and N; linear in K (like the reference's 65 K). */
 LOWP_HIDDEN size_t lowp_gemm_blk_ws_floats(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k);
 LOWP_HIDDEN void lowp_gemm_blk_run(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k);
 /* Pairs the driver handles (all but PLAIN F32). */
@@ -58,9 +63,23 @@ LOWP_HIDDEN int lowp_gemm_blk_supports(const lowp_gemm_job *j);
 LOWP_HIDDEN void lowp_gemm_micro_f32x(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0,
                                       int mr, float *p);
 
+/* The same on FMA: the fast micro-kernel of AVX-512 CPUs without AVX512_BF16. */
+LOWP_HIDDEN void lowp_gemm_micro_f32fma(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0,
+                                        int mr, float *p);
+
 /* The VDPBF16PS micro-kernel (gemm_avx512.c; needs AVX512_BF16). */
 LOWP_HIDDEN void lowp_gemm_micro_dpbf16(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0,
                                         int mr, float *p);
+
+/* Prefetch (to L2) share `part` of `parts` of the bytes of rows [r0, r1), columns [k0, k1),
+ * of q; and (for writing) the C rows [m0, m0 + rows) x [n0, n0 + w) of a job. */
+LOWP_HIDDEN void lowp_gemm_prefetch_rows(const lowp_qtensor *q, int64_t r0, int64_t r1, int64_t k0,
+                                         int64_t k1, int64_t part, int64_t parts);
+LOWP_HIDDEN void lowp_gemm_prefetch_c(const lowp_gemm_job *j, int64_t m0, int rows, int64_t n0,
+                                      int w);
+
+/* C outputs of at least this many bytes are written with streaming stores where possible. */
+#define LOWP_GEMM_NT_BYTES ((size_t) 16 << 20)
 
 /* Store rows [m0, m1) x columns [n0, n0 + w) (w <= 32) of C from v (row stride 32 floats,
  * v[0] is (m0, n0)), honouring accumulate and BF16 output (RNE, NaN -> 0x7FC0 | sign, as

@@ -10,25 +10,48 @@
 
 typedef void (*band_kernel)(const lowp_quant_job *, int64_t, int64_t);
 
+/* The AVX-512 forms of the two whole-tensor passes below (quant_avx512.c): maxima of |x| bit
+ * patterns, where NaN patterns sort above Inf above every number. Used when the AVX-512
+ * kernel was picked, so the CPU has it. */
+LOWP_HIDDEN uint32_t lowp_cpu_amax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1);
+LOWP_HIDDEN void lowp_cpu_colamax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1,
+                                              uint32_t *acc);
+
 static int n_threads(int32_t want) { return want > 0 ? want : omp_get_num_procs(); }
 
 /* amax over the whole input (NaN wins), in parallel. */
-static float tensor_amax(const lowp_quant_job *j, int threads) {
+static float tensor_amax(const lowp_quant_job *j, int threads, int fast) {
     float m = 0.0f;
     int nan = 0;
 #pragma omp parallel for num_threads(threads) reduction(max : m) reduction(| : nan)             \
     schedule(static) if (j->rows * j->cols > 65536)
     for (int64_t r = 0; r < j->rows; r++) {
         float mr = 0.0f;
-        for (int64_t c = 0; c < j->cols; c++) mr = lowp_amax_acc(mr, lowp_job_x(j, r, c));
+        if (fast) {
+            uint32_t b = lowp_cpu_amax_bits_avx512(j, r, r + 1);
+            mr = b > 0x7F800000u ? NAN : lowp_u2f(b);
+        } else {
+            for (int64_t c = 0; c < j->cols; c++) mr = lowp_amax_acc(mr, lowp_job_x(j, r, c));
+        }
         if (mr != mr) nan = 1;
         else if (mr > m) m = mr;
     }
     return nan ? NAN : m;
 }
 
-/* Per-column amax (for the columnwise copy of ROW scaling), NaN wins. */
-static lowp_status column_amax(const lowp_quant_job *j, float *amax) {
+/* Per-column amax (for the columnwise copy of ROW scaling), NaN wins (its payload is not
+ * kept: any NaN gives the same scale). */
+static lowp_status column_amax(const lowp_quant_job *j, float *amax, int fast) {
+    if (fast) {
+        uint32_t *acc = calloc((size_t) j->cols, sizeof *acc);
+        if (!acc)
+            return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_quantize: %lld column maxima",
+                             (long long) j->cols);
+        lowp_cpu_colamax_bits_avx512(j, 0, j->rows, acc);
+        for (int64_t c = 0; c < j->cols; c++) amax[c] = lowp_u2f(acc[c]);
+        free(acc);
+        return LOWP_OK;
+    }
     for (int64_t c = 0; c < j->cols; c++) amax[c] = 0.0f;
     for (int64_t r = 0; r < j->rows; r++)
         for (int64_t c = 0; c < j->cols; c++) amax[c] = lowp_amax_acc(amax[c], lowp_job_x(j, r, c));
@@ -55,7 +78,8 @@ static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtens
     j->eps = cfg->eps;
     j->tensor_scale = 1.0f;
     switch (q->scaling) {
-    case LOWP_SCALING_MX32: j->band_rows = col ? 32 : 1; break;
+    /* 64 (two MX blocks) so that the fast kernel's columnwise lines of 64 codes stay whole */
+    case LOWP_SCALING_MX32: j->band_rows = col ? 64 : 1; break;
     case LOWP_SCALING_BLOCK128: j->band_rows = col ? 128 : 1; break;
     case LOWP_SCALING_BLOCK128X128: j->band_rows = 128; break;
     case LOWP_SCALING_BLOCK32X32: j->band_rows = 32; break;
@@ -98,7 +122,7 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
         if (cfg->scale) {
             j.tensor_scale = *cfg->scale;
         } else {
-            amax = tensor_amax(&j, threads);
+            amax = tensor_amax(&j, threads, kernel == lowp_cpu_quant_avx512);
             have_amax = 1;
             j.tensor_scale = lowp_rule_fp32_scale(amax, j.et->fmax, j.eps, j.pow2);
         }
@@ -106,7 +130,7 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
         if (col) ((float *) col->scales)[0] = 1.0f / j.tensor_scale;
     }
     if (cfg->amax_out) {
-        if (!have_amax) amax = tensor_amax(&j, threads);
+        if (!have_amax) amax = tensor_amax(&j, threads, kernel == lowp_cpu_quant_avx512);
         *cfg->amax_out = amax;
     }
     float *colsc = NULL;
@@ -115,7 +139,11 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
         if (!colsc)
             return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_quantize: %lld column scales",
                              (long long) j.cols);
-        column_amax(&j, colsc);
+        lowp_status cst = column_amax(&j, colsc, kernel == lowp_cpu_quant_avx512);
+        if (cst != LOWP_OK) {
+            free(colsc);
+            return cst;
+        }
         for (int64_t c = 0; c < j.cols; c++) {
             colsc[c] = lowp_rule_fp32_scale(colsc[c], j.et->fmax, j.eps, j.pow2);
             ((float *) col->scales)[c] = 1.0f / colsc[c];
@@ -143,7 +171,7 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
     lowp_quant_job j;
     setup_job(&j, x, NULL, col, cfg);
     const int threads = n_threads(cfg->threads);
-    if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads);
+    if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads, 0);
 #pragma omp parallel for num_threads(threads) schedule(static) if (j.rows * j.cols > 32768)
     for (int64_t c = 0; c < j.cols; c++) lowp_cpu_quant_grouped_ref(&j, c, c + 1);
     return LOWP_OK;

@@ -1,6 +1,6 @@
 /* AVX-512 quantization kernels (NUMERICS.md sections 3-4), bit-exact with quant_ref.c.
  *
- * Structure. Every kind is built from a few 16-lane pieces:
+ * Every kind is built from a few 16-lane pieces:
  *   - loads of 32 consecutive input elements as two binary32 vectors. F32 keeps natural order;
  *     BF16 is widened by unpacking with a zero vector (no shift needed), which interleaves
  *     groups of four elements across the two vectors. Packing and the column addresses of the
@@ -12,18 +12,30 @@
  *   - the E8M0 scale rule vectorized over 16 blocks (mirrors lowp_rule_e8m0_code; the test
  *     sweeps amax bit patterns against the reference) and the binary32 rules, which are cheap
  *     per 128 elements or per row, called as the scalar functions of scale_rules.h;
- *   - a 16-lane integer encoder (enc16) with one hardware rounding: |y| + C, where C is a
- *     power of two whose ulp is the target's quantum at |y|'s exponent (the quantum stops
- *     shrinking at the target's smallest normal exponent, so subnormal targets come out of
- *     the same add). The add is pinned to round-to-nearest-even, so MXCSR cannot change it;
+ *   - 16-lane integer encoders: enc16 for any input, and enc16_sub, shorter, for BF16 input
+ *     with power-of-two scales (see their comments);
  *   - byte packing with two saturating packs and one permute per 64 codes (cheaper than four
  *     vpmovdb), nibble merging for E2M1, and for the columnwise copy a register transpose:
  *     4x4 byte tiles by vpshufb, then an 8x16 dword transpose by unpacks and vpermt2q.
  *
- * E8M0 kinds need no NaN logic in the encoder: a block holding NaN or Inf gets scale 0xFF, and
- * every other block's scaled values are bounded by 2^(emax+1). Such blocks are encoded with a
- * dummy factor and then overwritten with the NaN code, outside the inner loops. The binary32
+ * E8M0 kinds need no NaN logic in the encoders: a block holding NaN or Inf gets scale 0xFF,
+ * and every other block's scaled values are bounded by 2^(emax+1). Such blocks are encoded
+ * with a dummy factor and their codes replaced in registers before the store. The binary32
  * kinds keep the per-element NaN and Inf rules (NaN keeps its sign there).
+ *
+ * Memory. The dual-axis MX32 kernel works on 64x64 tiles copied to a local buffer (rows of x
+ * a multiple of 4 KiB apart share one L1 set, so re-reading them from x would miss L1), so
+ * that each output line of both copies is written whole by one 64-byte store, in 256-row
+ * super-bands so that each page of the columnwise copy is visited once per 256 input rows
+ * (a TLB miss each time). Its outputs, when at least NT_MIN_BYTES, go out with non-temporal
+ * stores, like a large memcpy: they cannot stay cached anyway, and lines written a page apart
+ * would each be read before being written (measured: 30% faster on an 8192x4096 input). The
+ * rowwise-only kernels write lines in order, which the caches handle as well without them
+ * (measured: non-temporal stores 15% slower there), so they do not use them. An sfence ends
+ * every call that used them.
+ *
+ * The file also holds the dispatcher's whole-tensor passes (the TENSOR amax, the column
+ * maxima of ROW's columnwise copy), which quant.c uses with these kernels.
  *
  * Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq; quant.c calls it only when the CPU
  * has AVX-512F/BW. It never fails: the ops layer validated the arguments.
@@ -33,8 +45,11 @@
 #include "core/scale_rules.h"
 #include "quant_kernels.h"
 
-#define AI static inline __attribute__((always_inline))
+#define AI     static inline __attribute__((always_inline))
 #define V32(x) _mm512_set1_epi32((int) (uint32_t) (x))
+
+/* Copies whose codes take at least this many bytes are stored non-temporally. */
+#define NT_MIN_BYTES ((size_t) 8 << 20)
 
 static const lowp_format F32 = LOWP_FORMAT_F32;
 static const lowp_format E2M1 = LOWP_FORMAT_E2M1;
@@ -50,7 +65,12 @@ AI __mmask32 mask32(int64_t n) {
 AI __mmask64 mask64(int64_t n) {
     return n <= 0 ? 0 : n >= 64 ? (__mmask64) ~0ull : (__mmask64) ((1ull << n) - 1ull);
 }
-AI size_t xsize(lowp_format xf) { return xf == F32 ? 4 : 2; }
+AI int64_t min64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+AI size_t xsize(lowp_format xf) {
+    return xf == F32 ? 4 : 2;
+}
 /* Bytes of one output row of n codes (E2M1 packs two per byte). */
 AI size_t code_bytes(lowp_format ef, int64_t n) {
     return ef == E2M1 ? (size_t) (n + 1) / 2 : (size_t) n;
@@ -58,27 +78,46 @@ AI size_t code_bytes(lowp_format ef, int64_t n) {
 AI const char *xrow(const lowp_quant_job *j, lowp_format xf, int64_t r) {
     return (const char *) j->x + (size_t) r * (size_t) j->cols * xsize(xf);
 }
+/* A hint only: prefetching never faults, so the address may lie past the input. Into L2: the
+ * data is used a few tiles later, and bringing it into L1 would evict the tile buffer. */
+AI void prefetch(const char *p, size_t off) {
+    _mm_prefetch((const char *) ((uintptr_t) p + off), _MM_HINT_T1);
+}
 
 /* ---- element formats ---- */
 
-AI int ef_mbits(lowp_format ef) { return ef == LOWP_FORMAT_E4M3 ? 3 : ef == E2M1 ? 1 : 2; }
-AI int ef_bias(lowp_format ef) { return ef == LOWP_FORMAT_E4M3 ? 7 : ef == E2M1 ? 1 : 15; }
-AI int ef_emax(lowp_format ef) { return ef == LOWP_FORMAT_E4M3 ? 8 : ef == E2M1 ? 2 : 15; }
+AI int ef_mbits(lowp_format ef) {
+    return ef == LOWP_FORMAT_E4M3 ? 3 : ef == E2M1 ? 1 : 2;
+}
+AI int ef_bias(lowp_format ef) {
+    return ef == LOWP_FORMAT_E4M3 ? 7 : ef == E2M1 ? 1 : 15;
+}
+AI int ef_emax(lowp_format ef) {
+    return ef == LOWP_FORMAT_E4M3 ? 8 : ef == E2M1 ? 2 : 15;
+}
 AI uint32_t ef_maxcode(lowp_format ef) {
     return ef == LOWP_FORMAT_E4M3 ? 0x7E : ef == E2M1 ? 0x7 : 0x7B;
 }
 AI uint32_t ef_nancode(lowp_format ef) {
     return ef == LOWP_FORMAT_E4M3 ? 0x7F : ef == E2M1 ? 0x0 : 0x7E;
 }
-AI int ef_bits(lowp_format ef) { return ef == E2M1 ? 4 : 8; }
+AI int ef_bits(lowp_format ef) {
+    return ef == E2M1 ? 4 : 8;
+}
 
-/* Satfinite RNE codes of the 16 binary32 values y (NUMERICS.md section 2), in 32-bit lanes.
- * With `special` set, NaN gives sign|NaN code and Inf and overflow give sign|max code, as the
- * reference does; without it the caller guarantees finite |y| < 2^(emax+2) (E8M0 blocks). */
+/* ---- encoders ---- */
+
+/* Satfinite RNE codes of the 16 binary32 values y (NUMERICS.md section 2), in 32-bit lanes,
+ * with one hardware rounding: |y| + C, where C is a power of two whose ulp is the target's
+ * quantum at |y|'s exponent (the quantum stops shrinking at the target's smallest normal
+ * exponent, so subnormal targets come out of the same add; the add is pinned to RNE, so the
+ * MXCSR cannot change it). With `special` set, NaN gives sign|NaN code and Inf and overflow
+ * give sign|max code, as the reference does; without it the caller guarantees finite
+ * |y| < 2^(emax+2) (E8M0 blocks). */
 AI __m512i enc16(__m512 y, lowp_format ef, int special) {
     const int m = ef_mbits(ef), b = ef_bias(ef);
-    const uint32_t minn = (uint32_t) (128 - b) << 23;     /* bits of the smallest normal */
-    const uint32_t k = (uint32_t) (128 - b) << m;         /* exponent part of that code */
+    const uint32_t minn = (uint32_t) (128 - b) << 23; /* bits of the smallest normal */
+    const uint32_t k = (uint32_t) (128 - b) << m;     /* exponent part of that code */
     const __m512i u = _mm512_castps_si512(y);
     __m512i a = _mm512_and_si512(u, V32(0x7FFFFFFF));
     __m512i ac = a;
@@ -90,8 +129,8 @@ AI __m512i enc16(__m512 y, lowp_format ef, int special) {
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     /* quanta above C (0 .. 2^(m+1)), plus the exponent field: the carry of a rounding that
      * reaches the next binade lands in the exponent for free. */
-    __m512i code = _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(s), c),
-                                    _mm512_srli_epi32(e, 23 - m));
+    __m512i code =
+        _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(s), c), _mm512_srli_epi32(e, 23 - m));
     code = _mm512_sub_epi32(_mm512_min_epu32(code, V32(ef_maxcode(ef) + k)), V32(k));
     if (special) {
         __mmask16 nan = _mm512_cmpgt_epu32_mask(a, V32(0x7F800000));
@@ -103,7 +142,57 @@ AI __m512i enc16(__m512 y, lowp_format ef, int special) {
                                      0xEA);
 }
 
-/* ---- loads ---- */
+/* How a kernel encodes: binary32 scales (NaN and Inf per element); binary32 scales of a
+ * group whose amax is finite (EM_FIN: then |x * s| <= fmax (1 + 2^-23), as s <= fmax / amax
+ * up to rounding, or s = FLT_MAX only for amax < fmax / FLT_MAX: no element needs the special
+ * steps); E8M0 scales with enc16; E8M0 scales with enc16_sub. */
+enum { EM_FP32 = 0, EM_E8 = 1, EM_SUB = 2, EM_FIN = 3 };
+
+/* Codes of E8M0 blocks for BF16 input: with f = 2^(bias - code), the product x * f is exact
+ * whenever it matters (8 significant bits; a product too small to hold them is far below
+ * half the smallest subnormal code) and is the reference's x * 2^(127-code) times
+ * 2^(bias-127). That factor moves the target's smallest normal onto binary32's, so the
+ * target's subnormals land on binary32's subnormal grid and the code is the bit pattern
+ * rounded at bit sh = 23-m (RNE: the lsb test and a masked increment), exponent carry
+ * included. The magnitudes are small, so the sign bit rides along untouched: the result is
+ * "raw", the sign at bit 31-sh above the magnitude code; fixw finishes it after the first
+ * pack, on 32 codes at once. Needs subnormal results (FTZ/DAZ off, checked per call) and
+ * f >= 2^-149 (code <= bias+149, checked per block group). */
+AI __m512i enc16_sub(__m512 x, __m512 f, lowp_format ef) {
+    const int sh = 23 - ef_mbits(ef);
+    const __m512i u = _mm512_castps_si512(_mm512_mul_ps(x, f));
+    __m512i t = _mm512_add_epi32(u, V32((1u << (sh - 1)) - 1u));
+    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, V32(1u << sh)), t, V32(1));
+    return _mm512_srli_epi32(t, sh);
+}
+
+/* Finishes 32 raw enc16_sub codes packed to 16-bit words: the sign from bit 31-sh to the
+ * format's sign bit; with `clip` (FLOOR and EVEN scales, which can put a block's maximum
+ * above fmax; RCEIL and CEIL never do) the magnitude saturates at the largest code first. */
+AI __m512i fixw(__m512i w, lowp_format ef, int em, int clip) {
+    if (em != EM_SUB) return w;
+    const int sb = 31 - (23 - ef_mbits(ef)), bits = ef_bits(ef);
+    const __m512i low = _mm512_set1_epi16((short) ((1 << (bits - 1)) - 1));
+    __m512i m = w;
+    if (clip)
+        m = _mm512_min_epu16(_mm512_and_si512(w, _mm512_set1_epi16((short) ((1 << sb) - 1))),
+                             _mm512_set1_epi16((short) ef_maxcode(ef)));
+    /* low bits from m, the sign bit from w >> (sb - bits + 1), nothing above (B ? C : A) */
+    return _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, sb - bits + 1), low, m, 0xB8);
+}
+
+/* Codes of x scaled by f (the scale, or the E8M0 factor of that encoder). */
+AI __m512i encx(__m512 x, __m512 f, lowp_format ef, int em) {
+    if (em == EM_SUB) return enc16_sub(x, f, ef);
+    return enc16(_mm512_mul_ps(x, f), ef, em == EM_FP32);
+}
+
+/* EM_FIN for a finite amax pattern, else EM_FP32. */
+AI int fp32_em(uint32_t amax_bits) {
+    return amax_bits < 0x7F800000u ? EM_FIN : EM_FP32;
+}
+
+/* ---- loads and maxima ---- */
 
 /* Input elements [0, n) at p (n <= 32; the rest read as +0 and touch no memory) as two
  * binary32 vectors. F32: lo = elements 0-15, hi = 16-31. BF16 (unpack with zero): lo holds
@@ -120,13 +209,10 @@ AI void ld32(const void *p, lowp_format xf, int64_t n, int full, __m512 *lo, __m
     }
 }
 
-/* One half (h = 0: lo, 1: hi) of ld32. */
-AI __m512 ld_half(const void *p, lowp_format xf, int h, int64_t n, int full) {
-    if (xf == F32) {
-        const float *f = (const float *) p + 16 * h;
-        return full ? _mm512_loadu_ps(f) : _mm512_maskz_loadu_ps(mask16(n - 16 * h), f);
-    }
-    __m512i v = full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask32(n), p);
+/* One half (h = 0: lo, 1: hi) of ld32 of 32 present elements. */
+AI __m512 ld_half(const void *p, lowp_format xf, int h) {
+    if (xf == F32) return _mm512_loadu_ps((const float *) p + 16 * h);
+    __m512i v = _mm512_loadu_si512(p);
     return _mm512_castsi512_ps(h ? _mm512_unpackhi_epi16(_mm512_setzero_si512(), v)
                                  : _mm512_unpacklo_epi16(_mm512_setzero_si512(), v));
 }
@@ -149,26 +235,40 @@ AI __m512i amax32(const void *p, lowp_format xf, int64_t n, int full) {
     return _mm512_max_epu32(_mm512_slli_epi32(a, 16), _mm512_and_si512(a, V32(0xFFFF0000)));
 }
 
-/* Horizontal maximum of one vector of |x| patterns, as a float (NaN if any lane is NaN). */
-AI float hmax(__m512i m) { return lowp_u2f(_mm512_reduce_max_epu32(m)); }
+/* |x| of 32 elements as amax32w leaves them for tree16: F32 as amax32; BF16 the 32 raw 16-bit
+ * magnitudes (the tree folds them, skipping a widening per block). */
+AI __m512i amax32w(const void *p, lowp_format xf, int64_t n, int full) {
+    if (xf == F32) return amax32(p, xf, n, full);
+    __m512i v = full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask32(n), p);
+    return _mm512_and_si512(v, V32(0x7FFF7FFF));
+}
 
-/* The maxima of 16 vectors, lane b = max over m[b]. Each level pairs vectors and halves the
- * lanes each contributes (256-bit halves, 128-bit lanes, qwords, dwords), 3 ops per pair. */
-AI __m512i tree16(const __m512i m[16]) {
+AI __m512i umax(__m512i a, __m512i b, int w16) {
+    return w16 ? _mm512_max_epu16(a, b) : _mm512_max_epu32(a, b);
+}
+
+/* The maxima of 16 vectors, lane b = max over m[b] as binary32 patterns. Each level pairs
+ * vectors and halves the lanes each contributes (256-bit halves, 128-bit lanes, qwords,
+ * dwords), 3 ops per pair. With w16 (BF16, from amax32w) the lanes are pairs of 16-bit
+ * magnitudes: the shuffles move 32 bits or more, so a dword's two words always belong to the
+ * same block and one more step folds them. */
+AI __m512i tree16(const __m512i m[16], int w16) {
     __m512i n[8], o[4], p[2];
     for (int i = 0; i < 8; i++)
-        n[i] = _mm512_max_epu32(_mm512_shuffle_i32x4(m[2 * i], m[2 * i + 1], 0x44),
-                                _mm512_shuffle_i32x4(m[2 * i], m[2 * i + 1], 0xEE));
+        n[i] = umax(_mm512_shuffle_i32x4(m[2 * i], m[2 * i + 1], 0x44),
+                    _mm512_shuffle_i32x4(m[2 * i], m[2 * i + 1], 0xEE), w16);
     for (int i = 0; i < 4; i++) /* 128-bit lanes: blocks 4i .. 4i+3 */
-        o[i] = _mm512_max_epu32(_mm512_shuffle_i32x4(n[2 * i], n[2 * i + 1], 0x88),
-                                _mm512_shuffle_i32x4(n[2 * i], n[2 * i + 1], 0xDD));
+        o[i] = umax(_mm512_shuffle_i32x4(n[2 * i], n[2 * i + 1], 0x88),
+                    _mm512_shuffle_i32x4(n[2 * i], n[2 * i + 1], 0xDD), w16);
     for (int i = 0; i < 2; i++) /* lane L: dwords 0-1 block 8i+L, dwords 2-3 block 8i+4+L */
-        p[i] = _mm512_max_epu32(_mm512_unpacklo_epi64(o[2 * i], o[2 * i + 1]),
-                                _mm512_unpackhi_epi64(o[2 * i], o[2 * i + 1]));
+        p[i] = umax(_mm512_unpacklo_epi64(o[2 * i], o[2 * i + 1]),
+                    _mm512_unpackhi_epi64(o[2 * i], o[2 * i + 1]), w16);
     /* dwords (0,2) of each lane against (1,3): lane 4L+t holds block L + 4t */
     const __m512 p0 = _mm512_castsi512_ps(p[0]), p1 = _mm512_castsi512_ps(p[1]);
-    __m512i q = _mm512_max_epu32(_mm512_castps_si512(_mm512_shuffle_ps(p0, p1, 0x88)),
-                                 _mm512_castps_si512(_mm512_shuffle_ps(p0, p1, 0xDD)));
+    __m512i q = umax(_mm512_castps_si512(_mm512_shuffle_ps(p0, p1, 0x88)),
+                     _mm512_castps_si512(_mm512_shuffle_ps(p0, p1, 0xDD)), w16);
+    if (w16) /* the larger word into the high half: a binary32 pattern */
+        q = _mm512_slli_epi32(_mm512_max_epu16(q, _mm512_srli_epi32(q, 16)), 16);
     const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     return _mm512_permutexvar_epi32(idx, q);
 }
@@ -186,55 +286,86 @@ AI __m512i e8m0_codes(__m512i a, const lowp_format_traits *t, lowp_scale_mode mo
         e = _mm512_sub_epi32(e, V32(t->emax));
         break;
     case LOWP_SCALE_EVEN: {
-        __m512i b = _mm512_and_si512(_mm512_add_epi32(a, V32(1u << (22 - t->mbits))),
-                                     V32(0xFF800000));
+        __m512i b =
+            _mm512_and_si512(_mm512_add_epi32(a, V32(1u << (22 - t->mbits))), V32(0xFF800000));
         e = _mm512_sub_epi32(_mm512_srli_epi32(b, 23), V32(t->emax));
         break;
     }
     default: { /* RCEIL: the same binary32 multiply by the same constant 1/fmax */
         const float inv = 1.0f / t->fmax;
         __m512i d = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(inv)));
-        __m512i de = _mm512_srli_epi32(d, 23), dm = _mm512_and_si512(d, V32(0x7FFFFF));
-        e = _mm512_mask_add_epi32(de, _mm512_test_epi32_mask(dm, dm), de, V32(1));
-        __m512i sub = _mm512_maskz_mov_epi32(_mm512_cmpgt_epu32_mask(dm, V32(0x400000)), V32(1));
-        e = _mm512_mask_mov_epi32(e, _mm512_cmpeq_epi32_mask(de, _mm512_setzero_si512()), sub);
-        break;
+        /* E(d) + (M(d) != 0) is (d + 0x7FFFFF) >> 23; for E(d) == 0 the rule wants
+         * M(d) > 0x400000, which is (d + 0x3FFFFF) >> 23. A finite amax keeps d <= FLT_MAX/6,
+         * so the code stays in [0, 254] without clamps (NaN/Inf lanes are replaced below). */
+        __m512i t7 = _mm512_add_epi32(d, V32(0x7FFFFF));
+        t7 =
+            _mm512_mask_sub_epi32(t7, _mm512_cmplt_epu32_mask(d, V32(0x800000)), t7, V32(0x400000));
+        return _mm512_mask_mov_epi32(_mm512_srli_epi32(t7, 23),
+                                     _mm512_cmpge_epu32_mask(a, V32(0x7F800000)), V32(0xFF));
     }
     }
     e = _mm512_min_epi32(_mm512_max_epi32(e, _mm512_setzero_si512()), V32(254));
     return _mm512_mask_mov_epi32(e, _mm512_cmpge_epu32_mask(a, V32(0x7F800000)), V32(0xFF));
 }
 
-/* lowp_rule_e8m0_quant_factor of 16 codes; 0xFF (NaN) blocks get 1.0, as they are
- * overwritten afterwards. */
-AI __m512 e8m0_factors(__m512i code) {
-    __m512i be = _mm512_sub_epi32(V32(254), code);
+/* The factors of 16 codes: for EM_E8 lowp_rule_e8m0_quant_factor, 2^(127-code); for EM_SUB
+ * 2^(bias-code). Both may be binary32 subnormals. 0xFF (NaN) blocks get 1.0: their codes are
+ * replaced anyway. */
+AI __m512 e8m0_factors(__m512i code, lowp_format ef, int em) {
+    const int top = em == EM_SUB ? 127 + ef_bias(ef) : 254;
+    __m512i be = _mm512_sub_epi32(V32(top), code); /* biased exponent of the factor */
     __m512i f = _mm512_slli_epi32(be, 23);
-    f = _mm512_mask_mov_epi32(f, _mm512_cmpeq_epi32_mask(be, _mm512_setzero_si512()),
-                              V32(0x00400000));
+    /* be <= 0: 2^(be-127) = 2^-149 * 2^(be+22) (a shift count past 31 gives 0) */
+    f = _mm512_mask_mov_epi32(f, _mm512_cmple_epi32_mask(be, _mm512_setzero_si512()),
+                              _mm512_sllv_epi32(V32(1), _mm512_add_epi32(be, V32(22))));
     f = _mm512_mask_mov_epi32(f, _mm512_cmpeq_epi32_mask(code, V32(0xFF)), V32(0x3F800000));
     return _mm512_castsi512_ps(f);
 }
 
+/* EM_SUB where the codes of lanes m allow it, else EM_E8: 2^(bias-code) must not underflow
+ * (code <= bias + 149, NaN blocks aside), and em_ok says the input is BF16 and the MXCSR
+ * keeps subnormals. */
+AI int e8_em(__m512i code, __mmask16 m, lowp_format ef, int em_ok) {
+    if (!em_ok) return EM_E8;
+    __mmask16 big = _mm512_mask_cmpgt_epu32_mask(m, code, V32(ef_bias(ef) + 149)) &
+                    _mm512_cmpneq_epi32_mask(code, V32(0xFF));
+    return big ? EM_E8 : EM_SUB;
+}
+
+/* Whether subnormal results survive (FTZ and DAZ off), which enc16_sub needs. */
+AI int subnormals_kept(void) {
+    return (_mm_getcsr() & 0x8040u) == 0;
+}
+
+/* Whether the job's E8M0 scale mode can put a block's maximum above fmax (see fixw). */
+AI int clip_of(const lowp_quant_job *j) {
+    return j->mode == LOWP_SCALE_FLOOR || j->mode == LOWP_SCALE_EVEN;
+}
+
 /* Codes [p, p+n) of an output row: the NaN block's codes (E2M1: 0, pad nibble included). */
 AI void fill_nan(uint8_t *orow, int64_t p, int64_t n, lowp_format ef) {
-    if (ef == E2M1) memset(orow + p / 2, 0, code_bytes(ef, n));
-    else memset(orow + p, (int) ef_nancode(ef), (size_t) n);
+    if (ef == E2M1)
+        memset(orow + p / 2, 0, code_bytes(ef, n));
+    else
+        memset(orow + p, (int) ef_nancode(ef), (size_t) n);
 }
 
 /* ---- packing and stores of the rowwise copy ---- */
 
 /* 32 codes (the two halves of ld32) as 32 bytes in element order. */
-AI __m256i pack2(__m512i lo, __m512i hi, lowp_format xf) {
-    __m512i w = _mm512_packus_epi32(lo, hi); /* lane L: lo dwords 4L..4L+3, hi 4L..4L+3 */
+AI __m256i pack2(__m512i lo, __m512i hi, lowp_format xf, lowp_format ef, int em, int clip) {
+    /* lane L: lo dwords 4L..4L+3, hi 4L..4L+3 */
+    __m512i w = fixw(_mm512_packus_epi32(lo, hi), ef, em, clip);
     if (xf == F32) /* natural halves: the qwords come as lo0 hi0 lo1 hi1 ... */
         w = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), w);
     return _mm512_cvtepi16_epi8(w);
 }
 
 /* 64 codes (two ld32 pairs) as 64 bytes in element order. */
-AI __m512i pack4(__m512i l0, __m512i h0, __m512i l1, __m512i h1, lowp_format xf) {
-    __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(l0, h0), _mm512_packus_epi32(l1, h1));
+AI __m512i pack4(__m512i l0, __m512i h0, __m512i l1, __m512i h1, lowp_format xf, lowp_format ef,
+                 int em, int clip) {
+    __m512i b = _mm512_packus_epi16(fixw(_mm512_packus_epi32(l0, h0), ef, em, clip),
+                                    fixw(_mm512_packus_epi32(l1, h1), ef, em, clip));
     if (xf == F32) /* lane L dwords: run0 group L, run0 group 4+L, run1 L, run1 4+L */
         return _mm512_permutexvar_epi32(
             _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), b);
@@ -242,32 +373,57 @@ AI __m512i pack4(__m512i l0, __m512i h0, __m512i l1, __m512i h1, lowp_format xf)
     return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), b);
 }
 
-/* Stores 64 codes (n valid, element 0 at codes index p of the row). */
-AI void st64(uint8_t *orow, int64_t p, __m512i b, lowp_format ef, int64_t n, int full) {
-    if (ef == E2M1) { /* byte 2i | byte 2i+1 << 4, then words to bytes */
-        __m256i h = _mm512_cvtepi16_epi8(_mm512_or_si512(b, _mm512_srli_epi16(b, 4)));
-        if (full) _mm256_storeu_si256((__m256i *) (orow + p / 2), h);
-        else _mm256_mask_storeu_epi8(orow + p / 2, mask32((n + 1) / 2), h);
-    } else {
-        if (full) _mm512_storeu_si512(orow + p, b);
-        else _mm512_mask_storeu_epi8(orow + p, mask64(n), b);
+/* E2M1: codes 2i and 2i+1 (bytes) into one byte, low nibble first; words to bytes. */
+AI __m256i nibbles64(__m512i b) {
+    return _mm512_cvtepi16_epi8(_mm512_or_si512(b, _mm512_srli_epi16(b, 4)));
+}
+
+/* Stores 64 codes (n valid; full: n == 64) at codes index p of the row. nan2 bit 0 (1): the
+ * first (second) 32 codes belong to a NaN block. nt: a non-temporal store, only asked for
+ * full 8-bit stores at 64-byte aligned addresses. */
+AI void st64(uint8_t *orow, int64_t p, __m512i b, lowp_format ef, int64_t n, int full,
+             unsigned nan2, int nt) {
+    if (ef == E2M1) {
+        __m256i h = nibbles64(b);
+        if (nan2)
+            h = _mm256_maskz_mov_epi8(~((nan2 & 1 ? 0xFFFFu : 0u) | (nan2 & 2 ? 0xFFFF0000u : 0u)),
+                                      h);
+        if (full)
+            _mm256_storeu_si256((__m256i *) (orow + p / 2), h);
+        else
+            _mm256_mask_storeu_epi8(orow + p / 2, mask32((n + 1) / 2), h);
+        return;
     }
+    if (nan2)
+        b = _mm512_mask_mov_epi8(
+            b, (nan2 & 1 ? 0xFFFFFFFFull : 0ull) | (nan2 & 2 ? 0xFFFFFFFF00000000ull : 0ull),
+            _mm512_set1_epi8((char) ef_nancode(ef)));
+    if (full && nt)
+        _mm512_stream_si512((__m512i *) (orow + p), b);
+    else if (full)
+        _mm512_storeu_si512(orow + p, b);
+    else
+        _mm512_mask_storeu_epi8(orow + p, mask64(n), b);
 }
 
 AI void st32(uint8_t *orow, int64_t p, __m256i b, lowp_format ef, int64_t n, int full) {
     if (ef == E2M1) {
         __m128i h = _mm256_cvtepi16_epi8(_mm256_or_si256(b, _mm256_srli_epi16(b, 4)));
-        if (full) _mm_storeu_si128((__m128i *) (orow + p / 2), h);
-        else _mm_mask_storeu_epi8(orow + p / 2, mask16((n + 1) / 2), h);
+        if (full)
+            _mm_storeu_si128((__m128i *) (orow + p / 2), h);
+        else
+            _mm_mask_storeu_epi8(orow + p / 2, mask16((n + 1) / 2), h);
     } else {
-        if (full) _mm256_storeu_si256((__m256i *) (orow + p), b);
-        else _mm256_mask_storeu_epi8(orow + p, mask32(n), b);
+        if (full)
+            _mm256_storeu_si256((__m256i *) (orow + p), b);
+        else
+            _mm256_mask_storeu_epi8(orow + p, mask32(n), b);
     }
 }
 
-/* Codes of row elements [p, p+n) with one binary32 scale s (special values handled). */
+/* Codes of row elements [p, p+n) with one binary32 scale s (encoder EM_FP32 or EM_FIN). */
 AI void enc_run(const char *xr, uint8_t *orow, int64_t p, int64_t n, __m512 s, lowp_format xf,
-                lowp_format ef) {
+                lowp_format ef, int em, int nt) {
     const size_t es = xsize(xf);
     int64_t i = 0;
     __m512 a, b, c, d;
@@ -275,73 +431,83 @@ AI void enc_run(const char *xr, uint8_t *orow, int64_t p, int64_t n, __m512 s, l
         ld32(xr + (size_t) (p + i) * es, xf, 32, 1, &a, &b);
         ld32(xr + (size_t) (p + i + 32) * es, xf, 32, 1, &c, &d);
         st64(orow, p + i,
-             pack4(enc16(_mm512_mul_ps(a, s), ef, 1), enc16(_mm512_mul_ps(b, s), ef, 1),
-                   enc16(_mm512_mul_ps(c, s), ef, 1), enc16(_mm512_mul_ps(d, s), ef, 1), xf),
-             ef, 64, 1);
+             pack4(encx(a, s, ef, em), encx(b, s, ef, em), encx(c, s, ef, em), encx(d, s, ef, em),
+                   xf, ef, em, 0),
+             ef, 64, 1, 0, nt);
     }
     if (i < n) {
         const int64_t k = n - i;
         ld32(xr + (size_t) (p + i) * es, xf, k, 0, &a, &b);
-        if (k > 32) ld32(xr + (size_t) (p + i + 32) * es, xf, k - 32, 0, &c, &d);
-        else c = d = _mm512_setzero_ps();
+        if (k > 32)
+            ld32(xr + (size_t) (p + i + 32) * es, xf, k - 32, 0, &c, &d);
+        else
+            c = d = _mm512_setzero_ps();
         st64(orow, p + i,
-             pack4(enc16(_mm512_mul_ps(a, s), ef, 1), enc16(_mm512_mul_ps(b, s), ef, 1),
-                   enc16(_mm512_mul_ps(c, s), ef, 1), enc16(_mm512_mul_ps(d, s), ef, 1), xf),
-             ef, k, 0);
+             pack4(encx(a, s, ef, em), encx(b, s, ef, em), encx(c, s, ef, em), encx(d, s, ef, em),
+                   xf, ef, em, 0),
+             ef, k, 0, 0, 0);
     }
 }
 
+/* enc_run with the encoder chosen by the group's amax pattern. */
+AI void enc_run_a(const char *xr, uint8_t *orow, int64_t p, int64_t n, __m512 s, uint32_t amax,
+                  lowp_format xf, lowp_format ef, int nt) {
+    if (fp32_em(amax) == EM_FIN)
+        enc_run(xr, orow, p, n, s, xf, ef, EM_FIN, nt);
+    else
+        enc_run(xr, orow, p, n, s, xf, ef, EM_FP32, nt);
+}
+
 /* Codes of row elements [p, p+32*nblk) (clipped at C) in 32-element blocks, block k scaled by
- * the E8M0 factor f[k] (no special values: see the file comment). Pairs of blocks make one
- * 64-byte store. */
-AI void enc_blocks32(const char *xr, uint8_t *orow, int64_t p, int nblk, int64_t C,
-                     const float *f, lowp_format xf, lowp_format ef, int full) {
+ * the E8M0 factor f[k] of encoder em; bit k of nan marks NaN blocks. Pairs of blocks make one
+ * 64-byte store; p is a multiple of 64. */
+AI void enc_blocks32(const char *xr, uint8_t *orow, int64_t p, int nblk, int64_t C, const float *f,
+                     unsigned nan, lowp_format xf, lowp_format ef, int em, int clip, int full,
+                     int nt) {
     const size_t es = xsize(xf);
     __m512 a, b, c, d;
     for (int k = 0; k < nblk; k += 2) {
         const int64_t q = p + 32 * k, n = full ? 64 : C - q;
-        if (full || n >= 64) {
+        const int whole = full || n >= 64;
+        if (whole) {
             ld32(xr + (size_t) q * es, xf, 32, 1, &a, &b);
             ld32(xr + (size_t) (q + 32) * es, xf, 32, 1, &c, &d);
         } else {
             ld32(xr + (size_t) q * es, xf, n, 0, &a, &b);
-            if (n > 32) ld32(xr + (size_t) (q + 32) * es, xf, n - 32, 0, &c, &d);
-            else c = d = _mm512_setzero_ps();
+            if (n > 32)
+                ld32(xr + (size_t) (q + 32) * es, xf, n - 32, 0, &c, &d);
+            else
+                c = d = _mm512_setzero_ps();
         }
         const __m512 f0 = _mm512_set1_ps(f[k]), f1 = _mm512_set1_ps(f[k + 1]);
         st64(orow, q,
-             pack4(enc16(_mm512_mul_ps(a, f0), ef, 0), enc16(_mm512_mul_ps(b, f0), ef, 0),
-                   enc16(_mm512_mul_ps(c, f1), ef, 0), enc16(_mm512_mul_ps(d, f1), ef, 0), xf),
-             ef, n, full || n >= 64);
+             pack4(encx(a, f0, ef, em), encx(b, f0, ef, em), encx(c, f1, ef, em),
+                   encx(d, f1, ef, em), xf, ef, em, clip),
+             ef, n, whole, (nan >> k) & 3u, nt);
     }
 }
 
 /* ---- the columnwise copy: encode and transpose ---- */
 
-/* The columnwise codes of input rows [r0, r0+nr) (nr <= 32) and the 16 columns of half h of the
- * 32-column segment at c0 (ncv of its columns exist), each lane scaled by its factor in f:
- * output row c (an input column) receives nr codes at codes index r0. */
-AI void col_half(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, int64_t ncv, int h,
-                 __m512 f, lowp_format xf, lowp_format ef, int special, int full) {
-    const size_t es = xsize(xf), stride = (size_t) j->cols * es;
-    const char *base = (const char *) j->x + ((size_t) r0 * (size_t) j->cols + (size_t) c0) * es;
-    const __m512i tr4 = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+/* Columnwise codes of a 32-row block of a tile buffer (rows `pitch` bytes apart, 32 present
+ * elements each), half h of its 32 columns, each lane scaled by its factor in f, transposed:
+ * z[4w+jj] holds the 32 codes (one per row) of lane 8w+jj in its low 32 bytes and of lane
+ * 8w+jj+4 in its high 32 bytes. */
+AI void col_codes(const char *tile, size_t pitch, int h, __m512 f, lowp_format xf, lowp_format ef,
+                  int em, int clip, __m512i z[8]) {
+    const __m512i tr4 =
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
     __m512i t[8];
     for (int g = 0; g < 8; g++) {
         __m512i c[4];
-        for (int u = 0; u < 4; u++) {
-            const int i = 4 * g + u;
-            __m512 v = full ? ld_half(base + (size_t) i * stride, xf, h, 32, 1)
-                            : ld_half(base + (size_t) (i < nr ? i : 0) * stride, xf, h,
-                                      i < nr ? ncv : 0, 0);
-            c[u] = enc16(_mm512_mul_ps(v, f), ef, special);
-        }
+        for (int u = 0; u < 4; u++)
+            c[u] = encx(ld_half(tile + (size_t) (4 * g + u) * pitch, xf, h), f, ef, em);
         /* lane L: a 4x4 byte tile (rows 4g.., lanes 4L..) row-major, shuffled to column-major:
          * dword k = the four rows' codes of lane k. */
-        t[g] = _mm512_shuffle_epi8(_mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]),
-                                                       _mm512_packus_epi32(c[2], c[3])),
-                                   tr4);
+        t[g] = _mm512_shuffle_epi8(
+            _mm512_packus_epi16(fixw(_mm512_packus_epi32(c[0], c[1]), ef, em, clip),
+                                fixw(_mm512_packus_epi32(c[2], c[3]), ef, em, clip)),
+            tr4);
     }
     /* 8 x 16 dword transpose: v[jj][q] lane L = rows 16q..16q+15 of lane 4L+jj. */
     __m512i ulo[4], uhi[4], v[4][2];
@@ -357,53 +523,131 @@ AI void col_half(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, in
     }
     const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     const __m512i ib = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    uint8_t *out = (uint8_t *) j->col->data;
-    const size_t orow = code_bytes(ef, j->rows);
-    const size_t off = ef == E2M1 ? (size_t) r0 / 2 : (size_t) r0;
     for (int jj = 0; jj < 4; jj++) {
-        for (int w = 0; w < 2; w++) {
-            /* 32 bytes for lane 4(2w)+jj, then 32 for lane 4(2w+1)+jj */
-            __m512i z = _mm512_permutex2var_epi64(v[jj][0], w ? ib : ia, v[jj][1]);
-            const int k0 = 8 * w + jj, k1 = k0 + 4;
-            const int cc0 = lane_col(xf, h, k0), cc1 = lane_col(xf, h, k1);
-            uint8_t *d0 = out + (size_t) (c0 + cc0) * orow + off;
-            uint8_t *d1 = out + (size_t) (c0 + cc1) * orow + off;
+        z[jj] = _mm512_permutex2var_epi64(v[jj][0], ia, v[jj][1]);
+        z[4 + jj] = _mm512_permutex2var_epi64(v[jj][0], ib, v[jj][1]);
+    }
+}
+
+/* Output row (input column) of lane k's codes in z[i] (col_codes): the low half of z[i] holds
+ * lane lane_of(i, 0), the high half lane_of(i, 1). */
+AI int lane_of(int i, int hi) {
+    return 8 * (i >> 2) + (i & 3) + 4 * hi;
+}
+
+/* Stores col_codes output for the 32-row block at input row r0 (nr rows present), columns
+ * c0 + lane_col(h, k) (ncv present in the segment); bit k of nan marks NaN lanes. */
+AI void col_store32(const lowp_quant_job *j, const __m512i z[8], int64_t r0, int64_t nr, int64_t c0,
+                    int64_t ncv, int h, unsigned nan, lowp_format xf, lowp_format ef, int full) {
+    uint8_t *out = (uint8_t *) j->col->data;
+    const size_t ob = code_bytes(ef, j->rows);
+    const size_t off = ef == E2M1 ? (size_t) r0 / 2 : (size_t) r0;
+    for (int i = 0; i < 8; i++) {
+        for (int hi = 0; hi < 2; hi++) {
+            const int k = lane_of(i, hi), cc = lane_col(xf, h, k);
+            if (!full && cc >= ncv) continue;
+            uint8_t *d = out + (size_t) (c0 + cc) * ob + off;
+            const __m256i zz =
+                hi ? _mm512_extracti64x4_epi64(z[i], 1) : _mm512_castsi512_si256(z[i]);
             if (ef == E2M1) {
-                __m256i n = _mm512_cvtepi16_epi8(_mm512_or_si512(z, _mm512_srli_epi16(z, 4)));
-                __m128i n0 = _mm256_castsi256_si128(n), n1 = _mm256_extracti128_si256(n, 1);
-                if (full) {
-                    _mm_storeu_si128((__m128i *) d0, n0);
-                    _mm_storeu_si128((__m128i *) d1, n1);
-                } else {
-                    const __mmask16 m = mask16((nr + 1) / 2);
-                    if (cc0 < ncv) _mm_mask_storeu_epi8(d0, m, n0);
-                    if (cc1 < ncv) _mm_mask_storeu_epi8(d1, m, n1);
-                }
+                __m128i n = _mm256_cvtepi16_epi8(_mm256_or_si256(zz, _mm256_srli_epi16(zz, 4)));
+                if ((nan >> k) & 1) n = _mm_setzero_si128();
+                if (full)
+                    _mm_storeu_si128((__m128i *) d, n);
+                else
+                    _mm_mask_storeu_epi8(d, mask16((nr + 1) / 2), n);
             } else {
-                __m256i z0 = _mm512_castsi512_si256(z), z1 = _mm512_extracti64x4_epi64(z, 1);
-                if (full) {
-                    _mm256_storeu_si256((__m256i *) d0, z0);
-                    _mm256_storeu_si256((__m256i *) d1, z1);
-                } else {
-                    const __mmask32 m = mask32(nr);
-                    if (cc0 < ncv) _mm256_mask_storeu_epi8(d0, m, z0);
-                    if (cc1 < ncv) _mm256_mask_storeu_epi8(d1, m, z1);
-                }
+                const __m256i w = (nan >> k) & 1 ? _mm256_set1_epi8((char) ef_nancode(ef)) : zz;
+                if (full)
+                    _mm256_storeu_si256((__m256i *) d, w);
+                else
+                    _mm256_mask_storeu_epi8(d, mask32(nr), w);
             }
         }
     }
 }
 
-/* Both halves of a 32-column segment, skipping a half with no existing column. */
-AI void col_seg(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, int64_t ncv,
-                __m512 flo, __m512 fhi, lowp_format xf, lowp_format ef, int special) {
-    if (nr == 32 && ncv == 32) {
-        col_half(j, r0, 32, c0, 32, 0, flo, xf, ef, special, 1);
-        col_half(j, r0, 32, c0, 32, 1, fhi, xf, ef, special, 1);
-    } else {
-        col_half(j, r0, nr, c0, ncv, 0, flo, xf, ef, special, 0);
-        if (ncv > (xf == F32 ? 16 : 4)) col_half(j, r0, nr, c0, ncv, 1, fhi, xf, ef, special, 0);
+/* Stores the col_codes outputs of two stacked 32-row blocks (rows r0 .. r0+63, all present;
+ * r0 a multiple of 64) for columns c0 + lane_col(h, k): 64 codes per output row, one 64-byte
+ * store (E2M1: 32). nan0/nan1: NaN lanes of the upper/lower block. */
+AI void col_store64(const lowp_quant_job *j, const __m512i z0[8], const __m512i z1[8], int64_t r0,
+                    int64_t c0, int h, unsigned nan0, unsigned nan1, lowp_format xf, lowp_format ef,
+                    int nt) {
+    uint8_t *out = (uint8_t *) j->col->data;
+    const size_t ob = code_bytes(ef, j->rows);
+    const size_t off = ef == E2M1 ? (size_t) r0 / 2 : (size_t) r0;
+    for (int i = 0; i < 8; i++) {
+        for (int hi = 0; hi < 2; hi++) {
+            const int k = lane_of(i, hi);
+            uint8_t *d = out + (size_t) (c0 + lane_col(xf, h, k)) * ob + off;
+            /* the lane's 32 bytes of each block, side by side */
+            __m512i w = hi ? _mm512_shuffle_i64x2(z0[i], z1[i], 0xEE)
+                           : _mm512_shuffle_i64x2(z0[i], z1[i], 0x44);
+            const unsigned n2 = ((nan0 >> k) & 1) | ((nan1 >> k) & 1) << 1;
+            if (ef == E2M1) {
+                __m256i n = nibbles64(w);
+                if (n2)
+                    n = _mm256_maskz_mov_epi8(
+                        ~((n2 & 1 ? 0xFFFFu : 0u) | (n2 & 2 ? 0xFFFF0000u : 0u)), n);
+                _mm256_storeu_si256((__m256i *) d, n);
+            } else {
+                if (n2)
+                    w = _mm512_mask_mov_epi8(w,
+                                             (n2 & 1 ? 0xFFFFFFFFull : 0ull) |
+                                                 (n2 & 2 ? 0xFFFFFFFF00000000ull : 0ull),
+                                             _mm512_set1_epi8((char) ef_nancode(ef)));
+                if (nt)
+                    _mm512_stream_si512((__m512i *) d, w);
+                else
+                    _mm512_storeu_si512(d, w);
+            }
+        }
     }
+}
+
+/* Copies input rows [r0, r0+nr) x columns [c0, c0+ncv) into a 32x32 tile buffer (rows 32
+ * elements apart), zero-padded. */
+AI void fill_tile(char *tile, const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0,
+                  int64_t ncv, lowp_format xf) {
+    const size_t es = xsize(xf), stride = (size_t) j->cols * es;
+    const char *base = (const char *) j->x + ((size_t) r0 * (size_t) j->cols + (size_t) c0) * es;
+    for (int i = 0; i < 32; i++) {
+        const char *p = base + (size_t) (i < nr ? i : 0) * stride;
+        const int64_t n = i < nr ? ncv : 0;
+        if (xf == F32) {
+            __m512 lo, hi;
+            ld32(p, xf, n, n == 32, &lo, &hi);
+            _mm512_storeu_ps(tile + 128 * i, lo);
+            _mm512_storeu_ps(tile + 128 * i + 64, hi);
+        } else {
+            _mm512_storeu_si512(tile + 64 * i, n == 32 ? _mm512_loadu_si512(p)
+                                                       : _mm512_maskz_loadu_epi16(mask32(n), p));
+        }
+    }
+}
+
+/* Columnwise codes of a 32x32 tile buffer (rows r0.., nr present; columns c0.., ncv present)
+ * with per-lane factors flo/fhi of encoder em; nan: bit 16h+k marks lane k of half h. */
+AI void col_seg(const lowp_quant_job *j, const char *tile, int64_t r0, int64_t nr, int64_t c0,
+                int64_t ncv, __m512 flo, __m512 fhi, unsigned nan, lowp_format xf, lowp_format ef,
+                int em, int clip) {
+    const int full = nr == 32 && ncv == 32;
+    __m512i z[8];
+    col_codes(tile, 32 * xsize(xf), 0, flo, xf, ef, em, clip, z);
+    col_store32(j, z, r0, nr, c0, ncv, 0, nan & 0xFFFF, xf, ef, full);
+    if (full || ncv > (xf == F32 ? 16 : 4)) { /* some column of the high half exists */
+        col_codes(tile, 32 * xsize(xf), 1, fhi, xf, ef, em, clip, z);
+        col_store32(j, z, r0, nr, c0, ncv, 1, nan >> 16, xf, ef, full);
+    }
+}
+
+/* fill_tile, then col_seg. */
+AI void col_seg_x(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, int64_t ncv,
+                  __m512 flo, __m512 fhi, unsigned nan, lowp_format xf, lowp_format ef, int em,
+                  int clip) {
+    _Alignas(64) char tile[32 * 32 * 4];
+    fill_tile(tile, j, r0, nr, c0, ncv, xf);
+    col_seg(j, tile, r0, nr, c0, ncv, flo, fhi, nan, xf, ef, em, clip);
 }
 
 /* The columnwise copy of rows [r0, r1) with binary32 scales per column given as natural-order
@@ -417,7 +661,7 @@ AI void col_fp32(const lowp_quant_job *j, int64_t r0, int64_t r1, const float *c
         ihi = _mm512_add_epi32(ilo, V32(4));
     }
     for (int64_t c0 = 0; c0 < C; c0 += 32) {
-        const int64_t ncv = C - c0 < 32 ? C - c0 : 32;
+        const int64_t ncv = min64(C - c0, 32);
         __m512 flo = _mm512_set1_ps(s), fhi = flo;
         if (cs) {
             __m512 s0 = _mm512_maskz_loadu_ps(mask16(ncv), cs + c0);
@@ -431,43 +675,44 @@ AI void col_fp32(const lowp_quant_job *j, int64_t r0, int64_t r1, const float *c
             }
         }
         for (int64_t r = r0; r < r1; r += 32)
-            col_seg(j, r, r1 - r < 32 ? r1 - r : 32, c0, ncv, flo, fhi, xf, ef, 1);
+            col_seg_x(j, r, min64(r1 - r, 32), c0, ncv, flo, fhi, 0, xf, ef, EM_FP32, 0);
     }
 }
 
-/* ---- the kinds ---- */
+/* ---- MX32 ---- */
 
-/* MX32 rowwise copy of rows [r0, r1): per row, groups of 16 blocks: maxima, scales (stored as
- * one 16-byte vector), factors, codes. */
-AI void mx_group(const lowp_quant_job *j, const char *xr, uint8_t *orow, uint8_t *srow,
-                 int64_t b0, lowp_format xf, lowp_format ef, int full) {
+/* Rowwise copy, 16 blocks of one row (from block b0; full: all 512 elements present):
+ * maxima, scales (one 16-byte store), factors, codes. */
+AI void mx_group(const lowp_quant_job *j, const char *xr, uint8_t *orow, uint8_t *srow, int64_t b0,
+                 lowp_format xf, lowp_format ef, int full, int em_ok, int nt) {
     const int64_t C = j->cols, nb = (C + 31) / 32;
     const int g = nb - b0 < 16 ? (int) (nb - b0) : 16;
     const size_t es = xsize(xf);
     __m512i m[16];
     for (int k = 0; k < 16; k++) {
         const int64_t q = 32 * (b0 + k), n = full ? 32 : C - q;
-        m[k] = full || n >= 32 ? amax32(xr + (size_t) q * es, xf, 32, 1)
-               : n > 0         ? amax32(xr + (size_t) q * es, xf, n, 0)
+        m[k] = full || n >= 32 ? amax32w(xr + (size_t) q * es, xf, 32, 1)
+               : n > 0         ? amax32w(xr + (size_t) q * es, xf, n, 0)
                                : _mm512_setzero_si512();
     }
-    const __m512i code = e8m0_codes(tree16(m), j->et, j->mode);
-    if (full) _mm_storeu_si128((__m128i *) (srow + b0), _mm512_cvtepi32_epi8(code));
-    else _mm512_mask_cvtepi32_storeu_epi8(srow + b0, mask16(g), code);
+    const __m512i code = e8m0_codes(tree16(m, xf != F32), j->et, j->mode);
+    if (full)
+        _mm_storeu_si128((__m128i *) (srow + b0), _mm512_cvtepi32_epi8(code));
+    else
+        _mm512_mask_cvtepi32_storeu_epi8(srow + b0, mask16(g), code);
+    const unsigned nan = _mm512_cmpeq_epi32_mask(code, V32(0xFF)) & mask16(g);
     float f[16];
-    _mm512_storeu_ps(f, e8m0_factors(code));
-    enc_blocks32(xr, orow, 32 * b0, g, C, f, xf, ef, full);
-    unsigned nan = _mm512_cmpeq_epi32_mask(code, V32(0xFF)) & mask16(g);
-    while (nan) {
-        const int k = __builtin_ctz(nan);
-        nan &= nan - 1;
-        const int64_t q = 32 * (b0 + k);
-        fill_nan(orow, q, C - q < 32 ? C - q : 32, ef);
+    if (e8_em(code, mask16(g), ef, em_ok) == EM_SUB) {
+        _mm512_storeu_ps(f, e8m0_factors(code, ef, EM_SUB));
+        enc_blocks32(xr, orow, 32 * b0, g, C, f, nan, xf, ef, EM_SUB, clip_of(j), full, nt);
+    } else {
+        _mm512_storeu_ps(f, e8m0_factors(code, ef, EM_E8));
+        enc_blocks32(xr, orow, 32 * b0, g, C, f, nan, xf, ef, EM_E8, 0, full, nt);
     }
 }
 
-AI void mx_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf,
-                           lowp_format ef) {
+AI void mx_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
+                int em_ok, int nt) {
     const int64_t C = j->cols, nb = (C + 31) / 32;
     const size_t ob = code_bytes(ef, C);
     for (int64_t r = r0; r < r1; r++) {
@@ -475,42 +720,43 @@ AI void mx_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf,
         uint8_t *orow = (uint8_t *) j->row->data + (size_t) r * ob;
         uint8_t *srow = (uint8_t *) j->row->scales + (size_t) r * (size_t) nb;
         for (int64_t b0 = 0; b0 < nb; b0 += 16) {
-            if (32 * (b0 + 16) <= C) mx_group(j, xr, orow, srow, b0, xf, ef, 1);
-            else mx_group(j, xr, orow, srow, b0, xf, ef, 0);
+            if (32 * (b0 + 16) <= C)
+                mx_group(j, xr, orow, srow, b0, xf, ef, 1, em_ok, nt);
+            else
+                mx_group(j, xr, orow, srow, b0, xf, ef, 0, em_ok, nt);
         }
     }
 }
 
-/* MX32 with a columnwise copy: a 32x32 tile (rows [r0, r0+nr), columns [c0, c0+ncv)) holds
- * 32 row blocks and 32 column blocks. One pass takes both kinds of maxima (row maxima by the
- * tree, column maxima by a running vertical max), then the row codes and the transposed
- * column codes are produced from the tile, which is still in L1. */
-AI void mx_tile(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, int64_t ncv,
-                lowp_format xf, lowp_format ef, int full) {
+/* With a columnwise copy, any 32x32 tile (rows [r0, r0+nr), columns [c0, c0+ncv)): it holds 32
+ * row blocks and 32 column blocks. One pass takes both kinds of maxima (row maxima by the
+ * tree, column maxima by a running vertical max) and copies the tile to a buffer; the row
+ * codes and the transposed column codes come from the buffer. Used at the edges. */
+AI void mx_tile32(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, int64_t ncv,
+                  lowp_format xf, lowp_format ef, int em_ok) {
     const int64_t C = j->cols, R = j->rows;
     const size_t es = xsize(xf), stride = (size_t) C * es;
     const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * es;
+    _Alignas(64) char tile[32 * 32 * 4];
     __m512i rm[32], clo = _mm512_setzero_si512(), chi = clo;
     for (int i = 0; i < 32; i++) {
         const char *p = base + (size_t) (i < nr ? i : 0) * stride;
-        const int64_t n = full ? 32 : i < nr ? ncv : 0;
-        /* 32 rows a page apart are 32 streams, more than the hardware prefetchers follow:
-         * fetch this row's piece of the tile two tiles ahead. */
-        _mm_prefetch(p + 2 * 32 * es, _MM_HINT_T0);
-        if (xf == F32) _mm_prefetch(p + 2 * 32 * es + 64, _MM_HINT_T0);
+        const int64_t n = i < nr ? ncv : 0;
         if (xf == F32) {
             __m512 lo, hi;
-            ld32(p, xf, n, full, &lo, &hi);
+            ld32(p, xf, n, 0, &lo, &hi);
+            _mm512_storeu_ps(tile + 128 * i, lo);
+            _mm512_storeu_ps(tile + 128 * i + 64, hi);
             __m512i alo = _mm512_and_si512(_mm512_castps_si512(lo), V32(0x7FFFFFFF));
             __m512i ahi = _mm512_and_si512(_mm512_castps_si512(hi), V32(0x7FFFFFFF));
             rm[i] = _mm512_max_epu32(alo, ahi);
             clo = _mm512_max_epu32(clo, alo);
             chi = _mm512_max_epu32(chi, ahi);
         } else { /* clo collects 16-bit column maxima here, unpacked below */
-            __m512i v = full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask32(n), p);
-            __m512i a = _mm512_and_si512(v, V32(0x7FFF7FFF));
-            rm[i] = _mm512_max_epu32(_mm512_slli_epi32(a, 16), _mm512_and_si512(a, V32(0xFFFF0000)));
-            clo = _mm512_max_epu16(clo, a);
+            __m512i v = _mm512_maskz_loadu_epi16(mask32(n), p);
+            _mm512_storeu_si512(tile + 64 * i, v);
+            rm[i] = _mm512_and_si512(v, V32(0x7FFF7FFF));
+            clo = _mm512_max_epu16(clo, rm[i]);
         }
     }
     if (xf != F32) { /* the same lane order as ld32 */
@@ -522,30 +768,35 @@ AI void mx_tile(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, int
         uint8_t *sc = (uint8_t *) j->row->scales + (size_t) (c0 / 32);
         uint8_t *out = (uint8_t *) j->row->data;
         const size_t ob = code_bytes(ef, C);
+        const __m512i cv0 = e8m0_codes(tree16(rm, xf != F32), j->et, j->mode);
+        const __m512i cv1 = e8m0_codes(tree16(rm + 16, xf != F32), j->et, j->mode);
+        const int em = e8_em(cv0, mask16(nr), ef, em_ok) == EM_SUB &&
+                               e8_em(cv1, mask16(nr - 16), ef, em_ok) == EM_SUB
+                           ? EM_SUB
+                           : EM_E8;
         float f[32];
         uint8_t code[32];
-        for (int h = 0; h < 2; h++) {
-            __m512i cv = e8m0_codes(tree16(rm + 16 * h), j->et, j->mode);
-            _mm512_storeu_ps(f + 16 * h, e8m0_factors(cv));
-            _mm_storeu_si128((__m128i *) (code + 16 * h), _mm512_cvtepi32_epi8(cv));
-        }
-        for (int i = 0; i < nr; i++) sc[(size_t) (r0 + i) * (size_t) nbc] = code[i];
-        for (int i = 0; i < (full ? 32 : nr); i++) {
+        _mm512_storeu_ps(f, e8m0_factors(cv0, ef, em));
+        _mm512_storeu_ps(f + 16, e8m0_factors(cv1, ef, em));
+        _mm_storeu_si128((__m128i *) code, _mm512_cvtepi32_epi8(cv0));
+        _mm_storeu_si128((__m128i *) (code + 16), _mm512_cvtepi32_epi8(cv1));
+        for (int i = 0; i < nr; i++) {
+            sc[(size_t) (r0 + i) * (size_t) nbc] = code[i];
             __m512 lo, hi;
-            ld32(base + (size_t) i * stride, xf, full ? 32 : ncv, full, &lo, &hi);
+            ld32(tile + (size_t) i * 32 * es, xf, 32, 1, &lo, &hi);
             const __m512 fi = _mm512_set1_ps(f[i]);
-            st32(out + (size_t) (r0 + i) * ob, c0,
-                 pack2(enc16(_mm512_mul_ps(lo, fi), ef, 0), enc16(_mm512_mul_ps(hi, fi), ef, 0),
-                       xf),
-                 ef, ncv, full);
-        }
-        for (int i = 0; i < nr; i++)
+            __m256i b = em == EM_SUB ? pack2(encx(lo, fi, ef, EM_SUB), encx(hi, fi, ef, EM_SUB), xf,
+                                             ef, EM_SUB, clip_of(j))
+                                     : pack2(encx(lo, fi, ef, EM_E8), encx(hi, fi, ef, EM_E8), xf,
+                                             ef, EM_E8, 0);
+            st32(out + (size_t) (r0 + i) * ob, c0, b, ef, ncv, 0);
             if (code[i] == 0xFF) fill_nan(out + (size_t) (r0 + i) * ob, c0, ncv, ef);
+        }
     }
     if (j->col) {
         const int64_t nbr = (R + 31) / 32;
         uint8_t *sc = (uint8_t *) j->col->scales + (size_t) (r0 / 32);
-        __m512i cl = e8m0_codes(clo, j->et, j->mode), ch = e8m0_codes(chi, j->et, j->mode);
+        const __m512i cl = e8m0_codes(clo, j->et, j->mode), ch = e8m0_codes(chi, j->et, j->mode);
         uint8_t code[32];
         _mm_storeu_si128((__m128i *) code, _mm512_cvtepi32_epi8(cl));
         _mm_storeu_si128((__m128i *) (code + 16), _mm512_cvtepi32_epi8(ch));
@@ -553,31 +804,200 @@ AI void mx_tile(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, int
             const int cc = lane_col(xf, k >> 4, k & 15);
             if (cc < ncv) sc[(size_t) (c0 + cc) * (size_t) nbr] = code[k];
         }
-        col_seg(j, r0, nr, c0, ncv, e8m0_factors(cl), e8m0_factors(ch), xf, ef, 0);
-        uint8_t *out = (uint8_t *) j->col->data;
-        const size_t ob = code_bytes(ef, R);
-        for (int k = 0; k < 32; k++) {
-            const int cc = lane_col(xf, k >> 4, k & 15);
-            if (code[k] == 0xFF && cc < ncv) fill_nan(out + (size_t) (c0 + cc) * ob, r0, nr, ef);
+        const unsigned nan = _mm512_cmpeq_epi32_mask(cl, V32(0xFF)) |
+                             (unsigned) _mm512_cmpeq_epi32_mask(ch, V32(0xFF)) << 16;
+        if (e8_em(cl, 0xFFFF, ef, em_ok) == EM_SUB && e8_em(ch, 0xFFFF, ef, em_ok) == EM_SUB)
+            col_seg(j, tile, r0, nr, c0, ncv, e8m0_factors(cl, ef, EM_SUB),
+                    e8m0_factors(ch, ef, EM_SUB), nan, xf, ef, EM_SUB, clip_of(j));
+        else
+            col_seg(j, tile, r0, nr, c0, ncv, e8m0_factors(cl, ef, EM_E8),
+                    e8m0_factors(ch, ef, EM_E8), nan, xf, ef, EM_E8, 0);
+    }
+}
+
+/* Row codes of a full 64x64 tile buffer: row i's blocks scaled by f0[i], f1[i]. */
+AI void tile64_rows(const lowp_quant_job *j, const char *tile, int64_t r0, int64_t c0,
+                    const float *f0, const float *f1, const uint8_t *c0s, const uint8_t *c1s,
+                    lowp_format xf, lowp_format ef, int em, int clip, int nt) {
+    const size_t es = xsize(xf), pitch = 64 * es, ob = code_bytes(ef, j->cols);
+    uint8_t *out = (uint8_t *) j->row->data + (size_t) r0 * ob;
+    for (int i = 0; i < 64; i++) {
+        __m512 a, b, c, d;
+        ld32(tile + (size_t) i * pitch, xf, 32, 1, &a, &b);
+        ld32(tile + (size_t) i * pitch + 32 * es, xf, 32, 1, &c, &d);
+        const __m512 g0 = _mm512_set1_ps(f0[i]), g1 = _mm512_set1_ps(f1[i]);
+        const unsigned nan2 = (c0s[i] == 0xFF) | (unsigned) (c1s[i] == 0xFF) << 1;
+        st64(out + (size_t) i * ob, c0,
+             pack4(encx(a, g0, ef, em), encx(b, g0, ef, em), encx(c, g1, ef, em),
+                   encx(d, g1, ef, em), xf, ef, em, clip),
+             ef, 64, 1, nan2, nt);
+    }
+}
+
+/* Column codes of a full 64x64 tile buffer: per 32-column segment s and half h, the two
+ * 32-row blocks (factors f[b][2s+h]) transposed and stored as 64-byte output rows. */
+AI void tile64_cols(const lowp_quant_job *j, const char *tile, int64_t r0, int64_t c0,
+                    const __m512 f[2][4], const unsigned nan[2][4], lowp_format xf, lowp_format ef,
+                    int em, int clip, int nt) {
+    const size_t es = xsize(xf), pitch = 64 * es;
+    for (int s = 0; s < 2; s++)
+        for (int h = 0; h < 2; h++) {
+            __m512i z0[8], z1[8];
+            col_codes(tile + 32 * s * es, pitch, h, f[0][2 * s + h], xf, ef, em, clip, z0);
+            col_codes(tile + 32 * pitch + 32 * s * es, pitch, h, f[1][2 * s + h], xf, ef, em, clip,
+                      z1);
+            col_store64(j, z0, z1, r0, c0 + 32 * s, h, nan[0][2 * s + h], nan[1][2 * s + h], xf, ef,
+                        nt);
+        }
+}
+
+/* A full 64x64 tile with a columnwise copy (r0 a multiple of 64, all present): the maxima
+ * pass copies it to a buffer and prefetches the next tile to the right (64 rows a page apart
+ * are more streams than the hardware prefetchers follow). Every output line is written by
+ * one store: 64 row codes per row, 64 column codes per column. */
+AI void mx_tile64(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format xf, lowp_format ef,
+                  int want_row, int em_ok, int nt_row, int nt_col) {
+    const int64_t C = j->cols, R = j->rows;
+    const size_t es = xsize(xf), stride = (size_t) C * es, pitch = 64 * es;
+    const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * es;
+    _Alignas(64) char tile[64 * 64 * 4];
+    __m512i rm[2][64]; /* row maxima of block k (columns 32k..) of row i */
+    __m512i cm[2][4];  /* column maxima of band b (rows 32b..): F32 per 16 columns, BF16 u16 */
+    for (int b = 0; b < 2; b++) {
+        for (int q = 0; q < 4; q++) cm[b][q] = _mm512_setzero_si512();
+        for (int i = 32 * b; i < 32 * b + 32; i++) {
+            const char *p = base + (size_t) i * stride;
+            char *tp = tile + (size_t) i * pitch;
+            for (size_t o = 0; o < pitch; o += 64) prefetch(p, pitch + o);
+            for (int k = 0; k < 2; k++) {
+                if (xf == F32) {
+                    __m512i lo = _mm512_loadu_si512(p + 128 * k);
+                    __m512i hi = _mm512_loadu_si512(p + 128 * k + 64);
+                    _mm512_store_si512(tp + 128 * k, lo);
+                    _mm512_store_si512(tp + 128 * k + 64, hi);
+                    __m512i alo = _mm512_and_si512(lo, V32(0x7FFFFFFF));
+                    __m512i ahi = _mm512_and_si512(hi, V32(0x7FFFFFFF));
+                    if (want_row) rm[k][i] = _mm512_max_epu32(alo, ahi);
+                    cm[b][2 * k] = _mm512_max_epu32(cm[b][2 * k], alo);
+                    cm[b][2 * k + 1] = _mm512_max_epu32(cm[b][2 * k + 1], ahi);
+                } else {
+                    __m512i v = _mm512_loadu_si512(p + 64 * k);
+                    _mm512_store_si512(tp + 64 * k, v);
+                    __m512i a = _mm512_and_si512(v, V32(0x7FFF7FFF));
+                    if (want_row) rm[k][i] = a;
+                    cm[b][k] = _mm512_max_epu16(cm[b][k], a);
+                }
+            }
+        }
+        if (xf != F32) { /* u16 maxima of 32 columns -> the ld32 halves */
+            for (int s = 1; s >= 0; s--) {
+                cm[b][2 * s + 1] = _mm512_unpackhi_epi16(_mm512_setzero_si512(), cm[b][s]);
+                cm[b][2 * s] = _mm512_unpacklo_epi16(_mm512_setzero_si512(), cm[b][s]);
+            }
+        }
+    }
+    if (want_row) {
+        const int64_t nbc = (C + 31) / 32;
+        uint8_t *sc = (uint8_t *) j->row->scales + (size_t) r0 * (size_t) nbc + (size_t) (c0 / 32);
+        _Alignas(64) float f[2][64];
+        _Alignas(64) uint8_t code[2][64];
+        __m512i cv[2][4];
+        int em = EM_SUB;
+        for (int k = 0; k < 2; k++)
+            for (int q = 0; q < 4; q++) {
+                cv[k][q] = e8m0_codes(tree16(rm[k] + 16 * q, xf != F32), j->et, j->mode);
+                if (e8_em(cv[k][q], 0xFFFF, ef, em_ok) != EM_SUB) em = EM_E8;
+                _mm_storeu_si128((__m128i *) (code[k] + 16 * q), _mm512_cvtepi32_epi8(cv[k][q]));
+            }
+        for (int k = 0; k < 2; k++)
+            for (int q = 0; q < 4; q++)
+                _mm512_storeu_ps(f[k] + 16 * q, e8m0_factors(cv[k][q], ef, em));
+        for (int i = 0; i < 64; i++) { /* the row's two scales, one 16-bit store */
+            const uint16_t pair = (uint16_t) (code[0][i] | code[1][i] << 8);
+            memcpy(sc + (size_t) i * (size_t) nbc, &pair, 2);
+        }
+        if (em == EM_SUB)
+            tile64_rows(j, tile, r0, c0, f[0], f[1], code[0], code[1], xf, ef, EM_SUB, clip_of(j),
+                        nt_row);
+        else
+            tile64_rows(j, tile, r0, c0, f[0], f[1], code[0], code[1], xf, ef, EM_E8, 0, nt_row);
+    }
+    {
+        const int64_t nbr = (R + 31) / 32;
+        uint8_t *sc = (uint8_t *) j->col->scales + (size_t) (r0 / 32);
+        __m512i cv[2][4];
+        __m512 f[2][4];
+        unsigned nan[2][4];
+        __m128i cb[2][4]; /* the codes as bytes, lane order */
+        int em = EM_SUB;
+        for (int b = 0; b < 2; b++)
+            for (int q = 0; q < 4; q++) {
+                cv[b][q] = e8m0_codes(cm[b][q], j->et, j->mode);
+                if (e8_em(cv[b][q], 0xFFFF, ef, em_ok) != EM_SUB) em = EM_E8;
+                nan[b][q] = _mm512_cmpeq_epi32_mask(cv[b][q], V32(0xFF));
+                cb[b][q] = _mm512_cvtepi32_epi8(cv[b][q]);
+            }
+        for (int b = 0; b < 2; b++)
+            for (int q = 0; q < 4; q++) f[b][q] = e8m0_factors(cv[b][q], ef, em);
+        /* Each column's scales of both blocks, one 16-bit store, columns in order: the halves
+         * of a segment in column order (BF16 lanes interleave groups of four), then bytes of
+         * the two blocks paired. */
+        _Alignas(64) uint16_t pair[64];
+        for (int s = 0; s < 2; s++) {
+            __m128i nat[2][2]; /* [block][columns 0-15, 16-31] */
+            for (int b = 0; b < 2; b++) {
+                const __m128i lo = cb[b][2 * s], hi = cb[b][2 * s + 1];
+                nat[b][0] = xf == F32 ? lo : _mm_unpacklo_epi32(lo, hi);
+                nat[b][1] = xf == F32 ? hi : _mm_unpackhi_epi32(lo, hi);
+            }
+            for (int g = 0; g < 2; g++) {
+                _mm_store_si128((__m128i *) (pair + 32 * s + 16 * g),
+                                _mm_unpacklo_epi8(nat[0][g], nat[1][g]));
+                _mm_store_si128((__m128i *) (pair + 32 * s + 16 * g + 8),
+                                _mm_unpackhi_epi8(nat[0][g], nat[1][g]));
+            }
+        }
+        uint8_t *d = sc + (size_t) c0 * (size_t) nbr;
+        for (int c = 0; c < 64; c++, d += nbr) memcpy(d, &pair[c], 2);
+        if (em == EM_SUB)
+            tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, (const unsigned(*)[4]) nan, xf, ef,
+                        EM_SUB, clip_of(j), nt_col);
+        else
+            tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, (const unsigned(*)[4]) nan, xf, ef,
+                        EM_E8, 0, nt_col);
+    }
+}
+
+/* MX32 with a columnwise copy over rows [r0, r1) (r0 a multiple of 32). 256-row super-bands,
+ * swept left to right in 64x64 tiles (edges in 32x32 tiles). */
+AI void mx_bands(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
+                 int em_ok, int nt_row, int nt_col) {
+    const int64_t C = j->cols;
+    for (int64_t sb = r0; sb < r1; sb += 256) {
+        const int64_t se = min64(sb + 256, r1);
+        for (int64_t c0 = 0; c0 < C; c0 += 64) {
+            for (int64_t r = sb; r < se; r += 64) {
+                if (r + 64 <= se && c0 + 64 <= C && r % 64 == 0) {
+                    const int ntc = nt_col; /* r % 64 == 0: output lines are whole */
+                    if (j->row)
+                        mx_tile64(j, r, c0, xf, ef, 1, em_ok, nt_row, ntc);
+                    else
+                        mx_tile64(j, r, c0, xf, ef, 0, em_ok, nt_row, ntc);
+                    continue;
+                }
+                for (int64_t rr = r; rr < min64(r + 64, se); rr += 32)
+                    for (int64_t cc = c0; cc < min64(c0 + 64, C); cc += 32)
+                        mx_tile32(j, rr, min64(se - rr, 32), cc, min64(C - cc, 32), xf, ef, em_ok);
+            }
         }
     }
 }
 
-AI void mx_bands(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf,
-                            lowp_format ef) {
-    for (int64_t r = r0; r < r1; r += 32) {
-        const int64_t nr = r1 - r < 32 ? r1 - r : 32;
-        for (int64_t c0 = 0; c0 < j->cols; c0 += 32) {
-            const int64_t ncv = j->cols - c0 < 32 ? j->cols - c0 : 32;
-            if (nr == 32 && ncv == 32) mx_tile(j, r, 32, c0, 32, xf, ef, 1);
-            else mx_tile(j, r, nr, c0, ncv, xf, ef, 0);
-        }
-    }
-}
+/* ---- BLOCK128 ---- */
 
-/* BLOCK128 rowwise copy: per row, per 128 columns: maximum, the scalar binary32 rule, codes. */
-AI void b128_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf,
-                             lowp_format ef) {
+/* Rowwise copy: per row, per 128 columns: maximum, the scalar binary32 rule, codes. */
+AI void b128_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
+                  int nt) {
     const int64_t C = j->cols, nb = (C + 127) / 128;
     const size_t es = xsize(xf), ob = code_bytes(ef, C);
     for (int64_t r = r0; r < r1; r++) {
@@ -585,31 +1005,32 @@ AI void b128_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format x
         uint8_t *orow = (uint8_t *) j->row->data + (size_t) r * ob;
         float *sc = (float *) j->row->scales + (size_t) r * (size_t) nb;
         for (int64_t b = 0; b < nb; b++) {
-            const int64_t p = 128 * b, n = C - p < 128 ? C - p : 128;
+            const int64_t p = 128 * b, n = min64(C - p, 128);
             __m512i m = _mm512_setzero_si512();
             if (n == 128) {
                 for (int k = 0; k < 4; k++)
                     m = _mm512_max_epu32(m, amax32(xr + (size_t) (p + 32 * k) * es, xf, 32, 1));
             } else {
                 for (int k = 0; 32 * k < n; k++)
-                    m = _mm512_max_epu32(m, amax32(xr + (size_t) (p + 32 * k) * es, xf, n - 32 * k, 0));
+                    m = _mm512_max_epu32(
+                        m, amax32(xr + (size_t) (p + 32 * k) * es, xf, n - 32 * k, 0));
             }
-            const float s = lowp_rule_fp32_scale(hmax(m), j->et->fmax, j->eps, j->pow2);
+            const uint32_t am = _mm512_reduce_max_epu32(m);
+            const float s = lowp_rule_fp32_scale(lowp_u2f(am), j->et->fmax, j->eps, j->pow2);
             sc[b] = 1.0f / s;
-            enc_run(xr, orow, p, n, _mm512_set1_ps(s), xf, ef);
+            enc_run_a(xr, orow, p, n, _mm512_set1_ps(s), am, xf, ef, nt);
         }
     }
 }
 
-/* BLOCK128 columnwise copy of the band [r0, r0+nr) (nr <= 128): per 32-column segment, the
- * vertical maxima of the band, the scalar rule per column, then 32-row chunks of codes. */
-AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf,
-                             lowp_format ef) {
+/* Columnwise copy of the band [r0, r0+nr) (nr <= 128): per 32-column segment, the vertical
+ * maxima of the band, the scalar rule per column, then 32-row chunks of codes. */
+AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef) {
     const int64_t C = j->cols, nbr = (j->rows + 127) / 128;
     const size_t es = xsize(xf), stride = (size_t) C * es;
     float *sc = (float *) j->col->scales + (size_t) (r0 / 128);
     for (int64_t c0 = 0; c0 < C; c0 += 32) {
-        const int64_t ncv = C - c0 < 32 ? C - c0 : 32;
+        const int64_t ncv = min64(C - c0, 32);
         const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * es;
         __m512i lo = _mm512_setzero_si512(), hi = lo;
         for (int64_t i = 0; i < nr; i++) {
@@ -617,10 +1038,13 @@ AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format x
             if (xf == F32) {
                 __m512 a, b;
                 ld32(p, xf, ncv, ncv == 32, &a, &b);
-                lo = _mm512_max_epu32(lo, _mm512_and_si512(_mm512_castps_si512(a), V32(0x7FFFFFFF)));
-                hi = _mm512_max_epu32(hi, _mm512_and_si512(_mm512_castps_si512(b), V32(0x7FFFFFFF)));
+                lo =
+                    _mm512_max_epu32(lo, _mm512_and_si512(_mm512_castps_si512(a), V32(0x7FFFFFFF)));
+                hi =
+                    _mm512_max_epu32(hi, _mm512_and_si512(_mm512_castps_si512(b), V32(0x7FFFFFFF)));
             } else {
-                __m512i v = ncv == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask32(ncv), p);
+                __m512i v =
+                    ncv == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask32(ncv), p);
                 lo = _mm512_max_epu16(lo, _mm512_and_si512(v, V32(0x7FFF7FFF)));
             }
         }
@@ -638,50 +1062,73 @@ AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format x
             if (cc < ncv) sc[(size_t) (c0 + cc) * (size_t) nbr] = 1.0f / s[k];
         }
         const __m512 flo = _mm512_loadu_ps(s), fhi = _mm512_loadu_ps(s + 16);
-        for (int64_t i = 0; i < nr; i += 32)
-            col_seg(j, r0 + i, nr - i < 32 ? nr - i : 32, c0, ncv, flo, fhi, xf, ef, 1);
+        const int fin = fp32_em(_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi))) == EM_FIN;
+        for (int64_t i = 0; i < nr; i += 32) {
+            if (fin)
+                col_seg_x(j, r0 + i, min64(nr - i, 32), c0, ncv, flo, fhi, 0, xf, ef, EM_FIN, 0);
+            else
+                col_seg_x(j, r0 + i, min64(nr - i, 32), c0, ncv, flo, fhi, 0, xf, ef, EM_FP32, 0);
+        }
     }
 }
 
-/* BLOCK32X32 and BLOCK128X128 over the band [r0, r0+nr) (nr <= bs), in chunks of 512 columns:
- * the tile maxima in one row-major pass (sequential reads), then the row codes row by row and
- * the column codes in 32x32 transposes. */
-AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf,
-                         lowp_format ef) {
-    const int e8 = j->scaling == LOWP_SCALING_BLOCK32X32;
+/* ---- BLOCK32X32 and BLOCK128X128 ---- */
+
+/* The band [r0, r0+nr) (nr <= bs), in chunks of 512 columns: the tile maxima in one row-major
+ * pass (sequential reads), then the row codes row by row and the column codes in 32x32
+ * transposes. */
+AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef,
+              int em_ok, int nt) {
+    const int e8 = j->scaling == LOWP_SCALING_BLOCK32X32, clip = clip_of(j);
     const int64_t bs = e8 ? 32 : 128, C = j->cols, R = j->rows;
     const int64_t nbc = (C + bs - 1) / bs, nbr = (R + bs - 1) / bs, tr = r0 / bs;
     const size_t es = xsize(xf);
     for (int64_t c0 = 0; c0 < C; c0 += 512) {
-        const int64_t w = C - c0 < 512 ? C - c0 : 512;
-        const int nt = (int) ((w + bs - 1) / bs), tc0 = (int) (c0 / bs);
+        const int64_t w = min64(C - c0, 512);
+        const int ntl = (int) ((w + bs - 1) / bs), tc0 = (int) (c0 / bs);
         const int full = w == 512;
         __m512i m[16];
         for (int k = 0; k < 16; k++) m[k] = _mm512_setzero_si512();
         for (int64_t i = 0; i < nr; i++) {
             const char *xr = xrow(j, xf, r0 + i) + (size_t) c0 * es;
+            /* up to 128 rows are more streams than the hardware prefetchers follow: the row's
+             * next chunk, into L2 (this one is read again from there) */
+            for (size_t o = 0; o < 512 * es; o += 64) prefetch(xr, 512 * es + o);
             for (int k = 0; k < 16; k++) { /* 32-column pieces; piece k is in tile k*32/bs */
                 const int t = e8 ? k : k / 4;
-                if (full) m[t] = _mm512_max_epu32(m[t], amax32(xr + (size_t) (32 * k) * es, xf, 32, 1));
-                else if (32 * k < w)
-                    m[t] = _mm512_max_epu32(m[t], amax32(xr + (size_t) (32 * k) * es, xf, w - 32 * k, 0));
+                if (!full && 32 * k >= w) break;
+                const char *pk = xr + (size_t) (32 * k) * es;
+                if (e8) /* 16-bit magnitudes for BF16, folded by tree16 */
+                    m[t] =
+                        umax(m[t], full ? amax32w(pk, xf, 32, 1) : amax32w(pk, xf, w - 32 * k, 0),
+                             xf != F32);
+                else
+                    m[t] = _mm512_max_epu32(m[t], full ? amax32(pk, xf, 32, 1)
+                                                       : amax32(pk, xf, w - 32 * k, 0));
             }
         }
         float f[16]; /* factor (E8M0) or scale (binary32) of each tile */
+        uint32_t am[16];
         uint8_t code[16];
+        unsigned nan = 0;
+        int em = EM_FP32;
         if (e8) {
-            const __m512i cv = e8m0_codes(tree16(m), j->et, j->mode);
-            _mm512_storeu_ps(f, e8m0_factors(cv));
+            const __m512i cv = e8m0_codes(tree16(m, xf != F32), j->et, j->mode);
+            em = e8_em(cv, mask16(ntl), ef, em_ok);
+            _mm512_storeu_ps(f, e8m0_factors(cv, ef, em));
             _mm_storeu_si128((__m128i *) code, _mm512_cvtepi32_epi8(cv));
-            for (int t = 0; t < nt; t++) {
+            nan = _mm512_cmpeq_epi32_mask(cv, V32(0xFF)) & mask16(ntl);
+            for (int t = 0; t < ntl; t++) {
                 if (j->row) ((uint8_t *) j->row->scales)[(size_t) (tr * nbc + tc0 + t)] = code[t];
                 if (j->col) ((uint8_t *) j->col->scales)[(size_t) ((tc0 + t) * nbr + tr)] = code[t];
             }
         } else {
-            for (int t = 0; t < nt; t++) {
-                f[t] = lowp_rule_fp32_scale(hmax(m[t]), j->et->fmax, j->eps, j->pow2);
+            for (int t = 0; t < ntl; t++) {
+                am[t] = _mm512_reduce_max_epu32(m[t]);
+                f[t] = lowp_rule_fp32_scale(lowp_u2f(am[t]), j->et->fmax, j->eps, j->pow2);
                 if (j->row) ((float *) j->row->scales)[(size_t) (tr * nbc + tc0 + t)] = 1.0f / f[t];
-                if (j->col) ((float *) j->col->scales)[(size_t) ((tc0 + t) * nbr + tr)] = 1.0f / f[t];
+                if (j->col)
+                    ((float *) j->col->scales)[(size_t) ((tc0 + t) * nbr + tr)] = 1.0f / f[t];
             }
         }
         if (j->row) {
@@ -689,45 +1136,53 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf,
             for (int64_t i = 0; i < nr; i++) {
                 const char *xr = xrow(j, xf, r0 + i);
                 uint8_t *orow = (uint8_t *) j->row->data + (size_t) (r0 + i) * ob;
-                if (e8) {
-                    if (full) enc_blocks32(xr, orow, c0, 16, C, f, xf, ef, 1);
-                    else enc_blocks32(xr, orow, c0, nt, C, f, xf, ef, 0);
-                    for (int t = 0; t < nt; t++)
-                        if (code[t] == 0xFF) {
-                            const int64_t p = c0 + 32 * t;
-                            fill_nan(orow, p, C - p < 32 ? C - p : 32, ef);
-                        }
+                if (em == EM_SUB) {
+                    if (full)
+                        enc_blocks32(xr, orow, c0, 16, C, f, nan, xf, ef, EM_SUB, clip, 1, nt);
+                    else
+                        enc_blocks32(xr, orow, c0, ntl, C, f, nan, xf, ef, EM_SUB, clip, 0, nt);
+                } else if (em == EM_E8) {
+                    if (full)
+                        enc_blocks32(xr, orow, c0, 16, C, f, nan, xf, ef, EM_E8, 0, 1, nt);
+                    else
+                        enc_blocks32(xr, orow, c0, ntl, C, f, nan, xf, ef, EM_E8, 0, 0, nt);
                 } else {
-                    for (int t = 0; t < nt; t++) {
+                    for (int t = 0; t < ntl; t++) {
                         const int64_t p = c0 + 128 * t;
-                        enc_run(xr, orow, p, C - p < 128 ? C - p : 128, _mm512_set1_ps(f[t]), xf, ef);
+                        enc_run_a(xr, orow, p, min64(C - p, 128), _mm512_set1_ps(f[t]), am[t], xf,
+                                  ef, nt);
                     }
                 }
             }
         }
         if (j->col) {
-            const size_t ob = code_bytes(ef, R);
             for (int64_t s = 0; s < w; s += 32) {
                 const int t = (int) (s / bs);
-                const int64_t ncv = w - s < 32 ? w - s : 32;
+                const int64_t ncv = min64(w - s, 32);
                 const __m512 ft = _mm512_set1_ps(f[t]);
+                const unsigned tn = (nan >> t) & 1 ? 0xFFFFFFFFu : 0u;
                 for (int64_t i = 0; i < nr; i += 32) {
-                    const int64_t n = nr - i < 32 ? nr - i : 32;
-                    col_seg(j, r0 + i, n, c0 + s, ncv, ft, ft, xf, ef, !e8);
-                    if (e8 && code[t] == 0xFF)
-                        for (int64_t c = 0; c < ncv; c++)
-                            fill_nan((uint8_t *) j->col->data + (size_t) (c0 + s + c) * ob, r0 + i,
-                                     n, ef);
+                    const int64_t n = min64(nr - i, 32);
+                    if (em == EM_SUB)
+                        col_seg_x(j, r0 + i, n, c0 + s, ncv, ft, ft, tn, xf, ef, EM_SUB, clip);
+                    else if (em == EM_E8)
+                        col_seg_x(j, r0 + i, n, c0 + s, ncv, ft, ft, tn, xf, ef, EM_E8, 0);
+                    else if (fp32_em(am[t]) == EM_FIN)
+                        col_seg_x(j, r0 + i, n, c0 + s, ncv, ft, ft, 0, xf, ef, EM_FIN, 0);
+                    else
+                        col_seg_x(j, r0 + i, n, c0 + s, ncv, ft, ft, 0, xf, ef, EM_FP32, 0);
                 }
             }
         }
     }
 }
 
-/* ROW rowwise copy: per row, the maximum, the scalar rule (stored as scale_inv), codes; the
- * row is reread from L1. */
-AI void row_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf,
-                            lowp_format ef) {
+/* ---- ROW ---- */
+
+/* Rowwise copy: per row, the maximum, the scalar rule (stored as scale_inv), codes; the row
+ * is reread from L1. */
+AI void row_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
+                 int nt) {
     const int64_t C = j->cols;
     const size_t es = xsize(xf), ob = code_bytes(ef, C);
     for (int64_t r = r0; r < r1; r++) {
@@ -738,49 +1193,67 @@ AI void row_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf
             m0 = _mm512_max_epu32(m0, amax32(xr + (size_t) c * es, xf, 32, 1));
             m1 = _mm512_max_epu32(m1, amax32(xr + (size_t) (c + 32) * es, xf, 32, 1));
         }
-        for (; c < C; c += 32) m0 = _mm512_max_epu32(m0, amax32(xr + (size_t) c * es, xf, C - c, 0));
-        const float s = lowp_rule_fp32_scale(hmax(_mm512_max_epu32(m0, m1)), j->et->fmax, j->eps,
-                                             j->pow2);
+        for (; c < C; c += 32)
+            m0 = _mm512_max_epu32(m0, amax32(xr + (size_t) c * es, xf, C - c, 0));
+        const uint32_t am = _mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
+        const float s = lowp_rule_fp32_scale(lowp_u2f(am), j->et->fmax, j->eps, j->pow2);
         ((float *) j->row->scales)[r] = 1.0f / s;
-        enc_run(xr, (uint8_t *) j->row->data + (size_t) r * ob, 0, C, _mm512_set1_ps(s), xf, ef);
+        enc_run_a(xr, (uint8_t *) j->row->data + (size_t) r * ob, 0, C, _mm512_set1_ps(s), am, xf,
+                  ef, nt);
     }
 }
 
 /* ---- entry points ---- */
 
-AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf,
-                       lowp_format ef) {
+/* Non-temporal stores for a copy: large enough, 8-bit codes, and 64-byte aligned rows. */
+static int want_nt(const lowp_qtensor *q) {
+    if (!q || q->format == LOWP_FORMAT_E2M1) return 0;
+    const size_t bytes = (size_t) q->rows * (size_t) q->cols;
+    return bytes >= NT_MIN_BYTES && (uintptr_t) q->data % 64 == 0 && q->cols % 64 == 0;
+}
+
+AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef) {
+    /* enc16_sub: BF16 input only (its exactness argument), and subnormals kept */
+    const int em_ok = xf != F32 && subnormals_kept();
+    /* non-temporal stores in the dual-axis kernel only (see the file comment) */
+    const int dual = j->scaling == LOWP_SCALING_MX32 && j->col;
+    const int nt_row = dual && want_nt(j->row), nt_col = dual && want_nt(j->col);
     switch (j->scaling) {
     case LOWP_SCALING_TENSOR:
         if (j->row) {
             const size_t ob = code_bytes(ef, j->cols);
             for (int64_t r = r0; r < r1; r++)
                 enc_run(xrow(j, xf, r), (uint8_t *) j->row->data + (size_t) r * ob, 0, j->cols,
-                        _mm512_set1_ps(j->tensor_scale), xf, ef);
+                        _mm512_set1_ps(j->tensor_scale), xf, ef, EM_FP32, nt_row);
         }
         if (j->col) col_fp32(j, r0, r1, NULL, j->tensor_scale, xf, ef);
         break;
     case LOWP_SCALING_ROW:
-        if (j->row) row_rows(j, r0, r1, xf, ef);
+        if (j->row) row_rows(j, r0, r1, xf, ef, nt_row);
         if (j->col) col_fp32(j, r0, r1, j->col_scale, 0.0f, xf, ef);
         break;
     case LOWP_SCALING_MX32:
-        if (j->col) mx_bands(j, r0, r1, xf, ef); /* also writes the row copy, if any */
-        else mx_rows(j, r0, r1, xf, ef);
+        if (j->col)
+            mx_bands(j, r0, r1, xf, ef, em_ok, nt_row, nt_col); /* and the row copy */
+        else
+            mx_rows(j, r0, r1, xf, ef, em_ok, nt_row);
         break;
     case LOWP_SCALING_BLOCK128:
-        if (j->row) b128_rows(j, r0, r1, xf, ef);
+        if (j->row) b128_rows(j, r0, r1, xf, ef, nt_row);
         if (j->col)
-            for (int64_t r = r0; r < r1; r += 128) b128_cols(j, r, r1 - r < 128 ? r1 - r : 128, xf, ef);
+            for (int64_t r = r0; r < r1; r += 128) b128_cols(j, r, min64(r1 - r, 128), xf, ef);
         break;
     case LOWP_SCALING_BLOCK32X32:
     case LOWP_SCALING_BLOCK128X128: {
         const int64_t bs = j->scaling == LOWP_SCALING_BLOCK32X32 ? 32 : 128;
-        for (int64_t r = r0; r < r1; r += bs) tiles(j, r, r1 - r < bs ? r1 - r : bs, xf, ef);
+        for (int64_t r = r0; r < r1; r += bs) tiles(j, r, min64(r1 - r, bs), xf, ef, em_ok, nt_row);
         break;
     }
     default: break;
     }
+    /* Non-temporal stores are weakly ordered: make them visible before the caller (or the
+     * thread that joins this one) reads the outputs. */
+    if (nt_row || nt_col) _mm_sfence();
 }
 
 int lowp_cpu_quant_avx512_supports(const lowp_quant_job *j) {
@@ -800,9 +1273,9 @@ int lowp_cpu_quant_avx512_supports(const lowp_quant_job *j) {
 
 /* One specialized instance per (input, element) format pair: the format arguments are
  * compile-time constants inside, so their switches fold away and shifts are immediates. */
-#define INSTANCE(NAME, XF, EF)                                                                    \
-    static __attribute__((noinline)) void NAME(const lowp_quant_job *j, int64_t r0, int64_t r1) { \
-        run(j, r0, r1, XF, EF);                                                                   \
+#define INSTANCE(NAME, XF, EF)                                                                     \
+    static __attribute__((noinline)) void NAME(const lowp_quant_job *j, int64_t r0, int64_t r1) {  \
+        run(j, r0, r1, XF, EF);                                                                    \
     }
 INSTANCE(run_f32_e4m3, LOWP_FORMAT_F32, LOWP_FORMAT_E4M3)
 INSTANCE(run_f32_e5m2, LOWP_FORMAT_F32, LOWP_FORMAT_E5M2)
@@ -818,5 +1291,48 @@ void lowp_cpu_quant_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1) {
     case LOWP_FORMAT_E5M2: bf ? run_bf16_e5m2(j, r0, r1) : run_f32_e5m2(j, r0, r1); return;
     case LOWP_FORMAT_E2M1: bf ? run_bf16_e2m1(j, r0, r1) : run_f32_e2m1(j, r0, r1); return;
     default: lowp_cpu_quant_ref(j, r0, r1); return;
+    }
+}
+
+/* ---- whole-tensor passes for the dispatcher (quant.c) ---- */
+
+/* Largest |x| bit pattern over rows [r0, r1) (NaN patterns sort above Inf, as in tensor_amax). */
+uint32_t lowp_cpu_amax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1) {
+    const lowp_format xf = j->xfmt;
+    const int64_t C = j->cols;
+    const size_t es = xsize(xf);
+    __m512i m0 = _mm512_setzero_si512(), m1 = m0;
+    for (int64_t r = r0; r < r1; r++) {
+        const char *xr = xrow(j, xf, r);
+        int64_t c = 0;
+        for (; c + 64 <= C; c += 64) {
+            m0 = _mm512_max_epu32(m0, amax32(xr + (size_t) c * es, xf, 32, 1));
+            m1 = _mm512_max_epu32(m1, amax32(xr + (size_t) (c + 32) * es, xf, 32, 1));
+        }
+        for (; c < C; c += 32)
+            m0 = _mm512_max_epu32(m0, amax32(xr + (size_t) c * es, xf, C - c, 0));
+    }
+    return _mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
+}
+
+/* acc[c] = max(acc[c], |x[r][c]| bit patterns over rows [r0, r1)), columns in natural order. */
+void lowp_cpu_colamax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1, uint32_t *acc) {
+    const lowp_format xf = j->xfmt;
+    const int64_t C = j->cols;
+    for (int64_t r = r0; r < r1; r++) {
+        const char *xr = xrow(j, xf, r);
+        for (int64_t c = 0; c < C; c += 16) {
+            const __mmask16 m = mask16(C - c);
+            __m512i v;
+            if (xf == F32)
+                v = _mm512_maskz_loadu_epi32(m, (const float *) xr + c);
+            else /* natural order here: widen, then into the binary32 position */
+                v = _mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *) xr + c)),
+                    16);
+            v = _mm512_max_epu32(_mm512_and_si512(v, V32(0x7FFFFFFF)),
+                                 _mm512_maskz_loadu_epi32(m, acc + c));
+            _mm512_mask_storeu_epi32(acc + c, m, v);
+        }
     }
 }

@@ -1,0 +1,685 @@
+/* The fast CPU GEMM kernels (AVX-512 SGEMM, the blocked BF16 driver on its VDPBF16PS, IEEE
+ * binary32 and AMX micro-kernels) against the scalar reference (NUMERICS.md section 6): for
+ * every operand pair and element format, relative Frobenius error <= 1e-5 of ||C|| and NaN/Inf
+ * in exactly the reference's positions, on awkward shapes, with accumulate and BF16 output, on
+ * 1 and 2 threads, for split-M and split-K grouped GEMMs, with NaN/Inf inputs and blocks of
+ * extreme scale. The AMX kernel also runs here under a scalar model of the tile instructions
+ * (this file includes src/cpu/gemm_amx.c with LOWP_AMX_EMULATE), so its layouts are tested on
+ * machines without AMX; the real one runs where AMX is granted. */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "cpu/gemm_blk.h"
+#include "lowp/lowp.h"
+#include "lowp/gemm.h"
+#include "testutil.h"
+
+#define LOWP_AMX_EMULATE 1
+#include "cpu/gemm_amx.c"
+
+static uint64_t g_rng = 0x243F6A8885A308D3ull;
+static double urand(void) {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (double) (g_rng >> 11) / 9007199254740992.0;
+}
+static float gauss(void) {
+    double u = urand() + 1e-300, v = urand();
+    return (float) (sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* What to plant in an operand's float input before quantizing it. */
+enum {
+    SPICE_NONE = 0,
+    SPICE_NANINF = 1,    /* a few NaN, +Inf, -Inf elements */
+    SPICE_EXTREME = 2,   /* some 32-column blocks scaled by 1e-38, 1e-30, 1e-12 or 1e30 */
+    SPICE_DENORM = 4,    /* plain BF16: some denormal elements */
+    SPICE_TINY = 8,      /* every element scaled by 1e-20 (products near the denormals) */
+    SPICE_SUBSCALE = 16, /* a few 32-column blocks scaled by 1e-38 (MX scale code 0, nonzero) */
+};
+
+typedef struct operand {
+    lowp_qtensor q;
+    float *src;
+} operand;
+
+static void spice(float *x, int64_t rows, int64_t cols, int how) {
+    if (how & SPICE_TINY)
+        for (int64_t i = 0; i < rows * cols; i++) x[i] *= 1e-20f;
+    if (how & SPICE_EXTREME)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+                double u = urand();
+                float s = u < 0.04   ? 1e-38f
+                          : u < 0.08 ? 1e-30f
+                          : u < 0.16 ? 1e30f
+                          : u < 0.2  ? 1e-12f
+                                     : 1.0f;
+                for (int64_t c = c0; c < c0 + 32 && c < cols; c++) x[r * cols + c] *= s;
+            }
+    if (how & SPICE_SUBSCALE)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c0 = 0; c0 < cols; c0 += 32)
+                if (urand() < 0.05)
+                    for (int64_t c = c0; c < c0 + 32 && c < cols; c++) x[r * cols + c] *= 1e-38f;
+    if (how & SPICE_DENORM)
+        for (int64_t i = 0; i < rows * cols; i++)
+            if (urand() < 0.05) x[i] = (float) (urand() - 0.5) * 1e-39f;
+    if ((how & SPICE_NANINF) && rows * cols > 0) {
+        const int n = 1 + (int) (rows * cols / 4000);
+        for (int t = 0; t < n; t++) {
+            int64_t i = (int64_t) (urand() * (double) (rows * cols));
+            x[i] = t % 3 == 0 ? NAN : t % 3 == 1 ? INFINITY : -INFINITY;
+        }
+    }
+}
+
+static operand make(lowp_format fmt, lowp_scaling sc, int64_t rows, int64_t cols, int how) {
+    operand o;
+    memset(&o, 0, sizeof o);
+    o.src = malloc(sizeof(float) * (size_t) (rows * cols + 1));
+    for (int64_t r = 0; r < rows; r++) {
+        float rs = powf(2.0f, 6.0f * (float) (urand() - 0.5));
+        for (int64_t c = 0; c < cols; c++) o.src[r * cols + c] = gauss() * rs;
+    }
+    spice(o.src, rows, cols, how);
+    o.q.format = fmt;
+    o.q.scaling = sc;
+    o.q.rows = rows;
+    o.q.cols = cols;
+    o.q.device = LOWP_DEVICE_HOST;
+    size_t db, sb;
+    CHECK(lowp_qtensor_nbytes(&o.q, &db, &sb) == LOWP_OK);
+    o.q.data = malloc(db + 64);
+    o.q.scales = malloc(sb + 64);
+    lowp_tensor x = {LOWP_FORMAT_F32, rows, cols, o.src, LOWP_DEVICE_HOST};
+    if (sc == LOWP_SCALING_NONE) {
+        lowp_tensor dst = {fmt, rows, cols, o.q.data, LOWP_DEVICE_HOST};
+        CHECK(lowp_cast(&x, &dst, NULL) == LOWP_OK);
+    } else {
+        CHECKF(lowp_quantize(&x, &o.q, NULL, NULL) == LOWP_OK, "%s", lowp_last_error());
+    }
+    return o;
+}
+
+static void drop(operand *o) {
+    free(o->src);
+    free(o->q.data);
+    free(o->q.scales);
+}
+
+/* Plant raw special codes (NaN, and Inf for E5M2) with whatever scale their block has. */
+static void poke_codes(operand *o) {
+    const lowp_format f = o->q.format;
+    if (f != LOWP_FORMAT_E4M3 && f != LOWP_FORMAT_E5M2) return;
+    uint8_t *d = o->q.data;
+    const int64_t n = o->q.rows * o->q.cols;
+    for (int t = 0; t < 3 && n > 0; t++) {
+        int64_t i = (int64_t) (urand() * (double) n);
+        d[i] = f == LOWP_FORMAT_E4M3 ? 0x7F : (t == 0 ? 0x7E : t == 1 ? 0x7C : 0xFC);
+    }
+}
+
+/* ---- comparison ---- */
+
+static float c_at(const lowp_tensor *c, int64_t i) {
+    if (c->format == LOWP_FORMAT_F32) return ((const float *) c->data)[i];
+    return lowp_u2f((uint32_t) ((const uint16_t *) c->data)[i] << 16);
+}
+
+/* fast vs ref: NaN and +-Inf in the same places; relative Frobenius error of the finite rest
+ * <= 1e-5 of ||ref||. For BF16 outputs, elements one BF16 step apart (a rounding boundary
+ * between two binary32 sums that differ in the last bits) are allowed, up to 1%. */
+static int compare(const char *what, const lowp_tensor *fast, const lowp_tensor *ref) {
+    const int64_t n = ref->rows * ref->cols;
+    double num = 0, den = 0;
+    int64_t badpos = 0, flips = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        float f = c_at(fast, i), r = c_at(ref, i);
+        if (isnan(r) || isnan(f) || isinf(r) || isinf(f)) {
+            int same = (isnan(r) && isnan(f)) || (isinf(r) && isinf(f) && (r > 0) == (f > 0));
+            if (!same) {
+                if (first < 0) first = i;
+                badpos++;
+            }
+            continue;
+        }
+        double d = (double) f - (double) r;
+        if (ref->format == LOWP_FORMAT_BF16 && d != 0) {
+            uint32_t uf = lowp_f2u(f) >> 16, ur = lowp_f2u(r) >> 16;
+            if (uf + 1 == ur || ur + 1 == uf) {
+                flips++;
+                continue;
+            }
+        }
+        num += d * d;
+        den += (double) r * r;
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    int ok = badpos == 0 && rel <= 1e-5 && flips * 100 <= n + 1;
+    CHECKF(ok,
+           "%s: rel err %.3g, %lld NaN/Inf mismatches (first at %lld: fast %g ref %g), %lld flips",
+           what, rel, (long long) badpos, (long long) first,
+           first >= 0 ? (double) c_at(fast, first) : 0.0,
+           first >= 0 ? (double) c_at(ref, first) : 0.0, (long long) flips);
+    return ok;
+}
+
+/* ---- runners ---- */
+
+typedef enum runner {
+    RUN_AVX512,   /* lowp_cpu_gemm, path AVX512 */
+    RUN_AMX,      /* lowp_cpu_gemm, path AMX */
+    RUN_AMX_EMU,  /* the AMX kernel on the scalar tile model, one job */
+    RUN_F32X,     /* the driver on the FMA micro-kernel (no AVX512_BF16), small B blocks */
+    RUN_DP_SMALL, /* the driver on the VDPBF16PS micro-kernel, small B blocks, one job */
+} runner;
+
+static const char *runner_name(runner r) {
+    switch (r) {
+    case RUN_AVX512: return "avx512";
+    case RUN_AMX: return "amx";
+    case RUN_AMX_EMU: return "amx-emu";
+    case RUN_F32X: return "fma-small";
+    default: return "dp-small";
+    }
+}
+
+static int g_have_avx512, g_have_amx, g_have_bf16;
+
+static void job_of(lowp_gemm_job *j, const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                   int accumulate) {
+    memset(j, 0, sizeof *j);
+    j->a = a;
+    j->b = b;
+    j->c = c;
+    j->accumulate = accumulate;
+    lowp_gemm_classify("test", a, b, &j->pair, &j->bk);
+    j->m1 = a->rows;
+    j->n1 = b->rows;
+    j->k1 = a->cols;
+}
+
+static float *ws_alloc(size_t floats) {
+    return aligned_alloc(64, ((floats + 16) * sizeof(float) + 63) / 64 * 64);
+}
+
+static lowp_status run(runner r, const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                       int accumulate, int threads) {
+    lowp_gemm_cfg cfg;
+    lowp_gemm_cfg_init(&cfg);
+    cfg.accumulate = accumulate;
+    cfg.threads = threads;
+    if (r == RUN_AVX512 || r == RUN_AMX) {
+        cfg.path = r == RUN_AVX512 ? LOWP_GEMM_PATH_AVX512 : LOWP_GEMM_PATH_AMX;
+        return lowp_cpu_gemm(a, b, c, &cfg);
+    }
+    lowp_gemm_job j;
+    job_of(&j, a, b, c, accumulate);
+    if (r == RUN_AMX_EMU) {
+        if (!lowp_cpu_gemm_amx_supports_emu(&j)) return LOWP_ERR_UNSUPPORTED;
+        j.ws = ws_alloc(lowp_cpu_gemm_amx_ws_floats_emu(&j));
+        lowp_cpu_gemm_amx_emu(&j);
+    } else {
+        /* 8 KiB of packed B per block: several column blocks even on small shapes. */
+        lowp_gemm_blk_kernel k = {r == RUN_F32X ? lowp_gemm_micro_f32fma : lowp_gemm_micro_dpbf16,
+                                  lowp_gemm_micro_f32x, 4, 8192};
+        if (!lowp_gemm_blk_supports(&j)) return LOWP_ERR_UNSUPPORTED;
+        j.ws = ws_alloc(lowp_gemm_blk_ws_floats(&j, &k));
+        lowp_gemm_blk_run(&j, &k);
+    }
+    free(j.ws);
+    return LOWP_OK;
+}
+
+static int runner_ok(runner r, const lowp_qtensor *a) {
+    switch (r) {
+    case RUN_AVX512: return g_have_avx512;
+    case RUN_AMX: return g_have_amx && a->format != LOWP_FORMAT_F32;
+    case RUN_AMX_EMU: return g_have_avx512 && a->format != LOWP_FORMAT_F32;
+    case RUN_F32X: return g_have_avx512 && a->format != LOWP_FORMAT_F32;
+    default: return g_have_avx512 && g_have_bf16 && a->format != LOWP_FORMAT_F32;
+    }
+}
+
+static void fill_c(lowp_tensor *c) {
+    const int64_t n = c->rows * c->cols;
+    for (int64_t i = 0; i < n; i++) {
+        float v = gauss();
+        if (c->format == LOWP_FORMAT_F32)
+            ((float *) c->data)[i] = v;
+        else
+            ((uint16_t *) c->data)[i] = (uint16_t) (lowp_f2u(v) >> 16);
+    }
+}
+
+static int g_cases;
+
+/* One GEMM on every available runner against the reference. */
+static void check_gemm(const char *name, const lowp_qtensor *a, const lowp_qtensor *b,
+                       lowp_format cfmt, int accumulate, int threads, int emu) {
+    const int64_t M = a->rows, N = b->rows;
+    const size_t es = cfmt == LOWP_FORMAT_F32 ? 4 : 2;
+    lowp_tensor init = {cfmt, M, N, malloc(es * (size_t) (M * N) + 4), LOWP_DEVICE_HOST};
+    lowp_tensor ref = init, fast = init;
+    ref.data = malloc(es * (size_t) (M * N) + 4);
+    fast.data = malloc(es * (size_t) (M * N) + 4);
+    fill_c(&init);
+    memcpy(ref.data, init.data, es * (size_t) (M * N));
+    lowp_gemm_cfg cfg;
+    lowp_gemm_cfg_init(&cfg);
+    cfg.accumulate = accumulate;
+    cfg.path = LOWP_GEMM_PATH_REFERENCE;
+    CHECK(lowp_cpu_gemm(a, b, &ref, &cfg) == LOWP_OK);
+    for (runner r = RUN_AVX512; r <= RUN_DP_SMALL; r++) {
+        if (!runner_ok(r, a)) continue;
+        if (r == RUN_AMX_EMU && !emu) continue;
+        memcpy(fast.data, init.data, es * (size_t) (M * N));
+        lowp_status st = run(r, a, b, &fast, accumulate, threads);
+        char what[256];
+        snprintf(what, sizeof what, "%s %s M=%lld N=%lld K=%lld acc=%d out=%s threads=%d", name,
+                 runner_name(r), (long long) M, (long long) N, (long long) a->cols, accumulate,
+                 cfmt == LOWP_FORMAT_F32 ? "f32" : "bf16", threads);
+        CHECKF(st == LOWP_OK, "%s: %s", what, lowp_last_error());
+        if (st == LOWP_OK) compare(what, &fast, &ref);
+        g_cases++;
+    }
+    free(init.data);
+    free(ref.data);
+    free(fast.data);
+}
+
+/* ---- the pairs ---- */
+
+typedef struct pair_spec {
+    const char *name;
+    lowp_format fa, fb;
+    lowp_scaling sa, sb;
+} pair_spec;
+
+static const pair_spec PAIRS[] = {
+    {"plain f32", LOWP_FORMAT_F32, LOWP_FORMAT_F32, LOWP_SCALING_NONE, LOWP_SCALING_NONE},
+    {"plain bf16", LOWP_FORMAT_BF16, LOWP_FORMAT_BF16, LOWP_SCALING_NONE, LOWP_SCALING_NONE},
+    {"tensor e4m3 x e4m3", LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR,
+     LOWP_SCALING_TENSOR},
+    {"tensor e5m2 x e4m3", LOWP_FORMAT_E5M2, LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR,
+     LOWP_SCALING_TENSOR},
+    {"tensor e4m3 x e5m2", LOWP_FORMAT_E4M3, LOWP_FORMAT_E5M2, LOWP_SCALING_TENSOR,
+     LOWP_SCALING_TENSOR},
+    {"row e4m3 x e4m3", LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3, LOWP_SCALING_ROW, LOWP_SCALING_ROW},
+    {"row e5m2 x e5m2", LOWP_FORMAT_E5M2, LOWP_FORMAT_E5M2, LOWP_SCALING_ROW, LOWP_SCALING_ROW},
+    {"mx e4m3", LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, LOWP_SCALING_MX32},
+    {"mx e5m2", LOWP_FORMAT_E5M2, LOWP_FORMAT_E5M2, LOWP_SCALING_MX32, LOWP_SCALING_MX32},
+    {"mx e2m1", LOWP_FORMAT_E2M1, LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, LOWP_SCALING_MX32},
+    {"mx e4m3 x e2m1", LOWP_FORMAT_E4M3, LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, LOWP_SCALING_MX32},
+    {"mx e2m1 x e5m2", LOWP_FORMAT_E2M1, LOWP_FORMAT_E5M2, LOWP_SCALING_MX32, LOWP_SCALING_MX32},
+    {"mx e4m3 x b32 e4m3", LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32,
+     LOWP_SCALING_BLOCK32X32},
+    {"mx e2m1 x b32 e5m2", LOWP_FORMAT_E2M1, LOWP_FORMAT_E5M2, LOWP_SCALING_MX32,
+     LOWP_SCALING_BLOCK32X32},
+    {"b128 e4m3 x w e4m3", LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128,
+     LOWP_SCALING_BLOCK128X128},
+    {"b128 e5m2 x w e4m3", LOWP_FORMAT_E5M2, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128,
+     LOWP_SCALING_BLOCK128X128},
+    {"b128 e4m3 x b128 e4m3", LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128,
+     LOWP_SCALING_BLOCK128},
+};
+#define NPAIRS ((int) (sizeof PAIRS / sizeof PAIRS[0]))
+
+static const int64_t DIMS[] = {1, 17, 33, 127, 129, 300};
+
+/* Every dimension takes every value of DIMS across the shapes of a pair. */
+static void shapes_for(int pi, int s, int64_t *M, int64_t *N, int64_t *K) {
+    *M = DIMS[(s + pi) % 6];
+    *N = DIMS[(2 * s + 1 + pi) % 6];
+    *K = DIMS[(3 * s + 2 + 2 * pi) % 6 == 0 ? 5 : (3 * s + 2 + 2 * pi) % 6];
+    if (s == 6) *K = DIMS[0];
+}
+
+static void test_pairs(void) {
+    const int quick = testutil_quick();
+    const int nshapes = quick ? 3 : 7;
+    for (int pi = 0; pi < NPAIRS; pi++) {
+        const pair_spec *p = &PAIRS[pi];
+        for (int s = 0; s < nshapes; s++) {
+            int64_t M, N, K;
+            shapes_for(pi, s, &M, &N, &K);
+            operand a = make(p->fa, p->sa, M, K, SPICE_NONE);
+            operand b = make(p->fb, p->sb, N, K, SPICE_NONE);
+            const int emu = M * N * K <= (quick ? 300000 : 3000000);
+            check_gemm(p->name, &a.q, &b.q, LOWP_FORMAT_F32, s & 1, 1 + (s & 1), emu);
+            check_gemm(p->name, &a.q, &b.q, LOWP_FORMAT_BF16, !(s & 1), 2 - (s & 1), 0);
+            drop(&a);
+            drop(&b);
+        }
+    }
+}
+
+/* NaN/Inf inputs and extreme-scale blocks, on both operands or one. */
+static void test_specials(void) {
+    const int quick = testutil_quick();
+    const int64_t M = quick ? 65 : 129, N = quick ? 67 : 97, K = quick ? 161 : 300;
+    for (int pi = 0; pi < NPAIRS; pi++) {
+        const pair_spec *p = &PAIRS[pi];
+        const int plain = p->sa == LOWP_SCALING_NONE;
+        const int hows[] = {SPICE_NANINF, SPICE_EXTREME, SPICE_EXTREME | SPICE_NANINF,
+                            plain ? SPICE_DENORM : SPICE_EXTREME,
+                            plain ? SPICE_TINY : SPICE_SUBSCALE};
+        for (int h = 0; h < 5; h++) {
+            const int ha = hows[h], hb = h == 3 ? SPICE_NONE : hows[h];
+            operand a = make(p->fa, p->sa, M, K, ha);
+            operand b = make(p->fb, p->sb, N, K, hb);
+            if (h == 4) {
+                poke_codes(&a);
+                poke_codes(&b);
+            }
+            char name[128];
+            snprintf(name, sizeof name, "%s specials#%d", p->name, h);
+            check_gemm(name, &a.q, &b.q, h & 1 ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32, h & 1,
+                       1 + (h & 1), h < 2);
+            drop(&a);
+            drop(&b);
+        }
+    }
+    /* Denormal plain BF16 against Inf: the fast kernels would read the denormal as zero and
+     * give NaN (Inf * 0) where the reference gives Inf. */
+    {
+        operand a = make(LOWP_FORMAT_BF16, LOWP_SCALING_NONE, 33, 64, SPICE_NONE);
+        operand b = make(LOWP_FORMAT_BF16, LOWP_SCALING_NONE, 17, 64, SPICE_NONE);
+        uint16_t *ad = a.q.data, *bd = b.q.data;
+        for (int k = 0; k < 64; k++) ad[5 * 64 + k] = 0x0001; /* row 5: all denormal */
+        bd[3 * 64 + 10] = 0x7F80;                             /* B[3][10] = +Inf */
+        check_gemm("plain bf16 denormal x inf", &a.q, &b.q, LOWP_FORMAT_F32, 0, 1, 1);
+        drop(&a);
+        drop(&b);
+    }
+}
+
+/* Split-M grouped GEMM (MoE forward): empty groups and groups of 1, 31, 33 and 100 rows. */
+static void test_grouped(void) {
+    const int32_t sizes[] = {0, 1, 31, 0, 33, 100, 0};
+    const int G = (int) (sizeof sizes / sizeof sizes[0]);
+    int32_t offs[7];
+    int64_t M = 0;
+    for (int g = 0; g < G; g++) offs[g] = (int32_t) (M += sizes[g]);
+    const int64_t Mtot = M + 5, N = 70, K = 129; /* 5 rows past offs[G-1]: left untouched */
+    const int picks[] = {1, 2, 7, 9, 12, 14};
+    for (int pi = 0; pi < (int) (sizeof picks / sizeof picks[0]); pi++) {
+        const pair_spec *p = &PAIRS[picks[pi]];
+        operand a = make(p->fa, p->sa, Mtot, K, SPICE_NONE);
+        operand b[7];
+        lowp_qtensor bq[7];
+        for (int g = 0; g < G; g++) {
+            b[g] = make(p->fb, p->sb, N, K, g == 5 ? SPICE_EXTREME : SPICE_NONE);
+            bq[g] = b[g].q;
+        }
+        for (int acc = 0; acc < 2; acc++) {
+            const lowp_format cf = acc ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+            const size_t es = acc ? 2 : 4;
+            lowp_tensor ref = {cf, Mtot, N, malloc(es * (size_t) (Mtot * N)), LOWP_DEVICE_HOST};
+            lowp_tensor fast = ref;
+            fast.data = malloc(es * (size_t) (Mtot * N));
+            fill_c(&ref);
+            lowp_gemm_cfg cfg;
+            lowp_gemm_cfg_init(&cfg);
+            cfg.accumulate = acc;
+            for (int path = 0; path < 2; path++) {
+                if (path == 0 && !g_have_avx512) continue;
+                if (path == 1 && !g_have_amx) continue;
+                memcpy(fast.data, ref.data, es * (size_t) (Mtot * N));
+                lowp_tensor r2 = ref;
+                r2.data = malloc(es * (size_t) (Mtot * N));
+                memcpy(r2.data, ref.data, es * (size_t) (Mtot * N));
+                cfg.path = LOWP_GEMM_PATH_REFERENCE;
+                cfg.threads = 1;
+                CHECK(lowp_cpu_grouped_gemm(&a.q, bq, offs, G, &r2, &cfg) == LOWP_OK);
+                cfg.path = path == 0 ? LOWP_GEMM_PATH_AVX512 : LOWP_GEMM_PATH_AMX;
+                cfg.threads = 2 - acc;
+                CHECK(lowp_cpu_grouped_gemm(&a.q, bq, offs, G, &fast, &cfg) == LOWP_OK);
+                char what[160];
+                snprintf(what, sizeof what, "grouped %s %s acc=%d", p->name,
+                         path ? "amx" : "avx512", acc);
+                compare(what, &fast, &r2);
+                /* Rows past offs[G-1] keep their old values. */
+                CHECKF(memcmp((char *) fast.data + es * (size_t) (M * N),
+                              (char *) ref.data + es * (size_t) (M * N), es * 5 * (size_t) N) == 0,
+                       "%s: rows past the last group changed", what);
+                free(r2.data);
+                g_cases++;
+            }
+            free(ref.data);
+            free(fast.data);
+        }
+        drop(&a);
+        for (int g = 0; g < G; g++) drop(&b[g]);
+    }
+}
+
+/* Split-K grouped GEMM (MoE weight gradient): k0 != 0, block offsets, short last blocks,
+ * empty groups, odd group starts (E2M1 nibbles). */
+static void test_wgrad(void) {
+    const int32_t sizes[] = {40, 0, 1, 33, 100, 31};
+    const int G = (int) (sizeof sizes / sizeof sizes[0]);
+    int32_t offs[6];
+    int64_t M = 0;
+    for (int g = 0; g < G; g++) offs[g] = (int32_t) (M += sizes[g]);
+    const int64_t Mtot = M + 3, N = 47, K = 65;
+    const struct {
+        lowp_format f;
+        lowp_scaling s;
+    } kinds[] = {{LOWP_FORMAT_BF16, LOWP_SCALING_NONE}, {LOWP_FORMAT_F32, LOWP_SCALING_NONE},
+                 {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32}, {LOWP_FORMAT_E2M1, LOWP_SCALING_MX32},
+                 {LOWP_FORMAT_E5M2, LOWP_SCALING_MX32}, {LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128}};
+    for (int ki = 0; ki < (int) (sizeof kinds / sizeof kinds[0]); ki++) {
+        /* dY [Mtot, N] and X [Mtot, K] -> a = dY^T [N, Mtot], b = X^T [K, Mtot]. */
+        float *dy = malloc(sizeof(float) * (size_t) (Mtot * N));
+        float *xx = malloc(sizeof(float) * (size_t) (Mtot * K));
+        for (int64_t i = 0; i < Mtot * N; i++) dy[i] = gauss();
+        for (int64_t i = 0; i < Mtot * K; i++) xx[i] = gauss();
+        if (ki == 1) spice(xx, Mtot, K, SPICE_EXTREME);
+        lowp_qtensor qa = {kinds[ki].f, kinds[ki].s,      N,    Mtot, NULL,
+                           NULL,        LOWP_DEVICE_HOST, NULL, 0};
+        lowp_qtensor qb = {kinds[ki].f, kinds[ki].s,      K,    Mtot, NULL,
+                           NULL,        LOWP_DEVICE_HOST, NULL, 0};
+        lowp_tensor tdy = {LOWP_FORMAT_F32, Mtot, N, dy, LOWP_DEVICE_HOST};
+        lowp_tensor tx = {LOWP_FORMAT_F32, Mtot, K, xx, LOWP_DEVICE_HOST};
+        if (kinds[ki].s == LOWP_SCALING_NONE) {
+            /* Plain: the transposes, cast to the format. */
+            float *t = malloc(sizeof(float) * (size_t) (Mtot * (N > K ? N : K)));
+            const size_t es = kinds[ki].f == LOWP_FORMAT_F32 ? 4 : 2;
+            qa.data = malloc(es * (size_t) (N * Mtot));
+            qb.data = malloc(es * (size_t) (K * Mtot));
+            for (int64_t r = 0; r < N; r++)
+                for (int64_t c = 0; c < Mtot; c++) t[r * Mtot + c] = dy[c * N + r];
+            lowp_tensor s1 = {LOWP_FORMAT_F32, N, Mtot, t, LOWP_DEVICE_HOST};
+            lowp_tensor d1 = {kinds[ki].f, N, Mtot, qa.data, LOWP_DEVICE_HOST};
+            CHECK(lowp_cast(&s1, &d1, NULL) == LOWP_OK);
+            for (int64_t r = 0; r < K; r++)
+                for (int64_t c = 0; c < Mtot; c++) t[r * Mtot + c] = xx[c * K + r];
+            lowp_tensor s2 = {LOWP_FORMAT_F32, K, Mtot, t, LOWP_DEVICE_HOST};
+            lowp_tensor d2 = {kinds[ki].f, K, Mtot, qb.data, LOWP_DEVICE_HOST};
+            CHECK(lowp_cast(&s2, &d2, NULL) == LOWP_OK);
+            free(t);
+        } else {
+            qa.group_offs = qb.group_offs = offs;
+            qa.groups = qb.groups = G;
+            size_t db, sb;
+            CHECK(lowp_qtensor_nbytes(&qa, &db, &sb) == LOWP_OK);
+            qa.data = malloc(db + 64);
+            qa.scales = malloc(sb + 64);
+            CHECK(lowp_qtensor_nbytes(&qb, &db, &sb) == LOWP_OK);
+            qb.data = malloc(db + 64);
+            qb.scales = malloc(sb + 64);
+            CHECKF(lowp_quantize_grouped(&tdy, &qa, NULL) == LOWP_OK, "%s", lowp_last_error());
+            CHECKF(lowp_quantize_grouped(&tx, &qb, NULL) == LOWP_OK, "%s", lowp_last_error());
+        }
+        for (int acc = 0; acc < 2; acc++) {
+            const lowp_format cf = acc ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+            const size_t es = acc ? 2 : 4, cn = (size_t) (G * N * K);
+            lowp_tensor ref = {cf, G * N, K, malloc(es * cn), LOWP_DEVICE_HOST};
+            lowp_tensor fast = ref;
+            fast.data = malloc(es * cn);
+            fill_c(&ref);
+            memcpy(fast.data, ref.data, es * cn);
+            lowp_gemm_cfg cfg;
+            lowp_gemm_cfg_init(&cfg);
+            cfg.accumulate = acc;
+            cfg.path = LOWP_GEMM_PATH_REFERENCE;
+            CHECKF(lowp_cpu_grouped_gemm_wgrad(&qa, &qb, offs, G, &ref, &cfg) == LOWP_OK, "%s",
+                   lowp_last_error());
+            for (int path = 0; path < 2; path++) {
+                if (path == 0 && !g_have_avx512) continue;
+                if (path == 1 && !g_have_amx) continue;
+                lowp_tensor f2 = fast;
+                f2.data = malloc(es * cn);
+                memcpy(f2.data, fast.data, es * cn);
+                cfg.path = path == 0 ? LOWP_GEMM_PATH_AVX512 : LOWP_GEMM_PATH_AMX;
+                cfg.threads = 1 + acc;
+                CHECKF(lowp_cpu_grouped_gemm_wgrad(&qa, &qb, offs, G, &f2, &cfg) == LOWP_OK, "%s",
+                       lowp_last_error());
+                char what[160];
+                snprintf(what, sizeof what, "wgrad %s %s %s acc=%d",
+                         kinds[ki].f == LOWP_FORMAT_BF16   ? "bf16"
+                         : kinds[ki].f == LOWP_FORMAT_F32  ? "f32"
+                         : kinds[ki].f == LOWP_FORMAT_E4M3 ? "e4m3"
+                         : kinds[ki].f == LOWP_FORMAT_E5M2 ? "e5m2"
+                                                           : "e2m1",
+                         lowp_scaling_name(kinds[ki].s), path ? "amx" : "avx512", acc);
+                compare(what, &f2, &ref);
+                free(f2.data);
+                g_cases++;
+            }
+            free(ref.data);
+            free(fast.data);
+        }
+        free(qa.data);
+        free(qa.scales);
+        free(qb.data);
+        free(qb.scales);
+        free(dy);
+        free(xx);
+    }
+}
+
+/* The split-K jobs on the emulated AMX kernel and the small-block driver: the same wgrad,
+ * one job per group, against the reference job. */
+static void test_wgrad_jobs(void) {
+    const int32_t sizes[] = {7, 45, 0, 64};
+    int64_t start = 0, blk = 0;
+    const int64_t Mtot = 116, N = 33, K = 40;
+    operand a = make(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, N, Mtot, SPICE_NONE);
+    operand b = make(LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, K, Mtot, SPICE_NONE);
+    /* Regroup the scales: quantize again per group so blocks restart at group starts. */
+    int32_t offs[4];
+    int64_t m = 0;
+    for (int g = 0; g < 4; g++) offs[g] = (int32_t) (m += sizes[g]);
+    lowp_qtensor qa = a.q, qb = b.q;
+    qa.group_offs = qb.group_offs = offs;
+    qa.groups = qb.groups = 4;
+    size_t db, sb;
+    lowp_qtensor_nbytes(&qa, &db, &sb);
+    qa.scales = malloc(sb + 64);
+    qa.data = malloc(db + 64);
+    lowp_qtensor_nbytes(&qb, &db, &sb);
+    qb.scales = malloc(sb + 64);
+    qb.data = malloc(db + 64);
+    float *ta = malloc(sizeof(float) * (size_t) (N * Mtot)),
+          *tb = malloc(sizeof(float) * (size_t) (K * Mtot));
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t c = 0; c < Mtot; c++) ta[c * N + r] = a.src[r * Mtot + c];
+    for (int64_t r = 0; r < K; r++)
+        for (int64_t c = 0; c < Mtot; c++) tb[c * K + r] = b.src[r * Mtot + c];
+    lowp_tensor xa = {LOWP_FORMAT_F32, Mtot, N, ta, LOWP_DEVICE_HOST};
+    lowp_tensor xb = {LOWP_FORMAT_F32, Mtot, K, tb, LOWP_DEVICE_HOST};
+    CHECK(lowp_quantize_grouped(&xa, &qa, NULL) == LOWP_OK);
+    CHECK(lowp_quantize_grouped(&xb, &qb, NULL) == LOWP_OK);
+    for (int g = 0; g < 4; g++) {
+        const int64_t end = offs[g];
+        float *cr = calloc((size_t) (N * K), sizeof(float)), *cf = calloc((size_t) (N * K), 4);
+        lowp_tensor ref = {LOWP_FORMAT_F32, N, K, cr, LOWP_DEVICE_HOST}, fast = ref;
+        fast.data = cf;
+        for (runner r = RUN_AMX_EMU; r <= RUN_DP_SMALL; r++) {
+            if (!runner_ok(r, &qa)) continue;
+            lowp_gemm_job j;
+            job_of(&j, &qa, &qb, &ref, 0);
+            j.k0 = start;
+            j.k1 = end;
+            j.a_blk = j.b_blk = blk;
+            j.ws = ws_alloc(lowp_gemm_ref_ws_floats(&j));
+            lowp_cpu_gemm_ref(&j);
+            free(j.ws);
+            j.c = &fast;
+            lowp_gemm_blk_kernel k = {r == RUN_F32X ? lowp_gemm_micro_f32fma
+                                                    : lowp_gemm_micro_dpbf16,
+                                      lowp_gemm_micro_f32x, 4, 4096};
+            if (r == RUN_AMX_EMU) {
+                j.ws = ws_alloc(lowp_cpu_gemm_amx_ws_floats_emu(&j));
+                lowp_cpu_gemm_amx_emu(&j);
+            } else {
+                j.ws = ws_alloc(lowp_gemm_blk_ws_floats(&j, &k));
+                lowp_gemm_blk_run(&j, &k);
+            }
+            free(j.ws);
+            char what[128];
+            snprintf(what, sizeof what, "wgrad job g=%d k0=%lld %s", g, (long long) start,
+                     runner_name(r));
+            compare(what, &fast, &ref);
+            g_cases++;
+        }
+        free(cr);
+        free(cf);
+        blk += (end - start + 31) / 32;
+        start = end;
+    }
+    free(ta);
+    free(tb);
+    free(qa.data);
+    free(qa.scales);
+    free(qb.data);
+    free(qb.scales);
+    drop(&a);
+    drop(&b);
+}
+
+/* A C of 16 MiB or more (F32, no accumulate) is written with streaming stores. */
+static void test_large_c(void) {
+    const int64_t M = testutil_quick() ? 2048 : 2080, N = 2048, K = 40;
+    const int pis[] = {0, 1, 7};
+    for (int i = 0; i < 3; i++) {
+        const pair_spec *p = &PAIRS[pis[i]];
+        operand a = make(p->fa, p->sa, M, K, SPICE_NONE);
+        operand b = make(p->fb, p->sb, N, K, SPICE_NONE);
+        char name[96];
+        snprintf(name, sizeof name, "%s large C", p->name);
+        check_gemm(name, &a.q, &b.q, LOWP_FORMAT_F32, 0, 2, 0);
+        drop(&a);
+        drop(&b);
+    }
+}
+
+int main(void) {
+    const uint32_t f = lowp_cpu_caps()->flags;
+    g_have_avx512 = (f & LOWP_CAP_AVX512F) && (f & LOWP_CAP_AVX512BW) && (f & LOWP_CAP_AVX512VL);
+    g_have_bf16 = (f & LOWP_CAP_AVX512_BF16) != 0;
+    g_have_amx = g_have_avx512 && (f & LOWP_CAP_AMX_BF16) && (f & LOWP_CAP_AMX_PERMITTED);
+    if (!g_have_avx512) {
+        printf("test_gemm_fast: skipped: no AVX-512 F/BW/VL on this CPU (the fast kernels, and "
+               "the AMX model that runs on them, need it)\n");
+        return testutil_finish();
+    }
+    if (!g_have_amx)
+        printf(
+            "test_gemm_fast: AMX not granted here: the AMX kernel runs on the tile model only\n");
+    if (!g_have_bf16)
+        printf("test_gemm_fast: no AVX512_BF16: the VDPBF16PS micro-kernel is not tested\n");
+    test_pairs();
+    test_specials();
+    test_grouped();
+    test_wgrad();
+    test_wgrad_jobs();
+    test_large_c();
+    printf("test_gemm_fast: %d GEMM comparisons\n", g_cases);
+    return testutil_finish();
+}
