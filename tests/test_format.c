@@ -35,13 +35,13 @@ static float dec(lowp_format f, uint32_t c) {
     return v;
 }
 
-#define SAT LOWP_OVERFLOW_SATFINITE
+#define SAT    LOWP_OVERFLOW_SATFINITE
 #define NONSAT LOWP_OVERFLOW_NONSAT
-#define EQ(f, x, ov, want)                                                                        \
-    do {                                                                                          \
-        uint32_t got_ = enc(f, x, ov);                                                            \
-        CHECKF(got_ == (uint32_t) (want), "encode(%d, %a, %d) = 0x%X, want 0x%X", (int) f,        \
-               (double) (x), (int) ov, got_, (uint32_t) (want));                                  \
+#define EQ(f, x, ov, want)                                                                         \
+    do {                                                                                           \
+        uint32_t got_ = enc(f, x, ov);                                                             \
+        CHECKF(got_ == (uint32_t) (want), "encode(%d, %a, %d) = 0x%X, want 0x%X", (int) f,         \
+               (double) (x), (int) ov, got_, (uint32_t) (want));                                   \
     } while (0)
 
 static void test_traits(void) {
@@ -91,10 +91,10 @@ static void test_e4m3(void) {
     EQ(f, -NAN, SAT, 0xFF);
     EQ(f, 0.0f, SAT, 0x00);
     EQ(f, -0.0f, SAT, 0x80);
-    EQ(f, 0x1p-9f, SAT, 0x01);   /* min subnormal */
-    EQ(f, 0x1p-10f, SAT, 0x00);  /* half of it: tie to even (0) */
+    EQ(f, 0x1p-9f, SAT, 0x01);  /* min subnormal */
+    EQ(f, 0x1p-10f, SAT, 0x00); /* half of it: tie to even (0) */
     EQ(f, 0x1.8p-10f, SAT, 0x01);
-    EQ(f, 0x1.8p-9f, SAT, 0x02); /* 1.5 quanta: tie to even (2) */
+    EQ(f, 0x1.8p-9f, SAT, 0x02);        /* 1.5 quanta: tie to even (2) */
     EQ(f, 0x1.cp-7f, SAT, 0x08 - 0x01); /* largest subnormal 7 * 2^-9 */
     EQ(f, u2f(0x00000001), SAT, 0x00);  /* binary32 subnormals become zero, sign kept */
     EQ(f, -u2f(0x007FFFFF), SAT, 0x80);
@@ -130,9 +130,9 @@ static void test_e2m1(void) {
         CHECK(dec(f, c) == want);
         CHECK(enc(f, want, SAT) == c);
     }
-    EQ(f, 0.25f, SAT, 0x0);  /* tie to even: 0 */
-    EQ(f, 0.75f, SAT, 0x2);  /* tie between 0.5 (odd) and 1.0: even */
-    EQ(f, 5.0f, SAT, 0x6);   /* tie between 4 (even) and 6 */
+    EQ(f, 0.25f, SAT, 0x0);   /* tie to even: 0 */
+    EQ(f, 0.75f, SAT, 0x2);   /* tie between 0.5 (odd) and 1.0: even */
+    EQ(f, 5.0f, SAT, 0x6);    /* tie between 4 (even) and 6 */
     EQ(f, 7.0f, NONSAT, 0x7); /* no Inf: overflow saturates under both policies */
     EQ(f, INFINITY, NONSAT, 0x7);
     EQ(f, -INFINITY, SAT, 0xF);

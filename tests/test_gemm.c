@@ -78,8 +78,7 @@ static double *deq(const operand *o) {
 }
 
 /* out[M,N] = A[M,K] . B[N,K]^T in float64. */
-static void gemm64(const double *a, const double *b, int64_t M, int64_t N, int64_t K,
-                   double *out) {
+static void gemm64(const double *a, const double *b, int64_t M, int64_t N, int64_t K, double *out) {
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             double s = 0;
@@ -108,7 +107,8 @@ typedef struct pair_case {
 static const pair_case PAIRS[] = {
     {"f32", LOWP_FORMAT_F32, LOWP_FORMAT_F32, LOWP_SCALING_NONE, LOWP_SCALING_NONE, 100},
     {"bf16", LOWP_FORMAT_BF16, LOWP_FORMAT_BF16, LOWP_SCALING_NONE, LOWP_SCALING_NONE, 40},
-    {"tensor e4m3", LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR, LOWP_SCALING_TENSOR, 0},
+    {"tensor e4m3", LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR, LOWP_SCALING_TENSOR,
+     0},
     {"tensor e5m2 x e4m3", LOWP_FORMAT_E5M2, LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR,
      LOWP_SCALING_TENSOR, 0},
     {"row e4m3", LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3, LOWP_SCALING_ROW, LOWP_SCALING_ROW, 25},
@@ -235,8 +235,8 @@ static void test_grouped(void) {
         for (int64_t i = 0; i < Mtot * N; i++) c[i] = -7.0f;
         lowp_tensor ct = {LOWP_FORMAT_F32, Mtot, N, c, LOWP_DEVICE_HOST};
         lowp_gemm_cfg cfg = ref_cfg();
-        CHECKF(lowp_grouped_gemm(&a.q, bq, offs, G, &ct, &cfg) == LOWP_OK, "%s: %s",
-               PAIRS[p].name, lowp_last_error());
+        CHECKF(lowp_grouped_gemm(&a.q, bq, offs, G, &ct, &cfg) == LOWP_OK, "%s: %s", PAIRS[p].name,
+               lowp_last_error());
         /* Each group on its own: requantizing the group's rows gives the same codes for the
          * row-local kinds; TENSOR and BLOCK128x128/32x32 A scales are not row-local, so build
          * the per-group A by slicing the quantized rows instead. */
@@ -290,15 +290,16 @@ static void test_wgrad(void) {
                  {LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR}};
     for (int kk = 0; kk < 5; kk++) {
         /* dY [T, N] and X [T, K]; the operands are their columnwise copies. */
-        float *dy = malloc(sizeof(float) * (size_t) (T * N)), *x = malloc(sizeof(float) * (size_t) (T * K));
+        float *dy = malloc(sizeof(float) * (size_t) (T * N)),
+              *x = malloc(sizeof(float) * (size_t) (T * K));
         for (int64_t i = 0; i < T * N; i++) dy[i] = gauss();
         for (int64_t i = 0; i < T * K; i++) x[i] = gauss();
         lowp_tensor dyt = {LOWP_FORMAT_F32, T, N, dy, LOWP_DEVICE_HOST};
         lowp_tensor xt = {LOWP_FORMAT_F32, T, K, x, LOWP_DEVICE_HOST};
         int grouped = kinds[kk].s == LOWP_SCALING_MX32 || kinds[kk].s == LOWP_SCALING_BLOCK128;
-        lowp_qtensor a = {kinds[kk].f, kinds[kk].s, N, T, NULL, NULL, LOWP_DEVICE_HOST,
+        lowp_qtensor a = {kinds[kk].f,           kinds[kk].s,    N, T, NULL, NULL, LOWP_DEVICE_HOST,
                           grouped ? offs : NULL, grouped ? G : 0};
-        lowp_qtensor b = {kinds[kk].f, kinds[kk].s, K, T, NULL, NULL, LOWP_DEVICE_HOST,
+        lowp_qtensor b = {kinds[kk].f,           kinds[kk].s,    K, T, NULL, NULL, LOWP_DEVICE_HOST,
                           grouped ? offs : NULL, grouped ? G : 0};
         size_t db, sb;
         lowp_qtensor_nbytes(&a, &db, &sb);
@@ -318,7 +319,8 @@ static void test_wgrad(void) {
         CHECKF(lowp_grouped_gemm_wgrad(&a, &b, offs, G, &ct, &cfg) == LOWP_OK, "%s",
                lowp_last_error());
         /* Oracle: float64 sum over each group's tokens of the dequantized copies. */
-        float *da = malloc(sizeof(float) * (size_t) (N * T)), *dbv = malloc(sizeof(float) * (size_t) (K * T));
+        float *da = malloc(sizeof(float) * (size_t) (N * T)),
+              *dbv = malloc(sizeof(float) * (size_t) (K * T));
         lowp_tensor dat = {LOWP_FORMAT_F32, N, T, da, LOWP_DEVICE_HOST};
         lowp_tensor dbt = {LOWP_FORMAT_F32, K, T, dbv, LOWP_DEVICE_HOST};
         CHECK(lowp_dequantize(&a, &dat) == LOWP_OK);
@@ -329,7 +331,8 @@ static void test_wgrad(void) {
             for (int64_t n = 0; n < N; n++)
                 for (int64_t k = 0; k < K; k++) {
                     double s = 0;
-                    for (int64_t t = start; t < offs[g]; t++) s += (double) da[n * T + t] * dbv[k * T + t];
+                    for (int64_t t = start; t < offs[g]; t++)
+                        s += (double) da[n * T + t] * dbv[k * T + t];
                     double d = c[(g * N + n) * K + k] - s;
                     num += d * d;
                     den += s * s;

@@ -8,25 +8,27 @@
 
 static int tu_passed, tu_failed;
 
-#define CHECK(cond)                                                                               \
-    do {                                                                                          \
-        if (cond) tu_passed++;                                                                    \
-        else {                                                                                    \
-            tu_failed++;                                                                          \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);              \
-        }                                                                                         \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (cond)                                                                                  \
+            tu_passed++;                                                                           \
+        else {                                                                                     \
+            tu_failed++;                                                                           \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+        }                                                                                          \
     } while (0)
 
 /* Like CHECK, with a printf-style explanation on failure. */
-#define CHECKF(cond, ...)                                                                         \
-    do {                                                                                          \
-        if (cond) tu_passed++;                                                                    \
-        else {                                                                                    \
-            tu_failed++;                                                                          \
-            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);              \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fputc('\n', stderr);                                                                  \
-        }                                                                                         \
+#define CHECKF(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (cond)                                                                                  \
+            tu_passed++;                                                                           \
+        else {                                                                                     \
+            tu_failed++;                                                                           \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
     } while (0)
 
 static inline int testutil_finish(void) {

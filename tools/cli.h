@@ -4,11 +4,11 @@
 #ifndef LOWP_CLI_H
 #define LOWP_CLI_H
 
-int lowp_cli_info(int argc, char **argv);   /* tools/cli_info.c */
-int lowp_cli_cast(int argc, char **argv);   /* tools/cli_cast.c */
-int lowp_cli_demo(int argc, char **argv);   /* tools/cli_cast.c */
-int lowp_bench_cast(int argc, char **argv); /* bench/bench_cast.c */
-int lowp_bench_gemm(int argc, char **argv); /* bench/bench_gemm.c */
+int lowp_cli_info(int argc, char **argv);    /* tools/cli_info.c */
+int lowp_cli_cast(int argc, char **argv);    /* tools/cli_cast.c */
+int lowp_cli_demo(int argc, char **argv);    /* tools/cli_cast.c */
+int lowp_bench_cast(int argc, char **argv);  /* bench/bench_cast.c */
+int lowp_bench_gemm(int argc, char **argv);  /* bench/bench_gemm.c */
 int lowp_bench_quant(int argc, char **argv); /* bench/bench_quant.c */
 
 int lowp_cli_quantize(int argc, char **argv);   /* tools/cli_quant.c */

@@ -113,8 +113,7 @@ typedef struct lowp_backend_iface {
                             struct lowp_qtensor *row_out, struct lowp_qtensor *col_out,
                             const struct lowp_quant_cfg *cfg);
     lowp_status (*quantize_grouped)(void *ctx, int32_t index, const struct lowp_tensor *x,
-                                    struct lowp_qtensor *col_out,
-                                    const struct lowp_quant_cfg *cfg);
+                                    struct lowp_qtensor *col_out, const struct lowp_quant_cfg *cfg);
     lowp_status (*dequantize)(void *ctx, int32_t index, const struct lowp_qtensor *q,
                               struct lowp_tensor *out);
     /* GEMMs (lowp_gemm, lowp_grouped_gemm, lowp_grouped_gemm_wgrad), arguments validated. */
@@ -135,7 +134,7 @@ typedef struct lowp_backend_iface {
     void (*destroy)(void *ctx);
 } lowp_backend_iface;
 
-#define LOWP_BACKEND_API_VERSION 1u
+#define LOWP_BACKEND_API_VERSION  1u
 #define LOWP_BACKEND_ENTRY_SYMBOL "lowp_backend_entry"
 
 typedef struct lowp_backend_reg {
@@ -183,8 +182,7 @@ LOWP_API lowp_status lowp_memcpy(lowp_device dst_dev, void *dst, lowp_device src
                                  const void *src, size_t n);
 
 /* The registry entry of a type, for the ops layer: its vtable and context. */
-LOWP_API lowp_status lowp_backend_get(int32_t type, const lowp_backend_iface **iface,
-                                      void **ctx);
+LOWP_API lowp_status lowp_backend_get(int32_t type, const lowp_backend_iface **iface, void **ctx);
 
 #ifdef __cplusplus
 }

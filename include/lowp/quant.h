@@ -70,12 +70,12 @@ typedef enum lowp_scale_mode {
 } lowp_scale_mode;
 
 typedef struct lowp_qtensor {
-    lowp_format format;   /* E4M3, E5M2, or E2M1 (MX32 only) */
+    lowp_format format; /* E4M3, E5M2, or E2M1 (MX32 only) */
     lowp_scaling scaling;
-    int64_t rows;         /* logical shape of this copy */
-    int64_t cols;         /* the quantized (reduction) dimension */
-    void *data;           /* codes, see the layouts above */
-    void *scales;         /* E8M0 codes (uint8) or binary32 scale_inv */
+    int64_t rows; /* logical shape of this copy */
+    int64_t cols; /* the quantized (reduction) dimension */
+    void *data;   /* codes, see the layouts above */
+    void *scales; /* E8M0 codes (uint8) or binary32 scale_inv */
     lowp_device device;
     const int32_t *group_offs; /* NULL, or G cumulative group ends along cols (host memory) */
     int32_t groups;            /* G when group_offs is set */
@@ -142,12 +142,13 @@ LOWP_API lowp_status lowp_fp32_scale(float amax, lowp_format format, float eps, 
 
 /* cuBLAS / TE "swizzled" MX scales: the canonical [srows, scols] E8M0 array, zero-padded to
  * [ceil(srows/128)*128, ceil(scols/4)*4], stored as 128x4 tiles in row-major tile order, each
- * tile as 32 rows of 16 bytes: element (r, c) of a tile at byte (r % 32) * 16 + (r / 32) * 4 + c. */
+ * tile as 32 rows of 16 bytes: element (r, c) of a tile at byte (r % 32) * 16 + (r / 32) * 4 + c.
+ */
 LOWP_API lowp_status lowp_scales_cublas_nbytes(int64_t srows, int64_t scols, size_t *out);
 LOWP_API lowp_status lowp_scales_to_cublas(const uint8_t *canon, int64_t srows, int64_t scols,
                                            uint8_t *out, size_t out_bytes);
-LOWP_API lowp_status lowp_scales_from_cublas(const uint8_t *swz, size_t swz_bytes,
-                                             int64_t srows, int64_t scols, uint8_t *canon);
+LOWP_API lowp_status lowp_scales_from_cublas(const uint8_t *swz, size_t swz_bytes, int64_t srows,
+                                             int64_t scols, uint8_t *canon);
 
 /* Ascend NPU pair layout (npu_dynamic_mx_quant's mxscale): the block axis is zero-padded to an
  * even count and split into pairs, trailing dimension 2. For a rowwise copy (quantized along
@@ -172,10 +173,10 @@ typedef enum lowp_amax_algo {
 } lowp_amax_algo;
 
 typedef struct lowp_delayed_cfg {
-    lowp_format format;    /* E4M3 or E5M2: fmax */
-    int32_t history_len;   /* >= 1, default 1024 */
-    float margin;          /* default 0 */
-    lowp_amax_algo algo;   /* default MAX */
+    lowp_format format;  /* E4M3 or E5M2: fmax */
+    int32_t history_len; /* >= 1, default 1024 */
+    float margin;        /* default 0 */
+    lowp_amax_algo algo; /* default MAX */
 } lowp_delayed_cfg;
 
 /* State of one quantized tensor role. The caller owns `history` (history_len floats). */

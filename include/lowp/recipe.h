@@ -61,7 +61,7 @@ typedef struct lowp_linear_cfg {
     lowp_delayed_cfg delayed; /* history length, margin, algorithm (format per role) */
 } lowp_linear_cfg;
 
-#define LOWP_RECIPE_MAX_RULES 16
+#define LOWP_RECIPE_MAX_RULES   16
 #define LOWP_RECIPE_PATTERN_MAX 64
 
 typedef struct lowp_recipe_rule {

@@ -45,7 +45,7 @@ LOWP_API lowp_status lowp_philox_fill(uint64_t seed, uint64_t offset, uint32_t *
  *   lowp_rng_tracker_restore(&t, prev);
  */
 #define LOWP_RNG_MAX_STATES 16
-#define LOWP_RNG_NAME_MAX 32
+#define LOWP_RNG_NAME_MAX   32
 
 typedef struct lowp_rng_state {
     char name[LOWP_RNG_NAME_MAX];

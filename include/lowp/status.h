@@ -27,11 +27,11 @@ typedef enum lowp_status {
     LOWP_ERR_INVALID_ARG = 1, /* a null pointer, a bad shape, a value out of range */
     LOWP_ERR_UNSUPPORTED = 2, /* valid request that this backend/format/path cannot do */
     LOWP_ERR_OUT_OF_MEMORY = 3,
-    LOWP_ERR_DEVICE = 4,      /* a backend reported a failure */
-    LOWP_ERR_IO = 5,          /* a file could not be read or written */
-    LOWP_ERR_CORRUPT = 6,     /* a file or blob is truncated or malformed */
-    LOWP_ERR_VERSION = 7,     /* an ABI or file version mismatch */
-    LOWP_ERR_NOT_FOUND = 8,   /* no such backend, device, name or symbol */
+    LOWP_ERR_DEVICE = 4,    /* a backend reported a failure */
+    LOWP_ERR_IO = 5,        /* a file could not be read or written */
+    LOWP_ERR_CORRUPT = 6,   /* a file or blob is truncated or malformed */
+    LOWP_ERR_VERSION = 7,   /* an ABI or file version mismatch */
+    LOWP_ERR_NOT_FOUND = 8, /* no such backend, device, name or symbol */
     LOWP_ERR_INTERNAL = 9,
 } lowp_status;
 

@@ -37,13 +37,13 @@ extern "C" {
 struct lowp_wrap; /* the state prepare attaches to a parameter (opaque) */
 
 typedef struct lowp_param {
-    const char *name;   /* e.g. "layers.0.attn.wq"; matched against recipe patterns */
-    int32_t groups;     /* 0: one [rows, cols] matrix; G > 0: G experts, [G, rows, cols] */
-    int64_t rows, cols; /* out features N x in features K (per expert) */
-    float *data;        /* FP32 master weights, host */
-    float *grad;        /* FP32 gradient, host, same shape */
-    lowp_device device; /* where the parameter's state (FP8 history, scales) lives */
-    uint64_t version;   /* bumped after every optimizer update */
+    const char *name;       /* e.g. "layers.0.attn.wq"; matched against recipe patterns */
+    int32_t groups;         /* 0: one [rows, cols] matrix; G > 0: G experts, [G, rows, cols] */
+    int64_t rows, cols;     /* out features N x in features K (per expert) */
+    float *data;            /* FP32 master weights, host */
+    float *grad;            /* FP32 gradient, host, same shape */
+    lowp_device device;     /* where the parameter's state (FP8 history, scales) lives */
+    uint64_t version;       /* bumped after every optimizer update */
     struct lowp_wrap *wrap; /* set by lowp_train_prepare; NULL when plain */
 } lowp_param;
 
@@ -72,7 +72,7 @@ LOWP_API lowp_status lowp_param_updated(lowp_param *param);
 typedef struct lowp_wrap_stats {
     int64_t weight_quantizations; /* times the weight's quantized copies were (re)made */
     int64_t forward_calls, backward_calls;
-    char cfg_name[32];            /* the preset or recipe rule that wrapped it */
+    char cfg_name[32]; /* the preset or recipe rule that wrapped it */
 } lowp_wrap_stats;
 /* A plain (unwrapped) parameter gives zero counts and cfg_name "plain". */
 LOWP_API lowp_status lowp_param_stats(const lowp_param *param, lowp_wrap_stats *out);
@@ -84,7 +84,8 @@ typedef struct lowp_linear_opts {
                            checks and float references); wrapped weights are unaffected */
 } lowp_linear_opts;
 
-/* What a forward keeps for its backward (opaque; freed by the backward or lowp_linear_saved_free). */
+/* What a forward keeps for its backward (opaque; freed by the backward or lowp_linear_saved_free).
+ */
 typedef struct lowp_linear_saved lowp_linear_saved;
 
 /* y[M, N] = x[M, K] . W^T + bias. x and y F32 host tensors; bias [N] or NULL. `saved` may be
@@ -96,8 +97,8 @@ LOWP_API lowp_status lowp_linear_forward(lowp_param *w, const float *bias, const
  * w->grad += dW. Consumes `saved`, also when it fails (from the matching forward of this same
  * lowp_param, same x shape and offs; NULL allowed when the forward was not asked to save: x is
  * then requantized). */
-LOWP_API lowp_status lowp_linear_backward(lowp_param *w, const lowp_tensor *x, const lowp_tensor *dy,
-                                          lowp_tensor *dx, float *dbias,
+LOWP_API lowp_status lowp_linear_backward(lowp_param *w, const lowp_tensor *x,
+                                          const lowp_tensor *dy, lowp_tensor *dx, float *dbias,
                                           const lowp_linear_opts *opts, lowp_linear_saved *saved);
 
 /* MoE experts: w has groups = G ([G, N, K]); offs (int32, G cumulative ends) splits the rows
@@ -133,8 +134,8 @@ typedef struct lowp_fp8_state {
     lowp_device device;
     int32_t history_len;
     lowp_delayed_state roles[LOWP_ROLE_COUNT]; /* host mirror; cfg.format per role */
-    float *host_buf;                          /* backing of the mirror's histories */
-    float *dev_buf;                           /* on `device` (== host_buf on the CPU) */
+    float *host_buf;                           /* backing of the mirror's histories */
+    float *dev_buf;                            /* on `device` (== host_buf on the CPU) */
 } lowp_fp8_state;
 
 /* cfg gives history_len, margin and algo; formats[r] the element format of each role. */

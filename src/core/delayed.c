@@ -16,8 +16,7 @@ lowp_status lowp_delayed_cfg_init(lowp_delayed_cfg *cfg, lowp_format format) {
     return LOWP_OK;
 }
 
-lowp_status lowp_delayed_init(lowp_delayed_state *st, const lowp_delayed_cfg *cfg,
-                              float *history) {
+lowp_status lowp_delayed_init(lowp_delayed_state *st, const lowp_delayed_cfg *cfg, float *history) {
     const char *fn = "lowp_delayed_init";
     LOWP_CHECK_PTR(fn, st);
     LOWP_CHECK_PTR(fn, cfg);

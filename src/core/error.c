@@ -24,9 +24,13 @@ const char *lowp_status_str(lowp_status status) {
     return "LOWP_ERR_UNKNOWN: unknown status";
 }
 
-const char *lowp_last_error(void) { return g_last_error; }
+const char *lowp_last_error(void) {
+    return g_last_error;
+}
 
-void lowp_clear_error(void) { g_last_error[0] = '\0'; }
+void lowp_clear_error(void) {
+    g_last_error[0] = '\0';
+}
 
 lowp_status lowp_fail(lowp_status status, const char *fmt, ...) {
     va_list ap;
@@ -49,4 +53,6 @@ void lowp_error_append(const char *fmt, ...) {
     va_end(ap);
 }
 
-const char *lowp_version(void) { return LOWP_VERSION_STRING; }
+const char *lowp_version(void) {
+    return LOWP_VERSION_STRING;
+}

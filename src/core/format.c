@@ -34,7 +34,8 @@ static uint32_t small_encode(const small_spec *s, float x, lowp_overflow ov, int
     uint32_t a = u & 0x7FFFFFFFu;
     uint32_t sbit = (u >> 31) << (s->bits - 1);
     if (a > 0x7F800000u) return s->nan_code == 0 ? 0 : (sbit | s->nan_code);
-    if (a == 0x7F800000u) return sbit | (ov == LOWP_OVERFLOW_SATFINITE ? s->max_code : s->over_code);
+    if (a == 0x7F800000u)
+        return sbit | (ov == LOWP_OVERFLOW_SATFINITE ? s->max_code : s->over_code);
     int e32 = (int) (a >> 23);
     if (e32 == 0) return sbit; /* binary32 zero or subnormal: far below half the min subnormal */
     uint32_t m24 = (a & 0x7FFFFFu) | 0x800000u;
@@ -54,9 +55,12 @@ static uint32_t small_encode(const small_spec *s, float x, lowp_overflow ov, int
          * 32-bit integer: the carry into the integer part happens with probability equal to
          * the discarded fraction (exactly the "add d random bits, truncate" rule). */
         uint64_t v;
-        if (shift <= 32) v = (uint64_t) m24 << (32 - shift);
-        else if (shift - 32 < 32) v = (uint64_t) (m24 >> (shift - 32));
-        else v = 0;
+        if (shift <= 32)
+            v = (uint64_t) m24 << (32 - shift);
+        else if (shift - 32 < 32)
+            v = (uint64_t) (m24 >> (shift - 32));
+        else
+            v = 0;
         q = (uint32_t) ((v + rbits) >> 32);
     }
     uint32_t code = e >= 1 ? ((uint32_t) (e - 1) << s->mbits) + q : q;
@@ -91,7 +95,9 @@ static uint32_t f32_encode(float x, lowp_overflow ov) {
     (void) ov; /* nothing overflows binary32 */
     return lowp_f2u(x);
 }
-static float f32_decode(uint32_t c) { return lowp_u2f(c); }
+static float f32_decode(uint32_t c) {
+    return lowp_u2f(c);
+}
 
 static uint32_t bf16_round(float x, lowp_overflow ov, int sr, uint32_t rbits) {
     uint32_t u = lowp_f2u(x);
@@ -102,21 +108,25 @@ static uint32_t bf16_round(float x, lowp_overflow ov, int sr, uint32_t rbits) {
     if (r >= 0x7F80u) r = ov == LOWP_OVERFLOW_SATFINITE ? 0x7F7Fu : 0x7F80u;
     return (sign >> 16) | r;
 }
-static uint32_t bf16_encode(float x, lowp_overflow ov) { return bf16_round(x, ov, 0, 0); }
+static uint32_t bf16_encode(float x, lowp_overflow ov) {
+    return bf16_round(x, ov, 0, 0);
+}
 static uint32_t bf16_encode_sr(float x, uint32_t r, lowp_overflow ov) {
     return bf16_round(x, ov, 1, r);
 }
-static float bf16_decode(uint32_t c) { return lowp_u2f((c & 0xFFFFu) << 16); }
+static float bf16_decode(uint32_t c) {
+    return lowp_u2f((c & 0xFFFFu) << 16);
+}
 
-#define SMALL_FORMAT(NAME, SPEC, EBITS, HAS_INF, NAN_ALL_ONES)                                   \
-    static uint32_t NAME##_encode(float x, lowp_overflow ov) {                                    \
-        return small_encode(&SPEC, x, ov, 0, 0);                                                  \
-    }                                                                                             \
-    static uint32_t NAME##_encode_sr(float x, uint32_t r, lowp_overflow ov) {                     \
-        return small_encode(&SPEC, x, ov, 1, r);                                                  \
-    }                                                                                             \
-    static float NAME##_decode(uint32_t c) {                                                      \
-        return small_decode(&SPEC, EBITS, HAS_INF, NAN_ALL_ONES, c);                              \
+#define SMALL_FORMAT(NAME, SPEC, EBITS, HAS_INF, NAN_ALL_ONES)                                     \
+    static uint32_t NAME##_encode(float x, lowp_overflow ov) {                                     \
+        return small_encode(&SPEC, x, ov, 0, 0);                                                   \
+    }                                                                                              \
+    static uint32_t NAME##_encode_sr(float x, uint32_t r, lowp_overflow ov) {                      \
+        return small_encode(&SPEC, x, ov, 1, r);                                                   \
+    }                                                                                              \
+    static float NAME##_decode(uint32_t c) {                                                       \
+        return small_decode(&SPEC, EBITS, HAS_INF, NAN_ALL_ONES, c);                               \
     }
 
 SMALL_FORMAT(f16, SPEC_F16, 5, 1, 0)
@@ -147,9 +157,8 @@ static float e8m0_decode(uint32_t c) {
 static const lowp_format_traits g_traits[LOWP_FORMAT_COUNT] = {
     [LOWP_FORMAT_F32] = {LOWP_FORMAT_F32, "f32", 32, 8, 23, 127, 1, 1, FLT_MAX, 127, FLT_MIN,
                          0x1p-149f, 0x7F7FFFFFu, 0x7FC00000u, f32_encode, NULL, f32_decode},
-    [LOWP_FORMAT_BF16] = {LOWP_FORMAT_BF16, "bf16", 16, 8, 7, 127, 1, 1, 0x1.FEp127f, 127,
-                          FLT_MIN, 0x1p-133f, 0x7F7Fu, 0x7FC0u, bf16_encode, bf16_encode_sr,
-                          bf16_decode},
+    [LOWP_FORMAT_BF16] = {LOWP_FORMAT_BF16, "bf16", 16, 8, 7, 127, 1, 1, 0x1.FEp127f, 127, FLT_MIN,
+                          0x1p-133f, 0x7F7Fu, 0x7FC0u, bf16_encode, bf16_encode_sr, bf16_decode},
     [LOWP_FORMAT_F16] = {LOWP_FORMAT_F16, "f16", 16, 5, 10, 15, 1, 1, 65504.0f, 15, 0x1p-14f,
                          0x1p-24f, 0x7BFFu, 0x7E00u, f16_encode, f16_encode_sr, f16_decode},
     [LOWP_FORMAT_E4M3] = {LOWP_FORMAT_E4M3, "e4m3", 8, 4, 3, 7, 1, 0, 448.0f, 8, 0x1p-6f, 0x1p-9f,

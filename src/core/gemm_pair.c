@@ -1,7 +1,9 @@
 /* Which operand pairs lowp multiplies, and how their scales combine. */
 #include "gemm_pair.h"
 
-static int fp8(lowp_format f) { return f == LOWP_FORMAT_E4M3 || f == LOWP_FORMAT_E5M2; }
+static int fp8(lowp_format f) {
+    return f == LOWP_FORMAT_E4M3 || f == LOWP_FORMAT_E5M2;
+}
 
 lowp_status lowp_gemm_classify(const char *fn, const lowp_qtensor *a, const lowp_qtensor *b,
                                lowp_gemm_pair *pair, int64_t *bk) {

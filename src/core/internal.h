@@ -10,7 +10,7 @@
 
 #if defined(__GNUC__)
 #define LOWP_PRINTF(a, b) __attribute__((format(printf, a, b)))
-#define LOWP_HIDDEN __attribute__((visibility("hidden")))
+#define LOWP_HIDDEN       __attribute__((visibility("hidden")))
 #else
 #define LOWP_PRINTF(a, b)
 #define LOWP_HIDDEN
@@ -35,9 +35,9 @@ static inline float lowp_u2f(uint32_t u) {
     return f;
 }
 
-#define LOWP_CHECK_PTR(fn, p)                                                                     \
-    do {                                                                                          \
-        if ((p) == NULL) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s is NULL", fn, #p);       \
+#define LOWP_CHECK_PTR(fn, p)                                                                      \
+    do {                                                                                           \
+        if ((p) == NULL) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s is NULL", fn, #p);         \
     } while (0)
 
 #endif

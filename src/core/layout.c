@@ -100,8 +100,8 @@ lowp_status lowp_scales_to_npu(const uint8_t *canon, int64_t srows, int64_t scol
     return LOWP_OK;
 }
 
-lowp_status lowp_scales_from_npu(const uint8_t *npu, size_t npu_bytes, int64_t srows,
-                                 int64_t scols, lowp_npu_axis axis, uint8_t *canon) {
+lowp_status lowp_scales_from_npu(const uint8_t *npu, size_t npu_bytes, int64_t srows, int64_t scols,
+                                 lowp_npu_axis axis, uint8_t *canon) {
     const char *fn = "lowp_scales_from_npu";
     size_t need;
     lowp_status st = lowp_scales_npu_nbytes(srows, scols, &need);

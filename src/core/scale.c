@@ -58,8 +58,8 @@ lowp_status lowp_scaling_block(lowp_scaling scaling, int64_t *block_rows, int64_
     case LOWP_SCALING_BLOCK32X32: *block_rows = 32, *block_cols = 32; break;
     case LOWP_SCALING_NONE: *block_rows = 0, *block_cols = 0; break;
     default:
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_scaling_block: scaling (%d) is not a lowp_scaling",
-                         (int) scaling);
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_scaling_block: scaling (%d) is not a lowp_scaling", (int) scaling);
     }
     return LOWP_OK;
 }
@@ -143,8 +143,8 @@ lowp_status lowp_e8m0_scale(float amax, lowp_format format, lowp_scale_mode mode
                          "lowp_e8m0_scale: format (%d) is not an element format (e4m3, e5m2, e2m1)",
                          (int) format);
     if (mode < LOWP_SCALE_DEFAULT || mode > LOWP_SCALE_EVEN)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_e8m0_scale: mode (%d) is not a lowp_scale_mode",
-                         (int) mode);
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_e8m0_scale: mode (%d) is not a lowp_scale_mode", (int) mode);
     if (mode == LOWP_SCALE_DEFAULT) mode = LOWP_SCALE_RCEIL;
     *code = lowp_rule_e8m0_code(amax, t, mode);
     return LOWP_OK;

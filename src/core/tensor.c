@@ -8,7 +8,8 @@ lowp_status lowp_row_nbytes(lowp_format format, int64_t cols, size_t *out) {
     if (st != LOWP_OK) return st;
     LOWP_CHECK_PTR("lowp_row_nbytes", out);
     if (cols < 0)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_row_nbytes: cols (%lld) < 0", (long long) cols);
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_row_nbytes: cols (%lld) < 0",
+                         (long long) cols);
     if ((uint64_t) cols > (SIZE_MAX / 4))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_row_nbytes: cols (%lld) too large",
                          (long long) cols);
@@ -26,7 +27,8 @@ lowp_status lowp_tensor_nbytes(const lowp_tensor *t, size_t *out) {
     lowp_status st = lowp_row_nbytes(t->format, t->cols, &row);
     if (st != LOWP_OK) return st;
     if (row != 0 && (uint64_t) t->rows > SIZE_MAX / row)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_tensor_nbytes: rows (%lld) x row bytes (%zu) overflows",
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_tensor_nbytes: rows (%lld) x row bytes (%zu) overflows",
                          (long long) t->rows, row);
     *out = (size_t) t->rows * row;
     return LOWP_OK;

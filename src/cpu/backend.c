@@ -85,8 +85,8 @@ static lowp_status cpu_cast(void *ctx, int32_t index, const lowp_tensor *src, lo
     return st == LOWP_OK ? lowp_cpu_cast(src, dst, cfg) : st;
 }
 
-static lowp_status cpu_quantize(void *ctx, int32_t index, const lowp_tensor *x,
-                                lowp_qtensor *row, lowp_qtensor *col, const lowp_quant_cfg *cfg) {
+static lowp_status cpu_quantize(void *ctx, int32_t index, const lowp_tensor *x, lowp_qtensor *row,
+                                lowp_qtensor *col, const lowp_quant_cfg *cfg) {
     (void) ctx;
     lowp_status st = check_index("lowp_quantize", index);
     return st == LOWP_OK ? lowp_cpu_quantize(x, row, col, cfg) : st;

@@ -23,8 +23,8 @@
 #endif
 
 #define CAP_AVX512_ALL                                                                             \
-    (LOWP_CAP_AVX512F | LOWP_CAP_AVX512BW | LOWP_CAP_AVX512VL | LOWP_CAP_AVX512DQ | LOWP_CAP_AVX512_BF16 |             \
-     LOWP_CAP_AVX512_FP16)
+    (LOWP_CAP_AVX512F | LOWP_CAP_AVX512BW | LOWP_CAP_AVX512VL | LOWP_CAP_AVX512DQ |                \
+     LOWP_CAP_AVX512_BF16 | LOWP_CAP_AVX512_FP16)
 #define CAP_AMX_ALL (LOWP_CAP_AMX_TILE | LOWP_CAP_AMX_BF16 | LOWP_CAP_AMX_PERMITTED)
 
 static lowp_caps g_caps;

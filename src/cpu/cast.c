@@ -54,7 +54,11 @@ lowp_status lowp_cpu_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_c
             size_t n = total - i0 < per ? total - i0 : per;
             lowp_cast_piece p = {elem_addr(src->data, src->format, i0),
                                  (void *) elem_addr(dst->data, dst->format, i0),
-                                 n, i0, src->format, dst->format, cfg};
+                                 n,
+                                 i0,
+                                 src->format,
+                                 dst->format,
+                                 cfg};
             kernel(&p);
         }
     } else {
@@ -65,8 +69,11 @@ lowp_status lowp_cpu_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_c
         for (int64_t r = 0; r < rows; r++) {
             lowp_cast_piece p = {(const uint8_t *) src->data + (size_t) r * srow,
                                  (uint8_t *) dst->data + (size_t) r * drow,
-                                 (size_t) cols, (uint64_t) r * (uint64_t) cols, src->format,
-                                 dst->format, cfg};
+                                 (size_t) cols,
+                                 (uint64_t) r * (uint64_t) cols,
+                                 src->format,
+                                 dst->format,
+                                 cfg};
             kernel(&p);
         }
     }

@@ -34,8 +34,10 @@ static void store_code(void *dst, lowp_format f, size_t i, uint32_t code) {
         /* Elements are stored in ascending order: an even one sets its byte (so the pad
          * nibble after an odd-length row is 0), an odd one adds the high nibble. */
         uint8_t *b = (uint8_t *) dst + i / 2;
-        if ((i & 1) == 0) *b = (uint8_t) (code & 0xF);
-        else *b = (uint8_t) ((*b & 0xF) | ((code & 0xF) << 4));
+        if ((i & 1) == 0)
+            *b = (uint8_t) (code & 0xF);
+        else
+            *b = (uint8_t) ((*b & 0xF) | ((code & 0xF) << 4));
         break;
     }
     default: ((uint8_t *) dst)[i] = (uint8_t) code; break;
@@ -50,9 +52,11 @@ void lowp_cpu_cast_ref(const lowp_cast_piece *p) {
     for (size_t i = 0; i < p->n; i++) {
         float x = load_elem(p->src, p->src_format, i);
         uint32_t code;
-        if (sr) code = dt->encode_sr(x, lowp_philox_word(cfg->seed, cfg->offset + p->idx + i),
-                                     cfg->overflow);
-        else code = dt->encode(x, cfg->overflow);
+        if (sr)
+            code = dt->encode_sr(x, lowp_philox_word(cfg->seed, cfg->offset + p->idx + i),
+                                 cfg->overflow);
+        else
+            code = dt->encode(x, cfg->overflow);
         store_code(p->dst, p->dst_format, i, code);
     }
 }

@@ -73,7 +73,9 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
     return LOWP_OK;
 }
 
-static int n_threads(int32_t want) { return want > 0 ? want : omp_get_num_procs(); }
+static int n_threads(int32_t want) {
+    return want > 0 ? want : omp_get_num_procs();
+}
 
 /* Below about 4M multiply-adds a second thread costs more (waking it, splitting the packing)
  * than it saves; training a small model runs thousands of such GEMMs. */
@@ -103,8 +105,10 @@ static int64_t split(const lowp_gemm_job *j, int threads, gemm_kernel k, lowp_ge
     for (int64_t s = 0; s < len; s += step) {
         out[n] = *j;
         int64_t e = s + step < len ? s + step : len;
-        if (by_m) out[n].m0 = j->m0 + s, out[n].m1 = j->m0 + e;
-        else out[n].n0 = j->n0 + s, out[n].n1 = j->n0 + e;
+        if (by_m)
+            out[n].m0 = j->m0 + s, out[n].m1 = j->m0 + e;
+        else
+            out[n].n0 = j->n0 + s, out[n].n1 = j->n0 + e;
         n++;
     }
     return n;
@@ -164,9 +168,8 @@ static lowp_status queue_add(job_queue *q, const lowp_gemm_job *j, gemm_kernel k
     return LOWP_OK;
 }
 
-lowp_status lowp_cpu_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b,
-                                  const int32_t *offs, int32_t groups, lowp_tensor *c,
-                                  const lowp_gemm_cfg *cfg) {
+lowp_status lowp_cpu_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
+                                  int32_t groups, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
     job_queue q;
     q.count = 0;
     q.kernel = NULL;

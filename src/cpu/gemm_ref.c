@@ -9,8 +9,8 @@
 #include "gemm_kernels.h"
 
 /* Decode columns [k0, k1) of row r of q into out (codes only, no scales). */
-static void decode_row(const lowp_qtensor *q, int64_t r, int64_t k0, int64_t k1,
-                       const float *lut, float *out) {
+static void decode_row(const lowp_qtensor *q, int64_t r, int64_t k0, int64_t k1, const float *lut,
+                       float *out) {
     const int64_t n = k1 - k0;
     switch (q->format) {
     case LOWP_FORMAT_F32: {
@@ -98,8 +98,7 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
                         uint8_t ca = e8m0_code_at(a, m, j->a_blk + blk, nba);
                         uint8_t cb = e8m0_code_at(b, n, j->b_blk + blk, nbb);
                         /* Combine the exponents as integers: 2^-127 * 2^-127 underflows. */
-                        s = (ca == 0xFF || cb == 0xFF) ? NAN
-                                                       : ldexpf(s, (int) ca + (int) cb - 254);
+                        s = (ca == 0xFF || cb == 0xFF) ? NAN : ldexpf(s, (int) ca + (int) cb - 254);
                         acc += s;
                     } else if (blk128) {
                         float sa = fp32_scale_at(a, m, j->a_blk + blk, nba);

@@ -17,13 +17,17 @@ LOWP_HIDDEN uint32_t lowp_cpu_amax_bits_avx512(const lowp_quant_job *j, int64_t 
 LOWP_HIDDEN void lowp_cpu_colamax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1,
                                               uint32_t *acc);
 
-static int n_threads(int32_t want) { return want > 0 ? want : omp_get_num_procs(); }
+static int n_threads(int32_t want) {
+    return want > 0 ? want : omp_get_num_procs();
+}
 
 /* amax over the whole input (NaN wins), in parallel. */
 static float tensor_amax(const lowp_quant_job *j, int threads, int fast) {
     float m = 0.0f;
     int nan = 0;
-#pragma omp parallel for num_threads(threads) reduction(max : m) reduction(| : nan)             \
+#pragma omp parallel for num_threads(threads) reduction(max                                        \
+                                                        : m) reduction(|                           \
+                                                                       : nan)                      \
     schedule(static) if (j->rows * j->cols > 65536)
     for (int64_t r = 0; r < j->rows; r++) {
         float mr = 0.0f;
@@ -33,8 +37,10 @@ static float tensor_amax(const lowp_quant_job *j, int threads, int fast) {
         } else {
             for (int64_t c = 0; c < j->cols; c++) mr = lowp_amax_acc(mr, lowp_job_x(j, r, c));
         }
-        if (mr != mr) nan = 1;
-        else if (mr > m) m = mr;
+        if (mr != mr)
+            nan = 1;
+        else if (mr > m)
+            m = mr;
     }
     return nan ? NAN : m;
 }
@@ -95,8 +101,7 @@ static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, c
     *st = LOWP_OK;
     if (path == LOWP_PATH_AVX512) {
         if (!fast_ok) {
-            *st = lowp_fail(LOWP_ERR_UNSUPPORTED,
-                            "%s: cfg.path (LOWP_PATH_AVX512) but %s", fn,
+            *st = lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: cfg.path (LOWP_PATH_AVX512) but %s", fn,
                             have512 ? "there is no AVX-512 kernel for this scaling/format"
                                     : "this CPU lacks AVX-512F/BW/VL/DQ");
             return NULL;
@@ -155,7 +160,8 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
     int64_t per = (nbands + threads - 1) / threads;
     if (per < 1) per = 1;
     const int64_t nchunks = (nbands + per - 1) / per;
-#pragma omp parallel for num_threads(threads) schedule(static) if (nchunks > 1 && j.rows * j.cols > 32768)
+#pragma omp parallel for num_threads(threads)                                                      \
+    schedule(static) if (nchunks > 1 && j.rows * j.cols > 32768)
     for (int64_t t = 0; t < nchunks; t++) {
         int64_t r0 = t * per * j.band_rows;
         int64_t r1 = r0 + per * j.band_rows;
@@ -180,7 +186,7 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
 lowp_status lowp_cpu_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
     int64_t br = q->scaling == LOWP_SCALING_BLOCK128X128 ? 128
                  : q->scaling == LOWP_SCALING_BLOCK32X32 ? 32
-                                                          : 1;
+                                                         : 1;
     const int64_t nbands = (q->rows + br - 1) / br;
 #pragma omp parallel for schedule(static) if (q->rows * q->cols > 65536)
     for (int64_t b = 0; b < nbands; b++) {
@@ -193,7 +199,7 @@ lowp_status lowp_cpu_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
 lowp_status lowp_cpu_amax(const lowp_tensor *x, int scaling_, float *out) {
     lowp_scaling scaling = (lowp_scaling) scaling_;
     lowp_qtensor shape = {LOWP_FORMAT_E4M3, scaling, x->rows, x->cols, NULL, NULL,
-                          x->device, NULL, 0};
+                          x->device,        NULL,    0};
     int64_t sr, sc;
     lowp_status st = lowp_qtensor_scale_shape(&shape, &sr, &sc, NULL);
     if (st != LOWP_OK) return st;

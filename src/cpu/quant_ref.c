@@ -14,9 +14,12 @@ static size_t row_bytes(const lowp_qtensor *q) {
 
 static void put(const lowp_qtensor *q, int64_t r, int64_t c, uint32_t code) {
     uint8_t *row = (uint8_t *) q->data + (size_t) r * row_bytes(q);
-    if (q->format != LOWP_FORMAT_E2M1) row[c] = (uint8_t) code;
-    else if ((c & 1) == 0) row[c / 2] = (uint8_t) (code & 0xF);
-    else row[c / 2] |= (uint8_t) ((code & 0xF) << 4);
+    if (q->format != LOWP_FORMAT_E2M1)
+        row[c] = (uint8_t) code;
+    else if ((c & 1) == 0)
+        row[c / 2] = (uint8_t) (code & 0xF);
+    else
+        row[c / 2] |= (uint8_t) ((code & 0xF) << 4);
 }
 
 static uint32_t get(const lowp_qtensor *q, int64_t r, int64_t c) {
@@ -43,7 +46,9 @@ static float rect_amax(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t 
     return m;
 }
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t min64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
 
 /* Quantize the input rectangle [r0,r1) x [c0,c1) with one scale into the row copy (at
  * [r, c]) and/or the col copy (at [c, r]); returns the scale's stored form through *code or
@@ -60,7 +65,8 @@ static block_out quant_block(const lowp_quant_job *j, int64_t r0, int64_t r1, in
     float amax = rect_amax(j, r0, r1, c0, c1);
     int e8 = j->scaling == LOWP_SCALING_MX32 || j->scaling == LOWP_SCALING_BLOCK32X32;
     float s = 1.0f;
-    if (e8) b.code = lowp_rule_e8m0_code(amax, j->et, j->mode);
+    if (e8)
+        b.code = lowp_rule_e8m0_code(amax, j->et, j->mode);
     else {
         s = lowp_rule_fp32_scale(amax, j->et->fmax, j->eps, j->pow2);
         b.scale_inv = 1.0f / s;
@@ -87,7 +93,8 @@ static block_out quant_block(const lowp_quant_job *j, int64_t r0, int64_t r1, in
 static void store_scale(const lowp_qtensor *q, size_t idx, block_out b) {
     if (q->scaling == LOWP_SCALING_MX32 || q->scaling == LOWP_SCALING_BLOCK32X32)
         ((uint8_t *) q->scales)[idx] = b.code;
-    else ((float *) q->scales)[idx] = b.scale_inv;
+    else
+        ((float *) q->scales)[idx] = b.scale_inv;
 }
 
 void lowp_cpu_quant_ref(const lowp_quant_job *j, int64_t r0, int64_t r1) {

@@ -316,10 +316,12 @@ static lowp_status guard_end(const call_guard *g, lowp_status st, const char *fn
     return st;
 }
 
-void lowp_call_begin(lowp_call_guard *g) { guard_begin(g); }
+void lowp_call_begin(lowp_call_guard *g) {
+    guard_begin(g);
+}
 
-lowp_status lowp_call_end(const lowp_call_guard *g, lowp_status st, const char *fn,
-                          lowp_device dev, const char *slot) {
+lowp_status lowp_call_end(const lowp_call_guard *g, lowp_status st, const char *fn, lowp_device dev,
+                          const char *slot) {
     return guard_end(g, st, fn, dev.type, dev.index, slot);
 }
 

@@ -15,10 +15,12 @@ lowp_status lowp_cast_cfg_init(lowp_cast_cfg *cfg) {
 
 static lowp_status check_cfg(const lowp_cast_cfg *cfg) {
     if (cfg->overflow != LOWP_OVERFLOW_SATFINITE && cfg->overflow != LOWP_OVERFLOW_NONSAT)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_cast: cfg.overflow (%d) is not a lowp_overflow",
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_cast: cfg.overflow (%d) is not a lowp_overflow",
                          (int) cfg->overflow);
     if (cfg->rounding != LOWP_ROUND_RNE && cfg->rounding != LOWP_ROUND_SR)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_cast: cfg.rounding (%d) is not a lowp_rounding",
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_cast: cfg.rounding (%d) is not a lowp_rounding",
                          (int) cfg->rounding);
     if (cfg->path != LOWP_PATH_AUTO && cfg->path != LOWP_PATH_REFERENCE &&
         cfg->path != LOWP_PATH_AVX512)
@@ -56,9 +58,9 @@ lowp_status lowp_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_cast_
                          "(f32 -> any, bf16 -> 8/4-bit or f16, any -> f32)",
                          st_->name, dt->name);
     if (cfg->rounding == LOWP_ROUND_SR && !dt->encode_sr)
-        return lowp_fail(LOWP_ERR_UNSUPPORTED,
-                         "lowp_cast: cfg.rounding (LOWP_ROUND_SR) is not defined for dst.format (%s)",
-                         dt->name);
+        return lowp_fail(
+            LOWP_ERR_UNSUPPORTED,
+            "lowp_cast: cfg.rounding (LOWP_ROUND_SR) is not defined for dst.format (%s)", dt->name);
     if (src->rows != dst->rows || src->cols != dst->cols)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_cast: dst shape (%lld x %lld) != src shape (%lld x %lld)",
@@ -72,8 +74,7 @@ lowp_status lowp_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_cast_
     if (src->device.type != dst->device.type || src->device.index != dst->device.index)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_cast: dst.device (%d:%d) != src.device (%d:%d); copy first",
-                         dst->device.type, dst->device.index, src->device.type,
-                         src->device.index);
+                         dst->device.type, dst->device.index, src->device.type, src->device.index);
     const lowp_backend_iface *iface;
     void *ctx;
     if ((st = lowp_device_resolve("lowp_cast", "src.device", src->device, &iface, &ctx)) != LOWP_OK)

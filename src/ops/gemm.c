@@ -58,10 +58,11 @@ static lowp_status check_c(const char *fn, const lowp_tensor *c, int64_t rows, i
         return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: c.format (%d) is not f32 or bf16", fn,
                          (int) c->format);
     if (c->rows != rows || c->cols != cols)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: c shape (%lld x %lld) != expected (%lld x %lld)",
-                         fn, (long long) c->rows, (long long) c->cols, (long long) rows,
-                         (long long) cols);
-    if (rows * cols > 0 && !c->data) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: c.data is NULL", fn);
+        return lowp_fail(
+            LOWP_ERR_INVALID_ARG, "%s: c shape (%lld x %lld) != expected (%lld x %lld)", fn,
+            (long long) c->rows, (long long) c->cols, (long long) rows, (long long) cols);
+    if (rows * cols > 0 && !c->data)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: c.data is NULL", fn);
     if (!same_device(c->device, dev))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: c.device (%d:%d) != a.device (%d:%d)", fn,
                          c->device.type, c->device.index, dev.type, dev.index);
@@ -138,8 +139,8 @@ lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, cons
     if ((st = check_cfg(fn, cfg)) != LOWP_OK) return st;
     if ((st = check_operand(fn, "a", a, a->device)) != LOWP_OK) return st;
     if (a->group_offs)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.group_offs is set (split-M groups come from offs)",
-                         fn);
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: a.group_offs is set (split-M groups come from offs)", fn);
     if ((st = check_offs(fn, offs, groups, a->rows, "a.rows")) != LOWP_OK) return st;
     const int64_t N = b[0].rows;
     for (int32_t g = 0; g < groups; g++) {
@@ -212,8 +213,8 @@ lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b
     if ((st = lowp_gemm_classify(fn, a, b, &pair, &bk)) != LOWP_OK) return st;
     if (pair == LOWP_PAIR_B128_W || pair == LOWP_PAIR_MX_B32)
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
-                         "%s: b (scaling %s) is a weight tiling, not a token-blocked activation", fn,
-                         lowp_scaling_name(b->scaling));
+                         "%s: b (scaling %s) is a weight tiling, not a token-blocked activation",
+                         fn, lowp_scaling_name(b->scaling));
     if (a->cols != b->cols)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld tokens) != b.cols (%lld tokens)",
                          fn, (long long) a->cols, (long long) b->cols);

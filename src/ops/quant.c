@@ -54,8 +54,8 @@ static lowp_status check_cfg(const char *fn, const lowp_quant_cfg *cfg, lowp_sca
                              "%s: cfg.scale is set but the scaling (%s) is not tensor", fn,
                              lowp_scaling_name(scaling));
         if (!(*cfg->scale > 0.0f) || isinf(*cfg->scale))
-            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: *cfg.scale (%g) must be finite and > 0",
-                             fn, (double) *cfg->scale);
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: *cfg.scale (%g) must be finite and > 0", fn,
+                             (double) *cfg->scale);
     }
     if (cfg->threads < 0)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.threads (%d) < 0", fn, cfg->threads);
@@ -84,9 +84,9 @@ static lowp_status check_q(const char *fn, const char *name, const lowp_qtensor 
                          q->scaling == LOWP_SCALING_MX32 ? ", e2m1" : "");
     }
     if (q->rows != rows || q->cols != cols)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s shape (%lld x %lld) != expected (%lld x %lld)",
-                         fn, name, (long long) q->rows, (long long) q->cols, (long long) rows,
-                         (long long) cols);
+        return lowp_fail(
+            LOWP_ERR_INVALID_ARG, "%s: %s shape (%lld x %lld) != expected (%lld x %lld)", fn, name,
+            (long long) q->rows, (long long) q->cols, (long long) rows, (long long) cols);
     size_t db, sb;
     lowp_status st = lowp_qtensor_nbytes(q, &db, &sb);
     if (st != LOWP_OK) return st;
@@ -201,9 +201,9 @@ lowp_status lowp_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
         return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: out.format (%d) is not f32", fn,
                          (int) out->format);
     if (out->rows != q->rows || out->cols != q->cols)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out shape (%lld x %lld) != q shape (%lld x %lld)",
-                         fn, (long long) out->rows, (long long) out->cols, (long long) q->rows,
-                         (long long) q->cols);
+        return lowp_fail(
+            LOWP_ERR_INVALID_ARG, "%s: out shape (%lld x %lld) != q shape (%lld x %lld)", fn,
+            (long long) out->rows, (long long) out->cols, (long long) q->rows, (long long) q->cols);
     if (q->rows * q->cols > 0 && !out->data)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out.data is NULL", fn);
     if (!same_device(out->device, q->device))
@@ -225,7 +225,7 @@ lowp_status lowp_amax(const lowp_tensor *x, lowp_scaling scaling, float *out, si
     if (st != LOWP_OK) return st;
     LOWP_CHECK_PTR(fn, out);
     lowp_qtensor shape = {LOWP_FORMAT_E4M3, scaling, x->rows, x->cols, NULL, NULL,
-                          x->device, NULL, 0};
+                          x->device,        NULL,    0};
     int64_t sr, sc;
     if ((st = lowp_qtensor_scale_shape(&shape, &sr, &sc, NULL)) != LOWP_OK) return st;
     if ((size_t) (sr * sc) != out_count)

@@ -340,8 +340,8 @@ static lowp_status add_rule(lowp_recipe *r, const char *pattern, const lowp_line
 /* What every built-in recipe keeps in high precision: embeddings, the output head and MoE
  * routers are small GEMMs whose errors feed every token (and, for the router, the expert
  * choice itself). */
-static const char *const k_hp_patterns[] = {"*embed*", "head*",    "*.head",
-                                             "*lm_head*", "*router*", "*norm*"};
+static const char *const k_hp_patterns[] = {"*embed*",   "head*",    "*.head",
+                                            "*lm_head*", "*router*", "*norm*"};
 
 typedef struct builtin {
     const char *name;
