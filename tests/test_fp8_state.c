@@ -14,17 +14,6 @@
 #include "testdev_hooks.h"
 #include "testutil.h"
 
-#define CHECK_OK(call) CHECKF((call) == LOWP_OK, "%s", lowp_last_error())
-/* A call that must fail with `want` and leave a message containing `has`. */
-#define CHECK_FAIL(call, want, has)                                                                \
-    do {                                                                                           \
-        lowp_clear_error();                                                                        \
-        lowp_status got_ = (call);                                                                 \
-        CHECKF(got_ == (want) && strstr(lowp_last_error(), (has)) != NULL,                         \
-               "got %s, want %s; message \"%s\" should contain \"%s\"", lowp_status_str(got_),     \
-               lowp_status_str(want), lowp_last_error(), (has));                                   \
-    } while (0)
-
 static const lowp_format k_hybrid[LOWP_ROLE_COUNT] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3,
                                                       LOWP_FORMAT_E5M2};
 

@@ -17,16 +17,6 @@
 #include "lowp/lowp.h"
 #include "testutil.h"
 
-#define CHECK_OK(call) CHECKF((call) == LOWP_OK, "%s", lowp_last_error())
-#define CHECK_FAIL(call, want, has)                                                                \
-    do {                                                                                           \
-        lowp_clear_error();                                                                        \
-        lowp_status got_ = (call);                                                                 \
-        CHECKF(got_ == (want) && strstr(lowp_last_error(), (has)) != NULL,                         \
-               "got %s, want %s; message \"%s\" should contain \"%s\"", lowp_status_str(got_),     \
-               lowp_status_str(want), lowp_last_error(), (has));                                   \
-    } while (0)
-
 static int same_tracker(const lowp_rng_tracker *a, const lowp_rng_tracker *b) {
     if (a->count != b->count || a->current != b->current) return 0;
     for (int32_t i = 0; i < a->count; i++)

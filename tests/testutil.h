@@ -5,6 +5,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "lowp/status.h"
 
 static int tu_passed, tu_failed;
 
@@ -35,6 +38,19 @@ static inline int testutil_finish(void) {
     printf("%d passed, %d failed\n", tu_passed, tu_failed);
     return tu_failed ? 1 : 0;
 }
+
+/* A lowp call that must succeed (the message is printed when it does not). */
+#define CHECK_OK(call) CHECKF((call) == LOWP_OK, "%s", lowp_last_error())
+
+/* A lowp call that must fail with `want` and leave a message containing `has`. */
+#define CHECK_FAIL(call, want, has)                                                                \
+    do {                                                                                           \
+        lowp_clear_error();                                                                        \
+        lowp_status got_ = (call);                                                                 \
+        CHECKF(got_ == (want) && strstr(lowp_last_error(), (has)) != NULL,                         \
+               "got %s, want %s; message \"%s\" should contain \"%s\"", lowp_status_str(got_),     \
+               lowp_status_str(want), lowp_last_error(), (has));                                   \
+    } while (0)
 
 /* LOWP_TEST_QUICK=1 (the sanitizer run) asks for smaller sizes. */
 static inline int testutil_quick(void) {
