@@ -172,12 +172,76 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
     return LOWP_OK;
 }
 
+/* Grouped columnwise quantization on the AVX-512 kernel. A group's blocks run along its own
+ * tokens [start, end), exactly as the blocks of an ungrouped columnwise copy of just those
+ * rows do, so each group is quantized as an ungrouped job on its rows into a scratch copy
+ * (the kernels address their output with the job's own row count as the pitch), whose code
+ * and scale rows are then copied into the group's spans of the grouped output. Bit-exact
+ * with lowp_cpu_quant_grouped_ref since the kernel is bit-exact with the reference. 8-bit
+ * codes only: an E2M1 group may start in the middle of a byte. Returns 0 (nothing written)
+ * when out of memory, so the caller falls back to the reference. */
+static int quantize_grouped_fast(const lowp_quant_job *j, const lowp_quant_cfg *cfg, int threads) {
+    const lowp_qtensor *q = j->col;
+    const int64_t bs = j->scaling == LOWP_SCALING_MX32 ? 32 : 128, C = j->cols;
+    const size_t ss = j->scaling == LOWP_SCALING_MX32 ? 1 : sizeof(float); /* scale bytes */
+    int64_t nbt = 0, prev = 0; /* blocks per output row, over every group */
+    for (int32_t g = 0; g < q->groups; g++) {
+        nbt += (q->group_offs[g] - prev + bs - 1) / bs;
+        prev = q->group_offs[g];
+    }
+    const int64_t used = prev; /* tokens past offs[G-1] are ignored (codes 0) */
+    /* Group g's scratch codes start at C * start_g, its scales at C * (its first block). */
+    /* The scale scratch starts on a 64-byte boundary: binary32 scales must be aligned. */
+    const size_t codes_bytes = ((size_t) (C * used) + 63) & ~(size_t) 63;
+    uint8_t *tmp = malloc(codes_bytes + (size_t) (C * nbt) * ss + 1);
+    if (!tmp) return 0;
+    uint8_t *tmps = tmp + codes_bytes;
+    const size_t xs = j->xfmt == LOWP_FORMAT_BF16 ? 2 : 4;
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (used * C > 32768)
+    for (int32_t g = 0; g < q->groups; g++) {
+        int64_t start = 0, blk0 = 0;
+        for (int32_t h = 0; h < g; h++) {
+            blk0 += (q->group_offs[h] - start + bs - 1) / bs;
+            start = q->group_offs[h];
+        }
+        const int64_t n = q->group_offs[g] - start, nb = (n + bs - 1) / bs;
+        if (n == 0) continue;
+        lowp_qtensor sub = *q;
+        sub.rows = C;
+        sub.cols = n;
+        sub.group_offs = NULL;
+        sub.groups = 0;
+        sub.data = tmp + (size_t) (C * start);
+        sub.scales = tmps + (size_t) (C * blk0) * ss;
+        lowp_tensor xv = {j->xfmt, n, C, (char *) j->x + (size_t) (start * C) * xs,
+                          LOWP_DEVICE_HOST};
+        lowp_quant_job sj;
+        setup_job(&sj, &xv, NULL, &sub, cfg);
+        lowp_cpu_quant_avx512(&sj, 0, n);
+        for (int64_t c = 0; c < C; c++) {
+            memcpy((uint8_t *) q->data + (size_t) (c * j->rows + start),
+                   (uint8_t *) sub.data + (size_t) (c * n), (size_t) n);
+            memcpy((uint8_t *) q->scales + (size_t) (c * nbt + blk0) * ss,
+                   (uint8_t *) sub.scales + (size_t) (c * nb) * ss, (size_t) nb * ss);
+        }
+    }
+    if (used < j->rows)
+        for (int64_t c = 0; c < C; c++)
+            memset((uint8_t *) q->data + (size_t) (c * j->rows + used), 0,
+                   (size_t) (j->rows - used));
+    free(tmp);
+    return 1;
+}
+
 lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
                                       const lowp_quant_cfg *cfg) {
     lowp_quant_job j;
     setup_job(&j, x, NULL, col, cfg);
     const int threads = n_threads(cfg->threads);
-    if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads, 0);
+    const int fast = cfg->path != LOWP_PATH_REFERENCE && lowp_cpu_has_avx512() &&
+                     j.efmt != LOWP_FORMAT_E2M1 && lowp_cpu_quant_avx512_supports(&j);
+    if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads, fast);
+    if (fast && quantize_grouped_fast(&j, cfg, threads)) return LOWP_OK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (j.rows * j.cols > 32768)
     for (int64_t c = 0; c < j.cols; c++) lowp_cpu_quant_grouped_ref(&j, c, c + 1);
     return LOWP_OK;
