@@ -3,6 +3,7 @@
 #ifndef LOWP_INTERNAL_H
 #define LOWP_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -34,6 +35,11 @@ static inline float lowp_u2f(uint32_t u) {
     memcpy(&f, &u, 4);
     return f;
 }
+
+/* Read the whole regular file `path` into a malloc'd *buf (*len bytes); messages start with
+ * `fn` and name the path (src/core/fileio.c). */
+LOWP_HIDDEN lowp_status lowp_file_read_all(const char *fn, const char *path, unsigned char **buf,
+                                           size_t *len);
 
 #define LOWP_CHECK_PTR(fn, p)                                                                      \
     do {                                                                                           \

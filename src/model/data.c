@@ -80,27 +80,11 @@ lowp_status lowp_data_from_file(const char *path, lowp_data **out) {
     LOWP_CHECK_PTR(fn, path);
     LOWP_CHECK_PTR(fn, out);
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return lowp_fail(LOWP_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(fp);
-        return lowp_fail(LOWP_ERR_IO, "%s: %s is not a regular file", fn, path);
-    }
-    size_t len = (size_t) sb.st_size;
-    char *buf = malloc(len ? len : 1);
-    if (!buf) {
-        fclose(fp);
-        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: no memory for %s (%zu bytes)", fn, path, len);
-    }
-    size_t got = len ? fread(buf, 1, len, fp) : 0;
-    int err = ferror(fp);
-    fclose(fp);
-    if (got != len || err) {
-        free(buf);
-        return lowp_fail(LOWP_ERR_IO, "%s: reading %s failed", fn, path);
-    }
-    lowp_status st = lowp_data_from_text(buf, len, path, out);
+    unsigned char *buf;
+    size_t len;
+    lowp_status st = lowp_file_read_all(fn, path, &buf, &len);
+    if (st != LOWP_OK) return st;
+    st = lowp_data_from_text(buf, len, path, out);
     free(buf);
     return st;
 }
