@@ -109,13 +109,7 @@ int lowp_bench_cast(int argc, char **argv) {
                             v);
                     return 2;
                 }
-            } else if (strcmp(v, "auto") == 0) {
-                path = LOWP_PATH_AUTO;
-            } else if (strcmp(v, "reference") == 0) {
-                path = LOWP_PATH_REFERENCE;
-            } else if (strcmp(v, "avx512") == 0) {
-                path = LOWP_PATH_AVX512;
-            } else {
+            } else if (lowp_bench_parse_path(v, &path) != 0) {
                 fprintf(stderr,
                         "lowp bench cast: --path '%s' is not one of auto, reference, avx512\n", v);
                 return 2;
@@ -126,15 +120,7 @@ int lowp_bench_cast(int argc, char **argv) {
         }
     }
 
-    /* The path AUTO resolves to, for the record (the dispatcher's rule: AVX-512F/BW). */
-    lowp_caps caps;
-    memset(&caps, 0, sizeof caps);
-    lowp_device_caps(LOWP_DEVICE_HOST, &caps);
-    int have512 = (caps.flags & LOWP_CAP_AVX512F) && (caps.flags & LOWP_CAP_AVX512BW);
-    const char *path_name = path == LOWP_PATH_REFERENCE ? "reference"
-                            : path == LOWP_PATH_AVX512  ? "avx512"
-                            : have512                   ? "auto:avx512"
-                                                        : "auto:reference";
+    const char *path_name = lowp_bench_path_name(path);
 
     /* F32 kernel: reads 4n, writes n. BF16 kernel: reads 2n, writes n. The memcpy baselines
      * copy half of that each (B read + B written). */

@@ -122,13 +122,7 @@ int lowp_bench_quant(int argc, char **argv) {
                             "lowp bench quant: --reps '%s' is not an integer in 1..100000\n", v);
                     return 2;
                 }
-            } else if (strcmp(v, "auto") == 0) {
-                path = LOWP_PATH_AUTO;
-            } else if (strcmp(v, "reference") == 0) {
-                path = LOWP_PATH_REFERENCE;
-            } else if (strcmp(v, "avx512") == 0) {
-                path = LOWP_PATH_AVX512;
-            } else {
+            } else if (lowp_bench_parse_path(v, &path) != 0) {
                 fprintf(stderr,
                         "lowp bench quant: --path '%s' is not one of auto, reference, avx512\n", v);
                 return 2;
@@ -139,15 +133,7 @@ int lowp_bench_quant(int argc, char **argv) {
         }
     }
 
-    /* The path AUTO resolves to, for the record (the dispatcher's rule: AVX-512F/BW). */
-    lowp_caps caps;
-    memset(&caps, 0, sizeof caps);
-    lowp_device_caps(LOWP_DEVICE_HOST, &caps);
-    int have512 = (caps.flags & LOWP_CAP_AVX512F) && (caps.flags & LOWP_CAP_AVX512BW);
-    const char *path_name = path == LOWP_PATH_REFERENCE ? "reference"
-                            : path == LOWP_PATH_AVX512  ? "avx512"
-                            : have512                   ? "auto:avx512"
-                                                        : "auto:reference";
+    const char *path_name = lowp_bench_path_name(path);
 
     const size_t n = (size_t) rows * (size_t) cols, in_bytes = 2 * n;
     int status = 1;

@@ -1,5 +1,6 @@
 /* Shared helpers of the `lowp bench ...` benchmarks (see bench_util.h). */
 #include "bench_util.h"
+#include "lowp/device.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -170,4 +171,27 @@ void lowp_bench_json_int(lowp_bench_json *j, const char *key, long long value) {
 
 void lowp_bench_json_end(lowp_bench_json *j, FILE *out) {
     fprintf(out, "%s}\n", j->buf);
+}
+
+int lowp_bench_parse_path(const char *v, lowp_kernel_path *out) {
+    if (strcmp(v, "auto") == 0)
+        *out = LOWP_PATH_AUTO;
+    else if (strcmp(v, "reference") == 0)
+        *out = LOWP_PATH_REFERENCE;
+    else if (strcmp(v, "avx512") == 0)
+        *out = LOWP_PATH_AVX512;
+    else
+        return -1;
+    return 0;
+}
+
+const char *lowp_bench_path_name(lowp_kernel_path path) {
+    if (path == LOWP_PATH_REFERENCE) return "reference";
+    if (path == LOWP_PATH_AVX512) return "avx512";
+    const uint32_t need =
+        LOWP_CAP_AVX512F | LOWP_CAP_AVX512BW | LOWP_CAP_AVX512VL | LOWP_CAP_AVX512DQ;
+    lowp_caps caps;
+    memset(&caps, 0, sizeof caps);
+    lowp_device_caps(LOWP_DEVICE_HOST, &caps);
+    return (caps.flags & need) == need ? "auto:avx512" : "auto:reference";
 }

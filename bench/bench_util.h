@@ -6,6 +6,8 @@
 #define LOWP_BENCH_UTIL_H
 
 #include <stddef.h>
+
+#include "lowp/cast.h"
 #include <stdio.h>
 
 /* Seconds on a monotonic clock. */
@@ -48,5 +50,11 @@ void lowp_bench_json_str(lowp_bench_json *j, const char *key, const char *value)
 void lowp_bench_json_num(lowp_bench_json *j, const char *key, double value);
 void lowp_bench_json_int(lowp_bench_json *j, const char *key, long long value);
 void lowp_bench_json_end(lowp_bench_json *j, FILE *out);
+
+/* --path auto|reference|avx512: 0 on success. */
+int lowp_bench_parse_path(const char *v, lowp_kernel_path *out);
+/* The kernel path a cast or quantize with `path` runs, for the record: AUTO resolves as the
+ * CPU dispatchers do (AVX-512 F/BW/VL/DQ present -> "auto:avx512"). */
+const char *lowp_bench_path_name(lowp_kernel_path path);
 
 #endif
