@@ -37,7 +37,7 @@ static inline float lowp_u2f(uint32_t u) {
 }
 
 /* Read the whole regular file `path` into a malloc'd *buf (*len bytes); messages start with
- * `fn` and name the path (src/core/fileio.c). */
+ * `fn` and name the path (src/io/fileio.c). */
 LOWP_HIDDEN lowp_status lowp_file_read_all(const char *fn, const char *path, unsigned char **buf,
                                            size_t *len);
 
