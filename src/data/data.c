@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "core/internal.h"
+#include "io/fileio.h"
 #include "core/philox.h"
 #include "lowp/trainer.h"
 

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "io/fileio.h"
 #include "lowp/trainer.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
