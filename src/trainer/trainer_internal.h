@@ -4,6 +4,7 @@
 #define LOWP_TRAINER_INTERNAL_H
 
 #include "core/internal.h"
+#include "lowp/safetensors.h"
 #include "lowp/trainer.h"
 
 struct lowp_trainer {
