@@ -157,7 +157,7 @@ static void test_layout_and_round_trip(void) {
     const unsigned char kat[] = "123456789";
     CHECK(crc32_table(kat, 9) == 0xCBF43926u); /* the test's CRC is zlib's */
 
-    lowp_delayed_cfg c = make_cfg(16, 1.5f, LOWP_AMAX_MOST_RECENT);
+    lowp_delayed_cfg c = make_cfg(16, 1.5f, LOWP_AMAX_ALGO_MOST_RECENT);
     lowp_fp8_state a, b;
     CHECK_OK(lowp_fp8_state_init(&a, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_init(&b, &c, k_hybrid, LOWP_DEVICE_HOST));
@@ -224,11 +224,11 @@ static void test_layout_and_round_trip(void) {
                "not an initialized state");
 
     /* The margin and algorithm of the module win over the blob's (validated, not applied). */
-    lowp_delayed_cfg c2 = make_cfg(16, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c2 = make_cfg(16, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state m;
     CHECK_OK(lowp_fp8_state_init(&m, &c2, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_load(&m, blob, len));
-    CHECK(m.roles[0].cfg.margin == 0.0f && m.roles[0].cfg.algo == LOWP_AMAX_MAX);
+    CHECK(m.roles[0].cfg.margin == 0.0f && m.roles[0].cfg.algo == LOWP_AMAX_ALGO_MAX);
     CHECK(rd32(blob + 44 + 2 * 68 + 64) == bits(m.roles[2].scale));
     lowp_fp8_state_free(&m);
 
@@ -274,7 +274,7 @@ static const float k_fix_scale[3] = {112.0f, 896.0f, 3670016.0f};
 
 static void test_fixture(const unsigned char *fix, size_t flen) {
     CHECK(flen == blob_len(4));
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
@@ -308,7 +308,7 @@ static void test_history_change(const unsigned char *fix, size_t flen) {
     static const int32_t lens[] = {1, 2, 3, 6, 9};
     for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
         int32_t L = lens[k];
-        lowp_delayed_cfg c = make_cfg(L, 0.0f, LOWP_AMAX_MAX);
+        lowp_delayed_cfg c = make_cfg(L, 0.0f, LOWP_AMAX_ALGO_MAX);
         lowp_fp8_state st;
         CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
         lowp_fp8_state_record(&st, LOWP_ROLE_INPUT, 99.0f); /* overwritten by the load */
@@ -332,7 +332,7 @@ static void test_history_change(const unsigned char *fix, size_t flen) {
         lowp_fp8_state_free(&st);
     }
     /* L = 6 spelled out: [r0, 0, 0, r1, r2, r3]. */
-    lowp_delayed_cfg c = make_cfg(6, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(6, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
@@ -341,7 +341,7 @@ static void test_history_change(const unsigned char *fix, size_t flen) {
           h[4] == 0.015625f && h[5] == 0.01171875f);
     lowp_fp8_state_free(&st);
     /* L = 2: [r0, r3]. */
-    c = make_cfg(2, 0.0f, LOWP_AMAX_MAX);
+    c = make_cfg(2, 0.0f, LOWP_AMAX_ALGO_MAX);
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
     CHECK(st.roles[0].history[0] == 0.0f && st.roles[0].history[1] == 2.0f);
@@ -377,7 +377,7 @@ static void test_params(const unsigned char *fix, size_t flen) {
     CHECK_FAIL(lowp_param_extra_state_load(NULL, fix, flen), LOWP_ERR_INVALID_ARG, "param is NULL");
 
     /* With delayed scaling: the state's blob, through the parameter. */
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     struct lowp_wrap w;
@@ -412,7 +412,7 @@ typedef struct corrupt_case {
 } corrupt_case;
 
 static void test_corruptions(const unsigned char *fix, size_t flen) {
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     run_steps(&st, 7, 0);
@@ -501,7 +501,7 @@ static int fuzz_one(lowp_fp8_state *st, const snap *s, const unsigned char *orig
 }
 
 static void test_fuzz(void) {
-    lowp_delayed_cfg c = make_cfg(16, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(16, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     run_steps(&st, 30, 1);
@@ -601,7 +601,7 @@ static float blob_at(const unsigned char *b, int32_t L, int r, int i) {
 static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen) {
     const lowp_device d0 = {td->type, 0}, d1 = {td->type, 1};
     const int32_t L = 4;
-    lowp_delayed_cfg c = make_cfg(L, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(L, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st, ref; /* ref: the same steps on the CPU, the expected values */
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, d1));
     CHECK_OK(lowp_fp8_state_init(&ref, &c, k_hybrid, LOWP_DEVICE_HOST));

@@ -62,7 +62,7 @@ static int same_state(const lowp_fp8_state *a, const lowp_fp8_state *b_copy, con
 /* ---- init, record ------------------------------------------------------------------------ */
 
 static void test_init(void) {
-    lowp_delayed_cfg c = make_cfg(8, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(8, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK(st.history_len == 8);
@@ -92,10 +92,10 @@ static void test_init(void) {
                "cfg is NULL");
     CHECK_FAIL(lowp_fp8_state_init(&st, &c, NULL, LOWP_DEVICE_HOST), LOWP_ERR_INVALID_ARG,
                "formats is NULL");
-    lowp_delayed_cfg z = make_cfg(0, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg z = make_cfg(0, 0.0f, LOWP_AMAX_ALGO_MAX);
     CHECK_FAIL(lowp_fp8_state_init(&st, &z, k_hybrid, LOWP_DEVICE_HOST), LOWP_ERR_INVALID_ARG,
                "cfg.history_len (0) < 1");
-    z = make_cfg(4, NAN, LOWP_AMAX_MAX);
+    z = make_cfg(4, NAN, LOWP_AMAX_ALGO_MAX);
     CHECK_FAIL(lowp_fp8_state_init(&st, &z, k_hybrid, LOWP_DEVICE_HOST), LOWP_ERR_INVALID_ARG,
                "cfg.margin");
     z = make_cfg(4, 0.0f, (lowp_amax_algo) 7);
@@ -118,7 +118,7 @@ static void test_init(void) {
 }
 
 static void test_record(void) {
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_record(&st, LOWP_ROLE_INPUT, 2.0f));
@@ -179,14 +179,14 @@ static void run_update_vs_reference(int32_t len, float margin, lowp_amax_algo al
 }
 
 static void test_update(void) {
-    run_update_vs_reference(1, 0.0f, LOWP_AMAX_MAX, 50);
-    run_update_vs_reference(4, 0.0f, LOWP_AMAX_MAX, 200);
-    run_update_vs_reference(16, 1.0f, LOWP_AMAX_MAX, 200);
-    run_update_vs_reference(16, 0.0f, LOWP_AMAX_MOST_RECENT, 200);
-    run_update_vs_reference(1024, 2.0f, LOWP_AMAX_MAX, 60);
+    run_update_vs_reference(1, 0.0f, LOWP_AMAX_ALGO_MAX, 50);
+    run_update_vs_reference(4, 0.0f, LOWP_AMAX_ALGO_MAX, 200);
+    run_update_vs_reference(16, 1.0f, LOWP_AMAX_ALGO_MAX, 200);
+    run_update_vs_reference(16, 0.0f, LOWP_AMAX_ALGO_MOST_RECENT, 200);
+    run_update_vs_reference(1024, 2.0f, LOWP_AMAX_ALGO_MAX, 60);
 
     /* A worked example: E4M3 input, amax 4 -> scale 112; E5M2 grad amax 2 -> 28672. */
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_record(&st, LOWP_ROLE_INPUT, 4.0f));
@@ -235,7 +235,7 @@ static void snapshot(const lowp_fp8_state *st, lowp_fp8_state *copy, float *imag
 }
 
 static void test_reduce_hook(void) {
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state a, b;
     CHECK_OK(lowp_fp8_state_init(&a, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_init(&b, &c, k_hybrid, LOWP_DEVICE_HOST));
@@ -308,7 +308,7 @@ static void *release_later(void *p) {
 static void test_device(testdev_hooks *td) {
     const lowp_device d1 = {td->type, 1};
     long allocs = td->live_allocs(1);
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, d1));
     CHECK(td->live_allocs(1) == allocs + 1);

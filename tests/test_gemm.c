@@ -127,7 +127,7 @@ static const pair_case PAIRS[] = {
 static lowp_gemm_cfg ref_cfg(void) {
     lowp_gemm_cfg cfg;
     lowp_gemm_cfg_init(&cfg);
-    cfg.path = LOWP_GEMM_PATH_REFERENCE;
+    cfg.path = LOWP_KERNEL_PATH_REFERENCE;
     return cfg;
 }
 
@@ -387,7 +387,7 @@ static void test_errors(void) {
     CHECK(strstr(lowp_last_error(), "lowp_quantize_grouped") != NULL);
     lowp_gemm_cfg cfg;
     lowp_gemm_cfg_init(&cfg);
-    cfg.path = (lowp_gemm_path) 9;
+    cfg.path = (lowp_kernel_path) 9;
     CHECK(lowp_gemm(&a.q, &b.q, &ct, &cfg) == LOWP_ERR_INVALID_ARG);
     drop(&a), drop(&b), drop(&bt), drop(&bk);
 }

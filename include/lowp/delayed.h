@@ -24,8 +24,8 @@ extern "C" {
 #endif
 
 typedef enum lowp_amax_algo {
-    LOWP_AMAX_MAX = 0,         /* max over the whole history */
-    LOWP_AMAX_MOST_RECENT = 1, /* row 0 */
+    LOWP_AMAX_ALGO_MAX = 0,         /* max over the whole history */
+    LOWP_AMAX_ALGO_MOST_RECENT = 1, /* row 0 */
 } lowp_amax_algo;
 
 typedef struct lowp_delayed_cfg {

@@ -46,8 +46,8 @@ typedef enum lowp_overflow {
 } lowp_overflow;
 
 typedef enum lowp_rounding {
-    LOWP_ROUND_RNE = 0, /* round to nearest, ties to even */
-    LOWP_ROUND_SR = 1,  /* stochastic rounding with Philox bits (NUMERICS.md section 2) */
+    LOWP_ROUNDING_RNE = 0, /* round to nearest, ties to even */
+    LOWP_ROUNDING_SR = 1,  /* stochastic rounding with Philox bits (NUMERICS.md section 2) */
 } lowp_rounding;
 
 /* Scalar kernels of a format. `encode` rounds RNE; `encode_sr` rounds stochastically with

@@ -12,7 +12,7 @@ lowp_status lowp_delayed_cfg_init(lowp_delayed_cfg *cfg, lowp_format format) {
     cfg->format = format;
     cfg->history_len = 1024;
     cfg->margin = 0.0f;
-    cfg->algo = LOWP_AMAX_MAX;
+    cfg->algo = LOWP_AMAX_ALGO_MAX;
     return LOWP_OK;
 }
 
@@ -30,7 +30,7 @@ lowp_status lowp_delayed_init(lowp_delayed_state *st, const lowp_delayed_cfg *cf
     if (!isfinite(cfg->margin))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.margin (%g) is not finite", fn,
                          (double) cfg->margin);
-    if (cfg->algo != LOWP_AMAX_MAX && cfg->algo != LOWP_AMAX_MOST_RECENT)
+    if (cfg->algo != LOWP_AMAX_ALGO_MAX && cfg->algo != LOWP_AMAX_ALGO_MOST_RECENT)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.algo (%d) is not a lowp_amax_algo", fn,
                          (int) cfg->algo);
     st->cfg = *cfg;
@@ -60,7 +60,7 @@ lowp_status lowp_delayed_update(lowp_delayed_state *st) {
     const int32_t len = st->cfg.history_len;
     /* 1. amax over the history (NaN wins, as torch.max), or the most recent. */
     float amax = h[0];
-    if (st->cfg.algo == LOWP_AMAX_MAX)
+    if (st->cfg.algo == LOWP_AMAX_ALGO_MAX)
         for (int32_t i = 1; i < len && amax == amax; i++)
             if (h[i] != h[i] || h[i] > amax) amax = h[i];
     /* 2. scale = scaled_max / amax when amax is finite and > 0; else keep the previous one. */

@@ -32,9 +32,9 @@ static inline uint8_t lowp_rule_e8m0_code(float amax, const lowp_format_traits *
     if (a == 0) return 0x00;
     int e; /* the biased scale code before clamping: e_unbiased + 127 */
     switch (mode) {
-    case LOWP_SCALE_FLOOR: e = (int) (a >> 23) - t->emax; break;
-    case LOWP_SCALE_CEIL: e = (int) (a >> 23) + ((a & 0x7FFFFFu) != 0) - t->emax; break;
-    case LOWP_SCALE_EVEN: {
+    case LOWP_SCALE_MODE_FLOOR: e = (int) (a >> 23) - t->emax; break;
+    case LOWP_SCALE_MODE_CEIL: e = (int) (a >> 23) + ((a & 0x7FFFFFu) != 0) - t->emax; break;
+    case LOWP_SCALE_MODE_EVEN: {
         uint32_t b = (a + (1u << (22 - t->mbits))) & 0xFF800000u;
         e = (int) (b >> 23) - t->emax;
         break;

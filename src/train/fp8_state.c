@@ -84,7 +84,7 @@ lowp_status lowp_fp8_state_init(lowp_fp8_state *st, const lowp_delayed_cfg *cfg,
     if (!isfinite(cfg->margin))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.margin (%g) is not finite", fn,
                          (double) cfg->margin);
-    if (cfg->algo != LOWP_AMAX_MAX && cfg->algo != LOWP_AMAX_MOST_RECENT)
+    if (cfg->algo != LOWP_AMAX_ALGO_MAX && cfg->algo != LOWP_AMAX_ALGO_MOST_RECENT)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.algo (%d) is not a lowp_amax_algo", fn,
                          (int) cfg->algo);
     lowp_status s = lowp_device_resolve(fn, "device", device, NULL, NULL);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lowp/threads.h"
 #include "trainer_internal.h"
 
 /* ---- Schedule ---- */
@@ -145,7 +146,7 @@ lowp_status lowp_adamw_step(lowp_adamw *o, lowp_param *params, int32_t n, float 
     /* The bias corrections in double, rounded once: the same on every run and thread. */
     const float c1 = (float) (1.0 / (1.0 - pow((double) b1, (double) o->t)));
     const float c2 = (float) (1.0 / (1.0 - pow((double) b2, (double) o->t)));
-    const int nth = o->cfg.threads > 0 ? o->cfg.threads : omp_get_max_threads();
+    const int nth = lowp_thread_count(o->cfg.threads);
     for (int32_t i = 0; i < n; i++) {
         lowp_param *p = &params[i];
         const float wd = (p->rows > 1 || p->groups > 0) ? o->cfg.weight_decay : 0.0f;
