@@ -28,9 +28,12 @@ typedef enum lowp_amax_algo {
     LOWP_AMAX_ALGO_MOST_RECENT = 1, /* row 0 */
 } lowp_amax_algo;
 
+/* The longest amax history a configuration may ask for. */
+#define LOWP_DELAYED_MAX_HISTORY (1 << 20)
+
 typedef struct lowp_delayed_cfg {
     lowp_format format;  /* E4M3 or E5M2: fmax */
-    int32_t history_len; /* >= 1, default 1024 */
+    int32_t history_len; /* 1 to LOWP_DELAYED_MAX_HISTORY, default 1024 */
     float margin;        /* default 0 */
     lowp_amax_algo algo; /* default MAX */
 } lowp_delayed_cfg;

@@ -16,6 +16,22 @@ lowp_status lowp_delayed_cfg_init(lowp_delayed_cfg *cfg, lowp_format format) {
     return LOWP_OK;
 }
 
+lowp_status lowp_delayed_cfg_check(const char *fn, const char *arg, const lowp_delayed_cfg *cfg) {
+    if (cfg->history_len < 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.history_len (%d) < 1", fn, arg,
+                         (int) cfg->history_len);
+    if (cfg->history_len > LOWP_DELAYED_MAX_HISTORY)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.history_len (%d) > %d", fn, arg,
+                         (int) cfg->history_len, LOWP_DELAYED_MAX_HISTORY);
+    if (!isfinite(cfg->margin))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.margin (%g) is not finite", fn, arg,
+                         (double) cfg->margin);
+    if (cfg->algo != LOWP_AMAX_ALGO_MAX && cfg->algo != LOWP_AMAX_ALGO_MOST_RECENT)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.algo (%d) is not a lowp_amax_algo", fn, arg,
+                         (int) cfg->algo);
+    return LOWP_OK;
+}
+
 lowp_status lowp_delayed_init(lowp_delayed_state *st, const lowp_delayed_cfg *cfg, float *history) {
     const char *fn = "lowp_delayed_init";
     LOWP_CHECK_PTR(fn, st);
@@ -24,15 +40,8 @@ lowp_status lowp_delayed_init(lowp_delayed_state *st, const lowp_delayed_cfg *cf
     if (cfg->format != LOWP_FORMAT_E4M3 && cfg->format != LOWP_FORMAT_E5M2)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.format (%d) is not e4m3 or e5m2", fn,
                          (int) cfg->format);
-    if (cfg->history_len < 1)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.history_len (%d) < 1", fn,
-                         cfg->history_len);
-    if (!isfinite(cfg->margin))
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.margin (%g) is not finite", fn,
-                         (double) cfg->margin);
-    if (cfg->algo != LOWP_AMAX_ALGO_MAX && cfg->algo != LOWP_AMAX_ALGO_MOST_RECENT)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.algo (%d) is not a lowp_amax_algo", fn,
-                         (int) cfg->algo);
+    lowp_status s = lowp_delayed_cfg_check(fn, "cfg", cfg);
+    if (s != LOWP_OK) return s;
     st->cfg = *cfg;
     st->history = history;
     for (int32_t i = 0; i < cfg->history_len; i++) history[i] = 0.0f;

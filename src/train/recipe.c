@@ -218,18 +218,7 @@ lowp_status lowp_linear_cfg_check(const char *fn, const lowp_linear_cfg *cfg) {
     if ((st = check_flag(fn, "fake_quant_mxfp4", cfg->fake_quant_mxfp4)) != LOWP_OK) return st;
     if (lowp_spec_delayed(&cfg->input) || lowp_spec_delayed(&cfg->weight) ||
         lowp_spec_delayed(&cfg->grad_output)) {
-        const lowp_delayed_cfg *d = &cfg->delayed;
-        if (d->history_len < 1 || d->history_len > (1 << 20))
-            return lowp_fail(LOWP_ERR_INVALID_ARG,
-                             "%s: cfg.delayed.history_len (%d) is not in [1, %d]", fn,
-                             d->history_len, 1 << 20);
-        if (!isfinite(d->margin))
-            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.delayed.margin (%g) is not finite", fn,
-                             (double) d->margin);
-        if (d->algo != LOWP_AMAX_ALGO_MAX && d->algo != LOWP_AMAX_ALGO_MOST_RECENT)
-            return lowp_fail(LOWP_ERR_INVALID_ARG,
-                             "%s: cfg.delayed.algo (%d) is not a lowp_amax_algo", fn,
-                             (int) d->algo);
+        if ((st = lowp_delayed_cfg_check(fn, "cfg.delayed", &cfg->delayed)) != LOWP_OK) return st;
     }
     if ((st = check_pair(fn, "forward", "input", &cfg->input, "weight", &cfg->weight)) != LOWP_OK)
         return st;
