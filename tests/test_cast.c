@@ -131,8 +131,9 @@ static int run_paths(lowp_format sf, const void *src, lowp_format df, int64_t ro
     }
     lowp_status st = cast2d(sf, src, df, b, rows, cols, &fc);
     if (st == LOWP_ERR_UNSUPPORTED && g_have512 == -1) {
-        printf("note: LOWP_KERNEL_PATH_AVX512 unsupported here (%s); fast-path comparisons skipped\n",
-               lowp_last_error());
+        printf(
+            "note: LOWP_KERNEL_PATH_AVX512 unsupported here (%s); fast-path comparisons skipped\n",
+            lowp_last_error());
         g_have512 = 0;
         ret = -1;
         goto out;

@@ -1,4 +1,4 @@
-/* The scalar reference of NUMERICS.md sections 1-2, on the hand-picked cases the document
+/* The scalar reference of docs/numerics.md sections 1-2, on the hand-picked cases the document
  * names (ties at the top, NaN codes, E8M0 subnormal scale, E2M1 rules, SR thresholds) and the
  * traits table. The exhaustive comparison with ml_dtypes is in test_oracle_formats.py. */
 #include <float.h>

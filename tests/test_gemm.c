@@ -1,7 +1,7 @@
-/* The reference GEMM (NUMERICS.md section 6) against a float64 product of the dequantized
+/* The reference GEMM (docs/numerics.md section 6) against a float64 product of the dequantized
  * operands, for every operand pair on awkward shapes; grouped GEMMs against loops of single
  * GEMMs; SQNR against the float64 product of the unquantized inputs (the peer thresholds of
- * NUMERICS.md section 8); and bad arguments. */
+ * docs/numerics.md section 8); and bad arguments. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

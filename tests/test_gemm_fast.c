@@ -1,5 +1,5 @@
 /* The fast CPU GEMM kernels (AVX-512 SGEMM, the blocked BF16 driver on its VDPBF16PS, IEEE
- * binary32 and AMX micro-kernels) against the scalar reference (NUMERICS.md section 6): for
+ * binary32 and AMX micro-kernels) against the scalar reference (docs/numerics.md section 6): for
  * every operand pair and element format, relative Frobenius error <= 1e-5 of ||C|| and NaN/Inf
  * in exactly the reference's positions, on awkward shapes, with accumulate and BF16 output, on
  * 1 and 2 threads, for split-M and split-K grouped GEMMs, with NaN/Inf inputs and blocks of

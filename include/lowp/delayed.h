@@ -52,7 +52,7 @@ LOWP_API lowp_status lowp_delayed_init(lowp_delayed_state *st, const lowp_delaye
                                        float *history);
 /* Record this step's amax into row 0 (keeps the max of what row 0 holds; NaN sticks). */
 LOWP_API lowp_status lowp_delayed_record(lowp_delayed_state *st, float amax);
-/* The update of NUMERICS.md section 5 (after amaxes are recorded and reduced). */
+/* The update of docs/numerics.md section 5 (after amaxes are recorded and reduced). */
 LOWP_API lowp_status lowp_delayed_update(lowp_delayed_state *st);
 
 #ifdef __cplusplus

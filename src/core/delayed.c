@@ -1,4 +1,4 @@
-/* Delayed scaling (NUMERICS.md section 5; TransformerEngine's DelayedScaling): an amax
+/* Delayed scaling (docs/numerics.md section 5; TransformerEngine's DelayedScaling): an amax
  * history per quantized tensor role, a scale derived from it before each cast, and the
  * history rolled after each step that used the tensor. */
 #include <float.h>

@@ -1,4 +1,4 @@
-/* Scale rules (NUMERICS.md sections 3-4), the scaling kinds' names, block sizes and buffer
+/* Scale rules (docs/numerics.md sections 3-4), the scaling kinds' names, block sizes and buffer
  * sizes of quantized tensors. Kernels call the inline forms in scale_rules.h; the public
  * functions here wrap them with argument checks. */
 #include <float.h>

@@ -1,4 +1,4 @@
-/* The scale rules of NUMERICS.md sections 3-4 as inline functions, shared by the reference
+/* The scale rules of docs/numerics.md sections 3-4 as inline functions, shared by the reference
  * and the fast kernels so that there is one statement of each rule. */
 #ifndef LOWP_SCALE_RULES_H
 #define LOWP_SCALE_RULES_H
@@ -63,7 +63,7 @@ static inline float lowp_rule_e8m0_value(uint8_t code) {
     return lowp_u2f(code == 0 ? 0x00400000u : (uint32_t) code << 23);
 }
 
-/* NUMERICS.md section 4, steps 1-3. */
+/* docs/numerics.md section 4, steps 1-3. */
 static inline float lowp_rule_fp32_scale(float amax, float fmax, float eps, int pow2) {
     float a = amax > eps ? amax : (amax != amax ? amax : eps);
     if (a == 0.0f || a != a || a == INFINITY) return 1.0f;

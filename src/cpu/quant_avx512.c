@@ -1,4 +1,4 @@
-/* AVX-512 quantization kernels (NUMERICS.md sections 3-4), bit-exact with quant_ref.c.
+/* AVX-512 quantization kernels (docs/numerics.md sections 3-4), bit-exact with quant_ref.c.
  *
  * Every kind is built from a few 16-lane pieces:
  *   - loads of 32 consecutive input elements as two binary32 vectors. F32 keeps natural order;
@@ -107,7 +107,7 @@ AI int ef_bits(lowp_format ef) {
 
 /* ---- encoders ---- */
 
-/* Satfinite RNE codes of the 16 binary32 values y (NUMERICS.md section 2), in 32-bit lanes,
+/* Satfinite RNE codes of the 16 binary32 values y (docs/numerics.md section 2), in 32-bit lanes,
  * with one hardware rounding: |y| + C, where C is a power of two whose ulp is the target's
  * quantum at |y|'s exponent (the quantum stops shrinking at the target's smallest normal
  * exponent, so subnormal targets come out of the same add; the add is pinned to RNE, so the

@@ -1,5 +1,5 @@
 /* The FP8 delayed-scaling state of one wrapped module (train.h): three roles (input, weight,
- * grad-output), each an amax history and a scale (NUMERICS.md section 5), kept on the module's
+ * grad-output), each an amax history and a scale (docs/numerics.md section 5), kept on the module's
  * device with a host mirror that the update computes on.
  *
  * Device image, per role: history_len amax rows, then the scale. The mirror has the same
