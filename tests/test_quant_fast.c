@@ -223,8 +223,8 @@ static void check_case(const lowp_tensor *x, const qcase *q) {
 
 /* Every kind, format and setting on one input. `light` keeps one setting per kind. */
 static void check_input(const lowp_tensor *x, int light) {
-    static const lowp_scale_mode modes[] = {LOWP_SCALE_MODE_RCEIL, LOWP_SCALE_MODE_FLOOR, LOWP_SCALE_MODE_CEIL,
-                                            LOWP_SCALE_MODE_EVEN};
+    static const lowp_scale_mode modes[] = {LOWP_SCALE_MODE_RCEIL, LOWP_SCALE_MODE_FLOOR,
+                                            LOWP_SCALE_MODE_CEIL, LOWP_SCALE_MODE_EVEN};
     static const struct {
         int pow2;
         float eps;
@@ -324,8 +324,8 @@ static void test_e8m0_sweep(void) {
         f[r * C + p] = f[r * C];
         f[r * C] = t;
     }
-    static const lowp_scale_mode modes[] = {LOWP_SCALE_MODE_RCEIL, LOWP_SCALE_MODE_FLOOR, LOWP_SCALE_MODE_CEIL,
-                                            LOWP_SCALE_MODE_EVEN};
+    static const lowp_scale_mode modes[] = {LOWP_SCALE_MODE_RCEIL, LOWP_SCALE_MODE_FLOOR,
+                                            LOWP_SCALE_MODE_CEIL, LOWP_SCALE_MODE_EVEN};
     /* BF16 too: its kernels switch encoders on the scale codes (huge amax patterns) */
     for (int xi = 0; xi < 2; xi++) {
         const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
@@ -364,10 +364,12 @@ static void test_large(void) {
                 {LOWP_SCALING_MX32, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_FLOOR, -1, 0.0f, 0.0f, 1},
                 {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_EVEN, -1, 0.0f, 0.0f, 2},
                 {LOWP_SCALING_MX32, LOWP_FORMAT_E2M1, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3},
-                {LOWP_SCALING_BLOCK32X32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 3},
-                {LOWP_SCALING_BLOCK128X128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f,
+                {LOWP_SCALING_BLOCK32X32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f,
+                 3},
+                {LOWP_SCALING_BLOCK128X128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f,
+                 0.0f, 1},
+                {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f,
                  1},
-                {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
                 {LOWP_SCALING_ROW, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
                 {LOWP_SCALING_TENSOR, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
             };
