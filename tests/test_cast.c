@@ -22,12 +22,6 @@
 
 /* ---- helpers ---- */
 
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 /* splitmix64: a small, well-mixed deterministic generator for test inputs. */
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd64(void) {

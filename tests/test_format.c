@@ -8,17 +8,6 @@
 #include "lowp/format.h"
 #include "testutil.h"
 
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 static uint32_t enc(lowp_format f, float x, lowp_overflow ov) {
     uint32_t c = 0xDEADBEEF;
     CHECK(lowp_encode(f, x, ov, &c) == LOWP_OK);

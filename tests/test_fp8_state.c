@@ -17,12 +17,6 @@
 static const lowp_format k_hybrid[LOWP_ROLE_COUNT] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3,
                                                       LOWP_FORMAT_E5M2};
 
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {
     g_rng ^= g_rng << 13;
@@ -49,10 +43,10 @@ static int same_state(const lowp_fp8_state *a, const lowp_fp8_state *b_copy, con
         return 0;
     for (int r = 0; r < LOWP_ROLE_COUNT; r++) {
         const lowp_delayed_state *x = &a->roles[r], *y = &b_copy->roles[r];
-        if (x->history != y->history || bits(x->scale) != bits(y->scale) ||
-            bits(x->scale_inv) != bits(y->scale_inv) || x->cfg.format != y->cfg.format ||
-            x->cfg.history_len != y->cfg.history_len ||
-            bits(x->cfg.margin) != bits(y->cfg.margin) || x->cfg.algo != y->cfg.algo)
+        if (x->history != y->history || f2u(x->scale) != f2u(y->scale) ||
+            f2u(x->scale_inv) != f2u(y->scale_inv) || x->cfg.format != y->cfg.format ||
+            x->cfg.history_len != y->cfg.history_len || f2u(x->cfg.margin) != f2u(y->cfg.margin) ||
+            x->cfg.algo != y->cfg.algo)
             return 0;
     }
     size_t n = (size_t) LOWP_ROLE_COUNT * ((size_t) a->history_len + 1);
@@ -165,10 +159,10 @@ static void run_update_vs_reference(int32_t len, float margin, lowp_amax_algo al
         CHECK_OK(lowp_fp8_state_update(&st, NULL));
         for (int r = 0; r < LOWP_ROLE_COUNT; r++) {
             lowp_delayed_update(&ref[r]);
-            if (bits(st.roles[r].scale) != bits(ref[r].scale) ||
-                bits(st.roles[r].scale_inv) != bits(ref[r].scale_inv) ||
+            if (f2u(st.roles[r].scale) != f2u(ref[r].scale) ||
+                f2u(st.roles[r].scale_inv) != f2u(ref[r].scale_inv) ||
                 memcmp(st.roles[r].history, ref[r].history, (size_t) len * sizeof(float)) != 0 ||
-                bits(st.dev_buf[r * (len + 1) + len]) != bits(ref[r].scale))
+                f2u(st.dev_buf[r * (len + 1) + len]) != f2u(ref[r].scale))
                 mismatches++;
         }
     }
@@ -258,7 +252,7 @@ static void test_reduce_hook(void) {
     CHECK(a.roles[0].history[3] == 8.0f); /* and what the history keeps */
     int same = 1;
     for (int r = 0; r < 3; r++)
-        same &= bits(a.roles[r].scale) == bits(b.roles[r].scale) &&
+        same &= f2u(a.roles[r].scale) == f2u(b.roles[r].scale) &&
                 memcmp(a.roles[r].history, b.roles[r].history, 4 * sizeof(float)) == 0;
     CHECK(same); /* both ranks hold the same state after the reduction */
 

@@ -25,17 +25,6 @@
 #include "lowp/lowp.h"
 #include "testutil.h"
 
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 static uint64_t g_rng = 0x243F6A8885A308D3ull;
 static uint64_t rnd64(void) {
     uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);

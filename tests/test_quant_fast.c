@@ -32,17 +32,6 @@ static uint64_t rnd64(void) {
 static uint32_t rnd_below(uint32_t n) {
     return (uint32_t) (((rnd64() >> 32) * n) >> 32);
 }
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 static int g_quick;
 static int g_runs; /* quantize calls compared */
 
