@@ -131,8 +131,10 @@ static PyObject *py_extra_state_pack(PyObject *self, PyObject *args) {
         st.roles[r].scale = ((const float *) sb.view.buf)[r];
         st.roles[r].scale_inv = 1.0f / st.roles[r].scale;
     }
+    /* the mirror is what we filled; the image (the "device" copy) is what save reads */
+    lowp_status s = lowp_fp8_state_push(&st);
     size_t len = 0;
-    lowp_status s = lowp_fp8_state_blob_size(&st, &len);
+    if (s == LOWP_OK) s = lowp_fp8_state_blob_size(&st, &len);
     if (s != LOWP_OK) {
         ext_raise(s);
         goto done;
