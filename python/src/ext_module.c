@@ -213,7 +213,18 @@ static PyObject *py_version(PyObject *self, PyObject *noargs) {
     return PyUnicode_FromString(lowp_version());
 }
 
+/* The built-in training corpus (src/model/default_corpus.c; no public accessor yet). */
+extern const char lowp_default_corpus[];
+extern const size_t lowp_default_corpus_len;
+
+static PyObject *py_default_corpus(PyObject *self, PyObject *noargs) {
+    (void) self, (void) noargs;
+    return PyBytes_FromStringAndSize(lowp_default_corpus, (Py_ssize_t) lowp_default_corpus_len);
+}
+
 static PyMethodDef module_methods[] = {
+    {"default_corpus", py_default_corpus, METH_NOARGS,
+     "default_corpus() -> bytes: the built-in training corpus of lowp_data_default"},
     {"info", py_info, METH_NOARGS, "info() -> dict: version, backends, devices and capabilities"},
     {"version", py_version, METH_NOARGS, "version() -> the library version string"},
     {NULL, NULL, 0, NULL},
