@@ -31,3 +31,6 @@ __all__ = [
     "stats",
     "portable",
 ]
+from .patches import is_patched as torchao_patched, patch_torchao, unpatch_torchao
+
+__all__ += ["patch_torchao", "unpatch_torchao", "torchao_patched"]
