@@ -309,6 +309,37 @@ def test_weight_cache_counts_once_per_version():
     assert all(torch.equal(u, v) for u, v in zip(out, run_linear("mxfp8", x, w, b, dy)))
 
 
+def test_weight_cache_never_hits_a_new_tensor_at_a_reused_address():
+    x, w, b, dy = linear_case(64, 64, 32, torch.float32)
+    cache = lt.WeightCache()
+    for step in range(4):
+        wt = (w.detach() * (1 + step)).requires_grad_()  # a fresh tensor, version 0, each time
+        got = run_linear("mxfp8", x, wt, b, dy, cache=cache)
+        want = run_linear("mxfp8", x, wt, b, dy)
+        assert all(torch.equal(u, v) for u, v in zip(got, want)), step
+        del wt, got
+    assert cache.quantizations == 4 and len(cache) <= 1
+
+
+def test_weight_cache_version_fn():
+    x, w, b, dy = linear_case(64, 64, 32, torch.float32)
+    master = w.detach().clone()
+    op_w = master.clone().requires_grad_()  # the tensor the op sees: its own version counter
+    for fn, quantizations in ((None, 1), (lambda: master._version, 3)):
+        cache = lt.WeightCache(version_fn=fn)
+        stale = False
+        for step in range(3):
+            op_w.data.copy_(master)  # `.data` writes do not move op_w._version
+            got = run_linear("mxfp8", x, op_w, b, dy, cache=cache)
+            stale |= not torch.equal(got[0], run_linear("mxfp8", x, op_w, b, dy)[0])
+            with torch.no_grad():
+                master.mul_(1.5)
+        assert cache.quantizations == quantizations
+        assert stale == (fn is None)  # without version_fn the cache cannot see the change
+    with pytest.raises(TypeError, match="version_fn"):
+        lt.WeightCache(version_fn=3)
+
+
 class _State:
     """A delayed-scaling state stand-in: fixed scales, recorded amaxes."""
 

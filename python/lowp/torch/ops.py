@@ -35,6 +35,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import portable as P
 from .config import MatmulSpec, OperandSpec, resolve_config
@@ -425,14 +426,25 @@ def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
 class WeightCache:
     """Quantized copies of weights, made once per weight version.
 
-    Keyed by the weight tensor's storage pointer, shape, strides, dtype, device and the recipe;
+    Keyed by the weight tensor's data pointer, shape, strides, dtype, device and the recipe;
     an entry is reused while the tensor's `_version` is unchanged (an optimizer step updates the
-    weight in place and bumps it). Counters: `quantizations` (copies made), `hits` (reuses)."""
+    weight in place and bumps it) and its storage is the one the copies were made from (a weak
+    reference: a new tensor that happens to reuse a freed tensor's memory, at version 0 again,
+    never hits). Pass the parameter itself or views of it (they share its version counter),
+    not `param.data`, whose version counter is a separate one. Counters: `quantizations`
+    (copies made), `hits` (reuses).
 
-    def __init__(self):
+    `version_fn` (optional, no arguments): the version to compare instead of the tensor's own
+    `_version`, for a wrapper whose op-time tensors do not share the master weight's version
+    counter (e.g. `lambda: master._version`)."""
+
+    def __init__(self, version_fn=None):
+        if version_fn is not None and not callable(version_fn):
+            raise TypeError("version_fn must be callable or None")
         self.quantizations = 0
         self.hits = 0
         self._entries = {}
+        self._version_fn = version_fn
 
     def _key(self, w: Tensor, spec: MatmulSpec):
         return (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, str(w.device),
@@ -442,12 +454,18 @@ class WeightCache:
     def lookup(self, w: Tensor, spec: MatmulSpec, make):
         key = self._key(w, spec)
         e = self._entries.get(key)
-        if e is not None and e[0] == w._version:
+        storage = w.untyped_storage()
+        version = self._version_fn() if self._version_fn is not None else w._version
+        if (e is not None and e[0] == version and not e[1].expired()
+                and e[1].cdata == storage._cdata):
             self.hits += 1
-            return e[1]
+            return e[2]
         value = make()
         self.quantizations += 1
-        self._entries[key] = (w._version, value)
+        self._entries[key] = (version, StorageWeakRef(storage), value)
+        # forget entries whose weights are gone
+        for k in [k for k, v in self._entries.items() if v[1].expired()]:
+            del self._entries[k]
         return value
 
     def clear(self):
