@@ -35,6 +35,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import portable as P
 from .config import MatmulSpec, OperandSpec, resolve_config
@@ -55,10 +56,13 @@ __all__ = [
 _STATS: Counter = Counter()
 _LOCAL = threading.local()
 
-try:  # the C extension (built by `make build`; absent in a pure-Python checkout)
+try:  # lowp's numpy API over the C extension (absent in a checkout without `make build`)
+    import lowp as _lp
+
+    _lp.gemm  # noqa: B018  (a namespace package without the extension has no gemm)
     from lowp import _lowp as _ext
 except Exception:  # pragma: no cover - depends on the build
-    _ext = None
+    _lp = _ext = None
 
 
 def native_available() -> bool:
@@ -99,7 +103,7 @@ def _count(op: str, native: bool) -> None:
 
 
 def _threads() -> int:
-    return max(1, torch.get_num_threads())
+    return _lp.get_threads()
 
 
 # ---- numpy views of CPU tensors for the extension's buffer arguments ----
@@ -150,6 +154,21 @@ def _empty(dev) -> Tensor:
 # ---- lowp::quantize ----
 
 
+def _mode_arg(scaling: str, mode: str):
+    return mode if scaling in P.E8M0_KINDS else None
+
+
+def _pow2_arg(scaling: str, p2):
+    return None if scaling in P.E8M0_KINDS else p2
+
+
+def _qt(data: Tensor, scale: Tensor, fmt: str, scaling: str, shape):
+    """A rowwise lowp.QTensor over existing tensors (zero-copy), or the plain tensor itself."""
+    if scaling == "none":
+        return data
+    return _lp.QTensor(data, scale, fmt, scaling, shape)
+
+
 @torch.library.custom_op("lowp::quantize", mutates_args=())
 def quantize_op(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int, eps: float,
                 axis: str, offs: Optional[Tensor] = None,
@@ -167,12 +186,9 @@ def quantize_op(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int
         bound = _grouped_scale_bound(scaling, R, G)
         sc_out = torch.zeros((C, bound), dtype=_scale_dtype(scaling), device=dev)
         if native:
-            data = torch.empty(_data_shape(format, C, R), dtype=torch.uint8)
-            nb = P.scale_shape(scaling, C, R, offs.tolist())[1]
-            sc = torch.empty((C, nb), dtype=_scale_dtype(scaling))
-            _ext.quantize_grouped(_buf(x), _XFMT[x.dtype], R, C, format, scaling,
-                                  _buf(offs.to(torch.int32)), _buf(data), _buf(sc), mode,
-                                  -1 if p2 is None else int(p2), float(eps), _threads(), 0)
+            q = _lp.quantize(x, format, scaling, _mode_arg(scaling, mode), "col", eps,
+                             _pow2_arg(scaling, p2), offs=offs.to(torch.int32))
+            data, sc = q.data_col, q.scale_col
         else:
             q = P.quantize_grouped(x, offs.tolist(), format, scaling, mode, eps, p2)
             data, sc = q.data, q.scale
@@ -180,15 +196,10 @@ def quantize_op(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int
         return _empty(dev), _empty(dev), data, sc_out
     want_row, want_col = axis in ("row", "both"), axis in ("col", "both")
     if native:
-        sdt = _scale_dtype(scaling)
-        rd = torch.empty(_data_shape(format, R, C), dtype=torch.uint8) if want_row else None
-        rs = torch.empty(P.scale_shape(scaling, R, C), dtype=sdt) if want_row else None
-        cd = torch.empty(_data_shape(format, C, R), dtype=torch.uint8) if want_col else None
-        cs = torch.empty(P.scale_shape(scaling, C, R), dtype=sdt) if want_col else None
         s = None if scale is None else float(scale.reshape(()).item())
-        _ext.quantize(_buf(x), _XFMT[x.dtype], R, C, format, scaling, _buf(rd), _buf(rs),
-                      _buf(cd), _buf(cs), mode, -1 if p2 is None else int(p2), float(eps),
-                      _threads(), 0, s, False)
+        q = _lp.quantize(x, format, scaling, _mode_arg(scaling, mode), axis, eps,
+                         _pow2_arg(scaling, p2), scale=s)
+        rd, rs, cd, cs = q.data, q.scale, q.data_col, q.scale_col
         return (rd if rd is not None else _empty(dev), rs if rs is not None else _empty(dev),
                 cd if cd is not None else _empty(dev), cs if cs is not None else _empty(dev))
     row, col = P.quantize(x, format, scaling, mode, axis, eps, p2, scale)
@@ -234,11 +245,12 @@ def dequantize_op(data: Tensor, scale: Tensor, format: str, scaling: str, rows: 
     _count("dequantize", native)
     ol = offs.tolist() if offs is not None else None
     sc = _trim_scale(scale, scaling, rows, cols, ol)
-    if native:
-        out = torch.empty((rows, cols), dtype=torch.float32)
-        _ext.dequantize(_desc(data, sc, format, scaling, rows, cols,
-                              offs.to(torch.int32) if offs is not None else None), _buf(out))
-        return out
+    if native and ol is None:
+        return _lp.dequantize(_qt(data, sc, format, scaling, (rows, cols)))
+    if native:  # a grouped columnwise copy: [rows = features, cols = tokens]
+        q = _lp.QTensor(None, None, format, scaling, (cols, rows), data_col=data, scale_col=sc,
+                        offs=offs.to(torch.int32))
+        return _lp.dequantize(q, axis="col").t().contiguous()
     return P.dequantize(P.QT(data, sc, format, scaling, rows, cols, ol))
 
 
@@ -249,6 +261,8 @@ def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
 
 # ---- lowp::scaled_mm ----
 
+_OUT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
 
 def _rows_of(t: Tensor, fmt: str, scaling: str, k: int) -> int:
     return t.shape[0]
@@ -256,25 +270,26 @@ def _rows_of(t: Tensor, fmt: str, scaling: str, k: int) -> int:
 
 @torch.library.custom_op("lowp::scaled_mm", mutates_args=())
 def scaled_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
-                 b_scale: Tensor, b_format: str, b_scaling: str, k: int) -> Tensor:
-    """float32 C[M, N] = A[M, k] . B[N, k]^T. Scaling "none": a/b are float32 or bfloat16."""
+                 b_scale: Tensor, b_format: str, b_scaling: str, k: int,
+                 out_dtype: str = "f32") -> Tensor:
+    """C[M, N] = A[M, k] . B[N, k]^T, accumulated in binary32 and returned as float32 or
+    (out_dtype "bf16") rounded once to bfloat16. Scaling "none": a/b are float32 or bfloat16."""
     M, N = a.shape[0], b.shape[0]
     native = _native(a)
     _count("scaled_mm", native)
     if native:
-        out = torch.empty((M, N), dtype=torch.float32)
-        _ext.gemm(_desc(a, a_scale, a_format, a_scaling, M, k),
-                  _desc(b, b_scale, b_format, b_scaling, N, k), _buf(out), "f32", M, N, False,
-                  _threads(), 0)
-        return out
+        out = torch.empty((M, N), dtype=_OUT_DTYPES[out_dtype])
+        return _lp.gemm(_qt(a, a_scale, a_format, a_scaling, (M, k)),
+                        _qt(b, b_scale, b_format, b_scaling, (N, k)), out=out)
     qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, M, k)
     qb = P.QT(b, b_scale if b_scaling != "none" else None, b_format, b_scaling, N, k)
-    return P.gemm(qa, qb)
+    return P.gemm(qa, qb).to(_OUT_DTYPES[out_dtype])
 
 
 @scaled_mm_op.register_fake
-def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k):
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.float32)
+def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
+                    out_dtype="f32"):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=_OUT_DTYPES[out_dtype])
 
 
 # ---- lowp::scaled_grouped_mm ----
@@ -283,11 +298,12 @@ def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_sca
 @torch.library.custom_op("lowp::scaled_grouped_mm", mutates_args=())
 def scaled_grouped_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
                          b_scale: Tensor, b_format: str, b_scaling: str, offs: Tensor, k: int,
-                         wgrad: bool) -> Tensor:
+                         wgrad: bool, out_dtype: str = "f32") -> Tensor:
     """Split-M (wgrad False): a [T, k] rowwise, b [G, N, k] (scales [G, ...]), out [T, N] with
     rows past offs[-1] zero. Split-K (wgrad True): a = dY^T [N, T], b = X^T [K, T], both
     quantized along the tokens with offs (scales padded as quantize returns them); k = T;
-    out [G, N, K]."""
+    out [G, N, K]. out_dtype "bf16": the binary32 sums rounded once to bfloat16."""
+    odt = _OUT_DTYPES[out_dtype]
     native = _native(a)
     _count("scaled_grouped_mm", native)
     ol = offs.tolist()
@@ -295,39 +311,37 @@ def scaled_grouped_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: s
     if not wgrad:
         T, N = a.shape[0], b.shape[1]
         if native:
-            out = torch.zeros((T, N), dtype=torch.float32)
-            _ext.grouped_gemm(_desc(a, a_scale, a_format, a_scaling, T, k),
-                              _desc(b, b_scale, b_format, b_scaling, N, k), G,
-                              _buf(offs.to(torch.int32)), _buf(out), "f32", T, N, False,
-                              _threads(), 0)
-            return out
+            return _lp.grouped_gemm(_qt(a, a_scale, a_format, a_scaling, (T, k)),
+                                    _qt(b, b_scale, b_format, b_scaling, (G, N, k)),
+                                    offs.to(torch.int32), out=torch.zeros((T, N), dtype=odt))
         qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, T, k)
         qb = [P.QT(b[g], b_scale[g] if b_scaling != "none" else None, b_format, b_scaling, N, k)
               for g in range(G)]
-        return P.grouped_gemm(qa, qb, ol)
+        return P.grouped_gemm(qa, qb, ol).to(odt)
     N, K = a.shape[0], b.shape[0]
     ga = ol if a_scaling in P.TOKEN_BLOCK_KINDS else None
     gb = ol if b_scaling in P.TOKEN_BLOCK_KINDS else None
     sa = _trim_scale(a_scale, a_scaling, N, k, ga) if a_scaling != "none" else None
     sb = _trim_scale(b_scale, b_scaling, K, k, gb) if b_scaling != "none" else None
-    if native:
-        out = torch.zeros((G, N, K), dtype=torch.float32)
-        o32 = offs.to(torch.int32)
+    if native:  # the raw call: tensor/row copies carry no groups, which lowp.grouped_gemm wants
+        out = torch.zeros((G, N, K), dtype=odt)
+        o32 = offs.to(torch.int32).contiguous()
         _ext.grouped_gemm_wgrad(_desc(a, sa, a_format, a_scaling, N, k, o32 if ga else None),
                                 _desc(b, sb, b_format, b_scaling, K, k, o32 if gb else None),
-                                _buf(o32), _buf(out), "f32", G * N, K, False, _threads(), 0)
+                                _buf(o32), _buf(out), out_dtype, G * N, K, False, _threads(), 0)
         return out
     qa = P.QT(a, sa, a_format, a_scaling, N, k, ga)
     qb = P.QT(b, sb, b_format, b_scaling, K, k, gb)
-    return P.grouped_gemm_wgrad(qa, qb, ol)
+    return P.grouped_gemm_wgrad(qa, qb, ol).to(odt)
 
 
 @scaled_grouped_mm_op.register_fake
 def _scaled_grouped_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling,
-                            offs, k, wgrad):
+                            offs, k, wgrad, out_dtype="f32"):
+    odt = _OUT_DTYPES[out_dtype]
     if not wgrad:
-        return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
-    return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=torch.float32)
+        return a.new_empty((a.shape[0], b.shape[1]), dtype=odt)
+    return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=odt)
 
 
 # ---- operands of the autograd functions ----
@@ -376,9 +390,15 @@ def _amax(x: Tensor) -> Tensor:
     return x.detach().abs().amax().to(torch.float32)
 
 
-def _mm(a: _Op, b: _Op) -> Tensor:
+def _odt(dtype) -> str:
+    """The GEMM output the caller wants: bfloat16 is rounded by the kernel (one RNE rounding
+    of the binary32 sum, as .to(torch.bfloat16) would), saving a float32 buffer and a pass."""
+    return "bf16" if dtype == torch.bfloat16 else "f32"
+
+
+def _mm(a: _Op, b: _Op, out_dtype: str = "f32") -> Tensor:
     return torch.ops.lowp.scaled_mm(a.data, a.scale, a.format, a.scaling, b.data, b.scale,
-                                    b.format, b.scaling, a.cols)
+                                    b.format, b.scaling, a.cols, out_dtype)
 
 
 def _stack(ops: List[_Op]) -> _Op:
@@ -388,14 +408,16 @@ def _stack(ops: List[_Op]) -> _Op:
     return _Op(data, scale, o.format, o.scaling, o.rows, o.cols)
 
 
-def _grouped_mm(a: _Op, b: _Op, offs: Tensor) -> Tensor:
+def _grouped_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
     return torch.ops.lowp.scaled_grouped_mm(a.data, a.scale, a.format, a.scaling, b.data,
-                                            b.scale, b.format, b.scaling, offs, a.cols, False)
+                                            b.scale, b.format, b.scaling, offs, a.cols, False,
+                                            out_dtype)
 
 
-def _wgrad_mm(a: _Op, b: _Op, offs: Tensor) -> Tensor:
+def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
     return torch.ops.lowp.scaled_grouped_mm(a.data, a.scale, a.format, a.scaling, b.data,
-                                            b.scale, b.format, b.scaling, offs, a.cols, True)
+                                            b.scale, b.format, b.scaling, offs, a.cols, True,
+                                            out_dtype)
 
 
 # ---- the weight's copies ----
@@ -404,14 +426,25 @@ def _wgrad_mm(a: _Op, b: _Op, offs: Tensor) -> Tensor:
 class WeightCache:
     """Quantized copies of weights, made once per weight version.
 
-    Keyed by the weight tensor's storage pointer, shape, strides, dtype, device and the recipe;
+    Keyed by the weight tensor's data pointer, shape, strides, dtype, device and the recipe;
     an entry is reused while the tensor's `_version` is unchanged (an optimizer step updates the
-    weight in place and bumps it). Counters: `quantizations` (copies made), `hits` (reuses)."""
+    weight in place and bumps it) and its storage is the one the copies were made from (a weak
+    reference: a new tensor that happens to reuse a freed tensor's memory, at version 0 again,
+    never hits). Pass the parameter itself or views of it (they share its version counter),
+    not `param.data`, whose version counter is a separate one. Counters: `quantizations`
+    (copies made), `hits` (reuses).
 
-    def __init__(self):
+    `version_fn` (optional, no arguments): the version to compare instead of the tensor's own
+    `_version`, for a wrapper whose op-time tensors do not share the master weight's version
+    counter (e.g. `lambda: master._version`)."""
+
+    def __init__(self, version_fn=None):
+        if version_fn is not None and not callable(version_fn):
+            raise TypeError("version_fn must be callable or None")
         self.quantizations = 0
         self.hits = 0
         self._entries = {}
+        self._version_fn = version_fn
 
     def _key(self, w: Tensor, spec: MatmulSpec):
         return (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, str(w.device),
@@ -421,12 +454,18 @@ class WeightCache:
     def lookup(self, w: Tensor, spec: MatmulSpec, make):
         key = self._key(w, spec)
         e = self._entries.get(key)
-        if e is not None and e[0] == w._version:
+        storage = w.untyped_storage()
+        version = self._version_fn() if self._version_fn is not None else w._version
+        if (e is not None and e[0] == version and not e[1].expired()
+                and e[1].cdata == storage._cdata):
             self.hits += 1
-            return e[1]
+            return e[2]
         value = make()
         self.quantizations += 1
-        self._entries[key] = (w._version, value)
+        self._entries[key] = (version, StorageWeakRef(storage), value)
+        # forget entries whose weights are gone
+        for k in [k for k, v in self._entries.items() if v[1].expired()]:
+            del self._entries[k]
         return value
 
     def clear(self):
@@ -528,15 +567,16 @@ class _LowpMatmul(torch.autograd.Function):
             if keep:
                 tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
                 _, xcol = _quant(xs, ispec, "col", iscale, offs if tok else None)
+        yodt = _odt(x2d.dtype) if bias is None else "f32"  # a bias is added in binary32
         if grouped:
-            y = _grouped_mm(xrow, wf, offs[:G]) if T > 0 else None
+            y = _grouped_mm(xrow, wf, offs[:G], yodt) if T > 0 else None
             if y is None or y.shape[0] != M:
-                yy = torch.zeros((M, N), dtype=torch.float32, device=x2d.device)
+                yy = torch.zeros((M, N), dtype=_OUT_DTYPES[yodt], device=x2d.device)
                 if y is not None:
                     yy[:T] = y[:T]
                 y = yy
         else:
-            y = _mm(xrow, _first(wf))
+            y = _mm(xrow, _first(wf), yodt)
         if bias is not None:
             y = y + bias.to(torch.float32)
         ctx.spec, ctx.keep, ctx.wgrad_hp, ctx.cache, ctx.fp8_state = (spec, keep, wgrad_hp,
@@ -596,12 +636,13 @@ class _LowpMatmul(torch.autograd.Function):
                 else:
                     _, wd = _weight_copies(W3, spec, fwd_q, dgrad_q, False, True, fp8_state,
                                            False)
+                xodt = _odt(ctx.x_dtype)
                 if grouped:
-                    dxt = _grouped_mm(dyrow, wd, offs[:G])
+                    dxt = _grouped_mm(dyrow, wd, offs[:G], xodt)
                 else:
-                    dxt = _mm(dyrow, _first(wd))
+                    dxt = _mm(dyrow, _first(wd), xodt)
                 if T < M:
-                    dx = torch.zeros((M, K), dtype=torch.float32, device=dev)
+                    dx = torch.zeros((M, K), dtype=dxt.dtype, device=dev)
                     dx[:T] = dxt[:T]
                 else:
                     dx = dxt
@@ -617,10 +658,11 @@ class _LowpMatmul(torch.autograd.Function):
                     _, xcol = _quant(xs, ispec, "col", iscale, offs if itok else None)
                 else:
                     xcol = _plain(_x32(x2d.detach())[:T].t())
+                wodt = _odt(ctx.w_dtype)
                 if grouped:
-                    dw = _wgrad_mm(dycol, xcol, offs[:G])
+                    dw = _wgrad_mm(dycol, xcol, offs[:G], wodt)
                 else:
-                    dw = _mm(dycol, xcol).unsqueeze(0)
+                    dw = _mm(dycol, xcol, wodt).unsqueeze(0)
                 dw = dw.to(ctx.w_dtype)
         if need_dx and dx is None:
             dx = torch.zeros((M, K), dtype=ctx.x_dtype, device=dev)
