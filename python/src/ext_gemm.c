@@ -33,8 +33,8 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
     const char *cfmt;
     long long crows, ccols;
     int accumulate, threads, path;
-    if (!PyArg_ParseTuple(args, "OOOsLLpii", &a_o, &b_o, &c_o, &cfmt, &crows, &ccols,
-                          &accumulate, &threads, &path))
+    if (!PyArg_ParseTuple(args, "OOOsLLpii", &a_o, &b_o, &c_o, &cfmt, &crows, &ccols, &accumulate,
+                          &threads, &path))
         return NULL;
     ext_qdesc a, b;
     ext_buf cb;
@@ -75,12 +75,11 @@ static PyObject *py_grouped_gemm(PyObject *self, PyObject *args) {
     const char *cfmt;
     long long groups, crows, ccols;
     int accumulate, threads, path;
-    if (!PyArg_ParseTuple(args, "OOLOOsLLpii", &a_o, &b_o, &groups, &offs_o, &c_o, &cfmt,
-                          &crows, &ccols, &accumulate, &threads, &path))
+    if (!PyArg_ParseTuple(args, "OOLOOsLLpii", &a_o, &b_o, &groups, &offs_o, &c_o, &cfmt, &crows,
+                          &ccols, &accumulate, &threads, &path))
         return NULL;
     if (groups < 1 || groups > INT32_MAX)
-        return PyErr_Format(PyExc_ValueError, "%s: groups (%lld) must be in [1, 2^31)", fn,
-                            groups);
+        return PyErr_Format(PyExc_ValueError, "%s: groups (%lld) must be in [1, 2^31)", fn, groups);
     ext_qdesc a, b;
     ext_buf cb, ob;
     memset(&cb, 0, sizeof cb), memset(&ob, 0, sizeof ob);
