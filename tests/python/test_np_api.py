@@ -344,7 +344,7 @@ def test_grouped_gemm_split_m(fmt, kind, bkind):
 
 
 @pytest.mark.parametrize("fmt,kind", [("e4m3", "mx32"), ("e5m2", "mx32"), ("e4m3", "block128"),
-                                      (None, None)])
+                                      ("e4m3", "row"), ("e5m2", "tensor"), (None, None)])
 def test_grouped_gemm_split_k(fmt, kind):
     sizes = [0, 1, 37, 64, 0, 10]
     offs = group_sizes_offs(sizes)
@@ -355,8 +355,9 @@ def test_grouped_gemm_split_k(fmt, kind):
     if fmt is None:
         a, b, ddy, dx = dy, x, dy.astype(np.float64).T, x.astype(np.float64).T
     else:
-        a = lowp.quantize(dy, fmt, kind, axis="col", offs=offs)
-        b = lowp.quantize(x, fmt, kind, axis="both", offs=offs)
+        go = offs if kind in ("mx32", "block128") else None  # blocks along the tokens
+        a = lowp.quantize(dy, fmt, kind, axis="col", offs=go)
+        b = lowp.quantize(x, fmt, kind, axis="both", offs=go)
         ddy = lowp.dequantize(a, axis="col").astype(np.float64).T    # [N, M]
         dx = lowp.dequantize(b, axis="col").astype(np.float64).T     # [K, M]
     dw = lowp.grouped_gemm(a, b, offs)
