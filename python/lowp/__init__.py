@@ -195,10 +195,10 @@ class QTensor:
     """
 
     __slots__ = ("data", "scale", "data_col", "scale_col", "format", "scaling", "scale_mode",
-                 "shape", "offs", "amax", "_offs_on_rows")
+                 "shape", "offs", "amax", "_colview")
 
     def __init__(self, data, scale, format, scaling, shape, scale_mode=None, data_col=None,
-                 scale_col=None, offs=None, amax=None, _offs_on_rows=False):
+                 scale_col=None, offs=None, amax=None, _colview=False):
         fn = "lowp.QTensor"
         self.format = _name(format, fn, "format", FORMATS)
         self.scaling = _name(scaling, fn, "scaling", SCALINGS)
@@ -219,7 +219,7 @@ class QTensor:
         self.data, self.scale, self.data_col, self.scale_col = data, scale, data_col, scale_col
         self.offs = offs
         self.amax = amax
-        self._offs_on_rows = _offs_on_rows
+        self._colview = _colview
 
     @property
     def is_torch(self):
@@ -233,8 +233,7 @@ class QTensor:
                              "(quantize with axis='col' or 'both')")
         shape = self.shape[:-2] + (self.shape[-1], self.shape[-2])
         return QTensor(self.data_col, self.scale_col, self.format, self.scaling, shape,
-                       self.scale_mode, offs=self.offs, amax=self.amax,
-                       _offs_on_rows=self.offs is not None)
+                       self.scale_mode, offs=self.offs, amax=self.amax, _colview=True)
 
     def dequantize(self, axis="row"):
         return dequantize(self, axis)
@@ -263,7 +262,7 @@ class QTensor:
             d = d[g]
             s = None if s is None else s[g]
         offs = None
-        if self.offs is not None and (which == "col") != self._offs_on_rows:
+        if self.offs is not None and (which == "col") != self._colview:
             offs = A.int32_input(self.offs, fn, f"{arg}.offs")[0]
         return (self.format, self.scaling, rows, cols, d, s, offs)
 
@@ -447,7 +446,8 @@ def grouped_gemm(a, b, offs, out=None, accumulate=False):
     split-K (MoE weight gradient), when a and b are 2-D: a = dY [M, N] and b = X [M, K], both
     QTensors quantized with the same offs (axis "col" or "both": their grouped columnwise
     copies are used; ``q.col()`` views are taken as they are) or float32/bf16 arrays: out
-    [G, N, K] float32 with out[g] = dY[rows_g]^T . X[rows_g].
+    [G, N, K] float32 with out[g] = dY[rows_g]^T . X[rows_g]. Scalings without blocks along the
+    tokens (tensor, row, block128x128, block32x32) need no offs in the QTensors.
     """
     fn = "lowp.grouped_gemm"
     o, to = A.int32_input(offs, fn, "offs")
@@ -485,11 +485,11 @@ def _wgrad_operand(x, o, fn, arg):
     if isinstance(x, QTensor):
         if len(x.shape) != 2:
             raise ValueError(f"{fn}: {arg} must be 2-D, got {x.shape}")
-        which = "row" if x._offs_on_rows else "col"
+        which = "row" if x._colview else "col"
         if x.offs is None:
-            raise ValueError(f"{fn}: {arg} was not quantized along the tokens with offs")
-        qo = A.int32_input(x.offs, fn, f"{arg}.offs")[0]
-        if not np.array_equal(qo, o):
+            if x.scaling in ("mx32", "block128"):  # blocks along the tokens: grouped copies
+                raise ValueError(f"{fn}: {arg} was not quantized along the tokens with offs")
+        elif not np.array_equal(A.int32_input(x.offs, fn, f"{arg}.offs")[0], o):
             raise ValueError(f"{fn}: {arg}.offs differs from offs")
         return x._desc(which, fn, arg), x.shape, x.is_torch
     return _operand(x, fn, arg, which="col")

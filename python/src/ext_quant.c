@@ -96,8 +96,8 @@ static PyObject *py_layout(PyObject *self, PyObject *args) {
     if (st == LOWP_OK) st = lowp_qtensor_scale_shape(&q, &sr, &sc, &e8);
     ext_buf_release(&offs);
     if (st != LOWP_OK) return ext_raise(st);
-    return Py_BuildValue("nnLLi", (Py_ssize_t) db, (Py_ssize_t) sb, (long long) sr,
-                         (long long) sc, e8);
+    return Py_BuildValue("nnLLi", (Py_ssize_t) db, (Py_ssize_t) sb, (long long) sr, (long long) sc,
+                         e8);
 }
 
 static int quant_cfg(lowp_quant_cfg *cfg, const char *mode, int pow2, float eps, int threads,
@@ -113,8 +113,7 @@ static int quant_cfg(lowp_quant_cfg *cfg, const char *mode, int pow2, float eps,
 
 /* An output copy (data, scales) of shape [rows, cols]; both None when not wanted. */
 static int out_copy(PyObject *data_o, PyObject *scales_o, lowp_qtensor *q, ext_buf *data,
-                    ext_buf *scales, const char *fn, const char *arg_data,
-                    const char *arg_scales) {
+                    ext_buf *scales, const char *fn, const char *arg_data, const char *arg_scales) {
     memset(data, 0, sizeof *data);
     memset(scales, 0, sizeof *scales);
     if (data_o == Py_None) return 0;
@@ -124,8 +123,7 @@ static int out_copy(PyObject *data_o, PyObject *scales_o, lowp_qtensor *q, ext_b
     size_t db = 0, sb = 0;
     lowp_status st = lowp_qtensor_nbytes(q, &db, &sb);
     if (st != LOWP_OK) return ext_raise(st), -1;
-    if (ext_buf_need(data, db, fn, arg_data) || ext_buf_need(scales, sb, fn, arg_scales))
-        return -1;
+    if (ext_buf_need(data, db, fn, arg_data) || ext_buf_need(scales, sb, fn, arg_scales)) return -1;
     q->data = data->view.buf;
     q->scales = scales->held ? scales->view.buf : NULL;
     return 1;
@@ -142,8 +140,8 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
     int pow2, threads, path, want_amax;
     float eps;
     if (!PyArg_ParseTuple(args, "OsLLssOOOOsifiiOp", &x_o, &xfmt, &rows, &cols, &fmt, &scaling,
-                          &rd_o, &rs_o, &cd_o, &cs_o, &mode, &pow2, &eps, &threads, &path,
-                          &scale_o, &want_amax))
+                          &rd_o, &rs_o, &cd_o, &cs_o, &mode, &pow2, &eps, &threads, &path, &scale_o,
+                          &want_amax))
         return NULL;
     lowp_tensor x = {LOWP_FORMAT_F32, rows, cols, NULL, LOWP_DEVICE_HOST};
     lowp_qtensor row, col;
