@@ -192,6 +192,10 @@ def test_unpatched_auto_refuses_on_cpu():
         run_linear(torchao_linear(R.MXFP8_RCEIL))
     with pytest.raises(AssertionError, match="SM100"):
         run_experts(torchao_experts(R.MXFP8_RCEIL), OFFS_ALIGNED)
+    with pytest.raises(Exception):  # the FP8 rowwise grouped mm is Triton kernels only
+        MOE._to_fp8_rowwise_then_scaled_grouped_mm(
+            D["xe"], D["we"].transpose(-2, -1), OFFS_ALIGNED,
+            pad_token_groups_for_grouped_mm=False)
 
 
 def _check_sqnr(ref, a, b, label):
@@ -335,6 +339,32 @@ def test_settings_lowp_cannot_honour():
     with pytest.raises(ValueError, match="block_size"):
         ML.mx_mm.apply(D["x"], D["w"], torch.float8_e4m3fn, torch.float8_e4m3fn,
                        torch.float8_e4m3fn, 16, KP.AUTO, None, None, "rceil", False)
+
+
+def test_mx_mm_and_mxfp8_linear_module():
+    """Callers of mx_mm.apply and torchao's MXFP8Linear module (AUTO) reach lowp too."""
+    from torchao.quantization.quantize_.common import KernelPreference as KP
+    lt.patch_torchao()
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    y = ML.mx_mm.apply(D["x"], D["w"], e4, e4, e4, 32, KP.AUTO, None, None, "rceil", False)
+    assert torch.equal(y, lt.linear(D["x"], D["w"], None, "mxfp8"))
+    y = ML.mx_mm.apply(D["x"], D["w"], e4, e4, e5, 32, KP.EMULATED, None, None, "rceil", False)
+    op = lt.OperandSpec("e4m3", "mx32", "rceil")
+    spec = lt.MatmulSpec(op, op, lt.OperandSpec("e5m2", "mx32", "rceil"))
+    assert torch.equal(y, lt.linear(D["x"], D["w"], None, spec))
+    m = ML.MXFP8Linear(64, 96, bias=True).to(BF)
+    with torch.no_grad():
+        m.weight.copy_(D["w"])
+        m.bias.normal_()
+    x = D["x"].clone().requires_grad_()
+    y = m(x)
+    y.backward(D["dy"])
+    x2 = D["x"].clone().requires_grad_()
+    w2 = D["w"].clone().requires_grad_()
+    y2 = lt.linear(x2, w2, None, "mxfp8") + m.bias.detach()
+    y2.backward(D["dy"])
+    identical((y.detach(), x.grad, m.weight.grad), (y2.detach(), x2.grad, w2.grad))
+    assert LP.weight_cache(m.weight).quantizations == 1  # a plain weight: keyed by itself
 
 
 def test_settings_mapped():
