@@ -463,3 +463,46 @@ def test_optimizer_step_invalidates_weight_copies():
     assert not torch.equal(w_now, D["w"])
     assert torch.equal(y, lt.linear(D["x"], w_now, None, "mxfp8"))
     assert LP.weight_cache(m.weight).quantizations == 2
+
+
+# ---- Float8TrainingOpConfig: its linears (FP8_ROWWISE recipe) ----
+
+
+def torchao_fp8_linear(recipe_name):
+    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+    m = nn.Linear(64, 96, bias=True).to(BF)
+    with torch.no_grad():
+        m.weight.copy_(D["w"])
+        m.bias.copy_(torch.linspace(-1, 1, 96))
+    quantize_(m, Float8TrainingOpConfig(float8_linear_recipe=recipe_name))
+    assert isinstance(m.weight, TT.Float8TrainingWeightWrapperTensor)
+    return m
+
+
+@pytest.mark.parametrize("name,preset", [("rowwise", "fp8_rowwise"),
+                                         ("tensorwise", "fp8_tensorwise")])
+def test_fp8_linear_patched(name, preset):
+    ao = run_linear(torchao_fp8_linear(name))  # torchao's own float8 linear runs on the CPU
+    lt.patch_torchao()
+    lt.reset_stats()
+    lp = run_linear(torchao_fp8_linear(name))
+    assert lt.stats()["native"] > 0
+    x = D["x"].clone().requires_grad_()
+    w = D["w"].clone().requires_grad_()
+    y = lt.linear(x, w, None, preset) + torch.linspace(-1, 1, 96).to(BF)
+    y.backward(D["dy"])
+    identical(lp, (y.detach(), x.grad, w.grad))
+    for p, q in zip(lp, ao):  # same scales and elements; only the accumulation order may differ
+        assert sqnr(q, p) > 40
+    if name == "rowwise":  # NUMERICS 8, FP8 rowwise
+        ref = ref_linear()
+        ref = (ref[0] + torch.linspace(-1, 1, 96).to(BF).double(),) + ref[1:]
+        for r, p, q, t in zip(ref, lp, ao, (25.0, 24.0, 23.0)):
+            assert sqnr(r, p) >= t and sqnr(r, q) >= t and sqnr(q, p) >= t
+
+
+def test_fp8_linear_gw_hp_refused():
+    lt.patch_torchao()
+    m = torchao_fp8_linear("rowwise_with_gw_hp")
+    with pytest.raises(ValueError, match="float8_linear_recipe"):
+        m(D["x"])

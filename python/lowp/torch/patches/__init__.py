@@ -14,8 +14,9 @@ Usage (torchao 0.18)::
 
 With the patch on, torchao's MXFP8 training linear (`_to_mxfp8_then_scaled_mm`, `mx_mm`), its
 MXFP8 grouped mm (`_to_mxfp8_then_scaled_grouped_mm`, `_MXFP8GroupedMM`), its FP8 rowwise
-grouped mm (`_to_fp8_rowwise_then_scaled_grouped_mm`, `_Float8GroupedMM`) and the capability
-assert of its `quantize_` handler run through lowp: native kernels for CPU tensors, lowp's
+grouped mm (`_to_fp8_rowwise_then_scaled_grouped_mm`, `_Float8GroupedMM`), the linears of its
+`Float8TrainingOpConfig` (`_to_fp8_then_scaled_mm`) and the capability assert of its
+`quantize_` handler run through lowp: native kernels for CPU tensors, lowp's
 portable torch path on other devices. AUTO recipes (`MXFP8_RCEIL`,
 `MXFP8_RCEIL_WGRAD_WITH_HP`), which unpatched need SM100 GPUs and Triton, and EMULATED ones
 (`MXFP8_EMULATED_RCEIL`) run the same lowp kernels. The results are those of lowp.torch's ops

@@ -22,6 +22,10 @@ Settings and how they map:
                               computes; no copy is padded
   block_size / element dtypes only 32 and float8_e4m3fn / float8_e5m2 / float4 elements
   float8_dtype (FP8 rowwise)  only torch.float8_e4m3fn
+  float8_linear_recipe        (Float8TrainingOpConfig's linears) "rowwise" -> fp8_rowwise,
+                              "tensorwise" -> Float8TensorwiseConfig() (e4m3 / e5m2 gradient,
+                              current scaling); "rowwise_with_gw_hp" (a tensorwise weight
+                              against rowwise gradients in the input gradient) raises
 
 Weights: every weight gets one `lowp.torch.WeightCache`, held in a weak map keyed by torchao's
 wrapper parameter (a plain weight: by its storage root), so a weight is quantized once per
@@ -42,7 +46,8 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import ops as _lops
-from ..config import MatmulSpec, MXQuantizeConfig, OperandSpec, Float8RowwiseConfig
+from ..config import (Float8RowwiseConfig, Float8TensorwiseConfig, MatmulSpec, MXQuantizeConfig,
+                      OperandSpec)
 
 __all__ = [
     "to_mxfp8_then_scaled_mm",
@@ -50,6 +55,7 @@ __all__ = [
     "to_mxfp8_then_scaled_grouped_mm",
     "MXFP8GroupedMM",
     "to_fp8_rowwise_then_scaled_grouped_mm",
+    "to_fp8_then_scaled_mm",
     "Float8GroupedMM",
     "weight_cache",
     "clear_caches",
@@ -322,3 +328,22 @@ class Float8GroupedMM:
               pad_token_groups_for_grouped_mm=True):
         return to_fp8_rowwise_then_scaled_grouped_mm(A, B_t, offs, out_dtype, float8_dtype,
                                                      pad_token_groups_for_grouped_mm)
+
+
+# ---- FP8 linear of Float8TrainingOpConfig (torchao.prototype.moe_training.tensor) ----
+
+_FP8_LINEAR = {"rowwise": Float8RowwiseConfig, "tensorwise": Float8TensorwiseConfig}
+
+
+def to_fp8_then_scaled_mm(input, weight, config):
+    """torchao's `_to_fp8_then_scaled_mm` (the linear of `Float8TrainingOpConfig`) on lowp:
+    input [..., K] x weight [N, K]^T; the wrapper adds the bias."""
+    _check_plain(input, "input")
+    _check_plain(weight, "weight")
+    recipe = getattr(config, "float8_linear_recipe", None)
+    make = _FP8_LINEAR.get(recipe)
+    if make is None:
+        raise ValueError(f"float8_linear_recipe ({recipe!r}) is not one lowp implements "
+                         "(rowwise, tensorwise): rowwise_with_gw_hp multiplies rowwise "
+                         "gradients by a tensorwise weight, a pairing lowp does not have")
+    return _lops.linear(input, weight, None, make(), cache=_cache_for(weight))

@@ -89,6 +89,9 @@ TARGETS: Tuple[_Target, ...] = (
             lambda o: _rep.to_fp8_rowwise_then_scaled_grouped_mm, _FP8),
     _Target(f"{_MOE}.fp8_grouped_mm", "_Float8GroupedMM", lambda o: _rep.Float8GroupedMM,
             _FP8_FN, "forward"),
+    # FP8 linear of Float8TrainingOpConfig (tensor.py's own helper).
+    _Target(f"{_MOE}.tensor", "_to_fp8_then_scaled_mm", lambda o: _rep.to_fp8_then_scaled_mm,
+            ("input", "weight", "config")),
     # The wrapper's unwrap (tensor.py's imported name): remembers each weight's wrapper.
     _Target(f"{_MOE}.tensor", "unwrap_weight", _rep.make_unwrap_weight, ("wrapper_tensor",)),
     # Capability gate of quantize_ (asserts a torch nightly for MXFP8 configs).
@@ -104,10 +107,13 @@ _REQUIRED: Tuple[Tuple[str, str], ...] = (
     (f"{_MOE}.utils", "unwrap_weight"),
     (f"{_MOE}.config", "MXFP8TrainingOpConfig"),
     (f"{_MOE}.config", "MXFP8TrainingRecipe"),
+    (f"{_MOE}.config", "Float8TrainingOpConfig"),
     ("torchao.prototype.mx_formats.config", "ScaleCalculationMode"),
     ("torchao.prototype.mx_formats.mx_tensor", "MXTensor"),
     ("torchao.quantization.quantize_.common", "KernelPreference"),
 )
+_FP8_CONFIG_FIELDS = ("float8_dtype", "out_dtype", "pad_token_groups_for_grouped_mm",
+                      "float8_linear_recipe")
 _CONFIG_FIELDS = ("kernel_preference", "out_dtype", "wgrad_with_hp", "scale_calculation_mode",
                   "pad_token_groups_for_grouped_mm")
 
@@ -158,6 +164,11 @@ def _check(version: str):
         if f not in fields:
             raise RuntimeError(f"lowp.torch.patch_torchao: {where} lacks the setting "
                                f"MXFP8TrainingOpConfig.{f}; nothing was patched")
+    fp8_cls = getattr(mod(f"{_MOE}.config"), "Float8TrainingOpConfig")
+    for f in _FP8_CONFIG_FIELDS:
+        if f not in getattr(fp8_cls, "__dataclass_fields__", {}):
+            raise RuntimeError(f"lowp.torch.patch_torchao: {where} lacks the setting "
+                               f"Float8TrainingOpConfig.{f}; nothing was patched")
     plan = []
     for t in TARGETS:
         m = mod(t.module)
