@@ -6,11 +6,12 @@
 An `nn.Linear(in, out, bias=False)` in bfloat16 converted with torchao's `quantize_` and
 `MXFP8TrainingOpConfig.from_recipe(MXFP8_EMULATED_RCEIL)`; one step = forward + backward of a
 [tokens, in] bfloat16 input with a fixed output gradient, the weight touched in place before
-each step (as an optimizer step does), so every step quantizes the weight afresh. The unpatched and the patched model
-run alternately in the same process (patch_torchao / unpatch_torchao around each patched
-step), after one warm-up step each; the table gives each side's median and the ratio of the
-medians. AUTO (`MXFP8_RCEIL`) cannot run unpatched on a CPU (torchao asserts: Triton/SM100);
-the patched AUTO recipe runs the same lowp kernels and is timed as a third row.
+each step (as an optimizer step does), so every step quantizes the weight afresh. The
+unpatched and the patched model run alternately in the same process (patch_torchao /
+unpatch_torchao around each patched step), after one warm-up step each; the table gives each
+side's median and the ratio of the medians. AUTO (`MXFP8_RCEIL`) cannot run unpatched on a
+CPU (torchao asserts: Triton/SM100); the patched AUTO recipe runs the same lowp kernels and is
+timed as a third row.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def main(argv=None) -> int:
           f"{__import__('torchao').__version__}, lowp native: {lt.native_available()}")
     print("| path | recipe | median s | speed-up vs unpatched |")
     print("| --- | --- | --- | --- |")
-    print(f"| torchao unpatched (emulated) | MXFP8_EMULATED_RCEIL | {med['torchao']:.3f} | 1.00x |")
+    print(f"| torchao unpatched (emulated) | MXFP8_EMULATED_RCEIL | {med['torchao']:.3f} "
+          "| 1.00x |")
     print(f"| patched (lowp) | MXFP8_EMULATED_RCEIL | {med['lowp']:.3f} | "
           f"{med['torchao'] / med['lowp']:.2f}x |")
     print(f"| patched (lowp) | MXFP8_RCEIL (AUTO) | {med['lowp_auto']:.3f} | "

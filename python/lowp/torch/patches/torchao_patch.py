@@ -64,39 +64,39 @@ _GMM = ("A", "B_t", "offs", "bias", "out_dtype", "kernel_preference", "wgrad_wit
         "scale_calculation_mode", "pad_token_groups_for_grouped_mm")
 _GMM_FN = ("input_act", "weight_t", "group_end_offsets", "out_dtype", "kernel_preference",
            "wgrad_with_hp", "scale_calculation_mode", "pad_token_groups_for_grouped_mm")
-_FP8 = ("A", "B_t", "offs", "out_dtype", "float8_dtype", "pad_token_groups_for_grouped_mm")
-_FP8_FN = ("A", "B_t", "offs", "out_dtype", "float8_dtype", "pad_token_groups_for_grouped_mm")
+_FP8 = _FP8_FN = ("A", "B_t", "offs", "out_dtype", "float8_dtype",
+                  "pad_token_groups_for_grouped_mm")
 
+def _rebind(modules: Tuple[str, ...], name: str, fn, params, method=None):
+    """One target per module that binds `name` (each is where some caller looks it up)."""
+    return tuple(_Target(m, name, lambda o, fn=fn: fn, params, method) for m in modules)
+
+
+_TENSOR, _UTILS_PKG = f"{_MOE}.tensor", _MOE
 TARGETS: Tuple[_Target, ...] = (
     # MXFP8 linear: where it is defined (MXFP8Linear.forward looks it up there) and where the
     # weight wrapper's __torch_function__ looks it up (tensor.py's imported name).
-    _Target(f"{_MOE}.mxfp8_linear", "_to_mxfp8_then_scaled_mm",
-            lambda o: _rep.to_mxfp8_then_scaled_mm, _LIN),
-    _Target(f"{_MOE}.tensor", "_to_mxfp8_then_scaled_mm",
-            lambda o: _rep.to_mxfp8_then_scaled_mm, _LIN),
-    _Target(f"{_MOE}.mxfp8_linear", "mx_mm", lambda o: _rep.MXMM, _MXMM, "forward"),
+    *_rebind((f"{_MOE}.mxfp8_linear", _TENSOR), "_to_mxfp8_then_scaled_mm",
+             _rep.to_mxfp8_then_scaled_mm, _LIN),
+    *_rebind((f"{_MOE}.mxfp8_linear",), "mx_mm", _rep.MXMM, _MXMM, "forward"),
     # MXFP8 grouped mm: its module and the package (utils imports it from there per call).
-    _Target(f"{_MOE}.mxfp8_grouped_mm", "_to_mxfp8_then_scaled_grouped_mm",
-            lambda o: _rep.to_mxfp8_then_scaled_grouped_mm, _GMM),
-    _Target(_MOE, "_to_mxfp8_then_scaled_grouped_mm",
-            lambda o: _rep.to_mxfp8_then_scaled_grouped_mm, _GMM),
-    _Target(f"{_MOE}.mxfp8_grouped_mm", "_MXFP8GroupedMM", lambda o: _rep.MXFP8GroupedMM,
-            _GMM_FN, "forward"),
-    # FP8 rowwise grouped mm.
-    _Target(f"{_MOE}.fp8_grouped_mm", "_to_fp8_rowwise_then_scaled_grouped_mm",
-            lambda o: _rep.to_fp8_rowwise_then_scaled_grouped_mm, _FP8),
-    _Target(_MOE, "_to_fp8_rowwise_then_scaled_grouped_mm",
-            lambda o: _rep.to_fp8_rowwise_then_scaled_grouped_mm, _FP8),
-    _Target(f"{_MOE}.fp8_grouped_mm", "_Float8GroupedMM", lambda o: _rep.Float8GroupedMM,
-            _FP8_FN, "forward"),
+    *_rebind((f"{_MOE}.mxfp8_grouped_mm", _UTILS_PKG), "_to_mxfp8_then_scaled_grouped_mm",
+             _rep.to_mxfp8_then_scaled_grouped_mm, _GMM),
+    *_rebind((f"{_MOE}.mxfp8_grouped_mm",), "_MXFP8GroupedMM", _rep.MXFP8GroupedMM, _GMM_FN,
+             "forward"),
+    # FP8 rowwise grouped mm, the same way.
+    *_rebind((f"{_MOE}.fp8_grouped_mm", _UTILS_PKG), "_to_fp8_rowwise_then_scaled_grouped_mm",
+             _rep.to_fp8_rowwise_then_scaled_grouped_mm, _FP8),
+    *_rebind((f"{_MOE}.fp8_grouped_mm",), "_Float8GroupedMM", _rep.Float8GroupedMM, _FP8_FN,
+             "forward"),
     # FP8 linear of Float8TrainingOpConfig (tensor.py's own helper).
-    _Target(f"{_MOE}.tensor", "_to_fp8_then_scaled_mm", lambda o: _rep.to_fp8_then_scaled_mm,
-            ("input", "weight", "config")),
+    *_rebind((_TENSOR,), "_to_fp8_then_scaled_mm", _rep.to_fp8_then_scaled_mm,
+             ("input", "weight", "config")),
     # The wrapper's unwrap (tensor.py's imported name): remembers each weight's wrapper.
-    _Target(f"{_MOE}.tensor", "unwrap_weight", _rep.make_unwrap_weight, ("wrapper_tensor",)),
+    _Target(_TENSOR, "unwrap_weight", _rep.make_unwrap_weight, ("wrapper_tensor",)),
     # Capability gate of quantize_ (asserts a torch nightly for MXFP8 configs).
-    _Target(f"{_MOE}.conversion_utils", "_get_tensor_cls_for_config",
-            lambda o: _tensor_cls_for_config, ("config",)),
+    *_rebind((f"{_MOE}.conversion_utils",), "_get_tensor_cls_for_config",
+             _tensor_cls_for_config, ("config",)),
 )
 
 # Internals the replacements and torchao's dispatch rely on without replacing them.
