@@ -292,6 +292,14 @@ def test_untested_version_refused(monkeypatch):
     assert all(a is b for a, b in zip(orig, _bindings()))
 
 
+def test_torchao_missing_refused(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao now raises
+    with pytest.raises(RuntimeError, match="torchao is not importable"):
+        lt.patch_torchao()
+    assert not lt.torchao_patched()
+
+
 @pytest.mark.parametrize("mod,name", [(GMM, "_MXFP8GroupedMM"), (FGM, "_Float8GroupedMM"),
                                       (TT, "_to_mxfp8_then_scaled_mm")])
 def test_missing_internal_refused(monkeypatch, mod, name):

@@ -122,7 +122,11 @@ _ORIGINALS: List[Tuple[object, str, object]] = []  # (module, name, original obj
 
 
 def _version() -> str:
-    import torchao
+    try:
+        import torchao
+    except Exception as e:
+        raise RuntimeError(f"lowp.torch.patch_torchao: torchao is not importable "
+                           f"({type(e).__name__}: {e}); nothing was patched") from None
     return str(getattr(torchao, "__version__", "unknown"))
 
 
