@@ -3,6 +3,8 @@ portable torch path byte for byte, SQNR of linear and grouped mm against float64
 NUMERICS.md section 8's thresholds, equality with the C training layer, torch.compile, the
 weight cache and fp8_state hooks, and bad input."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -392,7 +394,12 @@ def test_stats_and_force_portable():
         assert lt.stats()["native"] > 0 and lt.stats()["portable"] == 0
 
 
-def test_torch_compile_matches_eager():
+@pytest.mark.parametrize("backend", [
+    "aot_eager",
+    pytest.param("inductor", marks=pytest.mark.skipif(
+        not os.environ.get("LOWP_TEST_INDUCTOR"),
+        reason="inductor compiles C++ for about a minute here; set LOWP_TEST_INDUCTOR=1"))])
+def test_torch_compile_matches_eager(backend):
     x, w, b, dy = linear_case(64, 96, 48, torch.float32, seed=9)
 
     def f(x, w, b):
@@ -402,7 +409,7 @@ def test_torch_compile_matches_eager():
     eager.backward(dy)
     ge = (x.grad.clone(), w.grad.clone(), b.grad.clone())
     x.grad = w.grad = b.grad = None
-    cf = torch.compile(f, backend="aot_eager", fullgraph=True)
+    cf = torch.compile(f, backend=backend, fullgraph=True)
     out = cf(x, w, b)
     out.backward(dy)
     assert torch.equal(out, eager)
