@@ -300,7 +300,7 @@ def _check_enum_options(fn, scaling, scale_mode, pow2, eps):
 
 def _alloc_copy(fmt, scaling, rows, cols, offs=None):
     db, sb, sr, sc, e8 = _lowp.layout(fmt, scaling, rows, cols, offs)
-    data = np.empty((rows, db // rows if rows else 0), np.uint8)
+    data = np.empty((rows, (cols + 1) // 2 if fmt == "e2m1" else cols), np.uint8)
     scale = np.empty((sr, sc), np.uint8 if e8 else np.float32)
     assert data.nbytes == db and scale.nbytes == sb
     return data, scale
