@@ -244,3 +244,15 @@ def test_boundary_data_reaches_the_boundaries():
                 break
         else:
             pytest.fail(f"block max {a} is not at a boundary")
+
+
+@pytest.mark.parametrize("shape", [(200, 320), (128, 128), (33, 96)])
+def test_mx_cublas_layout_matches_torchao_swizzle(shape):
+    """layout="cublas" is torchao's swizzled scale layout (to_mx(is_swizzled_scales=True))."""
+    x = torch.randn(*shape)
+    s_ao, _ = to_mx(x, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL,
+                    is_swizzled_scales=True)
+    q = lowp.quantize(x, "e4m3", "mx32", layout="cublas")
+    assert q.layout == "cublas"
+    assert torch.equal(q.scale.flatten(), u8(s_ao).flatten())
+    assert torch.equal(lowp.dequantize(q), lowp.dequantize(lowp.quantize(x, "e4m3", "mx32")))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import lowp
-from conftest import SANITIZE, ref_dequantize, sqnr
+from np_ref import SANITIZE, cli, ref_dequantize, sqnr  # noqa: F401 (cli: a fixture)
 
 rng = np.random.default_rng(11)
 FMAX = {"e4m3": 448.0, "e5m2": 57344.0, "e2m1": 6.0}
@@ -430,3 +430,35 @@ def test_concurrent_calls_from_python_threads():
     for i in range(3):
         assert errors[i] == f"lowp_gemm: a.cols (256) != b.cols ({widths[i]})"
     assert errors[3] is None
+
+
+def npu_ref(canon, is_col):
+    """Ascend pair layout (include/lowp/layout.h): the block axis padded to even, in pairs."""
+    sr, sc = canon.shape
+    p = np.zeros((sr, sc + sc % 2), np.uint8)
+    p[:, :sc] = canon
+    pairs = p.reshape(sr, -1, 2)                     # [sr, ceil(sc/2), 2]
+    return np.ascontiguousarray(pairs.transpose(1, 0, 2)) if is_col else pairs
+
+
+@pytest.mark.parametrize("layout", ["cublas", "npu"])
+def test_scale_layouts_roundtrip_and_gemm(layout):
+    x = rng.standard_normal((70, 200)).astype(np.float32)
+    w = rng.standard_normal((3, 40, 200)).astype(np.float32)
+    qc = lowp.quantize(x, "e4m3", "mx32", axis="both")
+    q = lowp.quantize(x, "e4m3", "mx32", axis="both", layout=layout)
+    assert q.layout == layout and np.array_equal(q.data, qc.data)
+    if layout == "npu":
+        assert np.array_equal(q.scale, npu_ref(qc.scale, False))
+        assert np.array_equal(q.scale_col, npu_ref(qc.scale_col, True))
+    else:
+        assert q.scale.shape == (128, 8) and q.scale_col.shape == (256, 4)
+    for ax in ("row", "col"):
+        assert np.array_equal(lowp.dequantize(q, ax), lowp.dequantize(qc, ax))
+    assert np.array_equal(lowp.dequantize(q.col()), lowp.dequantize(qc.col()))
+    wq, wc = lowp.quantize(w, "e4m3", "mx32", layout=layout), lowp.quantize(w, "e4m3", "mx32")
+    offs = np.array([10, 10, 70], np.int32)
+    assert np.array_equal(lowp.grouped_gemm(q, wq, offs), lowp.grouped_gemm(qc, wc, offs))
+    assert np.array_equal(lowp.gemm(q, q), lowp.gemm(qc, qc))
+    with pytest.raises(ValueError, match="layout npu applies to mx32 scales only"):
+        lowp.quantize(x, "e4m3", "row", layout="npu")

@@ -13,7 +13,7 @@ import pytest
 
 import lowp
 from lowp import _testing as T
-from conftest import sqnr
+from np_ref import sqnr
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "extra_state_v1.bin"
 FMAX = {"e4m3": 448.0, "e5m2": 57344.0}

@@ -3,6 +3,8 @@ portable torch path byte for byte, SQNR of linear and grouped mm against float64
 NUMERICS.md section 8's thresholds, equality with the C training layer, torch.compile, the
 weight cache and fp8_state hooks, and bad input."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -267,13 +269,11 @@ def test_equals_c_training_layer(name, opts):
 
 def test_mm_is_linear_of_the_transpose():
     x, w, _, dy = linear_case(40, 64, 48, torch.float32, bias=False)
-    wt = w.detach().t().contiguous().t().requires_grad_()  # [N, K] storage seen as [K, N]... 
     wkn = w.detach().t().requires_grad_()  # a transposed view [K, N] of the [N, K] weight
     y = lt.mm(x, wkn, "mxfp8")
     y.backward(dy)
     y2, dx2, dw2, _ = run_linear("mxfp8", x.detach().requires_grad_(), w, None, dy)
     assert torch.equal(y, y2) and torch.equal(wkn.grad, dw2.t())
-    del wt
 
 
 def test_bf16_inputs_give_bf16_grads():
@@ -392,7 +392,12 @@ def test_stats_and_force_portable():
         assert lt.stats()["native"] > 0 and lt.stats()["portable"] == 0
 
 
-def test_torch_compile_matches_eager():
+@pytest.mark.parametrize("backend", [
+    "aot_eager",
+    pytest.param("inductor", marks=pytest.mark.skipif(
+        not os.environ.get("LOWP_TEST_INDUCTOR"),
+        reason="inductor compiles C++ for about a minute here; set LOWP_TEST_INDUCTOR=1"))])
+def test_torch_compile_matches_eager(backend):
     x, w, b, dy = linear_case(64, 96, 48, torch.float32, seed=9)
 
     def f(x, w, b):
@@ -402,7 +407,7 @@ def test_torch_compile_matches_eager():
     eager.backward(dy)
     ge = (x.grad.clone(), w.grad.clone(), b.grad.clone())
     x.grad = w.grad = b.grad = None
-    cf = torch.compile(f, backend="aot_eager", fullgraph=True)
+    cf = torch.compile(f, backend=backend, fullgraph=True)
     out = cf(x, w, b)
     out.backward(dy)
     assert torch.equal(out, eager)

@@ -264,10 +264,6 @@ def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
 _OUT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _rows_of(t: Tensor, fmt: str, scaling: str, k: int) -> int:
-    return t.shape[0]
-
-
 @torch.library.custom_op("lowp::scaled_mm", mutates_args=())
 def scaled_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
                  b_scale: Tensor, b_format: str, b_scaling: str, k: int,
@@ -778,7 +774,9 @@ def _check_offs(offs, G: int, T: int):
         prev = o
 
 
-def grouped_mm(x: Tensor, w: Tensor, offs: Tensor, config="mxfp8", **kw) -> Tensor:
+def grouped_mm(x: Tensor, w: Tensor, offs: Tensor, config="mxfp8", *,
+               keep_quantized: Optional[bool] = None, wgrad_hp: bool = False,
+               cache: Optional[WeightCache] = None, fp8_state=None) -> Tensor:
     """`torch._grouped_mm(x, w, offs)` in low precision: x [T, K], w [G, K, N] (possibly the
     transposed view of a [G, N, K] parameter), offs int32 [G] cumulative group ends; out
     [T, N] (rows past offs[-1] are 0)."""
@@ -787,8 +785,6 @@ def grouped_mm(x: Tensor, w: Tensor, offs: Tensor, config="mxfp8", **kw) -> Tens
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"x.shape[1] ({x.shape[1]}) != w.shape[1] ({w.shape[1]})")
     _check_offs(offs, w.shape[0], x.shape[0])
-    if kw.get("fp8_state") is not None:
-        pass
     offs = offs.to(x.device)
-    return _run(x, w.transpose(-2, -1), None, offs, config, kw.get("keep_quantized"),
-                kw.get("wgrad_hp", False), kw.get("cache"), kw.get("fp8_state"), True)
+    return _run(x, w.transpose(-2, -1), None, offs, config, keep_quantized, wgrad_hp, cache,
+                fp8_state, True)
