@@ -462,3 +462,38 @@ def test_scale_layouts_roundtrip_and_gemm(layout):
     assert np.array_equal(lowp.gemm(q, q), lowp.gemm(qc, qc))
     with pytest.raises(ValueError, match="layout npu applies to mx32 scales only"):
         lowp.quantize(x, "e4m3", "row", layout="npu")
+
+
+def test_gil_released_while_a_kernel_runs():
+    """A Python thread keeps running while another thread is inside a long GEMM: with the GIL
+    held, the main loop would stall for the whole kernel."""
+    import time
+    n = 768 if SANITIZE else 1536
+    a = lowp.quantize(rng.standard_normal((n, 1024)).astype(np.float32), "e4m3", "mx32")
+    lowp.set_threads(1)
+    try:
+        t0 = time.perf_counter()
+        lowp.gemm(a, a)
+        kernel = time.perf_counter() - t0
+        inside = threading.Event()
+        done = threading.Event()
+
+        def run():
+            inside.set()
+            lowp.gemm(a, a)
+            done.set()
+
+        th = threading.Thread(target=run)
+        th.start()
+        inside.wait()
+        last, gap, loops = time.perf_counter(), 0.0, 0
+        while not done.is_set():
+            now = time.perf_counter()
+            gap, last, loops = max(gap, now - last), now, loops + 1
+            time.sleep(0.001)
+        th.join()
+    finally:
+        lowp.set_threads(None)
+    assert kernel > 0.05, "the kernel is too short to tell"
+    assert loops >= 3, "the main thread did not run while the kernel ran"
+    assert gap < 0.5 * kernel, f"main thread stalled {gap:.3f} s of a {kernel:.3f} s kernel"
