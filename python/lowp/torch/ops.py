@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import Counter
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
