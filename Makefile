@@ -12,7 +12,7 @@ all: build
 
 # The test dependencies, installed into .venv by `make test` (torch from PyPI is large; an
 # existing .venv that already satisfies every requirement is reused without touching pip).
-PY_DEPS := numpy ml_dtypes pytest torch>=2.6 torchao>=0.17
+PY_DEPS := numpy ml_dtypes>=0.7 pytest torch>=2.6 torchao>=0.17
 
 venv:
 	@test -x $(PY) || python3 -m venv $(VENV)

@@ -140,7 +140,9 @@ static void test_e8m0(void) {
     EQ(f, 3.0f, SAT, 129);
     EQ(f, 1.25f, SAT, 127);
     EQ(f, u2f(0x00400000), SAT, 0);
-    EQ(f, u2f(0x00400001), SAT, 1);
+    EQ(f, u2f(0x00400001), SAT, 0); /* subnormal midpoint is 1.5 * 2^-127 (0x00600000) */
+    EQ(f, u2f(0x005FFFFF), SAT, 0);
+    EQ(f, u2f(0x00600000), SAT, 1);
     EQ(f, u2f(0x00200000), SAT, 0);
     EQ(f, u2f(0x7F400000), NONSAT, 0xFF);
     EQ(f, u2f(0x7F400000), SAT, 0xFE);

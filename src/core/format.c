@@ -135,16 +135,17 @@ SMALL_FORMAT(e5m2, SPEC_E5M2, 5, 1, 0)
 SMALL_FORMAT(e2m1, SPEC_E2M1, 2, 0, 0)
 
 /* E8M0 as a value format (scale computation has its own rules, docs/numerics.md section 3).
- * Matches ml_dtypes' float8_e8m0fnu: a normal input rounds half up in the exponent
- * (code = E + (M >= 0x400000)); a binary32 subnormal gives 1 if it is above 2^-127, else 0
- * (there is no zero to round to); zero, negatives and NaN give NaN (0xFF); overflow and +Inf
+ * Matches ml_dtypes' float8_e8m0fnu (0.7 and later): the value rounds half up to a power of two,
+ * the midpoint being 1.5 * 2^k: a normal input gives code = E + (M >= 0x400000); a binary32
+ * subnormal gives 1 from 1.5 * 2^-127 (M >= 0x600000) up, else 0 (2^-127; there is no zero to
+ * round to); zero, negatives and NaN give NaN (0xFF); overflow and +Inf
  * give 0xFF under nonsat and 0xFE (2^127) under satfinite. */
 static uint32_t e8m0_encode(float x, lowp_overflow ov) {
     uint32_t u = lowp_f2u(x);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u || (u >> 31) || u == 0) return 0xFF;
     if (u == 0x7F800000u) return ov == LOWP_OVERFLOW_SATFINITE ? 0xFE : 0xFF;
     uint32_t e = u >> 23, m = u & 0x7FFFFFu;
-    uint32_t code = e == 0 ? (m > 0x400000u ? 1u : 0u) : e + (m >= 0x400000u ? 1u : 0u);
+    uint32_t code = e == 0 ? (m >= 0x600000u ? 1u : 0u) : e + (m >= 0x400000u ? 1u : 0u);
     if (code > 0xFE) code = ov == LOWP_OVERFLOW_SATFINITE ? 0xFE : 0xFF;
     return code;
 }
