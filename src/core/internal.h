@@ -41,6 +41,9 @@ static inline float lowp_u2f(uint32_t u) {
 LOWP_HIDDEN lowp_status lowp_file_read_all(const char *fn, const char *path, unsigned char **buf,
                                            size_t *len);
 
+/* LOWP_OVERFLOW_DEFAULT made concrete for `format` (format.h); other values unchanged. */
+LOWP_HIDDEN int lowp_overflow_resolve(int format, int overflow);
+
 #define LOWP_CHECK_PTR(fn, p)                                                                      \
     do {                                                                                           \
         if ((p) == NULL) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s is NULL", fn, #p);         \

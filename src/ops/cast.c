@@ -7,14 +7,15 @@
 lowp_status lowp_cast_cfg_init(lowp_cast_cfg *cfg) {
     LOWP_CHECK_PTR("lowp_cast_cfg_init", cfg);
     memset(cfg, 0, sizeof *cfg);
-    cfg->overflow = LOWP_OVERFLOW_SATFINITE;
+    cfg->overflow = LOWP_OVERFLOW_DEFAULT;
     cfg->rounding = LOWP_ROUND_RNE;
     cfg->path = LOWP_PATH_AUTO;
     return LOWP_OK;
 }
 
 static lowp_status check_cfg(const lowp_cast_cfg *cfg) {
-    if (cfg->overflow != LOWP_OVERFLOW_SATFINITE && cfg->overflow != LOWP_OVERFLOW_NONSAT)
+    if (cfg->overflow != LOWP_OVERFLOW_SATFINITE && cfg->overflow != LOWP_OVERFLOW_NONSAT &&
+        cfg->overflow != LOWP_OVERFLOW_DEFAULT)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_cast: cfg.overflow (%d) is not a lowp_overflow",
                          (int) cfg->overflow);
@@ -85,8 +86,11 @@ lowp_status lowp_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_cast_
         return lowp_fail(LOWP_ERR_UNSUPPORTED, "lowp_cast: backend \"%s\" has no cast kernel",
                          name);
     }
+    /* Backends see a concrete policy: the format's default is resolved here, once. */
+    lowp_cast_cfg resolved = *cfg;
+    resolved.overflow = (lowp_overflow) lowp_overflow_resolve(dst->format, cfg->overflow);
     lowp_call_guard g;
     lowp_call_begin(&g);
-    st = iface->cast(ctx, src->device.index, src, dst, cfg);
+    st = iface->cast(ctx, src->device.index, src, dst, &resolved);
     return lowp_call_end(&g, st, "lowp_cast", src->device, "cast");
 }
