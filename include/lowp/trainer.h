@@ -68,6 +68,9 @@ typedef struct lowp_data_info {
     uint64_t hash;        /* FNV-1a 64 of the text: checkpoints refuse other data */
 } lowp_data_info;
 LOWP_API lowp_status lowp_data_get_info(const lowp_data *data, lowp_data_info *out);
+/* LOWP_OK when both splits hold a window of seq_len + 1 tokens; else LOWP_ERR_INVALID_ARG with
+ * a message that names the data and both split sizes. Cheap: call it before building a model. */
+LOWP_API lowp_status lowp_data_check_seq_len(const lowp_data *data, int32_t seq_len);
 
 /* The vocabulary: symbols[i] is the byte of token i, for i < vocab. */
 LOWP_API lowp_status lowp_data_vocab(const lowp_data *data, const uint8_t **symbols,
@@ -151,9 +154,12 @@ typedef struct lowp_trainer_cfg {
     uint64_t eval_seed;   /* the validation batches (the same at every evaluation) */
     int32_t threads;      /* 0: all cores */
     int32_t activation_checkpoint; /* recompute layer activations in the backward */
+    int32_t max_skipped;           /* stop (LOWP_ERR_DIVERGED) after this many consecutive skipped
+                                      updates; 0: never. A non-finite loss always stops the run. */
 } lowp_trainer_cfg;
 /* Defaults: 200 steps, batch 8, the model's seq_len, accum 1, lr 3e-3 -> 3e-4, warm-up 20,
- * AdamW defaults, clip 1, eval every 50 steps on 8 batches, seed 1234, eval_seed 0. */
+ * AdamW defaults, clip 1, eval every 50 steps on 8 batches, seed 1234, eval_seed 0,
+ * max_skipped 10. */
 LOWP_API lowp_status lowp_trainer_cfg_init(lowp_trainer_cfg *cfg);
 
 typedef struct lowp_trainer lowp_trainer;

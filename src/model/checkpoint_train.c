@@ -87,6 +87,7 @@ lowp_status lowp_trainer_checkpoint_save(lowp_trainer *t, const char *path) {
     ml.v = calloc((size_t) ml.cap, sizeof *ml.v);
     trainer_xstate xs;
     memset(&xs, 0, sizeof xs);
+    if ((st = lowp_trainer_state_check(t, fn)) != LOWP_OK) goto done;
     if (!ts || !names || !ml.m || !ml.k || !ml.v) {
         st = lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
         goto done;

@@ -21,6 +21,7 @@ struct lowp_trainer {
     uint64_t data_pos;         /* micro-batches drawn from the training stream */
     uint64_t model_seed;       /* recorded in checkpoints */
     int32_t *tokens, *targets; /* [B, T] */
+    int32_t skipped_run;       /* consecutive skipped updates up to now (src/trainer/guard.c) */
     /* Timing of this process's part of the run (not saved: a resumed run starts afresh). */
     double t0;
     int64_t run_steps;
@@ -37,6 +38,17 @@ typedef struct trainer_xstate {
 LOWP_HIDDEN lowp_status lowp_trainer_xstate_save(lowp_trainer *t, trainer_xstate *x);
 LOWP_HIDDEN lowp_status lowp_trainer_xstate_load(lowp_trainer *t, const trainer_xstate *x);
 LOWP_HIDDEN void lowp_trainer_xstate_free(trainer_xstate *x);
+
+/* src/trainer/guard.c: LOWP_ERR_DIVERGED (message starting with `fn`, naming the tensor) when
+ * a weight, an Adam moment or an FP8 delayed-scaling value is not finite (or a second moment
+ * is negative); pulls the FP8 state from its device first. */
+LOWP_HIDDEN lowp_status lowp_trainer_state_check(lowp_trainer *t, const char *fn);
+/* src/trainer/guard.c: LOWP_ERR_DIVERGED when the loss of the update about to be applied is
+ * not finite. */
+LOWP_HIDDEN lowp_status lowp_trainer_guard_loss(const lowp_trainer *t, float loss);
+/* src/trainer/guard.c: counts consecutive skipped updates (call after t->step++);
+ * LOWP_ERR_DIVERGED when the streak reaches cfg.max_skipped. */
+LOWP_HIDDEN lowp_status lowp_trainer_guard_skips(lowp_trainer *t, int skipped);
 
 /* Seconds on a monotonic clock. */
 LOWP_HIDDEN double lowp_trainer_now(void);
