@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "model/trainer_internal.h"
+#include "trainer/trainer_internal.h"
 #include "train/train_internal.h"
 
 /* The index of the first element of v[0..n-1] that is not finite (or, with `nonneg`, below 0),
