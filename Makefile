@@ -6,7 +6,7 @@ PY         := $(VENV)/bin/python
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all build demo test sanitize clean format venv
+.PHONY: all build demo test sanitize fuzz bench clean format venv
 
 all: build
 
@@ -40,8 +40,19 @@ sanitize: $(PY)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && LOWP_TEST_QUICK=1 ctest --output-on-failure -j $(JOBS)
 
+# ---- fuzz (issue 10 item 15; owner h10): the five libFuzzer targets of tests/fuzz, ASan + UBSan,
+# FUZZ_SECONDS each (default 40), seeded from files `lowp` writes. Needs clang with libFuzzer
+# (Debian: clang-14 and libclang-rt-14-dev; .ci/run installs them) and `make build`.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 40
+FUZZ_CC      ?= clang-14
+fuzz: build $(PY)
+	CC=$(FUZZ_CC) cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLOWP_SANITIZE=ON -DLOWP_FUZZ=ON $(CMAKE_ARGS) >/dev/null
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_targets
+	FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BUILD) $(BUILD)/bin/lowp $(PY)
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
