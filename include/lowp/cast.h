@@ -11,6 +11,8 @@
  * Allowed pairs: F32 -> any format; BF16 -> any 8- or 4-bit format and F16; any format -> F32.
  * Results equal the scalar reference (lowp_encode / lowp_decode) bit for bit on every path.
  *
+ * dst may not overlap src (LOWP_ERR_INVALID_ARG): a cast is never in place.
+ *
  * Stochastic rounding draws one 32-bit Philox word per element: element i (row-major index
  * r * cols + c) uses word offset + i of the stream (seed), see rng.h.
  */

@@ -3,6 +3,7 @@
 #include "core/internal.h"
 #include "device/registry.h"
 #include "lowp/cast.h"
+#include "ops/alias.h"
 
 lowp_status lowp_cast_cfg_init(lowp_cast_cfg *cfg) {
     LOWP_CHECK_PTR("lowp_cast_cfg_init", cfg);
@@ -76,6 +77,8 @@ lowp_status lowp_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_cast_
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_cast: dst.device (%d:%d) != src.device (%d:%d); copy first",
                          dst->device.type, dst->device.index, src->device.type, src->device.index);
+    const lowp_span out = {"dst.data", dst->data, dbytes}, in = {"src.data", src->data, sbytes};
+    if ((st = lowp_check_no_alias("lowp_cast", &out, 1, &in, 1)) != LOWP_OK) return st;
     const lowp_backend_iface *iface;
     void *ctx;
     if ((st = lowp_device_resolve("lowp_cast", "src.device", src->device, &iface, &ctx)) != LOWP_OK)

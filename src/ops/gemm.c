@@ -5,6 +5,7 @@
 #include "core/gemm_pair.h"
 #include "core/internal.h"
 #include "device/registry.h"
+#include "ops/alias.h"
 #include "lowp/gemm.h"
 
 lowp_status lowp_gemm_cfg_init(lowp_gemm_cfg *cfg) {
@@ -85,6 +86,19 @@ static lowp_status check_offs(const char *fn, const int32_t *offs, int32_t group
     return LOWP_OK;
 }
 
+/* C may not overlap the operands a and b[0 .. nb-1]. */
+static lowp_status check_c_alias(const char *fn, const lowp_tensor *c, const lowp_qtensor *a,
+                                 const lowp_qtensor *b, int32_t nb) {
+    lowp_span cs = lowp_tensor_span(c, "c.data"), ins[2];
+    lowp_qtensor_spans(a, "a.data", "a.scales", ins);
+    lowp_status st = lowp_check_no_alias(fn, &cs, 1, ins, 2);
+    for (int32_t g = 0; st == LOWP_OK && g < nb; g++) {
+        lowp_qtensor_spans(&b[g], "b.data", "b.scales", ins);
+        st = lowp_check_no_alias(fn, &cs, 1, ins, 2);
+    }
+    return st;
+}
+
 static lowp_status no_kernel(const char *fn, lowp_device dev, const char *what) {
     const char *name = "?";
     lowp_backend_name(dev.type, &name);
@@ -115,6 +129,7 @@ lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor 
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld) != b.cols (%lld)", fn,
                          (long long) a->cols, (long long) b->cols);
     if ((st = check_c(fn, c, a->rows, b->rows, a->device)) != LOWP_OK) return st;
+    if ((st = check_c_alias(fn, c, a, b, 1)) != LOWP_OK) return st;
     const lowp_backend_iface *iface;
     void *ctx;
     if ((st = lowp_device_resolve(fn, "a.device", a->device, &iface, &ctx)) != LOWP_OK) return st;
@@ -159,6 +174,7 @@ lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, cons
         if ((st = lowp_gemm_classify(fn, a, &b[g], &pair, &bk)) != LOWP_OK) return st;
     }
     if ((st = check_c(fn, c, a->rows, N, a->device)) != LOWP_OK) return st;
+    if ((st = check_c_alias(fn, c, a, b, groups)) != LOWP_OK) return st;
     const lowp_backend_iface *iface;
     void *ctx;
     if ((st = lowp_device_resolve(fn, "a.device", a->device, &iface, &ctx)) != LOWP_OK) return st;
@@ -222,6 +238,7 @@ lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b
     if ((st = check_grouping(fn, "a", a, bk, offs, groups)) != LOWP_OK) return st;
     if ((st = check_grouping(fn, "b", b, bk, offs, groups)) != LOWP_OK) return st;
     if ((st = check_c(fn, c, (int64_t) groups * a->rows, b->rows, a->device)) != LOWP_OK) return st;
+    if ((st = check_c_alias(fn, c, a, b, 1)) != LOWP_OK) return st;
     const lowp_backend_iface *iface;
     void *ctx;
     if ((st = lowp_device_resolve(fn, "a.device", a->device, &iface, &ctx)) != LOWP_OK) return st;

@@ -5,6 +5,7 @@
 #include "core/internal.h"
 #include "cpu/cpu.h"
 #include "device/registry.h"
+#include "ops/alias.h"
 #include "lowp/quant.h"
 
 lowp_status lowp_quant_cfg_init(lowp_quant_cfg *cfg) {
@@ -147,6 +148,10 @@ lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out, lowp_qten
                              fn, col_out->device.type, col_out->device.index, x->device.type,
                              x->device.index);
     }
+    lowp_span outs[4], in = lowp_tensor_span(x, "x.data");
+    lowp_qtensor_spans(row_out, "row_out.data", "row_out.scales", outs);
+    lowp_qtensor_spans(col_out, "col_out.data", "col_out.scales", outs + 2);
+    if ((st = lowp_check_no_alias(fn, outs, 4, &in, 1)) != LOWP_OK) return st;
     const lowp_backend_iface *iface;
     void *ctx;
     if ((st = backend_of(fn, x->device, &iface, &ctx)) != LOWP_OK) return st;
@@ -181,6 +186,9 @@ lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.device (%d:%d) != x.device (%d:%d)", fn,
                          col_out->device.type, col_out->device.index, x->device.type,
                          x->device.index);
+    lowp_span outs[2], in = lowp_tensor_span(x, "x.data");
+    lowp_qtensor_spans(col_out, "col_out.data", "col_out.scales", outs);
+    if ((st = lowp_check_no_alias(fn, outs, 2, &in, 1)) != LOWP_OK) return st;
     const lowp_backend_iface *iface;
     void *ctx;
     if ((st = backend_of(fn, x->device, &iface, &ctx)) != LOWP_OK) return st;
@@ -209,6 +217,9 @@ lowp_status lowp_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
     if (!same_device(out->device, q->device))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out.device (%d:%d) != q.device (%d:%d)", fn,
                          out->device.type, out->device.index, q->device.type, q->device.index);
+    lowp_span ins[2], outspan = lowp_tensor_span(out, "out.data");
+    lowp_qtensor_spans(q, "q.data", "q.scales", ins);
+    if ((st = lowp_check_no_alias(fn, &outspan, 1, ins, 2)) != LOWP_OK) return st;
     const lowp_backend_iface *iface;
     void *ctx;
     if ((st = backend_of(fn, q->device, &iface, &ctx)) != LOWP_OK) return st;
