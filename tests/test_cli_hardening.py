@@ -11,7 +11,11 @@
   --experts 100000 from the memory estimate; both exit 2 at once, under a 2 GB address-space
   limit (before: an allocation of 1.26 GB or 160 GB, then exit 1 or a long wait).
 - item 9: after a run logged steps 1-6 and is resumed from its step-3 checkpoint, every step
-  appears once in --log.
+  appears once in --log; a corpus of 200 distinct bytes keeps all 400 hex digits of data.vocab.
+- item 3: a checkpoint with a flipped bit in a weight or a moment, or an edited train.lr, is
+  refused (exit 2, one line naming the tensor or the metadata checksum); with the checksums
+  recomputed (CRC-32C, as documented in trainer.h), a NaN weight, a negative exp_avg_sq, an
+  optimizer_t past the step and train.step = 2^64-1 are refused at load time, naming the field.
 Prints "N passed, M failed"; exits nonzero on failure.
 """
 
@@ -133,7 +137,123 @@ def test_log_after_resume():
               [f"exits {rc1} {rc2} {rc3}", f"steps {steps}", e3[-200:]])
 
 
+def crc32c(data, crc=0):
+    table = CRC_TABLE
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _table():
+    t = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        t.append(c)
+    return t
+
+
+CRC_TABLE = _table()
+
+
+def split_st(raw):
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), bytearray(raw[8 + n:])
+
+
+def join_st(header, body, fix=True):
+    meta = header["__metadata__"]
+    if fix:  # recompute every checksum, as a careful forger would
+        for k, v in header.items():
+            if k != "__metadata__":
+                a, b = v["data_offsets"]
+                meta["crc32c." + k] = f"{crc32c(bytes(body[a:b])):08x}"
+        c = 0
+        for k in sorted(x for x in meta if x != "crc32c.__metadata__"):
+            c = crc32c(k.encode() + b"\0" + meta[k].encode() + b"\0", c)
+        meta["crc32c.__metadata__"] = f"{c:08x}"
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + bytes(body)
+
+
+def test_checkpoint_integrity():
+    good = path("good.st")
+    base = BASE + ["--recipe", "fp8_delayed", "--steps", "4"]
+    rc, _, err = run(*base, "--stop-at", "2", "--checkpoint", good)
+    if not rep.check("integrity: a good checkpoint", rc == 0, [err[-300:]]):
+        return
+    raw = open(good, "rb").read()
+    header, body = split_st(raw)
+    sanity = join_st(*split_st(raw))
+    rep.check("integrity: the checksums recomputed here equal lowp's", sanity == raw or split_st(sanity)[0] == header)
+    w = "layers.0.attn.wq"
+    a = header[w]["data_offsets"][0]
+    va = header["optim.exp_avg_sq." + w]["data_offsets"][0]
+
+    def variant(name, edit, fix):
+        h, b = split_st(raw)
+        edit(h, b)
+        p = path(name + ".st")
+        with open(p, "wb") as fh:
+            fh.write(join_st(h, b, fix))
+        return p
+
+    def flip(off):
+        def f(h, b):
+            b[off] ^= 0x10
+        return f
+
+    def put_float(off, x):
+        def f(h, b):
+            b[off:off + 4] = struct.pack("<f", x)
+        return f
+
+    def set_meta(key, value):
+        def f(h, b):
+            h["__metadata__"][key] = value
+        return f
+
+    cases = [
+        ("a flipped bit in a weight", variant("flip_w", flip(a + 5), False), [w, "CRC-32C"]),
+        ("a flipped bit in exp_avg_sq", variant("flip_v", flip(va + 2), False), ["optim.exp_avg_sq." + w, "CRC-32C"]),
+        ("an edited train.lr", variant("lr", set_meta("train.lr", "0.5"), False), ["metadata", "CRC-32C"]),
+        ("a NaN weight (checksums fixed)", variant("nan", put_float(a, float("nan")), True), [w, "finite"]),
+        ("a negative exp_avg_sq (checksums fixed)", variant("neg", put_float(va, -1.0), True),
+         ["optim.exp_avg_sq." + w]),
+        ("optimizer_t past the step (checksums fixed)", variant("optt", set_meta("train.optimizer_t", "99"), True),
+         ["train.optimizer_t"]),
+        ("train.step 2^64-1 (checksums fixed)", variant("step", set_meta("train.step", str(2**64 - 1)), True),
+         ["train.step"]),
+        ("train.beta2 = 1 (checksums fixed)", variant("beta", set_meta("train.beta2", "1"), True), ["train.beta2"]),
+        ("no checksums (format_version 1)", variant("v1", set_meta("format_version", "1"), True), ["format_version"]),
+    ]
+    for what, p, words in cases:
+        rc, out, err = run(*base, "--resume", p)
+        rep.check(f"resume from {what}: exit 2 at load, one line naming it",
+                  rc == 2 and one_line(err) and all(x in err for x in words) and not steps_run(err),
+                  [f"exit {rc}", err[-400:]])
+
+
+def test_vocab_over_159():
+    text = bytes(range(40, 240)) * 60  # 200 distinct bytes, 12000 in all
+    data = path("wide.txt")
+    with open(data, "wb") as fh:
+        fh.write(text)
+    ck = path("wide.st")
+    rc, _, err = run(*BASE, "--data", data, "--steps", "1", "--checkpoint", ck)
+    if not rep.check("200-symbol corpus trains", rc == 0, [err[-300:]]):
+        return
+    header, _ = split_st(open(ck, "rb").read())
+    vocab = header["__metadata__"]["data.vocab"]
+    rep.check("data.vocab holds all 200 symbols (400 hex digits)",
+              vocab == bytes(range(40, 240)).hex(), [f"{len(vocab)} hex digits"])
+
+
 def main():
+    test_checkpoint_integrity()
+    test_vocab_over_159()
     test_checkpoint_path()
     test_cheap_checks_first()
     test_divergence()

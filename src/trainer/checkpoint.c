@@ -17,14 +17,15 @@
 
 #include "trainer_internal.h"
 
-#define KEYLEN 320
+#define KEYLEN LOWP_CKPT_KEYLEN
+#define VALLEN 640 /* data.vocab: 2 hex digits per symbol, up to 256 */
 
 /* ---- Metadata writing ---- */
 
 typedef struct meta_list {
     lowp_st_meta *m;
     char (*k)[KEYLEN];
-    char (*v)[KEYLEN];
+    char (*v)[VALLEN];
     int32_t n, cap;
 } meta_list;
 
@@ -35,7 +36,7 @@ static int meta_add(meta_list *l, const char *key, const char *fmt, ...) {
     snprintf(l->k[l->n], KEYLEN, "%s", key);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(l->v[l->n], KEYLEN, fmt, ap);
+    vsnprintf(l->v[l->n], VALLEN, fmt, ap);
     va_end(ap);
     l->m[l->n].key = l->k[l->n];
     l->m[l->n].value = l->v[l->n];
@@ -81,7 +82,7 @@ lowp_status lowp_trainer_checkpoint_save(lowp_trainer *t, const char *path) {
     lowp_st_tensor *ts = calloc((size_t) (4 * n + 1), sizeof *ts);
     char(*names)[KEYLEN] = calloc((size_t) (3 * n + 1), sizeof *names);
     meta_list ml = {0};
-    ml.cap = 64 + 3 * LOWP_RNG_MAX_STATES;
+    ml.cap = 64 + 3 * LOWP_RNG_MAX_STATES + 4 * n + 1; /* settings, RNG, a CRC per tensor */
     ml.m = calloc((size_t) ml.cap, sizeof *ml.m);
     ml.k = calloc((size_t) ml.cap, sizeof *ml.k);
     ml.v = calloc((size_t) ml.cap, sizeof *ml.v);
@@ -204,6 +205,15 @@ lowp_status lowp_trainer_checkpoint_save(lowp_trainer *t, const char *path) {
         snprintf(key, sizeof key, "rng.%d.offset", (int) i);
         bad |= meta_add(&ml, key, "%" PRIu64, rs[i].offset);
     }
+    /* The checksums (checkpoint_check.c): one per tensor, then one over all the metadata. */
+    for (int32_t i = 0; i < nt; i++) {
+        char key[KEYLEN + 8];
+        snprintf(key, sizeof key, "crc32c.%s", ts[i].name);
+        bad |= meta_add(&ml, key, "%08" PRIx32, lowp_ckpt_tensor_crc(&ts[i]));
+    }
+    uint32_t mcrc = 0;
+    if (!bad && (st = lowp_ckpt_meta_crc(ml.m, ml.n, &mcrc)) != LOWP_OK) goto done;
+    bad |= meta_add(&ml, "crc32c.__metadata__", "%08" PRIx32, mcrc);
     if (bad) {
         st = lowp_fail(LOWP_ERR_INTERNAL, "%s: too many metadata entries", fn);
         goto done;
@@ -289,6 +299,7 @@ static lowp_status read_info(const lowp_safetensors *f, const char *path,
         return lowp_fail(LOWP_ERR_VERSION,
                          "checkpoint %s: format_version %d, this lowp reads version %d", path,
                          (int) ver, LOWP_TRAIN_CHECKPOINT_VERSION);
+    if ((st = lowp_ckpt_verify(f, path)) != LOWP_OK) return st;
     if ((st = need_meta(f, path, "recipe", &v)) != LOWP_OK) return st;
     snprintf(info->recipe, sizeof info->recipe, "%s", v);
     if ((st = need_meta(f, path, "data.name", &v)) != LOWP_OK) return st;
@@ -329,7 +340,11 @@ static lowp_status read_info(const lowp_safetensors *f, const char *path,
         (st = meta_i32(f, path, "train.eval_every", &c->eval_every)) != LOWP_OK ||
         (st = meta_i32(f, path, "train.eval_batches", &c->eval_batches)) != LOWP_OK)
         return st;
-    return LOWP_OK;
+    if (u > INT32_MAX)
+        return lowp_fail(LOWP_ERR_CORRUPT,
+                         "checkpoint %s: metadata 'train.step' (%llu) is out of range", path,
+                         (unsigned long long) u);
+    return lowp_ckpt_check_info(path, info);
 }
 
 lowp_status lowp_trainer_checkpoint_info(const char *path, lowp_checkpoint_info *out) {
@@ -443,6 +458,17 @@ lowp_status lowp_trainer_checkpoint_load(lowp_trainer *t, const char *path) {
         (st = meta_i32(f, path, "rng.count", &nrs)) != LOWP_OK ||
         (st = meta_i32(f, path, "rng.current", &cur)) != LOWP_OK)
         goto done;
+    /* t counts the applied updates (skipped ones do not), and every update draws accum
+     * micro-batches. */
+    if (opt_t > (uint64_t) info.step ||
+        data_pos != (uint64_t) info.step * (uint64_t) info.train.accum) {
+        st = lowp_fail(LOWP_ERR_CORRUPT,
+                       "checkpoint %s: train.optimizer_t (%llu) or train.data_position (%llu) does "
+                       "not fit train.step (%lld) and train.accum (%d)",
+                       path, (unsigned long long) opt_t, (unsigned long long) data_pos,
+                       (long long) info.step, (int) info.train.accum);
+        goto done;
+    }
     if (nrs < 1 || nrs > LOWP_RNG_MAX_STATES || cur >= nrs) {
         st = lowp_fail(LOWP_ERR_CORRUPT,
                        "checkpoint %s: rng.count (%d) or rng.current (%d) is "
@@ -484,6 +510,11 @@ lowp_status lowp_trainer_checkpoint_load(lowp_trainer *t, const char *path) {
         if ((st = need_tensor(f, path, name, LOWP_ST_F32, p, &m[i])) != LOWP_OK) goto done;
         snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->name);
         if ((st = need_tensor(f, path, name, LOWP_ST_F32, p, &v[i])) != LOWP_OK) goto done;
+        const int64_t cnt = lowp_param_numel(p);
+        if ((st = lowp_ckpt_check_values(path, p->name, w[i].data, cnt, 0)) != LOWP_OK ||
+            (st = lowp_ckpt_check_values(path, m[i].name, m[i].data, cnt, 0)) != LOWP_OK ||
+            (st = lowp_ckpt_check_values(path, v[i].name, v[i].data, cnt, 1)) != LOWP_OK)
+            goto done;
         if (p->wrap) {
             snprintf(name, sizeof name, "%s._extra_state", p->name);
             if ((st = need_tensor(f, path, name, LOWP_ST_U8, NULL, &x[i])) != LOWP_OK) goto done;
@@ -527,7 +558,8 @@ lowp_status lowp_trainer_checkpoint_load(lowp_trainer *t, const char *path) {
         memcpy(vv, v[i].data, nb);
         lowp_param_updated(&t->params[i]);
     }
-    lowp_adamw_set_t(t->opt, (int64_t) opt_t);
+    /* Cannot fail after the range check above; checked all the same. */
+    if ((st = lowp_adamw_set_t(t->opt, (int64_t) opt_t)) != LOWP_OK) goto done;
     t->step = info.step;
     t->data_pos = data_pos;
     t->model_seed = info.model_seed;
