@@ -51,6 +51,34 @@ fuzz: build $(PY)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_targets
 	FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BUILD) $(BUILD)/bin/lowp $(PY)
 
+# ---- bench (issue 10 item 14; owner h10): install the peers `lowp bench gemm` compares with
+# (Debian's libdnnl-dev and libopenblas-dev, via apt-get, as root, only when missing),
+# reconfigure so the CLI links them, then run every benchmark. BENCH_QUICK=1: short shapes
+# and few repetitions (a smoke run); the figures in docs/benchmarks.md come from the full run.
+BENCH_PEERS ?= libdnnl-dev libopenblas-dev
+ifeq ($(BENCH_QUICK),1)
+BENCH_CAST_ARGS  ?= --size 1M --reps 3
+BENCH_QUANT_ARGS ?= --rows 256 --cols 1024 --reps 3
+BENCH_GEMM_ARGS  ?= --quick --reps 2
+BENCH_TRAIN_ARGS ?= --configs tiny --recipes bf16,all_mxfp8 --steps 1
+endif
+bench:
+	@missing=""; for p in $(BENCH_PEERS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "make bench: installing$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "make bench: peer packages missing ($$missing) and not root: the benchmarks run without them"; fi; \
+	fi
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -ULOWP_DNNL_INCLUDE_DIR -ULOWP_DNNL_LIBRARY \
+		-ULOWP_OPENBLAS_LIBRARY $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target lowp_cli
+	./$(BUILD)/bin/lowp bench cast $(BENCH_CAST_ARGS)
+	./$(BUILD)/bin/lowp bench quant $(BENCH_QUANT_ARGS)
+	./$(BUILD)/bin/lowp bench gemm $(BENCH_GEMM_ARGS)
+	./$(BUILD)/bin/lowp bench train $(BENCH_TRAIN_ARGS)
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 

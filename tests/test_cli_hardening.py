@@ -11,7 +11,12 @@
   --experts 100000 from the memory estimate; both exit 2 at once, under a 2 GB address-space
   limit (before: an allocation of 1.26 GB or 160 GB, then exit 1 or a long wait).
 - item 9: after a run logged steps 1-6 and is resumed from its step-3 checkpoint, every step
-  appears once in --log; a corpus of 200 distinct bytes keeps all 400 hex digits of data.vocab.
+  appears once in --log; a corpus of 200 distinct bytes keeps all 400 hex digits of data.vocab;
+  an .npy from a pipe whose header declares 4 TiB is truncated data (exit 2), not exit 1.
+- item 5: `lowp dequantize` refuses codes or scales from another run of the same shape (the
+  hashes in OUT.json), a set left by a quantize that failed between its files (the old OUT.json
+  is removed first and the new one written last), and NaN, Inf, negative or zero binary32
+  scales even with matching hashes.
 - item 3: a checkpoint with a flipped bit in a weight or a moment, or an edited train.lr, is
   refused (exit 2, one line naming the tensor or the metadata checksum); with the checksums
   recomputed (CRC-32C, as documented in trainer.h), a NaN weight, a negative exp_avg_sq, an
@@ -251,7 +256,75 @@ def test_vocab_over_159():
               vocab == bytes(range(40, 240)).hex(), [f"{len(vocab)} hex digits"])
 
 
+def test_pipe_declaring_4tib():
+    # An .npy header declaring 2^40 float32 elements (4 TiB) followed by 16 bytes, from a pipe.
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }"
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    blob = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + b"\0" * 16
+    p = subprocess.run([CLI, "cast", "--to", "e4m3", "/dev/stdin", path("pipe_out.npy")], input=blob,
+                       capture_output=True, timeout=120)
+    err = p.stderr.decode(errors="replace")
+    rep.check("a pipe declaring 4 TiB: exit 2, truncated data",
+              p.returncode == 2 and "truncated" in err and one_line(err), [f"exit {p.returncode}", err[-300:]])
+
+
+def fnv1a64(b):
+    h = 0xCBF29CE484222325
+    for x in b:
+        h = ((h ^ x) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def test_quantize_set():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    y = (rng.standard_normal((4, 64)) * [[1e-3], [7.0], [300.0], [0.02]]).astype(np.float32)  # other scales
+    np.save(path("qx.npy"), x)
+    np.save(path("qy.npy"), y)
+    qa, qb, back = path("qa"), path("qb"), path("q_back.npy")
+    for src, out in (("qx.npy", qa), ("qy.npy", qb)):
+        rc, _, err = run("quantize", "--format", "e4m3", "--scaling", "row", path(src), out)
+        rep.check(f"quantize {src}", rc == 0, [err])
+    rc, _, err = run("dequantize", qa, back)
+    rep.check("dequantize of an intact set", rc == 0, [err])
+    keep = {s: open(qa + s, "rb").read() for s in (".data.npy", ".scale.npy")}
+    for suffix, word in ((".scale.npy", "scales"), (".data.npy", "codes")):
+        with open(qa + suffix, "wb") as fh:
+            fh.write(open(qb + suffix, "rb").read())
+        rc, _, err = run("dequantize", qa, back)
+        rep.check(f"dequantize with the {word} of another run: exit 2", rc == 2 and one_line(err)
+                  and suffix in err and "hash" in err, [f"exit {rc}", err])
+        with open(qa + suffix, "wb") as fh:
+            fh.write(keep[suffix])
+    # A quantize that fails after writing the codes (OUT.scale.npy cannot be replaced: a
+    # directory is in its place) must not leave the old OUT.json beside the new codes.
+    os.remove(qa + ".scale.npy")
+    os.mkdir(qa + ".scale.npy")
+    rc, _, err = run("quantize", "--format", "e4m3", "--scaling", "row", path("qy.npy"), qa)
+    rep.check("quantize failing between its files: exit 1", rc == 1, [f"exit {rc}", err])
+    rep.check("... and no OUT.json is left to describe the mixture", not os.path.exists(qa + ".json"))
+    os.rmdir(qa + ".scale.npy")
+    with open(qa + ".scale.npy", "wb") as fh:
+        fh.write(keep[".scale.npy"])
+    rc, _, err = run("dequantize", qa, back)
+    rep.check("dequantize of that leftover: exit 2", rc == 2 and one_line(err), [f"exit {rc}", err])
+    # Scales quantize never writes, with hashes that match them.
+    for bad in (float("nan"), float("inf"), -1.0, 0.0):
+        rc, _, err = run("quantize", "--format", "e4m3", "--scaling", "row", path("qx.npy"), qa)
+        sc = np.load(qa + ".scale.npy")
+        sc[1, 0] = bad
+        np.save(qa + ".scale.npy", sc)
+        meta = json.load(open(qa + ".json"))
+        meta["row_scale_fnv1a64"] = f"{fnv1a64(sc.tobytes()):016x}"
+        json.dump(meta, open(qa + ".json", "w"))
+        rc, _, err = run("dequantize", qa, back)
+        rep.check(f"dequantize of a scale {bad}: exit 2", rc == 2 and one_line(err) and "scale" in err,
+                  [f"exit {rc}", err])
+
+
 def main():
+    test_quantize_set()
+    test_pipe_declaring_4tib()
     test_checkpoint_integrity()
     test_vocab_over_159()
     test_checkpoint_path()

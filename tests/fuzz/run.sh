@@ -31,7 +31,10 @@ cp "$WORK/r.json" "$WORK/seed_quant_json/row.json"
 OMP_NUM_THREADS=1 "$CLI" train --config tiny --dim 16 --layers 1 --heads 2 --experts 2 --top-k 1 \
   --expert-hidden 16 --shared-hidden 16 --batch 2 --recipe fp8_delayed --steps 2 --eval-batches 1 \
   --sample 0 --threads 1 --checkpoint "$WORK/ck.safetensors" 2>/dev/null >/dev/null
-cp "$WORK/ck.safetensors" "$WORK/seed_checkpoint/"
+# fuzz_checkpoint: a selector byte (odd: checksums recomputed after the mutation), then the file.
+for sel in 00 01; do
+  { printf "\x$sel"; cat "$WORK/ck.safetensors"; } > "$WORK/seed_checkpoint/ck_$sel.bin"
+done
 cp "$WORK/ck.safetensors" "$WORK/seed_safetensors/"
 # Extra state: a selector byte (history length 4, CRC fixed up or not), then the blob.
 for sel in 03 0b; do
