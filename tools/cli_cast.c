@@ -35,7 +35,7 @@ static const char CAST_USAGE[] =
     "  --round MODE      rne (default, round to nearest even) or sr (stochastic, needs --seed)\n"
     "  --seed N          SR: the Philox seed\n"
     "  --offset N        SR: Philox word of element 0 (default 0); element i uses word N + i\n"
-    "  --threads N       threads to use; 0 (default) uses every core\n"
+    "  --threads N       threads to use, 0 to 256; 0 (default) uses every core\n"
     "\n"
     "Exit status: 0 success, 2 bad usage or bad input file, 1 any other failure.\n";
 
@@ -68,7 +68,7 @@ static const lowp_cli_opt CAST_OPTS[] = {
     LOWP_CLI_STR("--round", cast_opts, round),
     LOWP_CLI_U64("--seed", cast_opts, seed),
     LOWP_CLI_U64("--offset", cast_opts, offset),
-    LOWP_CLI_I32("--threads", cast_opts, threads, 0, 65536),
+    LOWP_CLI_I32("--threads", cast_opts, threads, 0, LOWP_MAX_THREADS),
 };
 
 /* Returns -1 when the arguments are fine, else the exit status (0 after --help). */
@@ -104,9 +104,9 @@ static int parse_cast_args(int argc, char **argv, cast_args *a) {
     }
     if (o.round) {
         if (strcmp(o.round, "rne") == 0)
-            a->cfg.rounding = LOWP_ROUND_RNE;
+            a->cfg.rounding = LOWP_ROUNDING_RNE;
         else if (strcmp(o.round, "sr") == 0)
-            a->cfg.rounding = LOWP_ROUND_SR;
+            a->cfg.rounding = LOWP_ROUNDING_SR;
         else
             return lowp_cli_fail("cast", 2, "--round: '%s' is not rne or sr", o.round);
     }
@@ -127,11 +127,11 @@ static int parse_cast_args(int argc, char **argv, cast_args *a) {
         return lowp_cli_fail("cast", 2,
                              "--saturate, --round, --seed and --offset apply to --to only "
                              "(decoding is exact)");
-    if (a->cfg.rounding == LOWP_ROUND_SR && !a->have_seed)
+    if (a->cfg.rounding == LOWP_ROUNDING_SR && !a->have_seed)
         return lowp_cli_fail("cast", 2, "--round sr needs --seed N");
-    if (a->cfg.rounding != LOWP_ROUND_SR && (a->have_seed || a->have_offset))
+    if (a->cfg.rounding != LOWP_ROUNDING_SR && (a->have_seed || a->have_offset))
         return lowp_cli_fail("cast", 2, "--seed and --offset only apply with --round sr");
-    if (a->cfg.rounding == LOWP_ROUND_SR) {
+    if (a->cfg.rounding == LOWP_ROUNDING_SR) {
         const lowp_format_traits *t;
         lowp_format_get(a->format, &t);
         if (!t->encode_sr)
@@ -334,7 +334,7 @@ static int demo_sr(void) {
     for (int i = 0; i < N; i++) xs[i] = x;
     lowp_cast_cfg cfg;
     lowp_cast_cfg_init(&cfg);
-    cfg.rounding = LOWP_ROUND_SR;
+    cfg.rounding = LOWP_ROUNDING_SR;
     cfg.seed = 2024;
     lowp_tensor src = {LOWP_FORMAT_F32, 1, N, xs, LOWP_DEVICE_HOST};
     lowp_tensor dst = {LOWP_FORMAT_E4M3, 1, N, codes, LOWP_DEVICE_HOST};

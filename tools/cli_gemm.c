@@ -47,7 +47,7 @@ static const lowp_cli_opt GEMM_OPTS[] = {
     LOWP_CLI_STR("--b-format", gemm_opts, b_format),
     LOWP_CLI_STR("--b-scaling", gemm_opts, b_scaling),
     LOWP_CLI_STR("--offs", gemm_opts, offs),
-    LOWP_CLI_I32("--threads", gemm_opts, threads, 0, 65536),
+    LOWP_CLI_I32("--threads", gemm_opts, threads, 0, LOWP_MAX_THREADS),
 };
 
 /* The resolved operand settings. */
@@ -105,7 +105,7 @@ static int parse_gemm_args(int argc, char **argv, gemm_args *g) {
     lowp_quant_cfg_init(&g->qcfg);
     g->qcfg.threads = o.threads;
     if (o.scale_mode && (lowp_scale_mode_from_name(o.scale_mode, &g->qcfg.scale_mode) != LOWP_OK ||
-                         g->qcfg.scale_mode == LOWP_SCALE_DEFAULT))
+                         g->qcfg.scale_mode == LOWP_SCALE_MODE_DEFAULT))
         return lowp_cli_fail(CMD, 2, "--scale-mode: '%s' is not rceil, floor, ceil or even",
                              o.scale_mode);
     lowp_gemm_cfg_init(&g->gcfg);
@@ -155,7 +155,7 @@ static int make_operand(const operand_spec *s, const lowp_quant_cfg *qc, const f
     } else {
         lowp_quant_cfg c = *qc;
         if (s->scaling != LOWP_SCALING_MX32 && s->scaling != LOWP_SCALING_BLOCK32X32)
-            c.scale_mode = LOWP_SCALE_DEFAULT;
+            c.scale_mode = LOWP_SCALE_MODE_DEFAULT;
         st = lowp_quantize(&t, q, NULL, &c);
     }
     return st == LOWP_OK ? -1 : lowp_cli_lib_fail(CMD, st);

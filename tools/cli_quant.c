@@ -51,7 +51,7 @@ static const char QUANT_USAGE[] =
     "  --eps X           binary32 kinds: floor of the amax (default 0)\n"
     "  --axis A          row (default): the rowwise copy; col: the columnwise copy only;\n"
     "                    both: the two copies from one read\n"
-    "  --threads N       threads to use; 0 (default) uses every core\n"
+    "  --threads N       threads to use, 0 to 256; 0 (default) uses every core\n"
     "\n"
     "Exit status: 0 success, 2 bad usage or bad input file, 1 any other failure.\n";
 
@@ -92,10 +92,10 @@ static int parse_axis(const char *s, int allow_both, int *out) {
 
 static const char *mode_name(lowp_scale_mode m) {
     switch (m) {
-    case LOWP_SCALE_RCEIL: return "rceil";
-    case LOWP_SCALE_FLOOR: return "floor";
-    case LOWP_SCALE_CEIL: return "ceil";
-    case LOWP_SCALE_EVEN: return "even";
+    case LOWP_SCALE_MODE_RCEIL: return "rceil";
+    case LOWP_SCALE_MODE_FLOOR: return "floor";
+    case LOWP_SCALE_MODE_CEIL: return "ceil";
+    case LOWP_SCALE_MODE_EVEN: return "even";
     default: return "default";
     }
 }
@@ -143,7 +143,7 @@ static const lowp_cli_opt QUANT_OPTS[] = {
     LOWP_CLI_FLAG("--no-pow2", quant_opts, no_pow2),
     LOWP_CLI_FLOAT("--eps", quant_opts, eps, 0),
     LOWP_CLI_STR("--axis", quant_opts, axis),
-    LOWP_CLI_I32("--threads", quant_opts, threads, 0, 65536),
+    LOWP_CLI_I32("--threads", quant_opts, threads, 0, LOWP_MAX_THREADS),
 };
 
 typedef struct quant_args {
@@ -169,7 +169,7 @@ static int interpret_quant_opts(const lowp_cli_args *p, const quant_opts *o, qua
                              "block32x32",
                              o->scaling);
     if (o->scale_mode && (lowp_scale_mode_from_name(o->scale_mode, &a->cfg.scale_mode) != LOWP_OK ||
-                          a->cfg.scale_mode == LOWP_SCALE_DEFAULT))
+                          a->cfg.scale_mode == LOWP_SCALE_MODE_DEFAULT))
         return lowp_cli_fail(QCMD, 2, "--scale-mode: '%s' is not rceil, floor, ceil or even",
                              o->scale_mode);
     if (o->pow2 && o->no_pow2)
@@ -293,8 +293,9 @@ static int write_json(const quant_args *a, int64_t rows, int64_t cols, const qco
     const lowp_format_traits *t;
     lowp_format_get(a->format, &t);
     lowp_scale_mode mode = a->cfg.scale_mode;
-    if (mode == LOWP_SCALE_DEFAULT)
-        mode = a->scaling == LOWP_SCALING_BLOCK32X32 ? LOWP_SCALE_FLOOR : LOWP_SCALE_RCEIL;
+    if (mode == LOWP_SCALE_MODE_DEFAULT)
+        mode =
+            a->scaling == LOWP_SCALING_BLOCK32X32 ? LOWP_SCALE_MODE_FLOOR : LOWP_SCALE_MODE_RCEIL;
     const int pow2 = a->cfg.pow2_scales < 0 ? a->scaling == LOWP_SCALING_ROW : a->cfg.pow2_scales;
     const int e8 = is_e8m0_kind(a->scaling);
     fprintf(f, "{\n");

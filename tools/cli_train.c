@@ -74,7 +74,7 @@ static const scoped_opt OPTS[] = {
     I("--eval-every", eval_every, BOTH),
     I("--eval-batches", eval_batches, BOTH),
     {LOWP_CLI_U64("--seed", train_opts, seed), BOTH},
-    I("--threads", threads, BOTH),
+    {LOWP_CLI_I32("--threads", train_opts, threads, 0, LOWP_MAX_THREADS), BOTH},
     S("--log", log, BOTH),
     S("--checkpoint", checkpoint, TRAIN_ONLY),
     I("--checkpoint-every", checkpoint_every, TRAIN_ONLY),
@@ -125,7 +125,7 @@ static const char TRAIN_USAGE[] =
     "  --eval-every N         validate every N updates and after the last (default steps/10)\n"
     "  --eval-batches N       validation batches per evaluation (default 8)\n"
     "  --seed N               initialization, data order and dropout (default 1234)\n"
-    "  --threads N            0: all cores (default)\n"
+    "  --threads N            0 to 256; 0: all cores (default)\n"
     "  --log PATH             JSON lines: step, loss, lr, grad_norm, tokens_per_s, val_loss...\n"
     "  --checkpoint PATH      save a safetensors checkpoint there at the end\n"
     "  --checkpoint-every N   and every N updates\n"
