@@ -5,11 +5,13 @@
  *   lowp_tensor src = {LOWP_FORMAT_F32, rows, cols, x, LOWP_DEVICE_HOST};
  *   lowp_tensor dst = {LOWP_FORMAT_E4M3, rows, cols, codes, LOWP_DEVICE_HOST};
  *   lowp_cast_cfg cfg;
- *   lowp_cast_cfg_init(&cfg);                        // RNE, satfinite, automatic path
+ *   lowp_cast_cfg_init(&cfg);   // RNE, each format's overflow rule, automatic path
  *   lowp_status st = lowp_cast(&src, &dst, &cfg);
  *
  * Allowed pairs: F32 -> any format; BF16 -> any 8- or 4-bit format and F16; any format -> F32.
  * Results equal the scalar reference (lowp_encode / lowp_decode) bit for bit on every path.
+ *
+ * dst may not overlap src (LOWP_ERR_INVALID_ARG): a cast is never in place.
  *
  * Stochastic rounding draws one 32-bit Philox word per element: element i (row-major index
  * r * cols + c) uses word offset + i of the stream (seed), see rng.h.
@@ -24,7 +26,8 @@ extern "C" {
 #endif
 
 typedef struct lowp_cast_cfg {
-    lowp_overflow overflow; /* default LOWP_OVERFLOW_SATFINITE */
+    lowp_overflow
+        overflow; /* default LOWP_OVERFLOW_DEFAULT: IEEE Inf for BF16/F16, else satfinite */
     lowp_rounding rounding; /* default LOWP_ROUNDING_RNE */
     uint64_t seed;          /* SR: Philox key */
     uint64_t offset;        /* SR: index of the first Philox word used */

@@ -39,10 +39,14 @@ typedef enum lowp_format {
     LOWP_FORMAT_COUNT
 } lowp_format;
 
-/* What happens to a finite value that rounds past fmax, and to +-Inf. */
+/* What happens to a finite value that rounds past fmax, and to +-Inf. LOWP_OVERFLOW_DEFAULT
+ * (what lowp_cast_cfg_init picks) is each format's own rule: IEEE for BF16 and F16 (overflow
+ * rounds to +-Inf and +-Inf stays, as torch's .to() and ml_dtypes), satfinite for the 8- and
+ * 4-bit formats and E8M0. */
 typedef enum lowp_overflow {
-    LOWP_OVERFLOW_SATFINITE = 0, /* clamp to +-fmax; NaN stays NaN (default) */
+    LOWP_OVERFLOW_SATFINITE = 0, /* clamp to +-fmax; NaN stays NaN */
     LOWP_OVERFLOW_NONSAT = 1,    /* Inf where the format has it, else NaN */
+    LOWP_OVERFLOW_DEFAULT = 2,   /* NONSAT for BF16 and F16, SATFINITE for the others */
 } lowp_overflow;
 
 typedef enum lowp_rounding {

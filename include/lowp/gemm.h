@@ -16,7 +16,8 @@
  *   BLOCK128 x BLOCK128       DeepSeek-V3 wgrad
  *   MX32 x BLOCK32X32      NPU Block FP8 weights with MX activations
  *
- * Any other pair is LOWP_ERR_UNSUPPORTED, never a silent fallback.
+ * Any other pair is LOWP_ERR_UNSUPPORTED, never a silent fallback. C may not overlap the data
+ * or scales of any operand (LOWP_ERR_INVALID_ARG); with accumulate, C is read and written.
  *
  *   lowp_gemm_cfg cfg;
  *   lowp_gemm_cfg_init(&cfg);                 // F32 output, overwrite C, fastest kernel

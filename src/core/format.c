@@ -196,8 +196,14 @@ lowp_status lowp_format_from_name(const char *name, lowp_format *out) {
                      name);
 }
 
+int lowp_overflow_resolve(int format, int overflow) {
+    if (overflow != LOWP_OVERFLOW_DEFAULT) return overflow;
+    return format == LOWP_FORMAT_BF16 || format == LOWP_FORMAT_F16 ? LOWP_OVERFLOW_NONSAT
+                                                                   : LOWP_OVERFLOW_SATFINITE;
+}
+
 static lowp_status check_overflow(const char *fn, lowp_overflow ov) {
-    if (ov != LOWP_OVERFLOW_SATFINITE && ov != LOWP_OVERFLOW_NONSAT)
+    if (ov != LOWP_OVERFLOW_SATFINITE && ov != LOWP_OVERFLOW_NONSAT && ov != LOWP_OVERFLOW_DEFAULT)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: overflow (%d) is not a lowp_overflow", fn,
                          (int) ov);
     return LOWP_OK;
@@ -209,7 +215,7 @@ lowp_status lowp_encode(lowp_format format, float x, lowp_overflow overflow, uin
     if (st != LOWP_OK) return st;
     LOWP_CHECK_PTR("lowp_encode", code);
     if ((st = check_overflow("lowp_encode", overflow)) != LOWP_OK) return st;
-    *code = t->encode(x, overflow);
+    *code = t->encode(x, (lowp_overflow) lowp_overflow_resolve(format, overflow));
     return LOWP_OK;
 }
 
@@ -223,7 +229,7 @@ lowp_status lowp_encode_sr(lowp_format format, float x, uint32_t rbits, lowp_ove
     if (!t->encode_sr)
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
                          "lowp_encode_sr: format (%s) has no stochastic rounding", t->name);
-    *code = t->encode_sr(x, rbits, overflow);
+    *code = t->encode_sr(x, rbits, (lowp_overflow) lowp_overflow_resolve(format, overflow));
     return LOWP_OK;
 }
 

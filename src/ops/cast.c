@@ -2,18 +2,20 @@
  * device. */
 #include "lowp/cast.h"
 #include "ops_internal.h"
+#include "ops/alias.h"
 
 lowp_status lowp_cast_cfg_init(lowp_cast_cfg *cfg) {
     LOWP_CHECK_PTR("lowp_cast_cfg_init", cfg);
     memset(cfg, 0, sizeof *cfg);
-    cfg->overflow = LOWP_OVERFLOW_SATFINITE;
+    cfg->overflow = LOWP_OVERFLOW_DEFAULT;
     cfg->rounding = LOWP_ROUNDING_RNE;
     cfg->path = LOWP_KERNEL_PATH_AUTO;
     return LOWP_OK;
 }
 
 static lowp_status check_cfg(const lowp_cast_cfg *cfg) {
-    if (cfg->overflow != LOWP_OVERFLOW_SATFINITE && cfg->overflow != LOWP_OVERFLOW_NONSAT)
+    if (cfg->overflow != LOWP_OVERFLOW_SATFINITE && cfg->overflow != LOWP_OVERFLOW_NONSAT &&
+        cfg->overflow != LOWP_OVERFLOW_DEFAULT)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_cast: cfg.overflow (%d) is not a lowp_overflow",
                          (int) cfg->overflow);
@@ -69,10 +71,15 @@ lowp_status lowp_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_cast_
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_cast: dst.device (%d:%d) != src.device (%d:%d); copy first",
                          dst->device.type, dst->device.index, src->device.type, src->device.index);
+    const lowp_span out = {"dst.data", dst->data, dbytes}, in = {"src.data", src->data, sbytes};
+    if ((st = lowp_check_no_alias("lowp_cast", &out, 1, &in, 1)) != LOWP_OK) return st;
+    /* Backends see a concrete policy: the format's default is resolved here, once. */
+    lowp_cast_cfg resolved = *cfg;
+    resolved.overflow = (lowp_overflow) lowp_overflow_resolve(dst->format, cfg->overflow);
     lowp_op_call c;
     if ((st = lowp_op_begin(&c, "lowp_cast", "src.device", src->device, LOWP_OP_SLOT(cast))) !=
         LOWP_OK)
         return st;
-    st = c.iface->cast(c.ctx, src->device.index, src, dst, cfg);
+    st = c.iface->cast(c.ctx, src->device.index, src, dst, &resolved);
     return lowp_op_end(&c, st);
 }

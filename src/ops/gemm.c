@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "core/gemm_pair.h"
+#include "ops/alias.h"
 #include "lowp/gemm.h"
 #include "ops_internal.h"
 
@@ -59,6 +60,19 @@ static lowp_status check_c(const char *fn, const lowp_tensor *c, int64_t rows, i
     return LOWP_OK;
 }
 
+/* C may not overlap the operands a and b[0 .. nb-1]. */
+static lowp_status check_c_alias(const char *fn, const lowp_tensor *c, const lowp_qtensor *a,
+                                 const lowp_qtensor *b, int32_t nb) {
+    lowp_span cs = lowp_tensor_span(c, "c.data"), ins[2];
+    lowp_qtensor_spans(a, "a.data", "a.scales", ins);
+    lowp_status st = lowp_check_no_alias(fn, &cs, 1, ins, 2);
+    for (int32_t g = 0; st == LOWP_OK && g < nb; g++) {
+        lowp_qtensor_spans(&b[g], "b.data", "b.scales", ins);
+        st = lowp_check_no_alias(fn, &cs, 1, ins, 2);
+    }
+    return st;
+}
+
 lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
                       const lowp_gemm_cfg *cfg) {
     const char *fn = "lowp_gemm";
@@ -83,6 +97,7 @@ lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor 
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld) != b.cols (%lld)", fn,
                          (long long) a->cols, (long long) b->cols);
     if ((st = check_c(fn, c, a->rows, b->rows, a->device)) != LOWP_OK) return st;
+    if ((st = check_c_alias(fn, c, a, b, 1)) != LOWP_OK) return st;
     lowp_op_call call;
     if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(gemm))) != LOWP_OK)
         return st;
@@ -124,6 +139,7 @@ lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, cons
         if ((st = lowp_gemm_classify(fn, a, &b[g], &pair, &bk)) != LOWP_OK) return st;
     }
     if ((st = check_c(fn, c, a->rows, N, a->device)) != LOWP_OK) return st;
+    if ((st = check_c_alias(fn, c, a, b, groups)) != LOWP_OK) return st;
     lowp_op_call call;
     if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm))) !=
         LOWP_OK)
@@ -185,6 +201,7 @@ lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b
     if ((st = check_grouping(fn, "a", a, bk, offs, groups)) != LOWP_OK) return st;
     if ((st = check_grouping(fn, "b", b, bk, offs, groups)) != LOWP_OK) return st;
     if ((st = check_c(fn, c, (int64_t) groups * a->rows, b->rows, a->device)) != LOWP_OK) return st;
+    if ((st = check_c_alias(fn, c, a, b, 1)) != LOWP_OK) return st;
     lowp_op_call call;
     if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm_wgrad))) !=
         LOWP_OK)

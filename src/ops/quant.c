@@ -2,6 +2,7 @@
  * (nothing is written on error), then run on the backend of the tensors' device. */
 #include <math.h>
 
+#include "ops/alias.h"
 #include "lowp/quant.h"
 #include "ops_internal.h"
 
@@ -124,6 +125,10 @@ lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out, lowp_qten
                              fn, col_out->device.type, col_out->device.index, x->device.type,
                              x->device.index);
     }
+    lowp_span outs[4], in = lowp_tensor_span(x, "x.data");
+    lowp_qtensor_spans(row_out, "row_out.data", "row_out.scales", outs);
+    lowp_qtensor_spans(col_out, "col_out.data", "col_out.scales", outs + 2);
+    if ((st = lowp_check_no_alias(fn, outs, 4, &in, 1)) != LOWP_OK) return st;
     lowp_op_call c;
     if ((st = lowp_op_begin(&c, fn, "x.device", x->device, LOWP_OP_SLOT(quantize))) != LOWP_OK)
         return st;
@@ -155,6 +160,9 @@ lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.device (%d:%d) != x.device (%d:%d)", fn,
                          col_out->device.type, col_out->device.index, x->device.type,
                          x->device.index);
+    lowp_span outs[2], in = lowp_tensor_span(x, "x.data");
+    lowp_qtensor_spans(col_out, "col_out.data", "col_out.scales", outs);
+    if ((st = lowp_check_no_alias(fn, outs, 2, &in, 1)) != LOWP_OK) return st;
     lowp_op_call c;
     if ((st = lowp_op_begin(&c, fn, "x.device", x->device, LOWP_OP_SLOT(quantize_grouped))) !=
         LOWP_OK)
@@ -181,6 +189,9 @@ lowp_status lowp_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
     if (!lowp_same_device(out->device, q->device))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out.device (%d:%d) != q.device (%d:%d)", fn,
                          out->device.type, out->device.index, q->device.type, q->device.index);
+    lowp_span ins[2], outspan = lowp_tensor_span(out, "out.data");
+    lowp_qtensor_spans(q, "q.data", "q.scales", ins);
+    if ((st = lowp_check_no_alias(fn, &outspan, 1, ins, 2)) != LOWP_OK) return st;
     lowp_op_call c;
     if ((st = lowp_op_begin(&c, fn, "q.device", q->device, LOWP_OP_SLOT(dequantize))) != LOWP_OK)
         return st;
