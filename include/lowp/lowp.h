@@ -16,5 +16,6 @@
 #include "checkpoint.h"
 #include "model.h"
 #include "trainer.h"
+#include "profile.h"
 
 #endif

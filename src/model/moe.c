@@ -316,6 +316,7 @@ static void release_saved(lowp_moe *m) {
 void lowp_moe_free(lowp_moe *m) {
     if (m == NULL) return;
     if (m->attn && m->ffn) release_saved(m);
+    for (int32_t i = 0; m->params && i < m->nparams; i++) lowp_param_cache_free(&m->params[i]);
     free(m->param_arena);
     free(m->act_arena);
     free(m->params);
@@ -708,6 +709,7 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     memset(&ex, 0, sizeof ex);
     ex.lin.threads = run->threads;
     ex.lin.fp32_plain = run->fp32_plain;
+    ex.lin.cache_plain = 1; /* plain weights' BF16 copies once per version (freed with m) */
     ex.nthreads = run->threads > 0 ? run->threads : omp_get_max_threads();
     ex.autocast = run->autocast;
     ex.rng = training && c->dropout > 0.0f ? run->rng : NULL;

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/profile_internal.h"
 #include "model_internal.h"
 
 /* Rotates each pair (2i, 2i+1) of every head of row n by the angle t * theta^(-2i / hd), where
@@ -153,11 +154,13 @@ lowp_status moe_attention_forward(lowp_param *lp, const moe_dims *d, const moe_e
     if (st != LOWP_OK) return st;
     st = moe_linear_fwd(&lp[MOE_WV], a->h, N, a->v, ex, keep ? &a->saved[2] : NULL);
     if (st != LOWP_OK) return st;
+    lowp_prof_push(LOWP_PHASE_ATTENTION);
     rope_rotate(a->q, d, rope_cos, rope_sin, 1.0f, ex->nthreads);
     rope_rotate(a->k, d, rope_cos, rope_sin, 1.0f, ex->nthreads);
 
     /* o [N, D] = causal softmax attention; att [B, nh, T, T] kept */
     attention_core_forward(d, a->q, a->k, a->v, a->att, a->o, ex->nthreads);
+    lowp_prof_pop();
 
     /* y [N, D] = o Wo^T */
     return moe_linear_fwd(&lp[MOE_WO], a->o, N, a->y, ex, keep ? &a->saved[3] : NULL);
@@ -174,10 +177,12 @@ lowp_status moe_attention_backward(lowp_param *lp, const moe_dims *d, const moe_
     if (st != LOWP_OK) return st;
 
     /* attention core: dq, dk, dv [N, D]; then RoPE's transpose on dq and dk */
+    lowp_prof_push(LOWP_PHASE_ATTENTION);
     attention_core_backward(d, a->q, a->k, a->v, a->att, g->do_, g->dq, g->dk, g->dv, g->datt,
                             ex->nthreads);
     rope_rotate(g->dq, d, rope_cos, rope_sin, -1.0f, ex->nthreads);
     rope_rotate(g->dk, d, rope_cos, rope_sin, -1.0f, ex->nthreads);
+    lowp_prof_pop();
 
     /* q, k, v = h W^T:  dh [N, D] = dq Wq + dk Wk + dv Wv */
     st = moe_linear_bwd(&lp[MOE_WQ], a->h, N, g->dq, g->dh, ex, &a->saved[0]);
