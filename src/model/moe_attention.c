@@ -53,8 +53,8 @@ static float dot(const float *a, const float *b, int64_t n) {
 
 /* Causal attention. q, k, v, o: [N, D] with head h in columns [h * hd, (h + 1) * hd);
  * att: [B, nh, T, T]. Task (b, h) covers rows b * T .. b * T + T - 1 of head h. */
-static void attention_core_forward(const moe_dims *d, const float *q, const float *k,
-                                   const float *v, float *att, float *o, int nthreads) {
+void moe_attention_core_forward(const moe_dims *d, const float *q, const float *k, const float *v,
+                                float *att, float *o, int nthreads) {
     const int64_t T = d->T, D = d->D, hd = d->hd;
     const float scale = 1.0f / sqrtf((float) hd);
     const int64_t work = d->N * d->T * d->D; /* ~ twice the multiply-adds */
@@ -89,14 +89,14 @@ static void attention_core_forward(const moe_dims *d, const float *q, const floa
     }
 }
 
-/* Backward of attention_core_forward: from do_ [N, D], dq, dk, dv [N, D] (overwritten).
+/* Backward of moe_attention_core_forward: from do_ [N, D], dq, dk, dv [N, D] (overwritten).
  * With P the probabilities of row t and dP[j] = do[t] . v[j]:
  *   dv[j] += P[j] do[t];   dS[j] = P[j] (dP[j] - sum_i P[i] dP[i]);
  *   dq[t] += scale sum_j dS[j] k[j];   dk[j] += scale dS[j] q[t].
  * datt: [B * nh, T], one row of dP per task. */
-static void attention_core_backward(const moe_dims *d, const float *q, const float *k,
-                                    const float *v, const float *att, const float *do_, float *dq,
-                                    float *dk, float *dv, float *datt, int nthreads) {
+void moe_attention_core_backward(const moe_dims *d, const float *q, const float *k, const float *v,
+                                 const float *att, const float *do_, float *dq, float *dk,
+                                 float *dv, float *datt, int nthreads) {
     const int64_t T = d->T, D = d->D, hd = d->hd;
     const float scale = 1.0f / sqrtf((float) hd);
     const int64_t work = d->N * d->T * d->D; /* ~ twice the multiply-adds */
@@ -159,7 +159,7 @@ lowp_status moe_attention_forward(lowp_param *lp, const moe_dims *d, const moe_e
     rope_rotate(a->k, d, rope_cos, rope_sin, 1.0f, ex->nthreads);
 
     /* o [N, D] = causal softmax attention; att [B, nh, T, T] kept */
-    attention_core_forward(d, a->q, a->k, a->v, a->att, a->o, ex->nthreads);
+    moe_attention_core_forward(d, a->q, a->k, a->v, a->att, a->o, ex->nthreads);
     lowp_prof_pop();
 
     /* y [N, D] = o Wo^T */
@@ -178,8 +178,8 @@ lowp_status moe_attention_backward(lowp_param *lp, const moe_dims *d, const moe_
 
     /* attention core: dq, dk, dv [N, D]; then RoPE's transpose on dq and dk */
     lowp_prof_push(LOWP_PHASE_ATTENTION);
-    attention_core_backward(d, a->q, a->k, a->v, a->att, g->do_, g->dq, g->dk, g->dv, g->datt,
-                            ex->nthreads);
+    moe_attention_core_backward(d, a->q, a->k, a->v, a->att, g->do_, g->dq, g->dk, g->dv, g->datt,
+                                ex->nthreads);
     rope_rotate(g->dq, d, rope_cos, rope_sin, -1.0f, ex->nthreads);
     rope_rotate(g->dk, d, rope_cos, rope_sin, -1.0f, ex->nthreads);
     lowp_prof_pop();
