@@ -32,6 +32,7 @@ typedef struct dense_acts {
     float *x_mid;                /* [N, D]             x + o Wo^T */
     float *h2, *mean2, *rstd2;   /* [N, D], [N], [N]  ln_2(x_mid) */
     float *u, *g;                /* [N, H]             h2 Wfc^T and gelu(u) */
+    float *gd;                   /* [N, H]             gelu'(u), made with g (one erff each) */
     lowp_linear_saved *saved[4]; /* wqkv, wo, fc, proj */
 } dense_acts;
 
@@ -127,6 +128,7 @@ static void layout(dense_state *s, int grads, moe_carver *c) {
         a->rstd2 = carve_f(c, N);
         a->u = carve_f(c, N * H);
         a->g = carve_f(c, N * H);
+        a->gd = carve_f(c, N * H);
     }
     s->hf = carve_f(c, N * D);
     s->meanf = carve_f(c, N);
@@ -227,21 +229,21 @@ static void layernorm_backward(const float *x, const float *w, const float *mean
 #define DENSE_SQRT1_2     0.70710678118654752f
 #define DENSE_INV_SQRT2PI 0.39894228040143268f
 
-/* g = gelu(u) = u Phi(u) over n elements. */
-static void gelu_forward(const float *u, float *g, int64_t n, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++) g[i] = 0.5f * u[i] * (1.0f + erff(u[i] * DENSE_SQRT1_2));
-}
-
-/* du = dg * (Phi(u) + u phi(u)), in place over dg. */
-static void gelu_backward(const float *u, float *dg, int64_t n, int nthreads) {
+/* g = gelu(u) = u Phi(u) over n elements, and gd = gelu'(u) = Phi(u) + u phi(u) for the
+ * backward (when gd is not NULL): the erff is the costly part, so it is computed once. */
+static void gelu_forward(const float *u, float *g, float *gd, int64_t n, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
-        const float x = u[i];
-        const float cdf = 0.5f * (1.0f + erff(x * DENSE_SQRT1_2));
-        const float pdf = DENSE_INV_SQRT2PI * expf(-0.5f * x * x);
-        dg[i] *= cdf + x * pdf;
+        const float x = u[i], cdf = 0.5f * (1.0f + erff(x * DENSE_SQRT1_2));
+        g[i] = x * cdf;
+        if (gd) gd[i] = cdf + x * (DENSE_INV_SQRT2PI * expf(-0.5f * x * x));
     }
+}
+
+/* du = dg * gelu'(u), in place over dg. */
+static void gelu_backward(const float *gd, float *dg, int64_t n, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) dg[i] *= gd[i];
 }
 
 /* dst [N, D] = columns [c0, c0 + D) of src [N, W], or the reverse (to_wide). */
@@ -294,7 +296,7 @@ static lowp_status layer_forward(dense_state *s, lowp_param *params, int64_t l, 
                       ex->nthreads);
     st = moe_linear_fwd(&lp[DENSE_FC], a->h2, N, a->u, ex, keep ? &a->saved[2] : NULL);
     if (st != LOWP_OK) return st;
-    gelu_forward(a->u, a->g, N * H, ex->nthreads);
+    gelu_forward(a->u, a->g, keep ? a->gd : NULL, N * H, ex->nthreads);
     st = moe_linear_fwd(&lp[DENSE_PROJ], a->g, N, x_out, ex, keep ? &a->saved[3] : NULL);
     if (st != LOWP_OK) return st;
     moe_add(x_out, a->x_mid, ND, ex->nthreads);
@@ -314,7 +316,7 @@ static lowp_status layer_backward(dense_state *s, lowp_param *params, int64_t l)
     /* x_out = x_mid + gelu(h2 Wfc^T) Wproj^T */
     st = moe_linear_bwd(&lp[DENSE_PROJ], a->g, N, s->dres, s->dg, ex, &a->saved[3]);
     if (st != LOWP_OK) return st;
-    gelu_backward(a->u, s->dg, N * H, ex->nthreads);
+    gelu_backward(a->gd, s->dg, N * H, ex->nthreads);
     st = moe_linear_bwd(&lp[DENSE_FC], a->h2, N, s->dg, s->dh, ex, &a->saved[2]);
     if (st != LOWP_OK) return st;
     layernorm_backward(a->x_mid, lp[DENSE_FFN_NORM].data, a->mean2, a->rstd2, s->dh, N, D, s->dtmp,
