@@ -12,6 +12,7 @@
  * elementwise inner loops, whose rows never overlap, so they vectorize at -O2 without alias
  * checks (elementwise, so the bits do not change). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/profile_internal.h"
@@ -51,41 +52,70 @@ static float dot(const float *a, const float *b, int64_t n) {
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
 }
 
+/* xt [hd, T] = the T rows of one head's columns of x (row stride D), transposed. */
+static void head_transpose(const float *x, int64_t D, int64_t T, int64_t hd, float *xt) {
+    for (int64_t j = 0; j < T; j++)
+        for (int64_t i = 0; i < hd; i++) xt[i * T + j] = x[j * D + i];
+}
+
+/* p[j] = a . b_j for j <= t, with bt [hd, T] the b rows transposed: the sums run over i in
+ * order for every j at once, so the loop vectorizes across j with no horizontal sums (the
+ * row-by-row dot products of short heads spent most of their time reducing). */
+static void row_dots(const float *a, const float *bt, int64_t T, int64_t hd, int64_t t, float *p) {
+    for (int64_t j = 0; j <= t; j++) p[j] = 0.0f;
+    for (int64_t i = 0; i < hd; i++) {
+        const float ai = a[i];
+        const float *br = bt + i * T;
+#pragma omp simd
+        for (int64_t j = 0; j <= t; j++) p[j] += ai * br[j];
+    }
+}
+
 /* Causal attention. q, k, v, o: [N, D] with head h in columns [h * hd, (h + 1) * hd);
- * att: [B, nh, T, T]. Task (b, h) covers rows b * T .. b * T + T - 1 of head h. */
+ * att: [B, nh, T, T]. Task (b, h) covers rows b * T .. b * T + T - 1 of head h. Each thread
+ * transposes its task's keys once into scratch (without scratch: row-by-row dot products,
+ * which give other bits). */
 void moe_attention_core_forward(const moe_dims *d, const float *q, const float *k, const float *v,
                                 float *att, float *o, int nthreads) {
     const int64_t T = d->T, D = d->D, hd = d->hd;
     const float scale = 1.0f / sqrtf((float) hd);
     const int64_t work = d->N * d->T * d->D; /* ~ twice the multiply-adds */
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (work >= MOE_PARALLEL_MIN)
-    for (int64_t task = 0; task < d->B * d->nh; task++) {
-        const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
-        for (int64_t t = 0; t < T; t++) {
-            const float *qt = q + base + t * D;
-            float *p = att + (task * T + t) * T; /* [T]: scores, then probabilities */
-            float mx = -INFINITY;
-            for (int64_t j = 0; j <= t; j++) {
-                p[j] = dot(qt, k + base + j * D, hd) * scale;
-                if (p[j] > mx) mx = p[j];
-            }
-            float sum = 0.0f;
-            for (int64_t j = 0; j <= t; j++) {
-                p[j] = expf(p[j] - mx);
-                sum += p[j];
-            }
-            const float inv = 1.0f / sum;
-            for (int64_t j = 0; j <= t; j++) p[j] *= inv;
-            for (int64_t j = t + 1; j < T; j++) p[j] = 0.0f; /* masked: the buffer stays defined */
+#pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
+    {
+        float *kt = malloc((size_t) (T * hd) * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < d->B * d->nh; task++) {
+            const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
+            if (kt) head_transpose(k + base, D, T, hd, kt);
+            for (int64_t t = 0; t < T; t++) {
+                const float *qt = q + base + t * D;
+                float *p = att + (task * T + t) * T; /* [T]: scores, then probabilities */
+                float mx = -INFINITY;
+                if (kt) row_dots(qt, kt, T, hd, t, p);
+                for (int64_t j = 0; j <= t; j++) {
+                    p[j] = (kt ? p[j] : dot(qt, k + base + j * D, hd)) * scale;
+                    if (p[j] > mx) mx = p[j];
+                }
+                float sum = 0.0f;
+                for (int64_t j = 0; j <= t; j++) {
+                    p[j] = expf(p[j] - mx);
+                    sum += p[j];
+                }
+                const float inv = 1.0f / sum;
+                for (int64_t j = 0; j <= t; j++) p[j] *= inv;
+                for (int64_t j = t + 1; j < T; j++)
+                    p[j] = 0.0f; /* masked: the buffer stays defined */
 
-            float *ot = o + base + t * D;
-            memset(ot, 0, (size_t) hd * sizeof(float));
-            for (int64_t j = 0; j <= t; j++) {
-                const float *vj = v + base + j * D;
+                float *ot = o + base + t * D;
+                memset(ot, 0, (size_t) hd * sizeof(float));
+                for (int64_t j = 0; j <= t; j++) {
+                    const float *vj = v + base + j * D;
 #pragma omp simd
-                for (int64_t i = 0; i < hd; i++) ot[i] += p[j] * vj[i];
+                    for (int64_t i = 0; i < hd; i++) ot[i] += p[j] * vj[i];
+                }
             }
         }
+        free(kt);
     }
 }
 
@@ -100,39 +130,46 @@ void moe_attention_core_backward(const moe_dims *d, const float *q, const float 
     const int64_t T = d->T, D = d->D, hd = d->hd;
     const float scale = 1.0f / sqrtf((float) hd);
     const int64_t work = d->N * d->T * d->D; /* ~ twice the multiply-adds */
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (work >= MOE_PARALLEL_MIN)
-    for (int64_t task = 0; task < d->B * d->nh; task++) {
-        const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
-        float *dp = datt + task * T;
-        for (int64_t t = 0; t < T; t++) {
-            memset(dq + base + t * D, 0, (size_t) hd * sizeof(float));
-            memset(dk + base + t * D, 0, (size_t) hd * sizeof(float));
-            memset(dv + base + t * D, 0, (size_t) hd * sizeof(float));
-        }
-        for (int64_t t = 0; t < T; t++) {
-            const float *p = att + (task * T + t) * T;
-            const float *dot_ = do_ + base + t * D;
-            float pdp = 0.0f; /* sum_j P[j] dP[j] */
-            for (int64_t j = 0; j <= t; j++) {
-                dp[j] = dot(dot_, v + base + j * D, hd);
-                pdp += p[j] * dp[j];
-                float *dvj = dv + base + j * D;
-#pragma omp simd
-                for (int64_t i = 0; i < hd; i++) dvj[i] += p[j] * dot_[i];
+#pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
+    {
+        float *vt = malloc((size_t) (T * hd) * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < d->B * d->nh; task++) {
+            const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
+            float *dp = datt + task * T;
+            if (vt) head_transpose(v + base, D, T, hd, vt);
+            for (int64_t t = 0; t < T; t++) {
+                memset(dq + base + t * D, 0, (size_t) hd * sizeof(float));
+                memset(dk + base + t * D, 0, (size_t) hd * sizeof(float));
+                memset(dv + base + t * D, 0, (size_t) hd * sizeof(float));
             }
-            const float *qt = q + base + t * D;
-            float *dqt = dq + base + t * D;
-            for (int64_t j = 0; j <= t; j++) {
-                const float ds = p[j] * (dp[j] - pdp) * scale;
-                const float *kj = k + base + j * D;
-                float *dkj = dk + base + j * D;
+            for (int64_t t = 0; t < T; t++) {
+                const float *p = att + (task * T + t) * T;
+                const float *dot_ = do_ + base + t * D;
+                float pdp = 0.0f; /* sum_j P[j] dP[j] */
+                if (vt) row_dots(dot_, vt, T, hd, t, dp);
+                for (int64_t j = 0; j <= t; j++) {
+                    if (!vt) dp[j] = dot(dot_, v + base + j * D, hd);
+                    pdp += p[j] * dp[j];
+                    float *dvj = dv + base + j * D;
 #pragma omp simd
-                for (int64_t i = 0; i < hd; i++) {
-                    dqt[i] += ds * kj[i];
-                    dkj[i] += ds * qt[i];
+                    for (int64_t i = 0; i < hd; i++) dvj[i] += p[j] * dot_[i];
+                }
+                const float *qt = q + base + t * D;
+                float *dqt = dq + base + t * D;
+                for (int64_t j = 0; j <= t; j++) {
+                    const float ds = p[j] * (dp[j] - pdp) * scale;
+                    const float *kj = k + base + j * D;
+                    float *dkj = dk + base + j * D;
+#pragma omp simd
+                    for (int64_t i = 0; i < hd; i++) {
+                        dqt[i] += ds * kj[i];
+                        dkj[i] += ds * qt[i];
+                    }
                 }
             }
         }
+        free(vt);
     }
 }
 
