@@ -31,7 +31,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lowp bench train [--json] [--configs LIST] [--recipes LIST] [--steps N]\n"
             "                        [--batch N] [--threads N]\n"
-            "  --configs LIST   model configurations (default small,medium)\n"
+            "  --configs LIST   tiny, small, medium, nanogpt (default small,medium)\n"
             "  --recipes LIST   recipes (default " DEFAULT_RECIPES ")\n"
             "  --steps N        timed updates per run, after one untimed (default 3)\n"
             "  --batch N        sequences per update (default 8), at the configuration's seq_len\n"
