@@ -9,22 +9,7 @@
 #include "lowp/lowp.h"
 #include "model/model_internal.h"
 #include "testutil.h"
-
-static void fill_ids(int32_t *ids, int64_t n, int32_t V, uint64_t seed) {
-    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
-    for (int64_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        ids[i] = (int32_t) ((s >> 33) % (uint64_t) V);
-    }
-}
-
-static int64_t numel(const lowp_param *p) {
-    return (p->groups > 0 ? p->groups : 1) * p->rows * p->cols;
-}
-
-static void zero_grads(lowp_param *ps, int32_t n) {
-    for (int32_t i = 0; i < n; i++) memset(ps[i].grad, 0, (size_t) numel(&ps[i]) * sizeof(float));
-}
+#include "model_testutil.h"
 
 static lowp_moe_config small_cfg(void) {
     lowp_moe_config c;

@@ -1,0 +1,28 @@
+/* Helpers shared by the model tests (test_model.c, test_dense.c): token ids, parameter sizes,
+ * zeroed gradients. */
+#ifndef LOWP_MODEL_TESTUTIL_H
+#define LOWP_MODEL_TESTUTIL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "lowp/train.h"
+
+/* Deterministic pseudo-random ids in [0, V). */
+static inline void fill_ids(int32_t *ids, int64_t n, int32_t V, uint64_t seed) {
+    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t) ((s >> 33) % (uint64_t) V);
+    }
+}
+
+static inline int64_t numel(const lowp_param *p) {
+    return (p->groups > 0 ? p->groups : 1) * p->rows * p->cols;
+}
+
+static inline void zero_grads(lowp_param *ps, int32_t n) {
+    for (int32_t i = 0; i < n; i++) memset(ps[i].grad, 0, (size_t) numel(&ps[i]) * sizeof(float));
+}
+
+#endif
