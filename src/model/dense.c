@@ -15,7 +15,6 @@
  * thread count. Dropout and activation checkpointing are refused (nanoGPT's CPU recipe has
  * dropout 0 and keeps its activations). */
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -371,7 +370,7 @@ lowp_status dense_forward(dense_state *s, lowp_param *params, const int32_t *tok
     ex.lin.threads = run->threads;
     ex.lin.fp32_plain = run->fp32_plain;
     ex.lin.cache_plain = 1;
-    ex.nthreads = run->threads > 0 ? run->threads : omp_get_max_threads();
+    ex.nthreads = lowp_thread_count(run->threads);
     s->ex = ex;
 
     moe_dims *d = &s->d;

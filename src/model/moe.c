@@ -326,7 +326,7 @@ lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe 
     memset(m->param_arena, 0, bytes);
     int64_t off = 0;
     uint64_t word = 0; /* Philox words used so far: each parameter's stream follows the last */
-    const int nthreads = omp_get_max_threads();
+    const int nthreads = lowp_thread_count(0);
     for (int32_t i = 0; i < np; i++) {
         lowp_param *p = &m->params[i];
         p->name = m->names[i];
@@ -443,11 +443,6 @@ lowp_status lowp_moe_flops_per_token(const lowp_moe *m, int32_t T, double *flops
 
 /* ---------------------------------------------------------------- the activation arena */
 
-void *moe_carve(moe_carver *c, int64_t count, size_t elem) {
-    const size_t at = (c->off + 63) / 64 * 64;
-    c->off = at + (size_t) count * elem;
-    return c->base ? c->base + at : NULL;
-}
 static float *carve_f(moe_carver *c, int64_t n) {
     return moe_carve(c, n, sizeof(float));
 }
@@ -642,41 +637,6 @@ static void embedding_backward(const moe_dims *d, const int32_t *tokens, const f
     }
 }
 
-/* Mean over rows of logsumexp(logits[n]) - logits[n, targets[n]]; lse [N] and row_loss [N]
- * kept. Sums in binary64, the mean in row order. */
-double moe_cross_entropy(const moe_dims *d, const float *logits, const int32_t *targets, float *lse,
-                         double *row_loss, int nthreads) {
-    const int64_t V = d->V;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (d->N * V >= MOE_PARALLEL_MIN)
-    for (int64_t n = 0; n < d->N; n++) {
-        const float *z = logits + n * V;
-        float mx = z[0];
-        for (int64_t v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        double sum = 0.0;
-        for (int64_t v = 0; v < V; v++) sum += exp((double) (z[v] - mx));
-        const double l = (double) mx + log(sum);
-        lse[n] = (float) l;
-        row_loss[n] = l - (double) z[targets[n]];
-    }
-    double total = 0.0;
-    for (int64_t n = 0; n < d->N; n++) total += row_loss[n];
-    return total / (double) d->N;
-}
-
-/* dlogits [N, V] = (softmax(logits[n]) - onehot(targets[n])) / N. */
-void moe_cross_entropy_backward(const moe_dims *d, const float *logits, const int32_t *targets,
-                                const float *lse, float *dlogits, int nthreads) {
-    const int64_t V = d->V;
-    const float inv_n = 1.0f / (float) d->N;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (d->N * V >= MOE_PARALLEL_MIN)
-    for (int64_t n = 0; n < d->N; n++) {
-        const float *z = logits + n * V;
-        float *dz = dlogits + n * V;
-        for (int64_t v = 0; v < V; v++) dz[v] = expf(z[v] - lse[n]) * inv_n;
-        dz[targets[n]] -= inv_n;
-    }
-}
-
 /* ---------------------------------------------------------------- the model */
 
 static lowp_status check_ids(const int32_t *ids, int64_t n, int32_t V, const char *what) {
@@ -737,7 +697,7 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     ex.lin.threads = run->threads;
     ex.lin.fp32_plain = run->fp32_plain;
     ex.lin.cache_plain = 1; /* plain weights' BF16 copies once per version (freed with m) */
-    ex.nthreads = run->threads > 0 ? run->threads : omp_get_max_threads();
+    ex.nthreads = lowp_thread_count(run->threads);
     ex.autocast = run->autocast;
     ex.rng = training && c->dropout > 0.0f ? run->rng : NULL;
     ex.dropout = c->dropout;
