@@ -22,14 +22,6 @@ static lowp_moe_config small_cfg(void) {
     return c;
 }
 
-static double loss64(lowp_moe *m, const int32_t *tok, const int32_t *tgt, int32_t B, int32_t T,
-                     const lowp_moe_run *run) {
-    float loss = NAN;
-    lowp_status st = lowp_moe_forward(m, tok, tgt, B, T, run, &loss);
-    CHECKF(st == LOWP_OK, "forward: %s", lowp_last_error());
-    return moe_loss_f64(m);
-}
-
 /* (1) Central differences in binary64 loss against the analytic gradient: a directional
  * derivative along sign(grad) over up to 48 entries of every parameter, and its two
  * largest-gradient entries one at a time (a gradient on the wrong index fails there). The

@@ -27,21 +27,6 @@ static lowp_moe_config small_cfg(void) {
     return c;
 }
 
-static float loss_of(lowp_moe *m, const int32_t *tok, const int32_t *tgt, int32_t B, int32_t T,
-                     const lowp_moe_run *run) {
-    float loss = NAN;
-    lowp_status st = lowp_moe_forward(m, tok, tgt, B, T, run, &loss);
-    if (st != LOWP_OK) CHECKF(st == LOWP_OK, "forward: %s", lowp_last_error());
-    return loss;
-}
-
-/* The same loss in binary64, for finite differences. */
-static double loss64(lowp_moe *m, const int32_t *tok, const int32_t *tgt, int32_t B, int32_t T,
-                     const lowp_moe_run *run) {
-    loss_of(m, tok, tgt, B, T, run);
-    return moe_loss_f64(m);
-}
-
 /* The inputs of the gradient check. */
 typedef struct gc_case {
     lowp_moe *m;
