@@ -94,17 +94,21 @@ static void emit_json(const char *kernel, int threads, int64_t rows, int64_t col
     lowp_bench_json_end(&j, stdout);
 }
 
-int lowp_bench_quant(int argc, char **argv) {
-    int json = 0, reps = DEFAULT_REPS;
-    int64_t rows = DEFAULT_ROWS, cols = DEFAULT_COLS;
-    lowp_kernel_path path = LOWP_PATH_AUTO;
+typedef struct quant_opts {
+    int json, reps;
+    int64_t rows, cols;
+    lowp_kernel_path path;
+} quant_opts;
+
+/* The command line into o: 0 to run, 1 when --help was printed, 2 on bad usage. */
+static int parse_args(int argc, char **argv, quant_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
-            return 0;
+            return 1;
         } else if (strcmp(a, "--json") == 0) {
-            json = 1;
+            o->json = 1;
         } else if (strcmp(a, "--rows") == 0 || strcmp(a, "--cols") == 0 ||
                    strcmp(a, "--reps") == 0 || strcmp(a, "--path") == 0) {
             if (i + 1 >= argc) {
@@ -113,16 +117,16 @@ int lowp_bench_quant(int argc, char **argv) {
             }
             const char *v = argv[++i];
             if (strcmp(a, "--rows") == 0) {
-                if (parse_dim(a, v, &rows)) return 2;
+                if (parse_dim(a, v, &o->rows)) return 2;
             } else if (strcmp(a, "--cols") == 0) {
-                if (parse_dim(a, v, &cols)) return 2;
+                if (parse_dim(a, v, &o->cols)) return 2;
             } else if (strcmp(a, "--reps") == 0) {
-                if (lowp_bench_parse_int(v, &reps) != 0 || reps > 100000) {
+                if (lowp_bench_parse_int(v, &o->reps) != 0 || o->reps > 100000) {
                     fprintf(stderr,
                             "lowp bench quant: --reps '%s' is not an integer in 1..100000\n", v);
                     return 2;
                 }
-            } else if (lowp_bench_parse_path(v, &path) != 0) {
+            } else if (lowp_bench_parse_path(v, &o->path) != 0) {
                 fprintf(stderr,
                         "lowp bench quant: --path '%s' is not one of auto, reference, avx512\n", v);
                 return 2;
@@ -132,119 +136,139 @@ int lowp_bench_quant(int argc, char **argv) {
             return 2;
         }
     }
+    return 0;
+}
 
-    const char *path_name = lowp_bench_path_name(path);
-
-    const size_t n = (size_t) rows * (size_t) cols, in_bytes = 2 * n;
-    int status = 1;
-    uint16_t *x = lowp_bench_alloc(in_bytes);
-    uint8_t *mdst = lowp_bench_alloc(in_bytes);
-    kernel_run kr[NKERNELS];
-    memset(kr, 0, sizeof kr);
-    double *times = malloc(sizeof(double) * (size_t) reps * (NKERNELS + 1));
-    if (!x || !mdst || !times) {
-        fprintf(stderr, "lowp bench quant: out of memory for a %lldx%lld input\n", (long long) rows,
-                (long long) cols);
-        goto out;
-    }
+/* Every kernel's output descriptors and buffers for a rows x cols input, and the bytes one
+ * call moves (input read, codes and scales written). -1 on failure (message printed). */
+static int alloc_outputs(kernel_run *kr, int64_t rows, int64_t cols, size_t in_bytes) {
     for (int k = 0; k < NKERNELS; k++) {
         kernel_run *r = &kr[k];
-        r->row = (lowp_qtensor){LOWP_FORMAT_E4M3,
-                                KERNELS[k].scaling,
-                                rows,
-                                cols,
-                                NULL,
-                                NULL,
-                                LOWP_DEVICE_HOST,
-                                NULL,
-                                0};
-        r->col = (lowp_qtensor){LOWP_FORMAT_E4M3,
-                                KERNELS[k].scaling,
-                                cols,
-                                rows,
-                                NULL,
-                                NULL,
-                                LOWP_DEVICE_HOST,
-                                NULL,
-                                0};
-        size_t db, sb;
+        const lowp_qtensor proto = {LOWP_FORMAT_E4M3,
+                                    KERNELS[k].scaling,
+                                    rows,
+                                    cols,
+                                    NULL,
+                                    NULL,
+                                    LOWP_DEVICE_HOST,
+                                    NULL,
+                                    0};
+        r->row = proto;
+        r->col = proto;
+        r->col.rows = cols;
+        r->col.cols = rows;
         r->bytes = in_bytes;
         for (int c = 0; c <= KERNELS[k].col; c++) {
             lowp_qtensor *q = c ? &r->col : &r->row;
+            size_t db, sb;
             if (lowp_qtensor_nbytes(q, &db, &sb) != LOWP_OK) {
                 fprintf(stderr, "lowp bench quant: %s\n", lowp_last_error());
-                goto out;
+                return -1;
             }
             q->data = lowp_bench_alloc(db);
             q->scales = lowp_bench_alloc(sb);
             if (!q->data || !q->scales) {
                 fprintf(stderr, "lowp bench quant: out of memory for the outputs\n");
-                goto out;
+                return -1;
             }
             r->bytes += db + sb;
         }
     }
-    /* BF16 values with block magnitudes varying over a few binades, so that scales differ
-     * from block to block (the kernels are branch-free: the mix only matters for realism). */
+    return 0;
+}
+
+/* BF16 values with block magnitudes varying over a few binades, so that scales differ from
+ * block to block (the kernels are branch-free: the mix only matters for realism). */
+static void fill_input(uint16_t *x, size_t n) {
     uint64_t s = 0x2545F4914F6CDD1Dull;
     for (size_t i = 0; i < n; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         uint32_t e = 120u + ((uint32_t) (i / 32) * 0x9E3779B1u >> 29); /* 2^-7 .. 2^0 */
         x[i] = (uint16_t) ((uint32_t) (s >> 63) << 15 | e << 7 | (uint32_t) ((s >> 40) & 0x7F));
     }
-    lowp_tensor xt = {LOWP_FORMAT_BF16, rows, cols, x, LOWP_DEVICE_HOST};
+}
+
+/* med [NKERNELS + 1]: median seconds of memcpy (0) and each kernel on `threads`, over reps
+ * rounds that each run memcpy and then every kernel once. times: reps x (NKERNELS + 1). */
+static int time_rounds(const lowp_tensor *xt, void *mdst, size_t in_bytes, kernel_run *kr,
+                       lowp_quant_cfg *cfg, int threads, int reps, double *times, double *med) {
+    cfg->threads = threads;
+    /* Warm-up: thread pool started, code and TLB entries hot. */
+    lowp_bench_memcpy(mdst, xt->data, in_bytes, threads);
+    for (int k = 0; k < NKERNELS; k++)
+        if (quant_once(xt, &kr[k], KERNELS[k].col, cfg)) return -1;
+    for (int r = 0; r < reps; r++) {
+        double t0 = lowp_bench_now();
+        lowp_bench_memcpy(mdst, xt->data, in_bytes, threads);
+        double t1 = lowp_bench_now();
+        times[r] = t1 - t0;
+        for (int k = 0; k < NKERNELS; k++) {
+            t0 = lowp_bench_now();
+            if (quant_once(xt, &kr[k], KERNELS[k].col, cfg)) return -1;
+            t1 = lowp_bench_now();
+            times[(size_t) (k + 1) * (size_t) reps + (size_t) r] = t1 - t0;
+        }
+    }
+    for (int k = 0; k <= NKERNELS; k++)
+        med[k] = lowp_bench_median(times + (size_t) k * (size_t) reps, (size_t) reps);
+    return 0;
+}
+
+/* The table (or JSON lines) of one thread count's medians. */
+static void report(const quant_opts *o, const char *path_name, int threads, const double *med,
+                   const kernel_run *kr, size_t in_bytes) {
+    const double mgbps = med[0] > 0 ? 2.0 * (double) in_bytes / med[0] / 1e9 : 0;
+    for (int k = 0; k <= NKERNELS; k++) {
+        const char *name = k ? KERNELS[k - 1].name : "memcpy";
+        const size_t bytes = k ? kr[k - 1].bytes : 2 * in_bytes;
+        const double sec = med[k], gbps = sec > 0 ? (double) bytes / sec / 1e9 : 0;
+        const double ratio = k && mgbps > 0 ? gbps / mgbps : 0;
+        if (o->json) {
+            emit_json(name, threads, o->rows, o->cols, bytes, o->reps, path_name, sec, gbps, ratio);
+        } else {
+            printf("%-14s %7d %10.1f %10.3f %9.2f", name, threads, (double) bytes / 1e6, sec * 1e3,
+                   gbps);
+            if (k) printf(" %10.2f", ratio);
+            printf("\n");
+        }
+    }
+}
+
+int lowp_bench_quant(int argc, char **argv) {
+    quant_opts o = {0, DEFAULT_REPS, DEFAULT_ROWS, DEFAULT_COLS, LOWP_PATH_AUTO};
+    const int pr = parse_args(argc, argv, &o);
+    if (pr) return pr == 1 ? 0 : pr;
+    const char *path_name = lowp_bench_path_name(o.path);
+    const size_t n = (size_t) o.rows * (size_t) o.cols, in_bytes = 2 * n;
+    int status = 1;
+    uint16_t *x = lowp_bench_alloc(in_bytes);
+    uint8_t *mdst = lowp_bench_alloc(in_bytes);
+    kernel_run kr[NKERNELS];
+    memset(kr, 0, sizeof kr);
+    double *times = malloc(sizeof(double) * (size_t) o.reps * (NKERNELS + 1));
+    if (!x || !mdst || !times) {
+        fprintf(stderr, "lowp bench quant: out of memory for a %lldx%lld input\n",
+                (long long) o.rows, (long long) o.cols);
+        goto out;
+    }
+    if (alloc_outputs(kr, o.rows, o.cols, in_bytes)) goto out;
+    fill_input(x, n);
+    lowp_tensor xt = {LOWP_FORMAT_BF16, o.rows, o.cols, x, LOWP_DEVICE_HOST};
     lowp_quant_cfg cfg;
     lowp_quant_cfg_init(&cfg);
-    cfg.path = path;
-
+    cfg.path = o.path;
     double med[2][NKERNELS + 1]; /* [threads-1][0: memcpy, 1..: kernels] */
-    for (int ti = 0; ti < 2; ti++) {
-        const int threads = ti + 1;
-        cfg.threads = threads;
-        /* Warm-up: thread pool started, code and TLB entries hot. */
-        lowp_bench_memcpy(mdst, x, in_bytes, threads);
-        for (int k = 0; k < NKERNELS; k++)
-            if (quant_once(&xt, &kr[k], KERNELS[k].col, &cfg)) goto out;
-        for (int r = 0; r < reps; r++) {
-            double t0 = lowp_bench_now();
-            lowp_bench_memcpy(mdst, x, in_bytes, threads);
-            double t1 = lowp_bench_now();
-            times[r] = t1 - t0;
-            for (int k = 0; k < NKERNELS; k++) {
-                t0 = lowp_bench_now();
-                if (quant_once(&xt, &kr[k], KERNELS[k].col, &cfg)) goto out;
-                t1 = lowp_bench_now();
-                times[(size_t) (k + 1) * (size_t) reps + (size_t) r] = t1 - t0;
-            }
-        }
-        for (int k = 0; k <= NKERNELS; k++)
-            med[ti][k] = lowp_bench_median(times + (size_t) k * (size_t) reps, (size_t) reps);
-    }
-
-    if (!json) {
+    for (int ti = 0; ti < 2; ti++)
+        if (time_rounds(&xt, mdst, in_bytes, kr, &cfg, ti + 1, o.reps, times, med[ti])) goto out;
+    if (!o.json) {
         printf("lowp bench quant: %lldx%lld bf16 -> e4m3, path %s,\n"
                "median of %d rounds (memcpy of the %.1f MiB input, then each kernel)\n\n",
-               (long long) rows, (long long) cols, path_name, reps, (double) in_bytes / (1 << 20));
+               (long long) o.rows, (long long) o.cols, path_name, o.reps,
+               (double) in_bytes / (1 << 20));
         printf("%-14s %7s %10s %10s %9s %10s\n", "kernel", "threads", "MB moved", "ms", "GB/s",
                "vs memcpy");
     }
-    for (int ti = 0; ti < 2; ti++) {
-        const double mgbps = med[ti][0] > 0 ? 2.0 * (double) in_bytes / med[ti][0] / 1e9 : 0;
-        for (int k = 0; k <= NKERNELS; k++) {
-            const char *name = k ? KERNELS[k - 1].name : "memcpy";
-            const size_t bytes = k ? kr[k - 1].bytes : 2 * in_bytes;
-            const double sec = med[ti][k], gbps = sec > 0 ? (double) bytes / sec / 1e9 : 0;
-            const double ratio = k && mgbps > 0 ? gbps / mgbps : 0;
-            if (json) {
-                emit_json(name, ti + 1, rows, cols, bytes, reps, path_name, sec, gbps, ratio);
-            } else {
-                printf("%-14s %7d %10.1f %10.3f %9.2f", name, ti + 1, (double) bytes / 1e6,
-                       sec * 1e3, gbps);
-                if (k) printf(" %10.2f", ratio);
-                printf("\n");
-            }
-        }
-    }
+    for (int ti = 0; ti < 2; ti++) report(&o, path_name, ti + 1, med[ti], kr, in_bytes);
     status = 0;
 out:
     for (int k = 0; k < NKERNELS; k++) {

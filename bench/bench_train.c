@@ -7,6 +7,11 @@
  * GFLOP/s = FLOPs per token (6 x active parameters + attention, lowp_moe_flops_per_token) x
  * tokens/s. Runs on 2 threads unless told otherwise: the machines this is tuned for have two
  * cores, and a fixed count makes runs comparable.
+ *
+ * The phase profile (profile.h) splits the timed updates' mean into GEMMs, quantization,
+ * attention, norms and elementwise, optimizer, data, and the rest. MFU is the achieved
+ * GFLOP/s over the rate of lowp's BF16 GEMM measured at the start of the same run, on the
+ * same threads, at 2048 x 2048 x 2048 (the machine's attainable GEMM rate).
  */
 #include <omp.h>
 #include <stdint.h>
@@ -26,18 +31,71 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lowp bench train [--json] [--configs LIST] [--recipes LIST] [--steps N]\n"
             "                        [--batch N] [--threads N]\n"
-            "  --configs LIST   model configurations (default small,medium)\n"
+            "  --configs LIST   tiny, small, medium, nanogpt (default small,medium)\n"
             "  --recipes LIST   recipes (default " DEFAULT_RECIPES ")\n"
             "  --steps N        timed updates per run, after one untimed (default 3)\n"
             "  --batch N        sequences per update (default 8), at the configuration's seq_len\n"
             "  --threads N      threads (default 2)\n"
             "  --json           one JSON object per line instead of the table\n"
+            "  --no-profile     skip the per-phase columns\n"
             "Tokens/s is the median over the timed updates; GFLOP/s counts 6 x active parameters\n"
             "per token plus attention.\n");
 }
 
+/* GFLOP/s of lowp's BF16 GEMM at 2048^3 on the current threads: median of 5 after one warm-up.
+ * 0 when it cannot run. */
+static double bf16_gemm_rate(int threads) {
+    enum { S = 2048 };
+    const size_t n = (size_t) S * S;
+    uint16_t *a = lowp_bench_alloc(n * 2), *b = lowp_bench_alloc(n * 2);
+    float *c = lowp_bench_alloc(n * sizeof(float));
+    double rate = 0;
+    if (a && b && c) {
+        for (size_t i = 0; i < n; i++) {
+            /* BF16 values in [-1, 1): finite, no subnormals */
+            const uint32_t r = (uint32_t) (i * 2654435761u) >> 9;
+            const float x = (float) r / (float) (1u << 22) - 1.0f, y = -x;
+            uint32_t ux, uy;
+            memcpy(&ux, &x, 4);
+            memcpy(&uy, &y, 4);
+            a[i] = (uint16_t) (ux >> 16);
+            b[i] = (uint16_t) (uy >> 16);
+        }
+        lowp_qtensor qa = {0}, qb = {0};
+        qa.format = qb.format = LOWP_FORMAT_BF16;
+        qa.scaling = qb.scaling = LOWP_SCALING_NONE;
+        qa.rows = qa.cols = qb.rows = qb.cols = S;
+        qa.data = a;
+        qb.data = b;
+        qa.device = qb.device = LOWP_DEVICE_HOST;
+        lowp_tensor ct = {LOWP_FORMAT_F32, S, S, c, LOWP_DEVICE_HOST};
+        lowp_gemm_cfg gc;
+        lowp_gemm_cfg_init(&gc);
+        gc.threads = threads;
+        double secs[5];
+        int ok = lowp_gemm(&qa, &qb, &ct, &gc) == LOWP_OK;
+        for (int r = 0; ok && r < 5; r++) {
+            const double t0 = lowp_bench_now();
+            ok = lowp_gemm(&qa, &qb, &ct, &gc) == LOWP_OK;
+            secs[r] = lowp_bench_now() - t0;
+        }
+        const double med = ok ? lowp_bench_median(secs, 5) : 0;
+        rate = med > 0 ? 2.0 * S * S * (double) S / med / 1e9 : 0;
+    }
+    lowp_bench_free(a);
+    lowp_bench_free(b);
+    lowp_bench_free(c);
+    return rate;
+}
+
+/* The phases shown, in order, and their column titles. */
+static const lowp_phase k_shown[] = {LOWP_PHASE_GEMM,      LOWP_PHASE_QUANT,
+                                     LOWP_PHASE_ATTENTION, LOWP_PHASE_ELEMENTWISE,
+                                     LOWP_PHASE_OPTIMIZER, LOWP_PHASE_DATA};
+#define N_SHOWN ((int) (sizeof k_shown / sizeof k_shown[0]))
+
 static int bench_one(const char *config, const char *recipe_name, const lowp_data *data, int steps,
-                     int batch, int threads, int json) {
+                     int batch, int threads, int json, int profile, double gemm_rate) {
     lowp_data_info di;
     lowp_data_get_info(data, &di);
     lowp_moe_config mc;
@@ -63,9 +121,21 @@ static int bench_one(const char *config, const char *recipe_name, const lowp_dat
     if (st == LOWP_OK) st = lowp_trainer_create(m, data, &recipe, &tc, &t);
     double *secs = calloc((size_t) steps + 1, sizeof *secs);
     lowp_step_report r;
+    double phase[LOWP_PHASE_COUNT] = {0}, step_sum = 0;
     for (int i = 0; st == LOWP_OK && secs && i <= steps; i++) {
+        if (i == 1 && profile) {
+            lowp_profile_enable(1);
+            lowp_profile_reset();
+        }
         st = lowp_trainer_step(t, &r);
-        if (i > 0) secs[i - 1] = r.step_s;
+        if (i > 0) {
+            secs[i - 1] = r.step_s;
+            step_sum += r.step_s;
+        }
+    }
+    if (profile) {
+        lowp_profile_read(phase);
+        lowp_profile_enable(0);
     }
     int rc = 0;
     if (st != LOWP_OK || !secs) {
@@ -81,6 +151,14 @@ static int bench_one(const char *config, const char *recipe_name, const lowp_dat
         const double tokens = (double) batch * mc.seq_len;
         const double tps = med > 0 ? tokens / med : 0;
         const double gflops = flops * tps / 1e9;
+        const double mfu = gemm_rate > 0 ? gflops / gemm_rate : 0;
+        /* Phase shares of the mean timed update (the profile sums all of them). */
+        double share[LOWP_PHASE_COUNT] = {0}, marked = 0;
+        for (int p = 1; p < LOWP_PHASE_COUNT; p++) {
+            share[p] = step_sum > 0 ? phase[p] / step_sum : 0;
+            marked += share[p];
+        }
+        share[LOWP_PHASE_OTHER] = marked < 1 ? 1 - marked : 0;
         if (json) {
             lowp_bench_json j;
             lowp_bench_json_begin(&j);
@@ -96,11 +174,25 @@ static int bench_one(const char *config, const char *recipe_name, const lowp_dat
             lowp_bench_json_num(&j, "step_s", med);
             lowp_bench_json_num(&j, "tokens_per_s", tps);
             lowp_bench_json_num(&j, "gflops", gflops);
+            lowp_bench_json_num(&j, "bf16_gemm_gflops", gemm_rate);
+            lowp_bench_json_num(&j, "mfu", mfu);
+            if (profile) {
+                char key[48];
+                for (int p = 0; p < LOWP_PHASE_COUNT; p++) {
+                    snprintf(key, sizeof key, "share_%s", lowp_phase_name((lowp_phase) p));
+                    lowp_bench_json_num(&j, key, share[p]);
+                }
+            }
             lowp_bench_json_num(&j, "loss", r.loss);
             lowp_bench_json_end(&j, stdout);
         } else {
-            printf("%-8s %-14s %9.1fM %9.1fM %10.3f %10.0f %9.2f\n", config, recipe_name,
-                   (double) active / 1e6, (double) total / 1e6, med * 1e3, tps, gflops);
+            printf("%-8s %-13s %7.1fM %9.2f %9.0f %8.1f %5.1f%%", config, recipe_name,
+                   (double) active / 1e6, med * 1e3, tps, gflops, 100 * mfu);
+            if (profile) {
+                for (int p = 0; p < N_SHOWN; p++) printf(" %5.1f", 100 * share[k_shown[p]]);
+                printf(" %5.1f", 100 * share[LOWP_PHASE_OTHER]);
+            }
+            printf("\n");
         }
         fflush(stdout);
     }
@@ -150,12 +242,14 @@ typedef struct bench_ctx {
     const char *recipes;
     const char *config;
     const lowp_data *data;
-    int steps, batch, threads, json;
+    int steps, batch, threads, json, profile;
+    double gemm_rate;
 } bench_ctx;
 
 static int run_recipe(const char *recipe, void *ctx) {
     bench_ctx *c = ctx;
-    return bench_one(c->config, recipe, c->data, c->steps, c->batch, c->threads, c->json);
+    return bench_one(c->config, recipe, c->data, c->steps, c->batch, c->threads, c->json,
+                     c->profile, c->gemm_rate);
 }
 
 static int run_config(const char *config, void *ctx) {
@@ -165,12 +259,14 @@ static int run_config(const char *config, void *ctx) {
 }
 
 int lowp_bench_train(int argc, char **argv) {
-    bench_ctx c = {DEFAULT_RECIPES, NULL, NULL, 3, 8, 2, 0};
+    bench_ctx c = {DEFAULT_RECIPES, NULL, NULL, 3, 8, 2, 0, 1, 0};
     const char *configs = "small,medium";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--json") == 0) {
             c.json = 1;
+        } else if (strcmp(a, "--no-profile") == 0) {
+            c.profile = 0;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
             return 0;
@@ -207,11 +303,17 @@ int lowp_bench_train(int argc, char **argv) {
         return 1;
     }
     c.data = data;
+    c.gemm_rate = bf16_gemm_rate(c.threads);
     if (!c.json) {
-        printf("lowp bench train: %d threads, batch %d, median of %d updates after 1 untimed\n",
-               c.threads, c.batch, c.steps);
-        printf("%-8s %-14s %10s %10s %10s %10s %9s\n", "config", "recipe", "active", "total",
-               "step_ms", "tokens/s", "GFLOP/s");
+        printf("lowp bench train: %d threads, batch %d, median of %d updates after 1 untimed; "
+               "BF16 GEMM 2048^3 %.1f GFLOP/s (MFU = GFLOP/s over it)\n",
+               c.threads, c.batch, c.steps, c.gemm_rate);
+        printf("%-8s %-13s %8s %9s %9s %8s %6s", "config", "recipe", "active", "step_ms",
+               "tokens/s", "GFLOP/s", "MFU");
+        if (c.profile)
+            printf(" %5s %5s %5s %5s %5s %5s %5s  (%% of the mean update)", "gemm", "quant", "attn",
+                   "elem", "optim", "data", "other");
+        printf("\n");
     }
     rc = for_each(configs, run_config, &c);
     lowp_data_free(data);

@@ -52,6 +52,22 @@ int main(void) {
     lowp_philox_fill(1, 0, u, 8);
     CHECK(memcmp(u, s, sizeof u) != 0);
 
+    /* Every start lane and length (the fill computes a block once for up to four words):
+     * word j is lane j % 4 of the KAT-checked block function at counter j / 4. */
+    for (uint64_t off = 0; off < 9; off++)
+        for (size_t n = 1; n <= 13; n++) {
+            uint32_t got[13];
+            CHECK(lowp_philox_fill(seed, off, got, n) == LOWP_OK);
+            for (size_t i = 0; i < n; i++) {
+                const uint64_t j = off + i;
+                const uint32_t ctr[4] = {(uint32_t) (j >> 2), 0, 0, 0};
+                uint32_t blk[4];
+                lowp_philox4x32_10(ctr, k2, blk);
+                CHECKF(got[i] == blk[j & 3], "offset %llu, n %zu, word %zu",
+                       (unsigned long long) off, n, i);
+            }
+        }
+
     /* Bad arguments. */
     CHECK(lowp_philox_fill(0, 0, NULL, 4) == LOWP_ERR_INVALID_ARG);
     CHECK(strstr(lowp_last_error(), "out") != NULL);

@@ -343,7 +343,7 @@ static void check_once_per_step(int64_t M, int64_t N, int64_t K) {
                 CHECK(layer_forward(&L[i], NULL, &s) == LOWP_OK); /* no backward follows it */
                 memcpy(y1, L[i].y, sizeof(float) * (size_t) (L[i].M * L[i].N));
                 lowp_linear_saved_free(s);
-                const lowp_linear_opts re = {1, 0, 0}; /* activation checkpointing: recompute */
+                const lowp_linear_opts re = {1, 0, 0, 0}; /* activation checkpointing: recompute */
                 CHECK(layer_forward(&L[i], &re, &s2) == LOWP_OK);
                 CHECK(same_bits(y1, L[i].y, L[i].M * L[i].N));
                 CHECK(layer_backward(&L[i], NULL, s2) == LOWP_OK);
@@ -410,7 +410,7 @@ static void check_delayed(int64_t M, int64_t N, int64_t K) {
         memcpy(hist + r0 * len, st->roles[r0].history, sizeof(float) * (size_t) len);
     /* A recomputed forward, even of a larger x, records nothing... */
     for (int64_t i = 0; i < M * K; i++) L.x[i] *= 2.0f;
-    const lowp_linear_opts re = {1, 0, 0};
+    const lowp_linear_opts re = {1, 0, 0, 0};
     CHECK(layer_forward(&L, &re, NULL) == LOWP_OK);
     for (int64_t i = 0; i < M * K; i++) L.x[i] *= 0.5f;
     for (int r0 = 0; r0 < 3; r0++) CHECK(same_bits(hist + r0 * len, st->roles[r0].history, len));
@@ -583,7 +583,7 @@ static void check_wgrad_hp(int64_t M, int64_t N, int64_t K) {
 /* fp32_plain: a plain weight multiplies in F32 (a float reference); a wrapped one ignores it. */
 static void check_fp32_plain(int64_t M, int64_t N, int64_t K) {
     const int32_t sizes[3] = {(int32_t) (M / 3), 1, (int32_t) (M / 2)};
-    const lowp_linear_opts f32 = {0, 0, 1};
+    const lowp_linear_opts f32 = {0, 0, 1, 0};
     for (int32_t G = 0; G <= 3; G += 3) {
         layer L;
         layer_make(&L, "fc", G, sizes, M, N, K);
@@ -609,6 +609,55 @@ static void check_fp32_plain(int64_t M, int64_t N, int64_t K) {
         free(y), free(dx), free(dw), free(y1);
         layer_drop(&L);
     }
+}
+
+/* cache_plain: a plain weight's BF16 copies kept per version give the bits of remaking them
+ * on every call (y, dx, dW over two forward/backward pairs, the second reusing the cache), and
+ * a new version (the weights moved) is seen. */
+static void check_cache_plain(int64_t M, int64_t N, int64_t K) {
+    const int32_t sizes[3] = {(int32_t) (M / 3), 0, (int32_t) (M / 2)};
+    const lowp_linear_opts cached = {0, 0, 0, 1};
+    for (int32_t G = 0; G <= 3; G += 3) {
+        layer a, b;
+        layer_make(&a, "fc", G, sizes, M, N, K);
+        layer_make(&b, "fc", G, sizes, M, N, K);
+        const int64_t nw = (G ? G : 1) * N * K;
+        memcpy(b.p.data, a.p.data, (size_t) nw * sizeof(float));
+        memcpy(b.x, a.x, (size_t) (M * K) * sizeof(float));
+        memcpy(b.dy, a.dy, (size_t) (M * N) * sizeof(float));
+        if (!G) memcpy(b.bias, a.bias, (size_t) N * sizeof(float));
+        for (int version = 0; version < 2; version++) {
+            for (int rep = 0; rep < 2; rep++) {
+                lowp_linear_saved *sa = NULL, *sb = NULL;
+                CHECK(layer_forward(&a, NULL, &sa) == LOWP_OK);
+                CHECK(layer_forward(&b, &cached, &sb) == LOWP_OK);
+                CHECK(b.p.plain_cache != NULL);
+                CHECKF(same_bits(a.y, b.y, M * N), "cache_plain G %d: y differs", G);
+                if (rep == 1) { /* a rounds x again: b's kept BF16 x must give the same bits */
+                    lowp_linear_saved_free(sa);
+                    sa = NULL;
+                }
+                CHECK(layer_backward(&a, NULL, sa) == LOWP_OK);
+                CHECK(layer_backward(&b, &cached, sb) == LOWP_OK);
+                CHECKF(same_bits(a.dx, b.dx, M * K), "cache_plain G %d: dx differs", G);
+                CHECKF(same_bits(a.p.grad, b.p.grad, nw), "cache_plain G %d: dW differs", G);
+            }
+            for (int64_t j = 0; j < nw; j++) a.p.data[j] = b.p.data[j] *= -1.5f;
+            CHECK(lowp_param_updated(&a.p) == LOWP_OK);
+            CHECK(lowp_param_updated(&b.p) == LOWP_OK);
+        }
+        lowp_param_cache_free(&b.p);
+        CHECK(b.p.plain_cache == NULL);
+        lowp_param_cache_free(NULL);
+        layer_drop(&a);
+        layer_drop(&b);
+    }
+    const lowp_linear_opts bad = {0, 0, 0, 2};
+    layer L;
+    layer_make(&L, "fc", 0, sizes, M, N, K);
+    CHECK(layer_forward(&L, &bad, NULL) == LOWP_ERR_INVALID_ARG);
+    CHECK(strstr(lowp_last_error(), "cache_plain") != NULL);
+    layer_drop(&L);
 }
 
 /* ---- Bad arguments ---- */
@@ -677,7 +726,8 @@ static void check_bad_args(void) {
     xb.format = LOWP_FORMAT_BF16;
     CHECK(lowp_linear_forward(&L.p, NULL, &xb, &y, NULL, NULL) == LOWP_ERR_UNSUPPORTED &&
           says("x.format"));
-    const lowp_linear_opts badopts = {2, 0, 0}, badthreads = {0, -1, 0}, badf32 = {0, 0, 3};
+    const lowp_linear_opts badopts = {2, 0, 0, 0}, badthreads = {0, -1, 0, 0},
+                           badf32 = {0, 0, 3, 0};
     CHECK(lowp_linear_forward(&L.p, NULL, &x, &y, &badopts, NULL) == LOWP_ERR_INVALID_ARG &&
           says("opts.recompute (2)"));
     CHECK(lowp_linear_forward(&L.p, NULL, &x, &y, &badthreads, NULL) == LOWP_ERR_INVALID_ARG &&
@@ -788,6 +838,7 @@ int main(void) {
     check_like_plain("bf16", "layers.0.moe.experts.w1", 3, 1, M, N, K);
     check_prepare_convert(M, N, K);
     check_fp32_plain(M, N, K);
+    check_cache_plain(M, N, K);
     check_empty();
     check_bad_args();
     return testutil_finish();

@@ -110,7 +110,7 @@ static const char TRAIN_USAGE[] =
     "clipping and accumulation. Without --data it trains on a built-in corpus.\n"
     "\n"
     "  --recipe NAME          one of the recipes listed below (default bf16)\n"
-    "  --config NAME          tiny, small or medium (default tiny)\n"
+    "  --config NAME          tiny, small, medium (MoE) or nanogpt (dense; default tiny)\n"
     "  --data FILE            any text file\n"
     "  --steps N              optimizer updates, the length of the schedule (default 200)\n"
     "  --stop-at N            stop after update N (the schedule still spans --steps)\n"

@@ -24,5 +24,6 @@
 #include "optim.h"
 #include "safetensors.h"
 #include "trainer.h"
+#include "profile.h"
 
 #endif

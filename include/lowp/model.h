@@ -58,7 +58,16 @@ typedef struct lowp_moe_config {
 /* Presets (override any field afterwards; dropout 0, aux_loss_coef 0.01, rope_theta 1e4):
  *   tiny    D 64,  L 2, 4 heads, T 32,  E 4 (top 2), H 64,  H_s 64    a CI run of seconds
  *   small   D 128, L 4, 4 heads, T 64,  E 8 (top 2), H 128, H_s 128   minutes on two cores
- *   medium  D 384, L 6, 6 heads, T 256, E 8 (top 2), H 512, H_s 512   benchmarks */
+ *   medium  D 384, L 6, 6 heads, T 256, E 8 (top 2), H 512, H_s 512   benchmarks
+ *   nanogpt D 128, L 4, 4 heads, T 64,  dense (E 0), MLP 512          nanoGPT's CPU recipe
+ *
+ * experts = 0 selects the dense GPT instead of the MoE (nanoGPT's block): embed [V, D] plus
+ * learned positions pos_embed [seq_len, D]; per layer LayerNorm (no bias) -> causal attention
+ * with a fused layers.L.attn.wqkv [3 D, D] and layers.L.attn.wo [D, D]; LayerNorm -> MLP
+ * layers.L.mlp.fc [H_s, D], GELU, layers.L.mlp.proj [D, H_s]; final LayerNorm; the output head
+ * is embed itself (tied). The norms are named attn_norm, ffn_norm and final_norm as in the MoE.
+ * top_k, expert_hidden, dropout and aux_loss_coef must be 0 and rope_theta is unused; the dense
+ * model has no activation checkpointing. */
 LOWP_API lowp_status lowp_moe_config_preset(const char *name, int32_t vocab, lowp_moe_config *out);
 
 typedef struct lowp_moe lowp_moe;

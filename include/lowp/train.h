@@ -35,7 +35,8 @@
 extern "C" {
 #endif
 
-struct lowp_wrap; /* the state prepare attaches to a parameter (opaque) */
+struct lowp_wrap;         /* the state prepare attaches to a parameter (opaque) */
+struct lowp_weight_cache; /* cached GEMM operands of a weight (opaque) */
 
 typedef struct lowp_param {
     const char *name;       /* e.g. "layers.0.attn.wq"; matched against recipe patterns */
@@ -46,6 +47,9 @@ typedef struct lowp_param {
     lowp_device device;     /* where the parameter's state (FP8 history, scales) lives */
     uint64_t version;       /* bumped after every optimizer update */
     struct lowp_wrap *wrap; /* set by lowp_train_prepare; NULL when plain */
+    /* BF16 copies of a plain weight, per version (lowp_linear_opts.cache_plain); freed by
+     * lowp_param_cache_free. NULL until then. */
+    struct lowp_weight_cache *plain_cache;
 } lowp_param;
 
 /* Wrap every parameter that a non-high-precision rule of `recipe` matches (parameters with
@@ -67,6 +71,8 @@ typedef struct lowp_reduce_hook {
  * parameter's FP8 state (after the reduction hook). */
 LOWP_API lowp_status lowp_train_step_end(lowp_param *params, int32_t n,
                                          const lowp_reduce_hook *hook);
+/* Free a plain weight's cached BF16 copies (lowp_linear_opts.cache_plain); NULL is a no-op. */
+LOWP_API void lowp_param_cache_free(lowp_param *param);
 /* Mark one parameter's master weights as changed. */
 LOWP_API lowp_status lowp_param_updated(lowp_param *param);
 
@@ -79,10 +85,14 @@ typedef struct lowp_wrap_stats {
 LOWP_API lowp_status lowp_param_stats(const lowp_param *param, lowp_wrap_stats *out);
 
 typedef struct lowp_linear_opts {
-    int32_t recompute;  /* 1: activation recomputation: no amax is recorded */
-    int32_t threads;    /* 0: all cores */
-    int32_t fp32_plain; /* 1: unwrapped weights run F32 GEMMs instead of BF16 (gradient
-                           checks and float references); wrapped weights are unaffected */
+    int32_t recompute;   /* 1: activation recomputation: no amax is recorded */
+    int32_t threads;     /* 0: all cores */
+    int32_t fp32_plain;  /* 1: unwrapped weights run F32 GEMMs instead of BF16 (gradient
+                            checks and float references); wrapped weights are unaffected */
+    int32_t cache_plain; /* 1: an unwrapped weight's BF16 copies (both orientations) are made
+                            once per version and kept in param->plain_cache, as a wrapped
+                            weight's quantized copies are (the same bits as remaking them);
+                            the owner frees them with lowp_param_cache_free */
 } lowp_linear_opts;
 
 /* What a forward keeps for its backward (opaque; freed by the backward or lowp_linear_saved_free).

@@ -103,6 +103,48 @@ typedef struct moe_grads {
     float *dss, *dsu1, *dsu3;  /* [N, H_s] */
 } moe_grads;
 
+/* A bump allocator over an arena (base NULL: only measures the size); 64-byte aligned. */
+typedef struct moe_carver {
+    char *base;
+    size_t off;
+} moe_carver;
+LOWP_HIDDEN void *moe_carve(moe_carver *c, int64_t count, size_t elem);
+
+/* Mean over rows of logsumexp(logits[n]) - logits[n, targets[n]] (lse [N], row_loss [N] kept),
+ * and its gradient dlogits [N, V] = (softmax - onehot) / N. */
+LOWP_HIDDEN double moe_cross_entropy(const moe_dims *d, const float *logits, const int32_t *targets,
+                                     float *lse, double *row_loss, int nthreads);
+LOWP_HIDDEN void moe_cross_entropy_backward(const moe_dims *d, const float *logits,
+                                            const int32_t *targets, const float *lse,
+                                            float *dlogits, int nthreads);
+
+/* ---- The dense GPT (cfg.experts == 0; dense.c): nanoGPT's block
+ *   x_0 = wte[tokens] + wpe[t];  x_mid = x + attn(ln_1(x));  x_out = x_mid + mlp(ln_2(x_mid))
+ *   mlp(h) = gelu(h Wfc^T) Wproj^T;  logits = ln_f(x_L) wte^T (the head is tied to wte)
+ * Its parameters, in lowp_moe_params order: embed [V, D], pos_embed [seq_len, D], per layer
+ * attn_norm [1, D], attn.wqkv [3 D, D], attn.wo [D, D], ffn_norm [1, D], mlp.fc [H_s, D],
+ * mlp.proj [D, H_s]; then final_norm [1, D]. LayerNorms without bias, as nanoGPT's
+ * bias = False. */
+enum {
+    DENSE_ATTN_NORM,
+    DENSE_WQKV,
+    DENSE_WO,
+    DENSE_FFN_NORM,
+    DENSE_FC,
+    DENSE_PROJ,
+    DENSE_LAYER_PARAMS
+};
+typedef struct dense_state dense_state;
+LOWP_HIDDEN lowp_status dense_state_create(const lowp_moe_config *cfg, dense_state **out);
+LOWP_HIDDEN void dense_state_free(dense_state *s);
+/* Arguments already checked by lowp_moe_forward. */
+LOWP_HIDDEN lowp_status dense_forward(dense_state *s, lowp_param *params, const int32_t *tokens,
+                                      const int32_t *targets, int32_t B, int32_t T,
+                                      const lowp_moe_run *run, float *loss);
+LOWP_HIDDEN lowp_status dense_backward(dense_state *s, lowp_param *params);
+LOWP_HIDDEN const float *dense_logits(const dense_state *s);
+LOWP_HIDDEN double dense_cross_entropy(const dense_state *s);
+
 /* The last forward's loss in binary64 (the float that lowp_moe_forward returns rounds it):
  * finite-difference gradient checks resolve much smaller changes with it. */
 LOWP_HIDDEN double moe_loss_f64(const lowp_moe *m);
@@ -142,6 +184,16 @@ LOWP_HIDDEN lowp_status moe_attention_backward(lowp_param *lp, const moe_dims *d
                                                const float *rope_sin, const float *x,
                                                moe_attn_acts *a, const float *dy, float *dx,
                                                moe_grads *g);
+
+/* The causal attention core (no projections, no RoPE): q, k, v, o [N, D] with head h in
+ * columns [h * hd, (h + 1) * hd); att [B, nh, T, T] the probabilities, kept for the backward,
+ * which overwrites dq, dk, dv [N, D] from do_ [N, D] (datt [B * nh, T] scratch). */
+LOWP_HIDDEN void moe_attention_core_forward(const moe_dims *d, const float *q, const float *k,
+                                            const float *v, float *att, float *o, int nthreads);
+LOWP_HIDDEN void moe_attention_core_backward(const moe_dims *d, const float *q, const float *k,
+                                             const float *v, const float *att, const float *do_,
+                                             float *dq, float *dk, float *dv, float *datt,
+                                             int nthreads);
 
 /* MoE half: a->y and a->aux from x [N, D]. */
 LOWP_HIDDEN lowp_status moe_ffn_forward(lowp_param *lp, const moe_dims *d, const moe_exec *ex,

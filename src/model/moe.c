@@ -53,6 +53,8 @@ struct lowp_moe {
      * (rows 0 .. L - 1) and after the last one (row L). */
     lowp_rng_state (*rng_states)[LOWP_RNG_MAX_STATES]; /* [L + 1] */
     int32_t rng_nstates;
+
+    dense_state *dense; /* cfg.experts == 0: the dense GPT's activations (dense.c) */
 };
 
 /* ---------------------------------------------------------------- presets and checks */
@@ -70,6 +72,8 @@ lowp_status lowp_moe_config_preset(const char *name, int32_t vocab, lowp_moe_con
         {"tiny", 64, 2, 4, 32, 4, 2, 64, 64},
         {"small", 128, 4, 4, 64, 8, 2, 128, 128},
         {"medium", 384, 6, 6, 256, 8, 2, 512, 512},
+        /* dense (no experts): nanoGPT's CPU recipe, MLP 4 x 128 */
+        {"nanogpt", 128, 4, 4, 64, 0, 0, 0, 512},
     };
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         if (strcmp(name, presets[i].name) != 0) continue;
@@ -85,13 +89,14 @@ lowp_status lowp_moe_config_preset(const char *name, int32_t vocab, lowp_moe_con
         c.shared_hidden = presets[i].shared;
         c.rope_theta = 10000.0f;
         c.norm_eps = 1e-5f;
-        c.aux_loss_coef = 0.01f;
+        c.aux_loss_coef = c.experts > 0 ? 0.01f : 0.0f;
         c.dropout = 0.0f;
         *out = c;
         return LOWP_OK;
     }
     return lowp_fail(LOWP_ERR_NOT_FOUND,
-                     "lowp_moe_config_preset: name \"%s\" is not a preset (tiny, small, medium)",
+                     "lowp_moe_config_preset: name \"%s\" is not a preset (tiny, small, medium, "
+                     "nanogpt)",
                      name);
 }
 
@@ -101,7 +106,66 @@ static double physical_memory(void) {
     return pages > 0 && size > 0 ? (double) pages * (double) size : 0.0;
 }
 
+/* The limits both models share: the layer count of the parameter table and the memory of the
+ * machine, given the parameter count. */
+static lowp_status size_check(const lowp_moe_config *c, const char *fn, double total) {
+    /* The parameter table counts 3 + layers * MOE_LAYER_PARAMS entries in an int32. */
+    if (c->layers > LOWP_MOE_MAX_LAYERS)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.layers (%d) > %d", fn, c->layers,
+                         LOWP_MOE_MAX_LAYERS);
+    /* Before any allocation: the weights and gradients (and the optimizer's two moments the
+     * trainer adds) must fit the machine, so a typo does not end in a swap storm. */
+    const double need = 16.0 * total + 8.0 * (double) c->seq_len * (double) c->dim;
+    const double have = physical_memory();
+    if (have > 0 && need > have)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: the configuration needs about %.3g GB for %.3g parameters (weights, "
+                         "gradients, Adam moments and RoPE tables), more than the %.3g GB of "
+                         "physical memory",
+                         fn, need / 1e9, total, have / 1e9);
+    return LOWP_OK;
+}
+
+/* The dense GPT (experts == 0): no routing fields, a plain MLP of width shared_hidden. */
+static lowp_status dense_config_check(const lowp_moe_config *c, const char *fn) {
+    const struct {
+        const char *name;
+        int32_t value;
+    } positive[] = {{"vocab", c->vocab},     {"dim", c->dim},
+                    {"layers", c->layers},   {"heads", c->heads},
+                    {"seq_len", c->seq_len}, {"shared_hidden", c->shared_hidden}};
+    for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
+        if (positive[i].value <= 0)
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.%s (%d) must be > 0", fn,
+                             positive[i].name, positive[i].value);
+    if (c->top_k != 0 || c->expert_hidden != 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.experts (0) selects the dense model, so cfg.top_k (%d) and "
+                         "cfg.expert_hidden (%d) must be 0",
+                         fn, c->top_k, c->expert_hidden);
+    if (c->dim % c->heads != 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.dim (%d) is not a multiple of cfg.heads (%d)", fn, c->dim,
+                         c->heads);
+    if (!(c->norm_eps > 0.0f) || !isfinite(c->norm_eps))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.norm_eps (%g) must be > 0", fn,
+                         (double) c->norm_eps);
+    if (c->dropout != 0.0f || c->aux_loss_coef != 0.0f)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: the dense model (cfg.experts = 0) has no dropout and no "
+                         "load-balancing loss: cfg.dropout (%g) and cfg.aux_loss_coef (%g) must "
+                         "be 0",
+                         fn, (double) c->dropout, (double) c->aux_loss_coef);
+    const double total = (4.0 * c->dim * c->dim + 2.0 * c->shared_hidden * c->dim) * c->layers +
+                         ((double) c->vocab + c->seq_len) * c->dim;
+    if (total > 1e10)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: the configuration has %.3g parameters (> 1e10)",
+                         fn, total);
+    return size_check(c, fn, total);
+}
+
 static lowp_status config_check(const lowp_moe_config *c, const char *fn) {
+    if (c->experts == 0) return dense_config_check(c, fn);
     const struct {
         const char *name;
         int32_t value;
@@ -145,21 +209,7 @@ static lowp_status config_check(const lowp_moe_config *c, const char *fn) {
     if (total > 1e10)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: the configuration has %.3g parameters (> 1e10)",
                          fn, total);
-    /* The parameter table counts 3 + layers * MOE_LAYER_PARAMS entries in an int32. */
-    if (c->layers > LOWP_MOE_MAX_LAYERS)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.layers (%d) > %d", fn, c->layers,
-                         LOWP_MOE_MAX_LAYERS);
-    /* Before any allocation: the weights and gradients (and the optimizer's two moments the
-     * trainer adds) must fit the machine, so a typo does not end in a swap storm. */
-    const double need = 16.0 * total + 8.0 * (double) c->seq_len * (double) c->dim;
-    const double have = physical_memory();
-    if (have > 0 && need > have)
-        return lowp_fail(LOWP_ERR_INVALID_ARG,
-                         "%s: the configuration needs about %.3g GB for %.3g parameters (weights, "
-                         "gradients, Adam moments and RoPE tables), more than the %.3g GB of "
-                         "physical memory",
-                         fn, need / 1e9, total, have / 1e9);
-    return LOWP_OK;
+    return size_check(c, fn, total);
 }
 
 /* ---------------------------------------------------------------- parameters */
@@ -227,7 +277,8 @@ lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe 
     if (m == NULL) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: model struct");
     m->cfg = *cfg;
     const int32_t L = cfg->layers;
-    m->nparams = 3 + L * MOE_LAYER_PARAMS;
+    const int dense = cfg->experts == 0;
+    m->nparams = dense ? 3 + L * DENSE_LAYER_PARAMS : 3 + L * MOE_LAYER_PARAMS;
     m->params = calloc((size_t) m->nparams, sizeof *m->params);
     m->names = calloc((size_t) m->nparams, sizeof *m->names);
     m->x_mid = calloc((size_t) L, sizeof *m->x_mid);
@@ -253,7 +304,20 @@ lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe 
     }
     int32_t np = 0;
     add_param(m, init_std, &np, 0, V, D, std, "embed");
-    for (int32_t l = 0; l < L; l++) {
+    if (dense) {
+        /* nanoGPT's block; the head is the embedding (tied), so there is no "head" */
+        add_param(m, init_std, &np, 0, cfg->seq_len, D, std, "pos_embed");
+        for (int32_t l = 0; l < L; l++) {
+            add_param(m, init_std, &np, 0, 1, D, -1.0f, "layers.%d.attn_norm", l);
+            add_param(m, init_std, &np, 0, 3 * D, D, std, "layers.%d.attn.wqkv", l);
+            add_param(m, init_std, &np, 0, D, D, std_out, "layers.%d.attn.wo", l);
+            add_param(m, init_std, &np, 0, 1, D, -1.0f, "layers.%d.ffn_norm", l);
+            add_param(m, init_std, &np, 0, Hs, D, std, "layers.%d.mlp.fc", l);
+            add_param(m, init_std, &np, 0, D, Hs, std_out, "layers.%d.mlp.proj", l);
+        }
+        add_param(m, init_std, &np, 0, 1, D, -1.0f, "final_norm");
+    }
+    for (int32_t l = 0; !dense && l < L; l++) {
         add_param(m, init_std, &np, 0, 1, D, -1.0f, "layers.%d.attn_norm", l);
         add_param(m, init_std, &np, 0, D, D, std, "layers.%d.attn.wq", l);
         add_param(m, init_std, &np, 0, D, D, std, "layers.%d.attn.wk", l);
@@ -268,8 +332,11 @@ lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe 
         add_param(m, init_std, &np, E, H, D, std, "layers.%d.moe.experts.w3", l);
         add_param(m, init_std, &np, E, D, H, std_out, "layers.%d.moe.experts.w2", l);
     }
-    add_param(m, init_std, &np, 0, 1, D, -1.0f, "final_norm");
-    add_param(m, init_std, &np, 0, V, D, std, "head");
+    if (!dense) {
+        add_param(m, init_std, &np, 0, 1, D, -1.0f, "final_norm");
+        add_param(m, init_std, &np, 0, V, D, std, "head");
+    }
+    m->nparams = np;
 
     /* One arena: all data, then all grads (same offsets), then the RoPE tables. */
     int64_t data_floats = 0;
@@ -313,6 +380,10 @@ lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe 
             m->rope_cos[t * half + i] = (float) cos(angle);
             m->rope_sin[t * half + i] = (float) sin(angle);
         }
+    if (dense && (st = dense_state_create(cfg, &m->dense)) != LOWP_OK) {
+        lowp_moe_free(m);
+        return st;
+    }
     *out = m;
     return LOWP_OK;
 }
@@ -338,6 +409,8 @@ static void release_saved(lowp_moe *m) {
 void lowp_moe_free(lowp_moe *m) {
     if (m == NULL) return;
     if (m->attn && m->ffn) release_saved(m);
+    for (int32_t i = 0; m->params && i < m->nparams; i++) lowp_param_cache_free(&m->params[i]);
+    dense_state_free(m->dense);
     free(m->param_arena);
     free(m->act_arena);
     free(m->params);
@@ -372,7 +445,7 @@ lowp_status lowp_moe_active_params(const lowp_moe *m, int64_t *active, int64_t *
     int64_t all = 0;
     for (int32_t i = 0; i < m->nparams; i++) all += param_numel(&m->params[i]);
     const lowp_moe_config *c = &m->cfg;
-    const int64_t idle_experts = (int64_t) c->experts - c->top_k;
+    const int64_t idle_experts = (int64_t) c->experts - c->top_k; /* 0 for the dense model */
     *total = all;
     *active = all - (int64_t) c->layers * idle_experts * 3 * c->expert_hidden * c->dim;
     return LOWP_OK;
@@ -386,36 +459,29 @@ lowp_status lowp_moe_flops_per_token(const lowp_moe *m, int32_t T, double *flops
     int64_t active, total;
     lowp_status st = lowp_moe_active_params(m, &active, &total);
     if (st != LOWP_OK) return st;
-    /* The embedding is a lookup, not a GEMM: its table costs no multiply-adds. */
-    const double gemm_params = (double) active - (double) m->cfg.vocab * m->cfg.dim;
+    /* The embedding is a lookup, not a GEMM: its table costs no multiply-adds (the dense model's
+     * head is the same table, used as a GEMM weight: there only the positions are a lookup). */
+    const double lookup =
+        m->dense ? (double) m->cfg.seq_len * m->cfg.dim : (double) m->cfg.vocab * m->cfg.dim;
+    const double gemm_params = (double) active - lookup;
     *flops = 6.0 * gemm_params + 12.0 * m->cfg.layers * m->cfg.dim * (double) T;
     return LOWP_OK;
 }
 
 /* ---------------------------------------------------------------- the activation arena */
 
-typedef struct carver {
-    char *base; /* NULL: only measure */
-    size_t off;
-} carver;
-
-static void *carve(carver *c, int64_t count, size_t elem) {
-    const size_t at = (c->off + 63) / 64 * 64;
-    c->off = at + (size_t) count * elem;
-    return c->base ? c->base + at : NULL;
+static float *carve_f(moe_carver *c, int64_t n) {
+    return moe_carve(c, n, sizeof(float));
 }
-static float *carve_f(carver *c, int64_t n) {
-    return carve(c, n, sizeof(float));
-}
-static int32_t *carve_i(carver *c, int64_t n) {
-    return carve(c, n, sizeof(int32_t));
+static int32_t *carve_i(moe_carver *c, int64_t n) {
+    return moe_carve(c, n, sizeof(int32_t));
 }
 
 /* Lays the arena out for dims d (c->base NULL: only measures). shared: every layer's buffers
  * are one scratch set (checkpointing, inference); grads: with the backward's scratch;
  * dropout: with masks. The residual stream xs is always per layer. */
 static void act_layout(lowp_moe *m, const moe_dims *d, int shared, int grads, int dropout,
-                       carver *c) {
+                       moe_carver *c) {
     const int64_t N = d->N, D = d->D, S = d->S, L = d->L;
     m->tokens = carve_i(c, N);
     m->targets = carve_i(c, N);
@@ -441,7 +507,7 @@ static void act_layout(lowp_moe *m, const moe_dims *d, int shared, int grads, in
         a->att = carve_f(c, d->B * d->nh * d->T * d->T);
         a->o = carve_f(c, N * D);
         a->y = carve_f(c, N * D);
-        a->mask = dropout ? carve(c, N * D, 1) : NULL;
+        a->mask = dropout ? moe_carve(c, N * D, 1) : NULL;
         m->x_mid[l] = carve_f(c, N * D);
         moe_ffn_acts *f = &m->ffn[l];
         f->h = carve_f(c, N * D);
@@ -461,13 +527,13 @@ static void act_layout(lowp_moe *m, const moe_dims *d, int shared, int grads, in
         f->su3 = carve_f(c, N * d->Hs);
         f->ss = carve_f(c, N * d->Hs);
         f->y = carve_f(c, N * D);
-        f->mask = dropout ? carve(c, N * D, 1) : NULL;
+        f->mask = dropout ? moe_carve(c, N * D, 1) : NULL;
     }
     m->hf = carve_f(c, N * D);
     m->rstdf = carve_f(c, N);
     m->logits = carve_f(c, N * d->V);
     m->lse = carve_f(c, N);
-    m->row_loss = carve(c, N, sizeof(double));
+    m->row_loss = moe_carve(c, N, sizeof(double));
     moe_grads *g = &m->g;
     memset(g, 0, sizeof *g);
     m->dlogits = NULL;
@@ -497,7 +563,7 @@ static void act_layout(lowp_moe *m, const moe_dims *d, int shared, int grads, in
 
 /* Grows the arena when this pass needs more than it holds, then lays it out. */
 static lowp_status act_prepare(lowp_moe *m, const moe_dims *d, int shared, int grads, int dropout) {
-    carver measure = {NULL, 0};
+    moe_carver measure = {NULL, 0};
     act_layout(m, d, shared, grads, dropout, &measure);
     const size_t need = (measure.off + 63) / 64 * 64;
     if (need > m->act_cap) {
@@ -510,7 +576,7 @@ static lowp_status act_prepare(lowp_moe *m, const moe_dims *d, int shared, int g
                              (long long) d->N);
         m->act_cap = need;
     }
-    carver place = {m->act_arena, 0};
+    moe_carver place = {m->act_arena, 0};
     act_layout(m, d, shared, grads, dropout, &place);
     return LOWP_OK;
 }
@@ -598,41 +664,6 @@ static void embedding_backward(const moe_dims *d, const int32_t *tokens, const f
     }
 }
 
-/* Mean over rows of logsumexp(logits[n]) - logits[n, targets[n]]; lse [N] and row_loss [N]
- * kept. Sums in binary64, the mean in row order. */
-static double cross_entropy(const moe_dims *d, const float *logits, const int32_t *targets,
-                            float *lse, double *row_loss, int nthreads) {
-    const int64_t V = d->V;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (d->N * V >= MOE_PARALLEL_MIN)
-    for (int64_t n = 0; n < d->N; n++) {
-        const float *z = logits + n * V;
-        float mx = z[0];
-        for (int64_t v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        double sum = 0.0;
-        for (int64_t v = 0; v < V; v++) sum += exp((double) (z[v] - mx));
-        const double l = (double) mx + log(sum);
-        lse[n] = (float) l;
-        row_loss[n] = l - (double) z[targets[n]];
-    }
-    double total = 0.0;
-    for (int64_t n = 0; n < d->N; n++) total += row_loss[n];
-    return total / (double) d->N;
-}
-
-/* dlogits [N, V] = (softmax(logits[n]) - onehot(targets[n])) / N. */
-static void cross_entropy_backward(const moe_dims *d, const float *logits, const int32_t *targets,
-                                   const float *lse, float *dlogits, int nthreads) {
-    const int64_t V = d->V;
-    const float inv_n = 1.0f / (float) d->N;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (d->N * V >= MOE_PARALLEL_MIN)
-    for (int64_t n = 0; n < d->N; n++) {
-        const float *z = logits + n * V;
-        float *dz = dlogits + n * V;
-        for (int64_t v = 0; v < V; v++) dz[v] = expf(z[v] - lse[n]) * inv_n;
-        dz[targets[n]] -= inv_n;
-    }
-}
-
 /* ---------------------------------------------------------------- the model */
 
 static lowp_status check_ids(const int32_t *ids, int64_t n, int32_t V, const char *what) {
@@ -681,6 +712,7 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     if (run->threads < 0)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: run.threads (%d) must be >= 0", fn,
                          run->threads);
+    if (m->dense) return dense_forward(m->dense, m->params, tokens, targets, B, T, run, loss);
 
     release_saved(m);
     m->ce = NAN;
@@ -691,6 +723,7 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     memset(&ex, 0, sizeof ex);
     ex.lin.threads = run->threads;
     ex.lin.fp32_plain = run->fp32_plain;
+    ex.lin.cache_plain = 1; /* plain weights' BF16 copies once per version (freed with m) */
     ex.nthreads = lowp_thread_count(run->threads);
     ex.autocast = run->autocast;
     ex.rng = training && c->dropout > 0.0f ? run->rng : NULL;
@@ -749,7 +782,7 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     if (targets == NULL) return LOWP_OK;
 
     /* loss = mean cross-entropy + aux_coef * mean_l aux_l */
-    m->ce = cross_entropy(d, m->logits, targets, m->lse, m->row_loss, ex.nthreads);
+    m->ce = moe_cross_entropy(d, m->logits, targets, m->lse, m->row_loss, ex.nthreads);
     if (loss) *loss = (float) (m->ce + (double) c->aux_loss_coef * m->aux);
     m->can_backward = training;
     return LOWP_OK;
@@ -758,6 +791,7 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
 lowp_status lowp_moe_backward(lowp_moe *m) {
     static const char fn[] = "lowp_moe_backward";
     LOWP_CHECK_PTR(fn, m);
+    if (m->dense) return dense_backward(m->dense, m->params);
     if (!m->can_backward)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: no training forward with targets to differentiate (run.training "
@@ -771,7 +805,7 @@ lowp_status lowp_moe_backward(lowp_moe *m) {
     lowp_status st;
 
     /* dlogits [N, V] */
-    cross_entropy_backward(d, m->logits, m->targets, m->lse, m->dlogits, ex.nthreads);
+    moe_cross_entropy_backward(d, m->logits, m->targets, m->lse, m->dlogits, ex.nthreads);
 
     /* logits = hf Head^T:  dh [N, D] = dlogits Head;  hf = final_norm(x_L):  dres [N, D] */
     st = moe_linear_bwd(&m->params[m->nparams - 1], m->hf, N, m->dlogits, g->dh, &ex,
@@ -812,6 +846,11 @@ lowp_status lowp_moe_backward(lowp_moe *m) {
 lowp_status lowp_moe_logits(const lowp_moe *m, const float **logits) {
     LOWP_CHECK_PTR("lowp_moe_logits", m);
     LOWP_CHECK_PTR("lowp_moe_logits", logits);
+    if (m->dense) {
+        if ((*logits = dense_logits(m->dense)) == NULL)
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_moe_logits: no forward has run");
+        return LOWP_OK;
+    }
     if (m->logits == NULL)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_moe_logits: no forward has run");
     *logits = m->logits;
@@ -820,6 +859,13 @@ lowp_status lowp_moe_logits(const lowp_moe *m, const float **logits) {
 
 lowp_status lowp_moe_loss_terms(const lowp_moe *m, float *cross_entropy, float *aux) {
     LOWP_CHECK_PTR("lowp_moe_loss_terms", m);
+    if (m->dense) {
+        if (dense_logits(m->dense) == NULL)
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_moe_loss_terms: no forward has run");
+        if (cross_entropy) *cross_entropy = (float) dense_cross_entropy(m->dense);
+        if (aux) *aux = 0.0f;
+        return LOWP_OK;
+    }
     if (m->logits == NULL)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_moe_loss_terms: no forward has run");
     if (cross_entropy) *cross_entropy = (float) m->ce;
@@ -828,5 +874,6 @@ lowp_status lowp_moe_loss_terms(const lowp_moe *m, float *cross_entropy, float *
 }
 
 double moe_loss_f64(const lowp_moe *m) {
+    if (m->dense) return dense_cross_entropy(m->dense);
     return m->ce + (double) m->cfg.aux_loss_coef * m->aux;
 }

@@ -12,8 +12,10 @@
  * elementwise inner loops, whose rows never overlap, so they vectorize at -O2 without alias
  * checks (elementwise, so the bits do not change). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "core/profile_internal.h"
 #include "model_internal.h"
 
 /* Rotates each pair (2i, 2i+1) of every head of row n by the angle t * theta^(-2i / hd), where
@@ -50,88 +52,124 @@ static float dot(const float *a, const float *b, int64_t n) {
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
 }
 
-/* Causal attention. q, k, v, o: [N, D] with head h in columns [h * hd, (h + 1) * hd);
- * att: [B, nh, T, T]. Task (b, h) covers rows b * T .. b * T + T - 1 of head h. */
-static void attention_core_forward(const moe_dims *d, const float *q, const float *k,
-                                   const float *v, float *att, float *o, int nthreads) {
-    const int64_t T = d->T, D = d->D, hd = d->hd;
-    const float scale = 1.0f / sqrtf((float) hd);
-    const int64_t work = d->N * d->T * d->D; /* ~ twice the multiply-adds */
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (work >= MOE_PARALLEL_MIN)
-    for (int64_t task = 0; task < d->B * d->nh; task++) {
-        const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
-        for (int64_t t = 0; t < T; t++) {
-            const float *qt = q + base + t * D;
-            float *p = att + (task * T + t) * T; /* [T]: scores, then probabilities */
-            float mx = -INFINITY;
-            for (int64_t j = 0; j <= t; j++) {
-                p[j] = dot(qt, k + base + j * D, hd) * scale;
-                if (p[j] > mx) mx = p[j];
-            }
-            float sum = 0.0f;
-            for (int64_t j = 0; j <= t; j++) {
-                p[j] = expf(p[j] - mx);
-                sum += p[j];
-            }
-            const float inv = 1.0f / sum;
-            for (int64_t j = 0; j <= t; j++) p[j] *= inv;
-            for (int64_t j = t + 1; j < T; j++) p[j] = 0.0f; /* masked: the buffer stays defined */
+/* xt [hd, T] = the T rows of one head's columns of x (row stride D), transposed. */
+static void head_transpose(const float *x, int64_t D, int64_t T, int64_t hd, float *xt) {
+    for (int64_t j = 0; j < T; j++)
+        for (int64_t i = 0; i < hd; i++) xt[i * T + j] = x[j * D + i];
+}
 
-            float *ot = o + base + t * D;
-            memset(ot, 0, (size_t) hd * sizeof(float));
-            for (int64_t j = 0; j <= t; j++) {
-                const float *vj = v + base + j * D;
+/* p[j] = a . b_j for j <= t, with bt [hd, T] the b rows transposed: the sums run over i in
+ * order for every j at once, so the loop vectorizes across j with no horizontal sums (the
+ * row-by-row dot products of short heads spent most of their time reducing). */
+static void row_dots(const float *a, const float *bt, int64_t T, int64_t hd, int64_t t, float *p) {
+    for (int64_t j = 0; j <= t; j++) p[j] = 0.0f;
+    for (int64_t i = 0; i < hd; i++) {
+        const float ai = a[i];
+        const float *br = bt + i * T;
 #pragma omp simd
-                for (int64_t i = 0; i < hd; i++) ot[i] += p[j] * vj[i];
-            }
-        }
+        for (int64_t j = 0; j <= t; j++) p[j] += ai * br[j];
     }
 }
 
-/* Backward of attention_core_forward: from do_ [N, D], dq, dk, dv [N, D] (overwritten).
+/* Causal attention. q, k, v, o: [N, D] with head h in columns [h * hd, (h + 1) * hd);
+ * att: [B, nh, T, T]. Task (b, h) covers rows b * T .. b * T + T - 1 of head h. Each thread
+ * transposes its task's keys once into scratch (without scratch: row-by-row dot products,
+ * which give other bits). */
+void moe_attention_core_forward(const moe_dims *d, const float *q, const float *k, const float *v,
+                                float *att, float *o, int nthreads) {
+    const int64_t T = d->T, D = d->D, hd = d->hd;
+    const float scale = 1.0f / sqrtf((float) hd);
+    const int64_t work = d->N * d->T * d->D; /* ~ twice the multiply-adds */
+#pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
+    {
+        float *kt = malloc((size_t) (T * hd) * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < d->B * d->nh; task++) {
+            const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
+            if (kt) head_transpose(k + base, D, T, hd, kt);
+            for (int64_t t = 0; t < T; t++) {
+                const float *qt = q + base + t * D;
+                float *p = att + (task * T + t) * T; /* [T]: scores, then probabilities */
+                float mx = -INFINITY;
+                if (kt) row_dots(qt, kt, T, hd, t, p);
+                for (int64_t j = 0; j <= t; j++) {
+                    p[j] = (kt ? p[j] : dot(qt, k + base + j * D, hd)) * scale;
+                    if (p[j] > mx) mx = p[j];
+                }
+                float sum = 0.0f;
+                for (int64_t j = 0; j <= t; j++) {
+                    p[j] = expf(p[j] - mx);
+                    sum += p[j];
+                }
+                const float inv = 1.0f / sum;
+                for (int64_t j = 0; j <= t; j++) p[j] *= inv;
+                for (int64_t j = t + 1; j < T; j++)
+                    p[j] = 0.0f; /* masked: the buffer stays defined */
+
+                float *ot = o + base + t * D;
+                memset(ot, 0, (size_t) hd * sizeof(float));
+                for (int64_t j = 0; j <= t; j++) {
+                    const float *vj = v + base + j * D;
+#pragma omp simd
+                    for (int64_t i = 0; i < hd; i++) ot[i] += p[j] * vj[i];
+                }
+            }
+        }
+        free(kt);
+    }
+}
+
+/* Backward of moe_attention_core_forward: from do_ [N, D], dq, dk, dv [N, D] (overwritten).
  * With P the probabilities of row t and dP[j] = do[t] . v[j]:
  *   dv[j] += P[j] do[t];   dS[j] = P[j] (dP[j] - sum_i P[i] dP[i]);
  *   dq[t] += scale sum_j dS[j] k[j];   dk[j] += scale dS[j] q[t].
  * datt: [B * nh, T], one row of dP per task. */
-static void attention_core_backward(const moe_dims *d, const float *q, const float *k,
-                                    const float *v, const float *att, const float *do_, float *dq,
-                                    float *dk, float *dv, float *datt, int nthreads) {
+void moe_attention_core_backward(const moe_dims *d, const float *q, const float *k, const float *v,
+                                 const float *att, const float *do_, float *dq, float *dk,
+                                 float *dv, float *datt, int nthreads) {
     const int64_t T = d->T, D = d->D, hd = d->hd;
     const float scale = 1.0f / sqrtf((float) hd);
     const int64_t work = d->N * d->T * d->D; /* ~ twice the multiply-adds */
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (work >= MOE_PARALLEL_MIN)
-    for (int64_t task = 0; task < d->B * d->nh; task++) {
-        const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
-        float *dp = datt + task * T;
-        for (int64_t t = 0; t < T; t++) {
-            memset(dq + base + t * D, 0, (size_t) hd * sizeof(float));
-            memset(dk + base + t * D, 0, (size_t) hd * sizeof(float));
-            memset(dv + base + t * D, 0, (size_t) hd * sizeof(float));
-        }
-        for (int64_t t = 0; t < T; t++) {
-            const float *p = att + (task * T + t) * T;
-            const float *dot_ = do_ + base + t * D;
-            float pdp = 0.0f; /* sum_j P[j] dP[j] */
-            for (int64_t j = 0; j <= t; j++) {
-                dp[j] = dot(dot_, v + base + j * D, hd);
-                pdp += p[j] * dp[j];
-                float *dvj = dv + base + j * D;
-#pragma omp simd
-                for (int64_t i = 0; i < hd; i++) dvj[i] += p[j] * dot_[i];
+#pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
+    {
+        float *vt = malloc((size_t) (T * hd) * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < d->B * d->nh; task++) {
+            const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
+            float *dp = datt + task * T;
+            if (vt) head_transpose(v + base, D, T, hd, vt);
+            for (int64_t t = 0; t < T; t++) {
+                memset(dq + base + t * D, 0, (size_t) hd * sizeof(float));
+                memset(dk + base + t * D, 0, (size_t) hd * sizeof(float));
+                memset(dv + base + t * D, 0, (size_t) hd * sizeof(float));
             }
-            const float *qt = q + base + t * D;
-            float *dqt = dq + base + t * D;
-            for (int64_t j = 0; j <= t; j++) {
-                const float ds = p[j] * (dp[j] - pdp) * scale;
-                const float *kj = k + base + j * D;
-                float *dkj = dk + base + j * D;
+            for (int64_t t = 0; t < T; t++) {
+                const float *p = att + (task * T + t) * T;
+                const float *dot_ = do_ + base + t * D;
+                float pdp = 0.0f; /* sum_j P[j] dP[j] */
+                if (vt) row_dots(dot_, vt, T, hd, t, dp);
+                for (int64_t j = 0; j <= t; j++) {
+                    if (!vt) dp[j] = dot(dot_, v + base + j * D, hd);
+                    pdp += p[j] * dp[j];
+                    float *dvj = dv + base + j * D;
 #pragma omp simd
-                for (int64_t i = 0; i < hd; i++) {
-                    dqt[i] += ds * kj[i];
-                    dkj[i] += ds * qt[i];
+                    for (int64_t i = 0; i < hd; i++) dvj[i] += p[j] * dot_[i];
+                }
+                const float *qt = q + base + t * D;
+                float *dqt = dq + base + t * D;
+                for (int64_t j = 0; j <= t; j++) {
+                    const float ds = p[j] * (dp[j] - pdp) * scale;
+                    const float *kj = k + base + j * D;
+                    float *dkj = dk + base + j * D;
+#pragma omp simd
+                    for (int64_t i = 0; i < hd; i++) {
+                        dqt[i] += ds * kj[i];
+                        dkj[i] += ds * qt[i];
+                    }
                 }
             }
         }
+        free(vt);
     }
 }
 
@@ -153,11 +191,13 @@ lowp_status moe_attention_forward(lowp_param *lp, const moe_dims *d, const moe_e
     if (st != LOWP_OK) return st;
     st = moe_linear_fwd(&lp[MOE_WV], a->h, N, a->v, ex, keep ? &a->saved[2] : NULL);
     if (st != LOWP_OK) return st;
+    lowp_prof_push(LOWP_PHASE_ATTENTION);
     rope_rotate(a->q, d, rope_cos, rope_sin, 1.0f, ex->nthreads);
     rope_rotate(a->k, d, rope_cos, rope_sin, 1.0f, ex->nthreads);
 
     /* o [N, D] = causal softmax attention; att [B, nh, T, T] kept */
-    attention_core_forward(d, a->q, a->k, a->v, a->att, a->o, ex->nthreads);
+    moe_attention_core_forward(d, a->q, a->k, a->v, a->att, a->o, ex->nthreads);
+    lowp_prof_pop();
 
     /* y [N, D] = o Wo^T */
     return moe_linear_fwd(&lp[MOE_WO], a->o, N, a->y, ex, keep ? &a->saved[3] : NULL);
@@ -174,10 +214,12 @@ lowp_status moe_attention_backward(lowp_param *lp, const moe_dims *d, const moe_
     if (st != LOWP_OK) return st;
 
     /* attention core: dq, dk, dv [N, D]; then RoPE's transpose on dq and dk */
-    attention_core_backward(d, a->q, a->k, a->v, a->att, g->do_, g->dq, g->dk, g->dv, g->datt,
-                            ex->nthreads);
+    lowp_prof_push(LOWP_PHASE_ATTENTION);
+    moe_attention_core_backward(d, a->q, a->k, a->v, a->att, g->do_, g->dq, g->dk, g->dv, g->datt,
+                                ex->nthreads);
     rope_rotate(g->dq, d, rope_cos, rope_sin, -1.0f, ex->nthreads);
     rope_rotate(g->dk, d, rope_cos, rope_sin, -1.0f, ex->nthreads);
+    lowp_prof_pop();
 
     /* q, k, v = h W^T:  dh [N, D] = dq Wq + dk Wk + dv Wv */
     st = moe_linear_bwd(&lp[MOE_WQ], a->h, N, g->dq, g->dh, ex, &a->saved[0]);

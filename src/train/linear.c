@@ -12,10 +12,12 @@
  *
  * A wrapped weight's copies (forward and dgrad operands, every expert) are made in one pass per
  * parameter version and cached in its wrap, so micro-batches and recomputed forwards reuse
- * them; a plain weight is rounded to BF16 on every call (or, with opts.fp32_plain, multiplied
- * in F32: the float references of gradient checks). */
+ * them; a plain weight is rounded to BF16 on every call, or, with opts.cache_plain, once per
+ * version into param->plain_cache (or, with opts.fp32_plain, multiplied in F32: the float
+ * references of gradient checks). */
 #include <stdlib.h>
 
+#include "core/profile_internal.h"
 #include "ops/ops_internal.h"
 #include "train_internal.h"
 
@@ -27,7 +29,8 @@ typedef struct plan {
     lowp_linear_cfg cfg; /* the wrap's, or the bf16 preset for a plain weight */
     lowp_fp8_state *fp8; /* NULL when no operand is delayed */
     int fwd_q, dgrad_q, wgrad_q;
-    int hp; /* the kind of the GEMMs that are not quantized: COPY_BF16 or COPY_F32 */
+    int hp;          /* the kind of the GEMMs that are not quantized: COPY_BF16 or COPY_F32 */
+    int cache_plain; /* a plain weight keeps its BF16 copies in param->plain_cache */
 } plan;
 
 static void plan_of(const lowp_param *w, const lowp_linear_opts *opts, plan *p) {
@@ -39,6 +42,7 @@ static void plan_of(const lowp_param *w, const lowp_linear_opts *opts, plan *p) 
     } else {
         lowp_linear_cfg_preset("bf16", &p->cfg);
         if (opts && opts->fp32_plain) p->hp = COPY_F32;
+        p->cache_plain = opts && opts->cache_plain && p->hp == COPY_BF16;
     }
     const int qi = lowp_spec_quantized(&p->cfg.input), qw = lowp_spec_quantized(&p->cfg.weight),
               qg = lowp_spec_quantized(&p->cfg.grad_output);
@@ -120,9 +124,9 @@ static void transpose_f32(const float *src, int64_t rows, int64_t cols, float *d
  * ([C, R]), either NULL, each already set up by qt_alloc (quantized per s, or BF16). `scale`:
  * the delayed scale for a TENSOR spec (NULL: current scaling). `amax` (may be NULL) receives
  * the amax of x, for the delayed-scaling history. */
-static lowp_status fill_copies(const char *fn, const lowp_tensor *x, const lowp_operand_spec *s,
-                               lowp_qtensor *row, lowp_qtensor *col, const float *scale,
-                               float *amax, int32_t threads) {
+static lowp_status fill_copies_raw(const char *fn, const lowp_tensor *x, const lowp_operand_spec *s,
+                                   lowp_qtensor *row, lowp_qtensor *col, const float *scale,
+                                   float *amax, int32_t threads) {
     lowp_qtensor *rq = row && row->scaling != LOWP_SCALING_NONE ? row : NULL;
     lowp_qtensor *cq = col && col->scaling != LOWP_SCALING_NONE ? col : NULL;
     lowp_qtensor *rb = row && row->scaling == LOWP_SCALING_NONE ? row : NULL;
@@ -170,6 +174,26 @@ static lowp_status fill_copies(const char *fn, const lowp_tensor *x, const lowp_
     st = lowp_cast(x, &t, &cc);
     if (st == LOWP_OK && cb) transpose_u16(b16, x->rows, x->cols, cb->data);
     if (!rb) free(b16);
+    return st;
+}
+
+static lowp_status fill_copies(const char *fn, const lowp_tensor *x, const lowp_operand_spec *s,
+                               lowp_qtensor *row, lowp_qtensor *col, const float *scale,
+                               float *amax, int32_t threads) {
+    lowp_prof_push(LOWP_PHASE_QUANT);
+    lowp_status st = fill_copies_raw(fn, x, s, row, col, scale, amax, threads);
+    lowp_prof_pop();
+    return st;
+}
+
+/* The GEMMs of the layers, timed as one phase. */
+static lowp_status gemm_timed(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
+                              int32_t G, int wgrad, lowp_tensor *c, const lowp_gemm_cfg *gc) {
+    lowp_prof_push(LOWP_PHASE_GEMM);
+    lowp_status st = !offs   ? lowp_gemm(a, b, c, gc)
+                     : wgrad ? lowp_grouped_gemm_wgrad(a, b, offs, G, c, gc)
+                             : lowp_grouped_gemm(a, b, offs, G, c, gc);
+    lowp_prof_pop();
     return st;
 }
 
@@ -230,8 +254,8 @@ static lowp_status cache_new(const char *fn, const lowp_param *w, const plan *p,
 /* Make every copy the cache holds from the master weights, expert by expert. With MXFP4 fake
  * quantization the weight first goes through MXFP4 and back (straight-through: the gradient
  * still reaches the FP32 master). The weight's amax is recorded here, once per version. */
-static lowp_status cache_fill(const char *fn, const lowp_param *w, const plan *p,
-                              struct lowp_weight_cache *c, int32_t threads) {
+static lowp_status cache_fill_raw(const char *fn, const lowp_param *w, const plan *p,
+                                  struct lowp_weight_cache *c, int32_t threads) {
     const int64_t N = w->rows, K = w->cols;
     const lowp_operand_spec *ws = &p->cfg.weight;
     const float *scale = delayed_scale(p, ws, LOWP_ROLE_WEIGHT);
@@ -271,6 +295,43 @@ static lowp_status cache_fill(const char *fn, const lowp_param *w, const plan *p
     return st;
 }
 
+static lowp_status cache_fill(const char *fn, const lowp_param *w, const plan *p,
+                              struct lowp_weight_cache *c, int32_t threads) {
+    lowp_prof_push(LOWP_PHASE_QUANT);
+    lowp_status st = cache_fill_raw(fn, w, p, c, threads);
+    lowp_prof_pop();
+    return st;
+}
+
+/* *slot made current for w's version: both orientations at once, one read of the master
+ * weights per version, whichever GEMM comes first. stats (may be NULL) counts the remakes. */
+static lowp_status cached_copies(const char *fn, const lowp_param *w, const plan *p,
+                                 struct lowp_weight_cache **slot, int32_t threads,
+                                 lowp_wrap_stats *stats) {
+    lowp_status st;
+    if (*slot && ((*slot)->groups != (w->groups > 0 ? w->groups : 1) || (*slot)->rows != w->rows ||
+                  (*slot)->cols != w->cols)) {
+        lowp_weight_cache_free(*slot); /* the caller changed the shape: start over */
+        *slot = NULL;
+    }
+    if (!*slot && (st = cache_new(fn, w, p, 1, 1, slot)) != LOWP_OK) return st;
+    struct lowp_weight_cache *c = *slot;
+    if (!c->valid || c->version != w->version) {
+        c->valid = 0;
+        if ((st = cache_fill(fn, w, p, c, threads)) != LOWP_OK) return st;
+        c->valid = 1;
+        c->version = w->version;
+        if (stats) stats->weight_quantizations++;
+    }
+    return LOWP_OK;
+}
+
+void lowp_param_cache_free(lowp_param *w) {
+    if (!w) return;
+    lowp_weight_cache_free(w->plain_cache);
+    w->plain_cache = NULL;
+}
+
 /* The weight's operands for this call: a wrapped weight's cache (remade when the parameter's
  * version moved on), or, for a plain weight, fresh BF16 (or F32) copies that the caller frees
  * (*owned set). */
@@ -279,6 +340,12 @@ static lowp_status weight_operands(const char *fn, lowp_param *w, const plan *p,
                                    int *owned) {
     lowp_status st;
     *owned = 0;
+    if (!w->wrap && p->cache_plain) {
+        /* Kept in the parameter, per version, as a wrapped weight's quantized copies are. */
+        if ((st = cached_copies(fn, w, p, &w->plain_cache, threads, NULL)) != LOWP_OK) return st;
+        *out = w->plain_cache;
+        return LOWP_OK;
+    }
     if (!w->wrap) {
         if ((st = cache_new(fn, w, p, want_fwd, want_dgr, out)) != LOWP_OK) return st;
         if ((st = cache_fill(fn, w, p, *out, threads)) != LOWP_OK) {
@@ -289,23 +356,8 @@ static lowp_status weight_operands(const char *fn, lowp_param *w, const plan *p,
         return LOWP_OK;
     }
     struct lowp_wrap *wr = w->wrap;
-    if (wr->cache && (wr->cache->groups != (w->groups > 0 ? w->groups : 1) ||
-                      wr->cache->rows != w->rows || wr->cache->cols != w->cols)) {
-        lowp_weight_cache_free(wr->cache); /* the caller changed the shape: start over */
-        wr->cache = NULL;
-    }
-    /* A wrapped weight makes both orientations at once: one read of the master weights per
-     * version, whichever GEMM comes first. */
-    if (!wr->cache && (st = cache_new(fn, w, p, 1, 1, &wr->cache)) != LOWP_OK) return st;
-    struct lowp_weight_cache *c = wr->cache;
-    if (!c->valid || c->version != w->version) {
-        c->valid = 0;
-        if ((st = cache_fill(fn, w, p, c, threads)) != LOWP_OK) return st;
-        c->valid = 1;
-        c->version = w->version;
-        wr->stats.weight_quantizations++;
-    }
-    *out = c;
+    if ((st = cached_copies(fn, w, p, &wr->cache, threads, &wr->stats)) != LOWP_OK) return st;
+    *out = wr->cache;
     return LOWP_OK;
 }
 
@@ -361,6 +413,9 @@ static lowp_status check_opts(const char *fn, const lowp_linear_opts *o) {
     if (o->fp32_plain != 0 && o->fp32_plain != 1)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: opts.fp32_plain (%d) is not 0 or 1", fn,
                          o->fp32_plain);
+    if (o->cache_plain != 0 && o->cache_plain != 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: opts.cache_plain (%d) is not 0 or 1", fn,
+                         o->cache_plain);
     return LOWP_OK;
 }
 
@@ -375,11 +430,15 @@ struct lowp_linear_saved {
     int32_t *offs; /* grouped: the forward's offs (the X copy's groups point here) */
     int has_xcol;
     lowp_qtensor xcol; /* keep_quantized: X's columnwise copy [K, T], quantized */
+    int has_xbf16;
+    lowp_qtensor xbf16; /* both X GEMMs in BF16: the forward's row copy [T, K], so the backward
+                           transposes it instead of rounding x again (the same bits) */
 };
 
 void lowp_linear_saved_free(lowp_linear_saved *s) {
     if (!s) return;
     qt_free(&s->xcol);
+    qt_free(&s->xbf16);
     free(s->offs);
     free(s);
 }
@@ -455,9 +514,13 @@ static lowp_status forward(const char *fn, int grouped, lowp_param *w, const flo
         lowp_gemm_cfg_init(&gc);
         gc.threads = threads;
         lowp_tensor yv = {LOWP_FORMAT_F32, T, N, y->data, LOWP_DEVICE_HOST};
-        st = grouped ? lowp_grouped_gemm(&xrow, wc->fwd, offs, G, &yv, &gc)
-                     : lowp_gemm(&xrow, &wc->fwd[0], &yv, &gc);
+        st = gemm_timed(&xrow, wc->fwd, grouped ? offs : NULL, G, 0, &yv, &gc);
         if (st != LOWP_OK) goto done;
+        if (s && !p.fwd_q && !p.wgrad_q && p.hp == COPY_BF16) {
+            s->xbf16 = xrow; /* the backward's wgrad reads the same rounding of x */
+            s->has_xbf16 = 1;
+            memset(&xrow, 0, sizeof xrow);
+        }
     }
     if (grouped) zero_rows(y, T);
     if (bias) {
@@ -574,13 +637,17 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
         gc.threads = threads;
         if (dx) {
             lowp_tensor dxv = {LOWP_FORMAT_F32, T, K, dx->data, LOWP_DEVICE_HOST};
-            st = grouped ? lowp_grouped_gemm(&dyrow, wc->dgr, offs, G, &dxv, &gc)
-                         : lowp_gemm(&dyrow, &wc->dgr[0], &dxv, &gc);
+            st = gemm_timed(&dyrow, wc->dgr, grouped ? offs : NULL, G, 0, &dxv, &gc);
             if (st != LOWP_OK) goto out;
         }
         const lowp_qtensor *xc = &xcol;
         if (saved && saved->has_xcol) {
             xc = &saved->xcol;
+        } else if (saved && saved->has_xbf16 && !p.wgrad_q && p.hp == COPY_BF16) {
+            if ((st = qt_alloc(fn, &xcol, is, COPY_BF16, K, T, NULL, 0)) != LOWP_OK) goto out;
+            lowp_prof_push(LOWP_PHASE_QUANT);
+            transpose_u16(saved->xbf16.data, T, K, xcol.data);
+            lowp_prof_pop();
         } else {
             /* Requantize X from high precision with the same scale the forward used (the
              * role's scale moves only at the end of the step); its amax is already recorded. */
@@ -593,8 +660,7 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
         }
         gc.accumulate = 1; /* dW adds into the FP32 gradient: micro-batches add up */
         lowp_tensor gt = {LOWP_FORMAT_F32, (int64_t) G * N, K, w->grad, LOWP_DEVICE_HOST};
-        st = grouped ? lowp_grouped_gemm_wgrad(&dycol, xc, offs, G, &gt, &gc)
-                     : lowp_gemm(&dycol, xc, &gt, &gc);
+        st = gemm_timed(&dycol, xc, grouped ? offs : NULL, G, 1, &gt, &gc);
         if (st != LOWP_OK) goto out;
     }
     if (dx && grouped) zero_rows(dx, T);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/profile_internal.h"
 #include "trainer_internal.h"
 
 double lowp_trainer_now(void) {
@@ -277,25 +278,34 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
     memset(rep, 0, sizeof *rep);
     const int32_t B = t->cfg.batch, T = t->cfg.seq_len, A = t->cfg.accum;
     const double t_begin = lowp_trainer_now();
+    lowp_prof_push(LOWP_PHASE_OPTIMIZER);
     for (int32_t i = 0; i < t->n; i++)
         memset(t->params[i].grad, 0, (size_t) lowp_param_numel(&t->params[i]) * sizeof(float));
+    lowp_prof_pop();
     lowp_moe_run run = train_run(t, 1);
     double ce_sum = 0.0, aux_sum = 0.0;
     lowp_status st;
     for (int32_t a = 0; a < A; a++) {
+        lowp_prof_push(LOWP_PHASE_DATA);
         st = lowp_data_batch(t->data, LOWP_SPLIT_TRAIN, t->cfg.seed, t->data_pos, B, T, t->tokens,
                              t->targets);
+        lowp_prof_pop();
         if (st != LOWP_OK) return st;
         t->data_pos++;
         float loss, ce, aux;
-        if ((st = lowp_moe_forward(t->model, t->tokens, t->targets, B, T, &run, &loss)) !=
-                LOWP_OK ||
-            (st = lowp_moe_loss_terms(t->model, &ce, &aux)) != LOWP_OK)
-            return st;
-        if ((st = lowp_moe_backward(t->model)) != LOWP_OK) return st;
+        /* The model's own loops (norms, activations, routing, loss) are the elementwise phase;
+         * the training layer marks its GEMMs and quantization, the attention its core. */
+        lowp_prof_push(LOWP_PHASE_ELEMENTWISE);
+        if ((st = lowp_moe_forward(t->model, t->tokens, t->targets, B, T, &run, &loss)) ==
+                LOWP_OK &&
+            (st = lowp_moe_loss_terms(t->model, &ce, &aux)) == LOWP_OK)
+            st = lowp_moe_backward(t->model);
+        lowp_prof_pop();
+        if (st != LOWP_OK) return st;
         ce_sum += (double) ce;
         aux_sum += (double) aux;
     }
+    lowp_prof_push(LOWP_PHASE_OPTIMIZER);
     /* The model's gradients are of a mean over one micro-batch; the update wants the mean over
      * all of them. */
     if (A > 1) {
@@ -316,7 +326,9 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
      * update, as dynamic loss scaling does, and let the caller see it in the report. */
     rep->skipped = !isfinite(norm);
     if (!rep->skipped && (st = lowp_adamw_step(t->opt, t->params, t->n, lr)) != LOWP_OK) return st;
-    if ((st = lowp_train_step_end(t->params, t->n, NULL)) != LOWP_OK) return st;
+    st = lowp_train_step_end(t->params, t->n, NULL);
+    lowp_prof_pop();
+    if (st != LOWP_OK) return st;
     t->step++;
     if ((st = lowp_trainer_guard_skips(t, rep->skipped)) != LOWP_OK) return st;
     const double t_update = lowp_trainer_now();
