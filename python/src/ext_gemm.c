@@ -60,7 +60,7 @@ static PyObject *run_gemm(int kind, PyObject *a_o, PyObject *b_o, long long grou
     lowp_gemm_cfg_init(&cfg);
     cfg.accumulate = accumulate;
     cfg.threads = threads;
-    cfg.path = (lowp_gemm_path) path;
+    cfg.path = (lowp_kernel_path) path;
     const int32_t *offs = ob.held ? ob.view.buf : NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (kind == GEMM_PLAIN)

@@ -46,7 +46,7 @@ static PyObject *py_cast(PyObject *self, PyObject *args) {
     lowp_cast_cfg cfg;
     lowp_cast_cfg_init(&cfg);
     cfg.overflow = overflow ? LOWP_OVERFLOW_NONSAT : LOWP_OVERFLOW_SATFINITE;
-    cfg.rounding = rounding ? LOWP_ROUND_SR : LOWP_ROUND_RNE;
+    cfg.rounding = rounding ? LOWP_ROUNDING_SR : LOWP_ROUNDING_RNE;
     cfg.seed = seed;
     cfg.offset = offset;
     cfg.threads = threads;

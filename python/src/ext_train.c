@@ -7,9 +7,9 @@
 
 static int parse_algo(const char *name, lowp_amax_algo *out) {
     if (strcmp(name, "max") == 0)
-        *out = LOWP_AMAX_MAX;
+        *out = LOWP_AMAX_ALGO_MAX;
     else if (strcmp(name, "most_recent") == 0)
-        *out = LOWP_AMAX_MOST_RECENT;
+        *out = LOWP_AMAX_ALGO_MOST_RECENT;
     else {
         PyErr_Format(PyExc_ValueError, "amax_compute_algo ('%s') is not max or most_recent", name);
         return -1;
