@@ -460,9 +460,8 @@ class ParamSwapConfig(_QATBase):
             raise TypeError("params_filter_fn must be callable (param, fqn) -> bool")
 
     def matmul_config(self):
-        """What the wrapped weights carry: the weight config, or the pair resolved."""
-        if self.activation_config is None:
-            return self.weight_config
+        """What the wrapped weights carry: the MatmulSpec of the weight (and activation)
+        config, resolved (and so checked) once at prepare."""
         return _ops().resolve_config(self.weight_config, self.activation_config)
 
 
@@ -490,15 +489,18 @@ def _owners(module):
     return found
 
 
-def _is_delayed(cfg):
-    return getattr(cfg, "delayed", False) is True
+def _is_delayed(spec):
+    return any(getattr(spec, r).delayed for r in ("input", "weight", "grad_output"))
 
 
 def wrap_parameters(module, config, params_filter_fn=None):
     """Wrap the chosen parameters of ``module`` (the prepare step). Returns the fqns wrapped."""
     from . import fp8_state as _fs
 
-    mm_cfg = config.matmul_config() if isinstance(config, ParamSwapConfig) else config
+    if isinstance(config, ParamSwapConfig):
+        mm_cfg = config.matmul_config()
+    else:
+        mm_cfg = _ops().resolve_config(config)
     wrapped = []
     states = {}
     for _, (p, places) in _owners(module).items():
