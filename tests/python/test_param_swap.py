@@ -449,3 +449,37 @@ def test_checkpoint_reuses_cache_records_once_same_grads(recipe):
         s0, s1 = nets[0].a._lowp_fp8_state, nets[1].a._lowp_fp8_state
         assert s0.records == s1.records and s1.skipped_records > 0
         assert torch.equal(s0.amax_history, s1.amax_history)
+
+
+def _clear_caches(model):
+    for _, p in lt.wrapped_parameters(model):
+        p.cache.clear()
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_no_stale_copies_after_updates(foreach):
+    """Views made in the forward (the experts' transposes, slices) and updates through .data or
+    the optimizer: a cached copy never outlives an update (clearing every cache changes
+    nothing)."""
+    torch.manual_seed(0)
+    model = moe_ex.TinyMoE(n_layers=1)
+    lt.apply_recipe(model, "mix")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=foreach)
+    x, _ = moe_ex.batch(0)
+    for step in range(3):
+        model(x).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            a = model(x)
+            _clear_caches(model)
+            b = model(x)
+        assert same(a, b), step
+    w = model.layers[0].moe.experts.w1
+    with torch.no_grad():
+        w.data.add_(0.01)  # through .data (a detached view of the wrapper)
+        w[1].mul_(0.5)  # through a slice
+        a = model(x)
+        _clear_caches(model)
+        b = model(x)
+    assert same(a, b)

@@ -105,26 +105,43 @@ class _Unwrap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, w):
-        # detach(): the same storage and version counter, so WeightCache sees the updates.
-        return w._data.detach()
+        return _operand(w)
 
     @staticmethod
     def backward(ctx, grad):
         return grad
 
 
+def _operand(w):
+    """The weight as a plain tensor for the ops: a view of the root master tensor made here, at
+    the autograd level, so it shares the root's version counter (views made inside
+    __torch_dispatch__ get counters of their own, which optimizer updates never bump) and the
+    WeightCache sees every update of the storage."""
+    return _master_view(w).detach()
+
+
+def _master_view(w):
+    """w's data as the root tensor itself or an autograd-level view of it."""
+    d, r = w._data, w._root
+    if d is r or (d.size() == r.size() and d.stride() == r.stride()
+                  and d.storage_offset() == r.storage_offset()):
+        return r
+    with torch.no_grad():
+        return r.as_strided(d.size(), d.stride(), d.storage_offset())
+
+
 def _unwrap_for_op(w):
     with torch._C.DisableTorchFunctionSubclass():
         if torch.is_grad_enabled() and w.requires_grad:
             return _Unwrap.apply(w)
-        return w._data.detach()
+        return _operand(w)
 
 
 class LowpWeight(torch.Tensor):
     """A weight wrapped for low-precision matmuls (see the module docstring)."""
 
     @staticmethod
-    def __new__(cls, data, config, cache=None, fp8_state=None, token=None):
+    def __new__(cls, data, config, cache=None, fp8_state=None, token=None, root=None):
         if not isinstance(data, torch.Tensor) or isinstance(data, LowpWeight):
             raise TypeError("data must be a plain torch.Tensor, got %s" % type(data).__name__)
         return torch.Tensor._make_wrapper_subclass(
@@ -138,8 +155,11 @@ class LowpWeight(torch.Tensor):
             requires_grad=data.requires_grad,
         )
 
-    def __init__(self, data, config, cache=None, fp8_state=None, token=None):
+    def __init__(self, data, config, cache=None, fp8_state=None, token=None, root=None):
         self._data = data
+        # The tensor that owns the storage (the master weight itself for a parameter; for a
+        # view of it, the parent's root): its version counter is the one that tells updates.
+        self._root = data if root is None else root
         self._config = config
         self._cache = cache if cache is not None else _ops().WeightCache()
         self._fp8_state = fp8_state
@@ -153,8 +173,9 @@ class LowpWeight(torch.Tensor):
 
     @property
     def master(self):
-        """The master weight (a plain tensor sharing this wrapper's storage)."""
-        return self._data
+        """The master weight: a plain tensor sharing this wrapper's storage and the version
+        counter that in-place updates bump."""
+        return _master_view(self)
 
     @property
     def cache(self):
@@ -173,13 +194,14 @@ class LowpWeight(torch.Tensor):
     def untyped_storage(self):
         return self._data.untyped_storage()
 
-    def _like(self, data, share_cache):
+    def _like(self, data, view):
         return LowpWeight(
             data,
             self._config,
-            cache=self._cache if share_cache else None,
+            cache=self._cache if view else None,
             fp8_state=self._fp8_state,
             token=self._token,
+            root=self._root if view else None,
         )
 
     # ---- torch.compile / swap_tensors / FSDP2 ----
@@ -257,7 +279,7 @@ class LowpWeight(torch.Tensor):
                 val = args[i] if i < len(args) else kwargs.get(a.name)
                 for t in pytree.tree_leaves(val):
                     if isinstance(t, LowpWeight):
-                        torch.autograd.graph.increment_version(t._data)
+                        torch.autograd.graph.increment_version(t._root)
             # In-place ops return their (wrapped) self.
             return pytree.tree_map_only(
                 torch.Tensor, lambda t: inner_to_outer.get(id(t), t), out)
@@ -284,7 +306,7 @@ def _opkw(w):
 def _live_fp8_state(w):
     st = w._fp8_state
     if st is not None and not _in_backward():
-        st.before_use(w._token, w._data._version)
+        st.before_use(w._token, w._root._version)
     return st
 
 
@@ -539,7 +561,7 @@ def unwrap_parameters(module):
     for _, (p, places) in _owners(module).items():
         if not isinstance(p, LowpWeight):
             continue
-        newp = nn.Parameter(p._data.detach(), requires_grad=p.requires_grad)
+        newp = nn.Parameter(p.master.detach(), requires_grad=p.requires_grad)
         for mod, lf, _ in places:
             setattr(mod, lf, newp)
             _fs.detach_state(mod)
