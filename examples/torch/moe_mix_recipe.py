@@ -134,21 +134,26 @@ class TinyMoE(nn.Module):
         return self.output(self.norm(x))
 
 
-def batch(step, batch_size=8, seq=32, vocab=64, seed=0):
+def batch(step, batch_size=8, seq=32, vocab=64, seed=0, noise=0.0):
     """A fixed synthetic language: each sequence is an arithmetic progression modulo vocab with
-    a random start and stride, so the next token is predictable from the previous two."""
+    a random start and stride, so the next token is predictable from the previous two; with
+    `noise` > 0 each token is replaced by a uniformly random one with that probability (the
+    loss then has a floor, as a real language's has)."""
     g = torch.Generator().manual_seed(seed * 100003 + step)
     start = torch.randint(0, vocab, (batch_size, 1), generator=g)
     stride = torch.randint(1, 8, (batch_size, 1), generator=g)
     seqs = (start + stride * torch.arange(seq + 1)) % vocab
+    if noise > 0:
+        flip = torch.rand(seqs.shape, generator=g) < noise
+        seqs = torch.where(flip, torch.randint(0, vocab, seqs.shape, generator=g), seqs)
     return seqs[:, :-1], seqs[:, 1:]
 
 
-def train(model, steps, lr=3e-3, seed=0, autocast=True):
+def train(model, steps, lr=3e-3, seed=0, autocast=True, noise=0.0):
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     for step in range(steps):
-        x, y = batch(step, seed=seed)
+        x, y = batch(step, seed=seed, noise=noise)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
