@@ -33,8 +33,9 @@ changed) and, for delayed scaling, the owning module's FP8 state.
   checkpoint loads with ``torch.load(weights_only=True)`` into a prepared or a plain model.
 - FSDP2: the wrapper is kept on the shards (the sharding ops are in ``_WEIGHT_OPS``) and
   ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` gather the master shards and wrap the
-  unsharded weight again, with one cache per parameter that is invalidated by every
-  all-gather (so under FSDP2 a weight is quantized once per all-gather).
+  unsharded weight again (a copy the wrapper owns; each all-gather writes it and bumps its
+  version, so under FSDP2 a weight is quantized once per all-gather: use
+  ``reshard_after_forward=False`` for once per step).
 """
 
 import itertools
@@ -160,6 +161,8 @@ class LowpWeight(torch.Tensor):
         # The tensor that owns the storage (the master weight itself for a parameter; for a
         # view of it, the parent's root): its version counter is the one that tells updates.
         self._root = data if root is None else root
+        # Whose version counts the optimizer's updates (the sharded master under FSDP2).
+        self._version_source = self._root
         self._config = config
         self._cache = cache if cache is not None else _ops().WeightCache()
         self._fp8_state = fp8_state
@@ -195,7 +198,7 @@ class LowpWeight(torch.Tensor):
         return self._data.untyped_storage()
 
     def _like(self, data, view):
-        return LowpWeight(
+        new = LowpWeight(
             data,
             self._config,
             cache=self._cache if view else None,
@@ -203,6 +206,11 @@ class LowpWeight(torch.Tensor):
             token=self._token,
             root=self._root if view else None,
         )
+        if view:
+            new._version_source = self._version_source
+            if hasattr(self, "_gathered_at"):
+                new._gathered_at = self._gathered_at
+        return new
 
     # ---- torch.compile / swap_tensors / FSDP2 ----
     def __tensor_flatten__(self):
@@ -221,15 +229,28 @@ class LowpWeight(torch.Tensor):
         return (data,), None
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        # The unsharded wrapper owns a copy of the gathered weight, and FSDP is told it holds no
+        # inner tensors: lowp's native kernels read CPU tensors through Tensor.numpy(), which
+        # makes a storage non-resizable, and FSDP2 frees (resizes to 0) the buffers it owns
+        # at every reshard. Costs one unsharded copy per wrapped weight while it is gathered.
+        # The copy goes through .data (no version bump: the backward's re-gather must not
+        # invalidate what the forward saved); the sharded master's version tells whether an
+        # optimizer step changed the weight, and then the quantized copies are dropped.
         (data,) = all_gather_outputs
         if out is not None:
-            # The same buffer holds the newly gathered weight: forget its quantized copies.
             target = out._local_tensor if hasattr(out, "_local_tensor") else out
-            if isinstance(target, LowpWeight):
+            target._root.data.copy_(data)
+            v = self._root._version
+            if getattr(target, "_gathered_at", None) != v:
                 target._cache = _ops().WeightCache()
+                target._gathered_at = v
+            target._version_source = self._root
             return
-        return LowpWeight(data, self._config, fp8_state=self._fp8_state,
-                          token=self._token), (data,)
+        own = data.detach().clone()
+        new = LowpWeight(own, self._config, fp8_state=self._fp8_state, token=self._token)
+        new._version_source = self._root
+        new._gathered_at = self._root._version
+        return new, ()
 
     # ---- pickling: the master weight alone ----
     def __reduce_ex__(self, proto):
@@ -306,7 +327,7 @@ def _opkw(w):
 def _live_fp8_state(w):
     st = w._fp8_state
     if st is not None and not _in_backward():
-        st.before_use(w._token, w._root._version)
+        st.before_use(w._token, w._version_source._version)
     return st
 
 
