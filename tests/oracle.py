@@ -3,7 +3,7 @@
 - `Lib`: liblowp loaded with ctypes (path in env LOWP_LIB), with numpy-friendly wrappers around
   lowp_cast (structs declared to match include/lowp/tensor.h, cast.h and device.h) and the scalar
   lowp_encode / lowp_decode / lowp_encode_sr.
-- `encode_oracle` / `decode_oracle`: the element conversions of NUMERICS.md sections 1-2 built
+- `encode_oracle` / `decode_oracle`: the element conversions of docs/numerics.md sections 1-2 built
   from ml_dtypes (its astype is the nonsat RNE cast), with lowp's documented rules for NaN inputs
   and for satfinite applied on top.
 - `Report`: counts named checks and prints the first few offending inputs of a failed one.
@@ -228,7 +228,7 @@ def finite_table(fmt):
 
 
 def encode_oracle(x, fmt, overflow):
-    """The code lowp must produce for each float32 in x (RNE), per NUMERICS.md sections 1-2."""
+    """The code lowp must produce for each float32 in x (RNE), per docs/numerics.md sections 1-2."""
     f = FORMATS[fmt]
     x = np.ascontiguousarray(x, np.float32)
     with np.errstate(all="ignore"):

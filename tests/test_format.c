@@ -1,4 +1,4 @@
-/* The scalar reference of NUMERICS.md sections 1-2, on the hand-picked cases the document
+/* The scalar reference of docs/numerics.md sections 1-2, on the hand-picked cases the document
  * names (ties at the top, NaN codes, E8M0 subnormal scale, E2M1 rules, SR thresholds) and the
  * traits table. The exhaustive comparison with ml_dtypes is in test_oracle_formats.py. */
 #include <float.h>
@@ -7,17 +7,6 @@
 
 #include "lowp/format.h"
 #include "testutil.h"
-
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 static uint32_t enc(lowp_format f, float x, lowp_overflow ov) {
     uint32_t c = 0xDEADBEEF;

@@ -1,4 +1,4 @@
-"""Oracle test of lowp's element formats against ml_dtypes (NUMERICS.md sections 1-2).
+"""Oracle test of lowp's element formats against ml_dtypes (docs/numerics.md sections 1-2).
 
 Loads liblowp (env LOWP_LIB) with ctypes and checks, on the reference path, the automatic path and
 (where the CPU and the library have it) the AVX-512 path of lowp_cast, plus the scalar

@@ -33,7 +33,7 @@ static const char CAST_USAGE[] =
     "  --round MODE      rne (default, round to nearest even) or sr (stochastic, needs --seed)\n"
     "  --seed N          SR: the Philox seed\n"
     "  --offset N        SR: Philox word of element 0 (default 0); element i uses word N + i\n"
-    "  --threads N       threads to use; 0 (default) uses every core\n"
+    "  --threads N       threads to use, 0 to 256; 0 (default) uses every core\n"
     "\n"
     "Exit status: 0 success, 2 bad usage or bad input file, 1 any other failure.\n";
 
@@ -168,8 +168,9 @@ static int parse_cast_args(int argc, char **argv, cast_args *a) {
                 a->cfg.offset = v;
             break;
         default:
-            if (!parse_u64(val, &v) || v > 65536)
-                return usage_error(2, "--threads: '%s' is not a thread count (0 to 65536)", val);
+            if (!parse_u64(val, &v) || v > LOWP_MAX_THREADS)
+                return usage_error(2, "--threads: '%s' is not a thread count (0 to %d)", val,
+                                   LOWP_MAX_THREADS);
             a->cfg.threads = (int32_t) v;
             break;
         }

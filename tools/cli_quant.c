@@ -46,7 +46,7 @@ static const char QUANT_USAGE[] =
     "  --eps X           binary32 kinds: floor of the amax (default 0)\n"
     "  --axis A          row (default): the rowwise copy; col: the columnwise copy only;\n"
     "                    both: the two copies from one read\n"
-    "  --threads N       threads to use; 0 (default) uses every core\n"
+    "  --threads N       threads to use, 0 to 256; 0 (default) uses every core\n"
     "\n"
     "Exit status: 0 success, 2 bad usage or bad input file, 1 any other failure.\n";
 
@@ -100,7 +100,7 @@ static int parse_threads(const char *s, int32_t *out) {
         if (*p < '0' || *p > '9') return 0;
     errno = 0;
     unsigned long v = strtoul(s, NULL, 10);
-    if (errno == ERANGE || v > 65536) return 0;
+    if (errno == ERANGE || v > LOWP_MAX_THREADS) return 0;
     *out = (int32_t) v;
     return 1;
 }
@@ -271,7 +271,8 @@ static int parse_quant_args(int argc, char **argv, quant_args *a) {
             break;
         default:
             if (!parse_threads(val, &a->cfg.threads))
-                return say(cmd, 2, "--threads: '%s' is not a thread count (0 to 65536)", val);
+                return say(cmd, 2, "--threads: '%s' is not a thread count (0 to %d)", val,
+                           LOWP_MAX_THREADS);
             break;
         }
     }

@@ -115,7 +115,7 @@ static const char TRAIN_USAGE[] =
     "  --eval-every N         validate every N updates and after the last (default steps/10)\n"
     "  --eval-batches N       validation batches per evaluation (default 8)\n"
     "  --seed N               initialization, data order and dropout (default 1234)\n"
-    "  --threads N            0: all cores (default)\n"
+    "  --threads N            0 to 256; 0: all cores (default)\n"
     "  --log PATH             JSON lines: step, loss, lr, grad_norm, tokens_per_s, val_loss...\n"
     "  --checkpoint PATH      save a safetensors checkpoint there at the end\n"
     "  --checkpoint-every N   and every N updates\n"
@@ -528,6 +528,10 @@ int lowp_cli_train(int argc, char **argv) {
         fail(cmd, "--checkpoint-every needs --checkpoint PATH");
         return 2;
     }
+    if (o.threads > LOWP_MAX_THREADS) {
+        fail(cmd, "--threads: %d is not a thread count (0 to %d)", o.threads, LOWP_MAX_THREADS);
+        return 2;
+    }
     if (o.threads > 0) omp_set_num_threads(o.threads);
 
     lowp_checkpoint_info ck;
@@ -692,6 +696,10 @@ int lowp_cli_compare(int argc, char **argv) {
     int rc = parse_opts(cmd, 1, argc, argv, &o, seen);
     if (rc >= 0) return rc;
     if (!given(seen, "--temperature")) o.temperature = 0.8f;
+    if (o.threads > LOWP_MAX_THREADS) {
+        fail(cmd, "--threads: %d is not a thread count (0 to %d)", o.threads, LOWP_MAX_THREADS);
+        return 2;
+    }
     if (o.threads > 0) omp_set_num_threads(o.threads);
     const char *list = o.recipes ? o.recipes : "bf16,all_mxfp8,all_block_fp8,mix";
     const char *out = o.out ? o.out : "out/compare";

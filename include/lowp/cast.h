@@ -23,20 +23,13 @@
 extern "C" {
 #endif
 
-/* Which CPU kernel to run; tests force one to compare them. */
-typedef enum lowp_kernel_path {
-    LOWP_PATH_AUTO = 0,      /* the fastest the capabilities allow */
-    LOWP_PATH_REFERENCE = 1, /* the scalar golden model */
-    LOWP_PATH_AVX512 = 2,    /* LOWP_ERR_UNSUPPORTED where the CPU lacks AVX-512F/BW/VL/DQ */
-} lowp_kernel_path;
-
 typedef struct lowp_cast_cfg {
     lowp_overflow overflow; /* default LOWP_OVERFLOW_SATFINITE */
-    lowp_rounding rounding; /* default LOWP_ROUND_RNE */
+    lowp_rounding rounding; /* default LOWP_ROUNDING_RNE */
     uint64_t seed;          /* SR: Philox key */
     uint64_t offset;        /* SR: index of the first Philox word used */
     int32_t threads;        /* 0: all cores; otherwise that many threads */
-    lowp_kernel_path path;  /* default LOWP_PATH_AUTO */
+    lowp_kernel_path path;  /* default LOWP_KERNEL_PATH_AUTO */
 } lowp_cast_cfg;
 
 LOWP_API lowp_status lowp_cast_cfg_init(lowp_cast_cfg *cfg);

@@ -32,17 +32,10 @@
 extern "C" {
 #endif
 
-typedef enum lowp_gemm_path {
-    LOWP_GEMM_PATH_AUTO = 0,      /* AMX where granted, else AVX-512, else the reference */
-    LOWP_GEMM_PATH_REFERENCE = 1, /* the scalar golden model (NUMERICS.md summation order) */
-    LOWP_GEMM_PATH_AVX512 = 2,
-    LOWP_GEMM_PATH_AMX = 3,
-} lowp_gemm_path;
-
 typedef struct lowp_gemm_cfg {
-    int32_t accumulate;  /* 0: C = A.B^T; 1: C = C + A.B^T (weight-gradient accumulation) */
-    int32_t threads;     /* 0: all cores */
-    lowp_gemm_path path; /* LOWP_ERR_UNSUPPORTED when a forced path cannot run here */
+    int32_t accumulate;    /* 0: C = A.B^T; 1: C = C + A.B^T (weight-gradient accumulation) */
+    int32_t threads;       /* 0: all cores */
+    lowp_kernel_path path; /* LOWP_ERR_UNSUPPORTED when a forced path cannot run here */
 } lowp_gemm_cfg;
 
 LOWP_API lowp_status lowp_gemm_cfg_init(lowp_gemm_cfg *cfg);

@@ -12,6 +12,8 @@
 #ifndef LOWP_STATUS_H
 #define LOWP_STATUS_H
 
+#include "deprecated.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif

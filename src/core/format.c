@@ -1,4 +1,4 @@
-/* The format traits table and the scalar reference encoders/decoders (NUMERICS.md 1-2).
+/* The format traits table and the scalar reference encoders/decoders (docs/numerics.md 1-2).
  *
  * All narrow float formats share one integer algorithm: split the binary32 input into sign,
  * biased exponent and 24-bit significand, find how many low significand bits the target
@@ -134,7 +134,7 @@ SMALL_FORMAT(e4m3, SPEC_E4M3, 4, 0, 1)
 SMALL_FORMAT(e5m2, SPEC_E5M2, 5, 1, 0)
 SMALL_FORMAT(e2m1, SPEC_E2M1, 2, 0, 0)
 
-/* E8M0 as a value format (scale computation has its own rules, NUMERICS.md section 3).
+/* E8M0 as a value format (scale computation has its own rules, docs/numerics.md section 3).
  * Matches ml_dtypes' float8_e8m0fnu: a normal input rounds half up in the exponent
  * (code = E + (M >= 0x400000)); a binary32 subnormal gives 1 if it is above 2^-127, else 0
  * (there is no zero to round to); zero, negatives and NaN give NaN (0xFF); overflow and +Inf

@@ -36,6 +36,16 @@ static inline float lowp_u2f(uint32_t u) {
     return f;
 }
 
+/* The checks of a lowp_delayed_cfg's history_len, margin and algo (src/core/delayed.c), for
+ * every function that takes one; `arg` names it in messages ("cfg", "cfg.delayed"). */
+struct lowp_delayed_cfg;
+LOWP_HIDDEN lowp_status lowp_delayed_cfg_check(const char *fn, const char *arg,
+                                               const struct lowp_delayed_cfg *cfg);
+
+/* The LOWP_CAP_* bit called `name` (the first `len` characters; lowp_caps_describe's
+ * spelling, case-insensitive), or 0 when there is none (src/core/caps.c). */
+LOWP_HIDDEN uint32_t lowp_cap_from_name(const char *name, size_t len);
+
 #define LOWP_CHECK_PTR(fn, p)                                                                      \
     do {                                                                                           \
         if ((p) == NULL) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s is NULL", fn, #p);         \

@@ -1,4 +1,4 @@
-/* Scale rules (NUMERICS.md sections 3-4), the scaling kinds' names, block sizes and buffer
+/* Scale rules (docs/numerics.md sections 3-4), the scaling kinds' names, block sizes and buffer
  * sizes of quantized tensors. Kernels call the inline forms in scale_rules.h; the public
  * functions here wrap them with argument checks. */
 #include <float.h>
@@ -142,10 +142,10 @@ lowp_status lowp_e8m0_scale(float amax, lowp_format format, lowp_scale_mode mode
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_e8m0_scale: format (%d) is not an element format (e4m3, e5m2, e2m1)",
                          (int) format);
-    if (mode < LOWP_SCALE_DEFAULT || mode > LOWP_SCALE_EVEN)
+    if (mode < LOWP_SCALE_MODE_DEFAULT || mode > LOWP_SCALE_MODE_EVEN)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_e8m0_scale: mode (%d) is not a lowp_scale_mode", (int) mode);
-    if (mode == LOWP_SCALE_DEFAULT) mode = LOWP_SCALE_RCEIL;
+    if (mode == LOWP_SCALE_MODE_DEFAULT) mode = LOWP_SCALE_MODE_RCEIL;
     *code = lowp_rule_e8m0_code(amax, t, mode);
     return LOWP_OK;
 }

@@ -448,7 +448,7 @@ ALWAYS_INLINE void decode_piece(const lowp_cast_piece *p, lowp_format sf) {
 /* ---- entry points ---- */
 
 int lowp_cpu_cast_avx512_supports(lowp_format src, lowp_format dst, lowp_rounding rounding) {
-    int sr = rounding == LOWP_ROUND_SR;
+    int sr = rounding == LOWP_ROUNDING_SR;
     if (dst == LOWP_FORMAT_F32) /* decode; no rounding happens */
         return src == LOWP_FORMAT_E4M3 || src == LOWP_FORMAT_E5M2 || src == LOWP_FORMAT_E2M1 ||
                src == LOWP_FORMAT_E8M0 || src == LOWP_FORMAT_BF16 || src == LOWP_FORMAT_F16;
@@ -485,7 +485,7 @@ int lowp_cpu_cast_avx512_supports(lowp_format src, lowp_format dst, lowp_roundin
     }
 
 void lowp_cpu_cast_avx512(const lowp_cast_piece *p) {
-    int sr = p->cfg->rounding == LOWP_ROUND_SR;
+    int sr = p->cfg->rounding == LOWP_ROUNDING_SR;
     if (p->dst_format == LOWP_FORMAT_F32) {
         switch (p->src_format) {
         case LOWP_FORMAT_E4M3: decode_piece(p, LOWP_FORMAT_E4M3); return;

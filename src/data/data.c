@@ -17,7 +17,7 @@
 #include "core/philox.h"
 #include "lowp/data.h"
 
-LOWP_HIDDEN extern const char lowp_default_corpus[];
+LOWP_HIDDEN extern const unsigned char lowp_default_corpus[];
 LOWP_HIDDEN extern const size_t lowp_default_corpus_len;
 
 struct lowp_data {

@@ -265,7 +265,7 @@ lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe 
     memset(m->param_arena, 0, bytes);
     int64_t off = 0;
     uint64_t word = 0; /* Philox words used so far: each parameter's stream follows the last */
-    const int nthreads = omp_get_max_threads();
+    const int nthreads = lowp_thread_count(0);
     for (int32_t i = 0; i < np; i++) {
         lowp_param *p = &m->params[i];
         p->name = m->names[i];
@@ -670,7 +670,7 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     memset(&ex, 0, sizeof ex);
     ex.lin.threads = run->threads;
     ex.lin.fp32_plain = run->fp32_plain;
-    ex.nthreads = run->threads > 0 ? run->threads : omp_get_max_threads();
+    ex.nthreads = lowp_thread_count(run->threads);
     ex.autocast = run->autocast;
     ex.rng = training && c->dropout > 0.0f ? run->rng : NULL;
     ex.dropout = c->dropout;

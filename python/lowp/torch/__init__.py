@@ -54,3 +54,7 @@ __all__ += [
     "autocast_dtype",
     "rms_norm",
 ]
+
+from .patches import is_patched as torchao_patched, patch_torchao, unpatch_torchao
+
+__all__ += ["patch_torchao", "unpatch_torchao", "torchao_patched"]
