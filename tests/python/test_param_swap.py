@@ -104,31 +104,21 @@ def test_tied_weights_stay_tied():
     assert m[0].weight is m[1].weight and isinstance(m[0].weight, LowpWeight)
 
 
-# ---- point 2: configs refuse bad fields by name ----
+# ---- point 2: the configs' bad fields are tested by tests/python/test_torch_ops.py
+# (test_bad_config_fields); here: a wrapped weight carries the resolved recipe ----
 
 
-def test_config_bad_fields_named():
-    with pytest.raises(ValueError, match="block_size"):
-        lt.MXQuantizeConfig(block_size=16)
-    with pytest.raises(ValueError, match="dtype"):
-        lt.MXQuantizeConfig(dtype=torch.float16)
-    with pytest.raises(ValueError, match="scale_mode"):
-        lt.MXQuantizeConfig(scale_mode="up")
-    with pytest.raises(ValueError, match="history_len"):
-        lt.Float8TensorwiseConfig(delayed=True, history_len=0)
-    with pytest.raises(ValueError, match="amax_compute_algo"):
-        lt.Float8TensorwiseConfig(amax_compute_algo="mean")
+def test_prepare_resolves_and_checks_the_recipe():
+    m = mlp()
+    quantize_(m, ParamSwapConfig(weight_config=lt.BlockQuantizeConfig(),
+                                 activation_config=MXQuantizeConfig()))
+    assert m[0].weight.config == lt.resolve_config(lt.BlockQuantizeConfig(), MXQuantizeConfig())
+    with pytest.raises(ValueError, match="pairs"):
+        quantize_(mlp(), ParamSwapConfig(weight_config=lt.Block128Config(),
+                                         activation_config=MXQuantizeConfig()))
 
 
 # ---- point 3: routing and dispatch ----
-
-
-def _direct_and_wrapped(cfg, shape, fn_wrapped, fn_direct, seed=0):
-    torch.manual_seed(seed)
-    w0 = torch.randn(*shape)
-    pw = nn.Parameter(LowpWeight(w0.clone(), cfg), requires_grad=True)
-    pd = nn.Parameter(w0.clone())
-    return pw, pd
 
 
 ROUTES = ["linear", "matmul3d", "matmul_op", "mm_t", "mm_left", "addmm", "linear_bias"]
