@@ -133,9 +133,9 @@ static void run_steps(lowp_fp8_state *st, int steps, int odd) {
 
 static unsigned char *save_new(lowp_fp8_state *st, size_t *len) {
     size_t n = 0;
-    CHECK_OK(lowp_fp8_state_blob_size(st, &n));
+    CHECK_OK(lowp_fp8_state_extra_state_size(st, &n));
     unsigned char *b = malloc(n);
-    CHECK_OK(lowp_fp8_state_save(st, b, n, len));
+    CHECK_OK(lowp_fp8_state_extra_state_save(st, b, n, len));
     CHECK(*len == n);
     return b;
 }
@@ -176,7 +176,7 @@ static void test_layout_and_round_trip(void) {
     CHECK(isinf(a.roles[2].history[0]) && a.roles[0].history[0] == 0.75f);
 
     /* Into a fresh state: everything equal, bit for bit; saving again gives the same bytes. */
-    CHECK_OK(lowp_fp8_state_load(&b, blob, len));
+    CHECK_OK(lowp_fp8_state_extra_state_load(&b, blob, len));
     int same = 1;
     for (int r = 0; r < 3; r++) {
         same &= memcmp(a.roles[r].history, b.roles[r].history, 16 * sizeof(float)) == 0;
@@ -198,25 +198,28 @@ static void test_layout_and_round_trip(void) {
 
     /* Save errors: a short buffer reports the size; NULL arguments. */
     size_t got = 0;
-    CHECK_FAIL(lowp_fp8_state_save(&a, blob, len - 1, &got), LOWP_ERR_INVALID_ARG,
+    CHECK_FAIL(lowp_fp8_state_extra_state_save(&a, blob, len - 1, &got), LOWP_ERR_INVALID_ARG,
                "cap (251) < the blob's size (252)");
     CHECK(got == len);
-    CHECK_FAIL(lowp_fp8_state_save(&a, NULL, len, &got), LOWP_ERR_INVALID_ARG, "blob is NULL");
-    CHECK_FAIL(lowp_fp8_state_save(&a, blob, len, NULL), LOWP_ERR_INVALID_ARG, "len is NULL");
-    CHECK_FAIL(lowp_fp8_state_blob_size(&a, NULL), LOWP_ERR_INVALID_ARG, "len is NULL");
-    CHECK_FAIL(lowp_fp8_state_load(&a, NULL, len), LOWP_ERR_INVALID_ARG, "blob is NULL");
+    CHECK_FAIL(lowp_fp8_state_extra_state_save(&a, NULL, len, &got), LOWP_ERR_INVALID_ARG,
+               "blob is NULL");
+    CHECK_FAIL(lowp_fp8_state_extra_state_save(&a, blob, len, NULL), LOWP_ERR_INVALID_ARG,
+               "len is NULL");
+    CHECK_FAIL(lowp_fp8_state_extra_state_size(&a, NULL), LOWP_ERR_INVALID_ARG, "len is NULL");
+    CHECK_FAIL(lowp_fp8_state_extra_state_load(&a, NULL, len), LOWP_ERR_INVALID_ARG,
+               "blob is NULL");
     lowp_fp8_state zero;
     memset(&zero, 0, sizeof zero);
-    CHECK_FAIL(lowp_fp8_state_save(&zero, blob, len, &got), LOWP_ERR_INVALID_ARG,
+    CHECK_FAIL(lowp_fp8_state_extra_state_save(&zero, blob, len, &got), LOWP_ERR_INVALID_ARG,
                "not an initialized state");
-    CHECK_FAIL(lowp_fp8_state_load(&zero, blob, len), LOWP_ERR_INVALID_ARG,
+    CHECK_FAIL(lowp_fp8_state_extra_state_load(&zero, blob, len), LOWP_ERR_INVALID_ARG,
                "not an initialized state");
 
     /* The margin and algorithm of the module win over the blob's (validated, not applied). */
     lowp_delayed_cfg c2 = make_cfg(16, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state m;
     CHECK_OK(lowp_fp8_state_init(&m, &c2, k_hybrid, LOWP_DEVICE_HOST));
-    CHECK_OK(lowp_fp8_state_load(&m, blob, len));
+    CHECK_OK(lowp_fp8_state_extra_state_load(&m, blob, len));
     CHECK(m.roles[0].cfg.margin == 0.0f && m.roles[0].cfg.algo == LOWP_AMAX_ALGO_MAX);
     CHECK(rd32(blob + 44 + 2 * 68 + 64) == f2u(m.roles[2].scale));
     lowp_fp8_state_free(&m);
@@ -227,7 +230,7 @@ static void test_layout_and_round_trip(void) {
     CHECK_OK(lowp_fp8_state_init(&o, &c, other, LOWP_DEVICE_HOST));
     snap s;
     snap_take(&s, &o);
-    CHECK_FAIL(lowp_fp8_state_load(&o, blob, len), LOWP_ERR_INVALID_ARG,
+    CHECK_FAIL(lowp_fp8_state_extra_state_load(&o, blob, len), LOWP_ERR_INVALID_ARG,
                "format of role 2 in the blob (4) != the module's (3)");
     CHECK(snap_same(&s, &o));
     snap_free(&s);
@@ -266,7 +269,7 @@ static void test_fixture(const unsigned char *fix, size_t flen) {
     lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
-    CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
+    CHECK_OK(lowp_fp8_state_extra_state_load(&st, fix, flen));
     int vals = 0;
     for (int r = 0; r < 3; r++) {
         for (int i = 0; i < 4; i++) {
@@ -302,7 +305,7 @@ static void test_history_change(const unsigned char *fix, size_t flen) {
         CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
         lowp_fp8_state_record(&st, LOWP_ROLE_INPUT, 99.0f); /* overwritten by the load */
         lowp_fp8_state_update(&st, NULL);
-        CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
+        CHECK_OK(lowp_fp8_state_extra_state_load(&st, fix, flen));
         CHECK(st.history_len == L);
         int ok = 1;
         for (int r = 0; r < 3; r++) {
@@ -324,7 +327,7 @@ static void test_history_change(const unsigned char *fix, size_t flen) {
     lowp_delayed_cfg c = make_cfg(6, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
-    CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
+    CHECK_OK(lowp_fp8_state_extra_state_load(&st, fix, flen));
     const float *h = st.roles[2].history;
     CHECK(h[0] == 0.125f && h[1] == 0.0f && h[2] == 0.0f && h[3] == 0.0078125f &&
           h[4] == 0.015625f && h[5] == 0.01171875f);
@@ -332,7 +335,7 @@ static void test_history_change(const unsigned char *fix, size_t flen) {
     /* L = 2: [r0, r3]. */
     c = make_cfg(2, 0.0f, LOWP_AMAX_ALGO_MAX);
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
-    CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
+    CHECK_OK(lowp_fp8_state_extra_state_load(&st, fix, flen));
     CHECK(st.roles[0].history[0] == 0.0f && st.roles[0].history[1] == 2.0f);
     lowp_fp8_state_free(&st);
 }
@@ -435,20 +438,20 @@ static void test_corruptions(const unsigned char *fix, size_t flen) {
         memcpy(b, fix, flen);
         wr32(b + cases[k].off, cases[k].value);
         fix_crc(b, flen);
-        CHECK_FAIL(lowp_fp8_state_load(&st, b, flen), cases[k].want, cases[k].has);
+        CHECK_FAIL(lowp_fp8_state_extra_state_load(&st, b, flen), cases[k].want, cases[k].has);
         CHECK(snap_same(&s, &st));
     }
     /* A wrong CRC, a trailing byte, every truncation (0 bytes included). */
     memcpy(b, fix, flen);
     b[flen - 1] ^= 0x40;
-    CHECK_FAIL(lowp_fp8_state_load(&st, b, flen), LOWP_ERR_CORRUPT, "CRC-32");
+    CHECK_FAIL(lowp_fp8_state_extra_state_load(&st, b, flen), LOWP_ERR_CORRUPT, "CRC-32");
     memcpy(b, fix, flen);
     b[flen] = 0;
-    CHECK_FAIL(lowp_fp8_state_load(&st, b, flen + 1), LOWP_ERR_CORRUPT, "trailing");
+    CHECK_FAIL(lowp_fp8_state_extra_state_load(&st, b, flen + 1), LOWP_ERR_CORRUPT, "trailing");
     int trunc_ok = 1;
     for (size_t n = 0; n < flen; n++) {
         lowp_clear_error();
-        lowp_status r = lowp_fp8_state_load(&st, fix, n);
+        lowp_status r = lowp_fp8_state_extra_state_load(&st, fix, n);
         trunc_ok &= r == LOWP_ERR_CORRUPT && lowp_last_error()[0] != '\0' && snap_same(&s, &st);
     }
     CHECK(trunc_ok);
@@ -457,7 +460,7 @@ static void test_corruptions(const unsigned char *fix, size_t flen) {
     wr32(b + 44 + 8, 0x7FC00000u);
     wr32(b + 44 + 20 + 8, 0x7F800000u);
     fix_crc(b, flen);
-    CHECK_OK(lowp_fp8_state_load(&st, b, flen));
+    CHECK_OK(lowp_fp8_state_extra_state_load(&st, b, flen));
     CHECK(isnan(st.roles[0].history[2]) && isinf(st.roles[1].history[2]));
     snap_free(&s);
     lowp_fp8_state_free(&st);
@@ -471,13 +474,13 @@ static void test_corruptions(const unsigned char *fix, size_t flen) {
 static int fuzz_one(lowp_fp8_state *st, const snap *s, const unsigned char *orig, size_t olen,
                     const unsigned char *b, size_t len, int *accepted) {
     lowp_clear_error();
-    lowp_status r = lowp_fp8_state_load(st, b, len);
+    lowp_status r = lowp_fp8_state_extra_state_load(st, b, len);
     if (r != LOWP_OK) return lowp_last_error()[0] != '\0' && snap_same(s, st);
     ++*accepted;
     int ok = len == olen;
     unsigned char again[512];
     size_t n = 0;
-    ok &= lowp_fp8_state_save(st, again, sizeof again, &n) == LOWP_OK && n == len;
+    ok &= lowp_fp8_state_extra_state_save(st, again, sizeof again, &n) == LOWP_OK && n == len;
     if (ok) {
         unsigned char m[512];
         memcpy(m, b, len);
@@ -485,7 +488,7 @@ static int fuzz_one(lowp_fp8_state *st, const snap *s, const unsigned char *orig
         fix_crc(m, len);
         ok &= memcmp(m, again, len) == 0;
     }
-    ok &= lowp_fp8_state_load(st, orig, olen) == LOWP_OK && snap_same(s, st);
+    ok &= lowp_fp8_state_extra_state_load(st, orig, olen) == LOWP_OK && snap_same(s, st);
     return ok;
 }
 
@@ -497,7 +500,7 @@ static void test_fuzz(void) {
     size_t olen = 0;
     unsigned char *orig = save_new(&st, &olen);
     /* The snapshot is of the state as the original blob loads it (pull has run). */
-    CHECK_OK(lowp_fp8_state_load(&st, orig, olen));
+    CHECK_OK(lowp_fp8_state_extra_state_load(&st, orig, olen));
     snap s;
     snap_take(&s, &st);
 
@@ -625,7 +628,7 @@ static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen
     CHECK(pthread_create(&th, NULL, release_later, &ra) == 0);
     unsigned char blob[256];
     size_t len = 0;
-    CHECK_OK(lowp_fp8_state_save(&st, blob, sizeof blob, &len));
+    CHECK_OK(lowp_fp8_state_extra_state_save(&st, blob, sizeof blob, &len));
     pthread_join(th, NULL);
     CHECK(td->sync_count(1) >= s1 + 2);
     CHECK(td->sync_count(0) == s0);
@@ -651,7 +654,7 @@ static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen
     for (size_t i = 0; i < image_n(&st); i++) st.host_buf[i] = -123.0f;
     for (int r = 0; r < 3; r++) st.roles[r].scale = -5.0f;
     s0 = td->sync_count(0);
-    CHECK_OK(lowp_fp8_state_save(&st, blob, sizeof blob, &len));
+    CHECK_OK(lowp_fp8_state_extra_state_save(&st, blob, sizeof blob, &len));
     CHECK(td->sync_count(0) == s0);
     vals_ok = 1;
     for (int r = 0; r < 3; r++) {
@@ -665,7 +668,7 @@ static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen
     /* Load places the state on testdev:1 and returns with nothing queued there. */
     s0 = td->sync_count(0);
     s1 = td->sync_count(1);
-    CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
+    CHECK_OK(lowp_fp8_state_extra_state_load(&st, fix, flen));
     CHECK(td->queued(1) == 0);
     CHECK(td->sync_count(1) > s1);
     CHECK(td->sync_count(0) == s0);
@@ -684,7 +687,7 @@ static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen
     snap s;
     snap_take(&s, &st);
     s1 = td->sync_count(1);
-    CHECK_FAIL(lowp_fp8_state_load(&st, bad, flen), LOWP_ERR_CORRUPT, "CRC");
+    CHECK_FAIL(lowp_fp8_state_extra_state_load(&st, bad, flen), LOWP_ERR_CORRUPT, "CRC");
     CHECK(td->queued(1) == 0 && td->sync_count(1) == s1);
     CHECK(snap_same(&s, &st));
     snap_free(&s);

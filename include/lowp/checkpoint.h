@@ -40,9 +40,11 @@ extern "C" {
 
 #define LOWP_EXTRA_STATE_VERSION 1u
 
-LOWP_API lowp_status lowp_fp8_state_blob_size(const lowp_fp8_state *st, size_t *len);
-LOWP_API lowp_status lowp_fp8_state_save(lowp_fp8_state *st, void *blob, size_t cap, size_t *len);
-LOWP_API lowp_status lowp_fp8_state_load(lowp_fp8_state *st, const void *blob, size_t len);
+LOWP_API lowp_status lowp_fp8_state_extra_state_size(const lowp_fp8_state *st, size_t *len);
+LOWP_API lowp_status lowp_fp8_state_extra_state_save(lowp_fp8_state *st, void *blob, size_t cap,
+                                                     size_t *len);
+LOWP_API lowp_status lowp_fp8_state_extra_state_load(lowp_fp8_state *st, const void *blob,
+                                                     size_t len);
 
 /* The same for a parameter: its wrap's FP8 state, or an empty blob when it has none. */
 LOWP_API lowp_status lowp_param_extra_state_size(const lowp_param *param, size_t *len);

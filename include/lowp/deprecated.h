@@ -9,7 +9,9 @@
  *          -e 's/\blowp_gemm_path\b/lowp_kernel_path/g' \
  *          -e 's/\bLOWP_SCALE_\(DEFAULT\|RCEIL\|FLOOR\|CEIL\|EVEN\)\b/LOWP_SCALE_MODE_\1/g' \
  *          -e 's/\bLOWP_AMAX_\(MAX\|MOST_RECENT\)\b/LOWP_AMAX_ALGO_\1/g' \
- *          -e 's/\bLOWP_ROUND_\(RNE\|SR\)\b/LOWP_ROUNDING_\1/g' FILES
+ *          -e 's/\bLOWP_ROUND_\(RNE\|SR\)\b/LOWP_ROUNDING_\1/g' \
+ *          -e 's/\blowp_fp8_state_blob_size\b/lowp_fp8_state_extra_state_size/g' \
+ *          -e 's/\blowp_fp8_state_\(save\|load\)\b/lowp_fp8_state_extra_state_\1/g' FILES
  */
 #ifndef LOWP_DEPRECATED_H
 #define LOWP_DEPRECATED_H
@@ -36,6 +38,10 @@
 /* lowp_rounding (format.h) */
 #define LOWP_ROUND_RNE LOWP_ROUNDING_RNE
 #define LOWP_ROUND_SR  LOWP_ROUNDING_SR
+/* extra state (checkpoint.h): one word for it, "extra state"; its bytes are "the blob" */
+#define lowp_fp8_state_blob_size lowp_fp8_state_extra_state_size
+#define lowp_fp8_state_save      lowp_fp8_state_extra_state_save
+#define lowp_fp8_state_load      lowp_fp8_state_extra_state_load
 #endif
 
 #endif

@@ -133,14 +133,14 @@ static PyObject *py_extra_state_pack(PyObject *self, PyObject *args) {
     /* the mirror is what we filled; the image (the "device" copy) is what save reads */
     lowp_status s = lowp_fp8_state_push(&st);
     size_t len = 0;
-    if (s == LOWP_OK) s = lowp_fp8_state_blob_size(&st, &len);
+    if (s == LOWP_OK) s = lowp_fp8_state_extra_state_size(&st, &len);
     if (s != LOWP_OK) {
         ext_raise(s);
         goto done;
     }
     ret = PyBytes_FromStringAndSize(NULL, (Py_ssize_t) len);
     if (!ret) goto done;
-    s = lowp_fp8_state_save(&st, PyBytes_AS_STRING(ret), len, &len);
+    s = lowp_fp8_state_extra_state_save(&st, PyBytes_AS_STRING(ret), len, &len);
     if (s != LOWP_OK) {
         Py_CLEAR(ret);
         ext_raise(s);
@@ -154,8 +154,8 @@ free_state:
 }
 
 /* extra_state_unpack(blob, history_len, margin, algo, formats, histories_out, scales_out):
- * loads the blob into a fresh state of that configuration (lowp_fp8_state_load's rules) and
- * copies its histories [3, history_len] and scales [3] out. */
+ * loads the blob into a fresh state of that configuration (lowp_fp8_state_extra_state_load's rules)
+ * and copies its histories [3, history_len] and scales [3] out. */
 static PyObject *py_extra_state_unpack(PyObject *self, PyObject *args) {
     (void) self;
     const char *fn = "extra_state_unpack";
@@ -178,7 +178,7 @@ static PyObject *py_extra_state_unpack(PyObject *self, PyObject *args) {
     if (ext_buf_need(&hb, (size_t) L * LOWP_ROLE_COUNT * 4, fn, "histories") ||
         ext_buf_need(&sb, LOWP_ROLE_COUNT * 4, fn, "scales"))
         goto done;
-    lowp_status s = lowp_fp8_state_load(&st, bb.view.buf, (size_t) bb.view.len);
+    lowp_status s = lowp_fp8_state_extra_state_load(&st, bb.view.buf, (size_t) bb.view.len);
     if (s != LOWP_OK) {
         ext_raise(s);
         goto done;
@@ -270,7 +270,7 @@ static PyObject *py_train_linear(PyObject *self, PyObject *args) {
     lowp_tensor y = {LOWP_FORMAT_F32, M, N, yb.view.buf, LOWP_DEVICE_HOST};
     lowp_tensor dy = {LOWP_FORMAT_F32, M, N, dyb.view.buf, LOWP_DEVICE_HOST};
     lowp_tensor dx = {LOWP_FORMAT_F32, M, K, dxb.view.buf, LOWP_DEVICE_HOST};
-    lowp_linear_opts opts = {0, threads, fp32_plain};
+    lowp_linear_opts opts = {.recompute = 0, .threads = threads, .fp32_plain = fp32_plain};
     const int32_t *offs = ob.held ? ob.view.buf : NULL;
     const float *bias = bb.held ? bb.view.buf : NULL;
     float *dbias = dbb.held ? dbb.view.buf : NULL;

@@ -57,8 +57,8 @@ static lowp_status check_state(const char *fn, const lowp_fp8_state *st) {
     return LOWP_OK;
 }
 
-lowp_status lowp_fp8_state_blob_size(const lowp_fp8_state *st, size_t *len) {
-    const char *fn = "lowp_fp8_state_blob_size";
+lowp_status lowp_fp8_state_extra_state_size(const lowp_fp8_state *st, size_t *len) {
+    const char *fn = "lowp_fp8_state_extra_state_size";
     lowp_status s = check_state(fn, st);
     if (s != LOWP_OK) return s;
     LOWP_CHECK_PTR(fn, len);
@@ -66,13 +66,14 @@ lowp_status lowp_fp8_state_blob_size(const lowp_fp8_state *st, size_t *len) {
     return LOWP_OK;
 }
 
-lowp_status lowp_fp8_state_save(lowp_fp8_state *st, void *blob, size_t cap, size_t *len) {
-    const char *fn = "lowp_fp8_state_save";
+lowp_status lowp_fp8_state_extra_state_save(lowp_fp8_state *st, void *blob, size_t cap,
+                                            size_t *len) {
+    const char *fn = "lowp_fp8_state_extra_state_save";
     size_t need = 0;
     lowp_status s = check_state(fn, st);
     if (s != LOWP_OK) return s;
     LOWP_CHECK_PTR(fn, len);
-    lowp_fp8_state_blob_size(st, &need);
+    lowp_fp8_state_extra_state_size(st, &need);
     *len = need; /* also on a short buffer: the caller learns the size to allocate */
     if (cap < need)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cap (%zu) < the blob's size (%zu)", fn, cap,
@@ -202,8 +203,8 @@ static lowp_status parse(const char *fn, const lowp_fp8_state *st, const unsigne
     return LOWP_OK;
 }
 
-lowp_status lowp_fp8_state_load(lowp_fp8_state *st, const void *blob, size_t len) {
-    const char *fn = "lowp_fp8_state_load";
+lowp_status lowp_fp8_state_extra_state_load(lowp_fp8_state *st, const void *blob, size_t len) {
+    const char *fn = "lowp_fp8_state_extra_state_load";
     lowp_status s = check_state(fn, st);
     if (s != LOWP_OK) return s;
     if (len > 0) LOWP_CHECK_PTR(fn, blob);
@@ -272,7 +273,7 @@ lowp_status lowp_param_extra_state_size(const lowp_param *param, size_t *len) {
         *len = 0;
         return LOWP_OK;
     }
-    lowp_status s = lowp_fp8_state_blob_size(st, len);
+    lowp_status s = lowp_fp8_state_extra_state_size(st, len);
     if (s != LOWP_OK) lowp_error_append("%s: param \"%s\"", fn, param_name(param));
     return s;
 }
@@ -286,7 +287,7 @@ lowp_status lowp_param_extra_state_save(lowp_param *param, void *blob, size_t ca
         *len = 0;
         return LOWP_OK;
     }
-    lowp_status s = lowp_fp8_state_save(st, blob, cap, len);
+    lowp_status s = lowp_fp8_state_extra_state_save(st, blob, cap, len);
     if (s != LOWP_OK) lowp_error_append("%s: param \"%s\"", fn, param_name(param));
     return s;
 }
@@ -302,7 +303,7 @@ lowp_status lowp_param_extra_state_load(lowp_param *param, const void *blob, siz
                          "(it loads only an empty blob)",
                          fn, len, param_name(param));
     }
-    lowp_status s = lowp_fp8_state_load(st, blob, len);
+    lowp_status s = lowp_fp8_state_extra_state_load(st, blob, len);
     if (s != LOWP_OK) lowp_error_append("%s: param \"%s\"", fn, param_name(param));
     return s;
 }

@@ -74,7 +74,7 @@ static void hex_bytes(char *out, const uint8_t *b, int32_t n) {
 
 /* The tensors of a checkpoint: per parameter the weight, the two moments and (when wrapped)
  * the extra state of xs. names holds 3 per parameter. Returns how many. */
-static int32_t save_tensors(lowp_trainer *t, const trainer_xstate *xs, lowp_st_tensor *ts,
+static int32_t save_tensors(lowp_trainer *t, const trainer_extra_state *xs, lowp_st_tensor *ts,
                             char (*names)[KEYLEN]) {
     int32_t nt = 0;
     const int32_t n = t->n;
@@ -228,14 +228,14 @@ lowp_status lowp_trainer_checkpoint_save(lowp_trainer *t, const char *path) {
     ml.m = calloc((size_t) ml.cap, sizeof *ml.m);
     ml.k = calloc((size_t) ml.cap, sizeof *ml.k);
     ml.v = calloc((size_t) ml.cap, sizeof *ml.v);
-    trainer_xstate xs;
+    trainer_extra_state xs;
     memset(&xs, 0, sizeof xs);
     if ((st = lowp_trainer_state_check(t, fn)) != LOWP_OK) goto done;
     if (!ts || !names || !ml.m || !ml.k || !ml.v) {
         st = lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
         goto done;
     }
-    if ((st = lowp_trainer_xstate_save(t, &xs)) != LOWP_OK) goto done;
+    if ((st = lowp_trainer_extra_state_save(t, &xs)) != LOWP_OK) goto done;
     const int32_t nt = save_tensors(t, &xs, ts, names);
     int bad = 0;
     if ((st = save_settings(t, &ml, &bad)) != LOWP_OK) goto done;
@@ -247,7 +247,7 @@ lowp_status lowp_trainer_checkpoint_save(lowp_trainer *t, const char *path) {
     st = lowp_safetensors_write(path, ts, nt, ml.m, ml.n);
     if (st != LOWP_OK) lowp_error_append("%s: saving the checkpoint %s", fn, path);
 done:
-    lowp_trainer_xstate_free(&xs);
+    lowp_trainer_extra_state_free(&xs);
     free(ts);
     free(names);
     free(ml.m);
@@ -538,25 +538,25 @@ static lowp_status load_tensors(const lowp_trainer *t, const lowp_safetensors *f
 /* Into the trainer. The extra state can still fail (its own CRC): it goes first and is undone
  * (with the RNG states) on failure, so the trainer is left as it was. */
 static lowp_status apply_state(lowp_trainer *t, const char *path, const ckpt_load *L) {
-    trainer_xstate before;
+    trainer_extra_state before;
     memset(&before, 0, sizeof before);
-    lowp_status st = lowp_trainer_xstate_save(t, &before);
+    lowp_status st = lowp_trainer_extra_state_save(t, &before);
     for (int32_t i = 0; st == LOWP_OK && i < t->n; i++) {
         if (!t->params[i].wrap) continue;
         st = lowp_param_extra_state_load(&t->params[i], L->x[i].data, (size_t) L->x[i].shape[0]);
         if (st != LOWP_OK) {
             lowp_error_append("checkpoint %s: the extra state of '%s'", path, t->params[i].name);
             if (st == LOWP_ERR_INVALID_ARG) st = LOWP_ERR_CORRUPT;
-            (void) lowp_trainer_xstate_load(t, &before); /* saved from this very state */
+            (void) lowp_trainer_extra_state_load(t, &before); /* saved from this very state */
         }
     }
     lowp_rng_tracker saved_rng = t->rng;
     if (st == LOWP_OK && (st = lowp_rng_tracker_set_states(&t->rng, L->rs, L->nrs)) != LOWP_OK) {
         t->rng = saved_rng;
-        (void) lowp_trainer_xstate_load(t, &before);
+        (void) lowp_trainer_extra_state_load(t, &before);
         lowp_error_append("checkpoint %s: the RNG tracker's states", path);
     }
-    lowp_trainer_xstate_free(&before);
+    lowp_trainer_extra_state_free(&before);
     if (st != LOWP_OK) return st;
     t->rng.current = L->cur;
     for (int32_t i = 0; i < t->n; i++) {

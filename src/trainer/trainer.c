@@ -170,7 +170,7 @@ lowp_status lowp_trainer_get_cfg(const lowp_trainer *t, lowp_trainer_cfg *out) {
 
 /* ---- Extra-state snapshots ---- */
 
-void lowp_trainer_xstate_free(trainer_xstate *x) {
+void lowp_trainer_extra_state_free(trainer_extra_state *x) {
     if (!x) return;
     for (int32_t i = 0; i < x->n && x->blob; i++) free(x->blob[i]);
     free(x->blob);
@@ -178,12 +178,12 @@ void lowp_trainer_xstate_free(trainer_xstate *x) {
     memset(x, 0, sizeof *x);
 }
 
-lowp_status lowp_trainer_xstate_save(lowp_trainer *t, trainer_xstate *x) {
+lowp_status lowp_trainer_extra_state_save(lowp_trainer *t, trainer_extra_state *x) {
     memset(x, 0, sizeof *x);
     x->blob = calloc((size_t) (t->n > 0 ? t->n : 1), sizeof *x->blob);
     x->len = calloc((size_t) (t->n > 0 ? t->n : 1), sizeof *x->len);
     if (!x->blob || !x->len) {
-        lowp_trainer_xstate_free(x);
+        lowp_trainer_extra_state_free(x);
         return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_trainer: out of memory");
     }
     x->n = t->n;
@@ -199,14 +199,14 @@ lowp_status lowp_trainer_xstate_save(lowp_trainer *t, trainer_xstate *x) {
         if (st == LOWP_OK) st = lowp_param_extra_state_save(p, x->blob[i], len, &x->len[i]);
         if (st != LOWP_OK) {
             lowp_error_append("saving the extra state of '%s'", p->name);
-            lowp_trainer_xstate_free(x);
+            lowp_trainer_extra_state_free(x);
             return st;
         }
     }
     return LOWP_OK;
 }
 
-lowp_status lowp_trainer_xstate_load(lowp_trainer *t, const trainer_xstate *x) {
+lowp_status lowp_trainer_extra_state_load(lowp_trainer *t, const trainer_extra_state *x) {
     for (int32_t i = 0; i < t->n && i < x->n; i++) {
         if (!x->blob[i]) continue;
         lowp_status st = lowp_param_extra_state_load(&t->params[i], x->blob[i], x->len[i]);
@@ -255,12 +255,12 @@ lowp_status lowp_trainer_eval(lowp_trainer *t, float *val_loss) {
     LOWP_CHECK_PTR("lowp_trainer_eval", val_loss);
     /* An evaluation's forward passes may record amaxes into the FP8 state; the uninterrupted
      * run and the resumed one must not differ by whether that happened. */
-    trainer_xstate snap;
-    lowp_status st = lowp_trainer_xstate_save(t, &snap);
+    trainer_extra_state snap;
+    lowp_status st = lowp_trainer_extra_state_save(t, &snap);
     if (st != LOWP_OK) return st;
     st = eval_raw(t, val_loss);
-    lowp_status st2 = lowp_trainer_xstate_load(t, &snap);
-    lowp_trainer_xstate_free(&snap);
+    lowp_status st2 = lowp_trainer_extra_state_load(t, &snap);
+    lowp_trainer_extra_state_free(&snap);
     /* The evaluation also quantized the weights of this version, and a weight's amax is
      * recorded when its copies are made, once per version: the restore just dropped that
      * record, and the cache would keep the next training forward from making it again. Marking

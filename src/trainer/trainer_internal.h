@@ -30,15 +30,16 @@ struct lowp_trainer {
 
 /* Snapshots of every wrapped parameter's extra state (evaluation and checkpoint loading
  * restore them). */
-typedef struct trainer_xstate {
+typedef struct trainer_extra_state {
     int32_t n;
     unsigned char **blob; /* [n], NULL for plain parameters */
     size_t *len;          /* [n] */
-} trainer_xstate;
+} trainer_extra_state;
 
-LOWP_HIDDEN lowp_status lowp_trainer_xstate_save(lowp_trainer *t, trainer_xstate *x);
-LOWP_HIDDEN lowp_status lowp_trainer_xstate_load(lowp_trainer *t, const trainer_xstate *x);
-LOWP_HIDDEN void lowp_trainer_xstate_free(trainer_xstate *x);
+LOWP_HIDDEN lowp_status lowp_trainer_extra_state_save(lowp_trainer *t, trainer_extra_state *x);
+LOWP_HIDDEN lowp_status lowp_trainer_extra_state_load(lowp_trainer *t,
+                                                      const trainer_extra_state *x);
+LOWP_HIDDEN void lowp_trainer_extra_state_free(trainer_extra_state *x);
 
 /* src/trainer/guard.c: LOWP_ERR_DIVERGED (message starting with `fn`, naming the tensor) when
  * a weight, an Adam moment or an FP8 delayed-scaling value is not finite (or a second moment

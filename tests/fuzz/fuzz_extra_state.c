@@ -39,14 +39,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cfg.history_len = len;
     lowp_fp8_state st;
     if (lowp_fp8_state_init(&st, &cfg, fmts, LOWP_DEVICE_HOST) != LOWP_OK) abort();
-    if (lowp_fp8_state_load(&st, blob, size) == LOWP_OK) {
+    if (lowp_fp8_state_extra_state_load(&st, blob, size) == LOWP_OK) {
         for (int r = 0; r < LOWP_ROLE_COUNT; r++)
             if (!(st.roles[r].scale > 0.0f) || !isfinite(st.roles[r].scale)) abort();
         size_t n = 0;
-        if (lowp_fp8_state_blob_size(&st, &n) != LOWP_OK) abort();
+        if (lowp_fp8_state_extra_state_size(&st, &n) != LOWP_OK) abort();
         uint8_t *again = malloc(n + 1);
-        if (!again || lowp_fp8_state_save(&st, again, n, &n) != LOWP_OK ||
-            lowp_fp8_state_load(&st, again, n) != LOWP_OK)
+        if (!again || lowp_fp8_state_extra_state_save(&st, again, n, &n) != LOWP_OK ||
+            lowp_fp8_state_extra_state_load(&st, again, n) != LOWP_OK)
             abort();
         free(again);
     }
