@@ -239,8 +239,8 @@ class Trainer:
             self.data_pos += 1
             loss, ce, aux = model(tokens, targets)
             loss.backward()
-            ce_sum += float(ce)
-            aux_sum += float(aux)
+            ce_sum += float(ce.detach())
+            aux_sum += float(aux.detach())
         grads = self._grads()
         with torch.no_grad():
             if A > 1:
