@@ -1,0 +1,334 @@
+/* lowp._lowp: element casts, quantize, grouped quantize, dequantize, scale rules. */
+#include <string.h>
+
+#include "ext.h"
+
+/* Storage bytes of one element as Python passes it: E2M1 one code per byte (unpacked). */
+static size_t elem_bytes(lowp_format f) {
+    const lowp_format_traits *t = NULL;
+    if (lowp_format_get(f, &t) != LOWP_OK) return 1;
+    return t->bits >= 8 ? (size_t) t->bits / 8 : 1;
+}
+
+static PyObject *py_cast(PyObject *self, PyObject *args) {
+    (void) self;
+    const char *fn = "lowp.cast";
+    PyObject *src_o, *dst_o;
+    const char *sfmt, *dfmt;
+    long long n;
+    int overflow, rounding, threads, path;
+    unsigned long long seed, offset;
+    if (!PyArg_ParseTuple(args, "OsOsLiiKKii", &src_o, &sfmt, &dst_o, &dfmt, &n, &overflow,
+                          &rounding, &seed, &offset, &threads, &path))
+        return NULL;
+    lowp_format sf, df;
+    if (ext_format(sfmt, &sf) || ext_format(dfmt, &df)) return NULL;
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "%s: n (%lld) < 0", fn, n);
+    ext_buf src, dst;
+    if (ext_buf_get(src_o, &src, 0, 0, fn, "x")) return NULL;
+    if (ext_buf_get(dst_o, &dst, 1, 0, fn, "out")) {
+        ext_buf_release(&src);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    uint8_t *packed = NULL;
+    if (ext_buf_need(&src, (size_t) n * elem_bytes(sf), fn, "x") ||
+        ext_buf_need(&dst, (size_t) n * elem_bytes(df), fn, "out"))
+        goto done;
+    const int src4 = sf == LOWP_FORMAT_E2M1, dst4 = df == LOWP_FORMAT_E2M1;
+    if (src4 || dst4) {
+        packed = PyMem_RawMalloc((size_t) n / 2 + 1);
+        if (!packed) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    lowp_cast_cfg cfg;
+    lowp_cast_cfg_init(&cfg);
+    cfg.overflow = overflow ? LOWP_OVERFLOW_NONSAT : LOWP_OVERFLOW_SATFINITE;
+    cfg.rounding = rounding ? LOWP_ROUND_SR : LOWP_ROUND_RNE;
+    cfg.seed = seed;
+    cfg.offset = offset;
+    cfg.threads = threads;
+    cfg.path = (lowp_kernel_path) path;
+    lowp_tensor s = {sf, 1, n, src4 ? (void *) packed : src.view.buf, LOWP_DEVICE_HOST};
+    lowp_tensor d = {df, 1, n, dst4 ? (void *) packed : dst.view.buf, LOWP_DEVICE_HOST};
+    lowp_status st = LOWP_OK;
+    Py_BEGIN_ALLOW_THREADS;
+    if (src4) st = lowp_fp4_pack(src.view.buf, (size_t) n, packed);
+    if (st == LOWP_OK) st = lowp_cast(&s, &d, &cfg);
+    if (st == LOWP_OK && dst4) st = lowp_fp4_unpack(packed, (size_t) n, dst.view.buf);
+    Py_END_ALLOW_THREADS;
+    if (st != LOWP_OK) {
+        ext_raise(st);
+        goto done;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    PyMem_RawFree(packed);
+    ext_buf_release(&src);
+    ext_buf_release(&dst);
+    return ret;
+}
+
+/* layout(format, scaling, rows, cols, offs) -> (data_bytes, scale_bytes, scale_rows, scale_cols,
+ * scale_is_e8m0) */
+static PyObject *py_layout(PyObject *self, PyObject *args) {
+    (void) self;
+    const char *fmt, *scaling;
+    long long rows, cols;
+    PyObject *offs_o;
+    if (!PyArg_ParseTuple(args, "ssLLO", &fmt, &scaling, &rows, &cols, &offs_o)) return NULL;
+    lowp_qtensor q;
+    memset(&q, 0, sizeof q);
+    q.rows = rows, q.cols = cols, q.device = LOWP_DEVICE_HOST;
+    if (ext_format(fmt, &q.format) || ext_scaling(scaling, &q.scaling)) return NULL;
+    ext_buf offs;
+    if (ext_buf_get(offs_o, &offs, 0, 1, "lowp.quantize", "offs")) return NULL;
+    if (offs.held) {
+        q.group_offs = offs.view.buf;
+        q.groups = (int32_t) (offs.view.len / 4);
+    }
+    size_t db = 0, sb = 0;
+    int64_t sr = 0, sc = 0;
+    int e8 = 0;
+    lowp_status st = lowp_qtensor_nbytes(&q, &db, &sb);
+    if (st == LOWP_OK) st = lowp_qtensor_scale_shape(&q, &sr, &sc, &e8);
+    ext_buf_release(&offs);
+    if (st != LOWP_OK) return ext_raise(st);
+    return Py_BuildValue("nnLLi", (Py_ssize_t) db, (Py_ssize_t) sb, (long long) sr,
+                         (long long) sc, e8);
+}
+
+static int quant_cfg(lowp_quant_cfg *cfg, const char *mode, int pow2, float eps, int threads,
+                     int path) {
+    lowp_quant_cfg_init(cfg);
+    if (ext_scale_mode(mode, &cfg->scale_mode)) return -1;
+    cfg->pow2_scales = pow2;
+    cfg->eps = eps;
+    cfg->threads = threads;
+    cfg->path = (lowp_kernel_path) path;
+    return 0;
+}
+
+/* An output copy (data, scales) of shape [rows, cols]; both None when not wanted. */
+static int out_copy(PyObject *data_o, PyObject *scales_o, lowp_qtensor *q, ext_buf *data,
+                    ext_buf *scales, const char *fn, const char *arg_data,
+                    const char *arg_scales) {
+    memset(data, 0, sizeof *data);
+    memset(scales, 0, sizeof *scales);
+    if (data_o == Py_None) return 0;
+    if (ext_buf_get(data_o, data, 1, 0, fn, arg_data) ||
+        ext_buf_get(scales_o, scales, 1, 1, fn, arg_scales))
+        return -1;
+    size_t db = 0, sb = 0;
+    lowp_status st = lowp_qtensor_nbytes(q, &db, &sb);
+    if (st != LOWP_OK) return ext_raise(st), -1;
+    if (ext_buf_need(data, db, fn, arg_data) || ext_buf_need(scales, sb, fn, arg_scales))
+        return -1;
+    q->data = data->view.buf;
+    q->scales = scales->held ? scales->view.buf : NULL;
+    return 1;
+}
+
+/* quantize(x, xfmt, rows, cols, format, scaling, row_data, row_scale, col_data, col_scale,
+ *          scale_mode, pow2, eps, threads, path, scale, want_amax) -> amax or None */
+static PyObject *py_quantize(PyObject *self, PyObject *args) {
+    (void) self;
+    const char *fn = "lowp.quantize";
+    PyObject *x_o, *rd_o, *rs_o, *cd_o, *cs_o, *scale_o;
+    const char *xfmt, *fmt, *scaling, *mode;
+    long long rows, cols;
+    int pow2, threads, path, want_amax;
+    float eps;
+    if (!PyArg_ParseTuple(args, "OsLLssOOOOsifiiOp", &x_o, &xfmt, &rows, &cols, &fmt, &scaling,
+                          &rd_o, &rs_o, &cd_o, &cs_o, &mode, &pow2, &eps, &threads, &path,
+                          &scale_o, &want_amax))
+        return NULL;
+    lowp_tensor x = {LOWP_FORMAT_F32, rows, cols, NULL, LOWP_DEVICE_HOST};
+    lowp_qtensor row, col;
+    memset(&row, 0, sizeof row);
+    memset(&col, 0, sizeof col);
+    if (ext_format(xfmt, &x.format) || ext_format(fmt, &row.format) ||
+        ext_scaling(scaling, &row.scaling))
+        return NULL;
+    row.rows = rows, row.cols = cols, row.device = LOWP_DEVICE_HOST;
+    col = row;
+    col.rows = cols, col.cols = rows;
+    lowp_quant_cfg cfg;
+    if (quant_cfg(&cfg, mode, pow2, eps, threads, path)) return NULL;
+    float scale = 0.0f, amax = 0.0f;
+    if (scale_o != Py_None) {
+        scale = (float) PyFloat_AsDouble(scale_o);
+        if (PyErr_Occurred()) return NULL;
+        cfg.scale = &scale;
+    }
+    if (want_amax) cfg.amax_out = &amax;
+
+    ext_buf xb, rd, rs, cd, cs;
+    memset(&rd, 0, sizeof rd), memset(&rs, 0, sizeof rs);
+    memset(&cd, 0, sizeof cd), memset(&cs, 0, sizeof cs);
+    PyObject *ret = NULL;
+    if (ext_buf_get(x_o, &xb, 0, 0, fn, "x")) return NULL;
+    size_t xbytes = 0;
+    x.data = xb.view.buf;
+    lowp_status st = lowp_tensor_nbytes(&x, &xbytes);
+    if (st != LOWP_OK) {
+        ext_raise(st);
+        goto done;
+    }
+    if (ext_buf_need(&xb, xbytes, fn, "x")) goto done;
+    int have_row = out_copy(rd_o, rs_o, &row, &rd, &rs, fn, "data", "scale");
+    if (have_row < 0) goto done;
+    int have_col = out_copy(cd_o, cs_o, &col, &cd, &cs, fn, "data_col", "scale_col");
+    if (have_col < 0) goto done;
+    Py_BEGIN_ALLOW_THREADS;
+    st = lowp_quantize(&x, have_row ? &row : NULL, have_col ? &col : NULL, &cfg);
+    Py_END_ALLOW_THREADS;
+    if (st != LOWP_OK) {
+        ext_raise(st);
+        goto done;
+    }
+    ret = want_amax ? PyFloat_FromDouble((double) amax) : Py_NewRef(Py_None);
+done:
+    ext_buf_release(&xb);
+    ext_buf_release(&rd), ext_buf_release(&rs);
+    ext_buf_release(&cd), ext_buf_release(&cs);
+    return ret;
+}
+
+/* quantize_grouped(x, xfmt, rows, cols, format, scaling, offs, col_data, col_scale, scale_mode,
+ *                  pow2, eps, threads, path) */
+static PyObject *py_quantize_grouped(PyObject *self, PyObject *args) {
+    (void) self;
+    const char *fn = "lowp.quantize";
+    PyObject *x_o, *offs_o, *cd_o, *cs_o;
+    const char *xfmt, *fmt, *scaling, *mode;
+    long long rows, cols;
+    int pow2, threads, path;
+    float eps;
+    if (!PyArg_ParseTuple(args, "OsLLssOOOsifii", &x_o, &xfmt, &rows, &cols, &fmt, &scaling,
+                          &offs_o, &cd_o, &cs_o, &mode, &pow2, &eps, &threads, &path))
+        return NULL;
+    lowp_tensor x = {LOWP_FORMAT_F32, rows, cols, NULL, LOWP_DEVICE_HOST};
+    lowp_qtensor col;
+    memset(&col, 0, sizeof col);
+    if (ext_format(xfmt, &x.format) || ext_format(fmt, &col.format) ||
+        ext_scaling(scaling, &col.scaling))
+        return NULL;
+    col.rows = cols, col.cols = rows, col.device = LOWP_DEVICE_HOST;
+    lowp_quant_cfg cfg;
+    if (quant_cfg(&cfg, mode, pow2, eps, threads, path)) return NULL;
+    ext_buf xb, ob, cd, cs;
+    memset(&ob, 0, sizeof ob), memset(&cd, 0, sizeof cd), memset(&cs, 0, sizeof cs);
+    PyObject *ret = NULL;
+    if (ext_buf_get(x_o, &xb, 0, 0, fn, "x")) return NULL;
+    size_t xbytes = 0;
+    x.data = xb.view.buf;
+    lowp_status st = lowp_tensor_nbytes(&x, &xbytes);
+    if (st != LOWP_OK) {
+        ext_raise(st);
+        goto done;
+    }
+    if (ext_buf_need(&xb, xbytes, fn, "x")) goto done;
+    if (ext_buf_get(offs_o, &ob, 0, 0, fn, "offs")) goto done;
+    if (ob.view.len % 4 != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: offs must hold int32 values", fn);
+        goto done;
+    }
+    col.group_offs = ob.view.buf;
+    col.groups = (int32_t) (ob.view.len / 4);
+    if (out_copy(cd_o, cs_o, &col, &cd, &cs, fn, "data_col", "scale_col") < 0) goto done;
+    Py_BEGIN_ALLOW_THREADS;
+    st = lowp_quantize_grouped(&x, &col, &cfg);
+    Py_END_ALLOW_THREADS;
+    if (st != LOWP_OK) {
+        ext_raise(st);
+        goto done;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    ext_buf_release(&xb), ext_buf_release(&ob);
+    ext_buf_release(&cd), ext_buf_release(&cs);
+    return ret;
+}
+
+/* dequantize(qdesc, out): out float32 [rows, cols]. */
+static PyObject *py_dequantize(PyObject *self, PyObject *args) {
+    (void) self;
+    const char *fn = "lowp.dequantize";
+    PyObject *q_o, *out_o;
+    if (!PyArg_ParseTuple(args, "OO", &q_o, &out_o)) return NULL;
+    ext_qdesc q;
+    if (ext_qdesc_get(q_o, &q, 0, 1, fn, "q")) return NULL;
+    ext_buf ob;
+    PyObject *ret = NULL;
+    if (ext_buf_get(out_o, &ob, 1, 0, fn, "out")) goto done;
+    lowp_tensor out = {LOWP_FORMAT_F32, q.q.rows, q.q.cols, ob.view.buf, LOWP_DEVICE_HOST};
+    size_t need = 0;
+    lowp_status st = lowp_tensor_nbytes(&out, &need);
+    if (st != LOWP_OK) {
+        ext_raise(st);
+        goto rel;
+    }
+    if (ext_buf_need(&ob, need, fn, "out")) goto rel;
+    Py_BEGIN_ALLOW_THREADS;
+    st = lowp_dequantize(&q.q, &out);
+    Py_END_ALLOW_THREADS;
+    if (st != LOWP_OK) {
+        ext_raise(st);
+        goto rel;
+    }
+    ret = Py_NewRef(Py_None);
+rel:
+    ext_buf_release(&ob);
+done:
+    ext_qdesc_release(&q);
+    return ret;
+}
+
+static PyObject *py_e8m0_scale(PyObject *self, PyObject *args) {
+    (void) self;
+    float amax;
+    const char *fmt, *mode;
+    if (!PyArg_ParseTuple(args, "fss", &amax, &fmt, &mode)) return NULL;
+    lowp_format f;
+    lowp_scale_mode m;
+    if (ext_format(fmt, &f) || ext_scale_mode(mode, &m)) return NULL;
+    uint8_t code = 0;
+    lowp_status st = lowp_e8m0_scale(amax, f, m, &code);
+    if (st != LOWP_OK) return ext_raise(st);
+    return PyLong_FromLong(code);
+}
+
+static PyObject *py_fp32_scale(PyObject *self, PyObject *args) {
+    (void) self;
+    float amax, eps;
+    const char *fmt;
+    int pow2;
+    if (!PyArg_ParseTuple(args, "fsfi", &amax, &fmt, &eps, &pow2)) return NULL;
+    lowp_format f;
+    if (ext_format(fmt, &f)) return NULL;
+    float scale = 0.0f;
+    lowp_status st = lowp_fp32_scale(amax, f, eps, pow2, &scale);
+    if (st != LOWP_OK) return ext_raise(st);
+    return PyFloat_FromDouble((double) scale);
+}
+
+PyMethodDef ext_quant_methods[] = {
+    {"cast", py_cast, METH_VARARGS,
+     "cast(src, src_fmt, dst, dst_fmt, n, nonsat, sr, seed, offset, threads, path)"},
+    {"layout", py_layout, METH_VARARGS,
+     "layout(format, scaling, rows, cols, offs) -> (data_bytes, scale_bytes, scale_rows, "
+     "scale_cols, scale_is_e8m0)"},
+    {"quantize", py_quantize, METH_VARARGS,
+     "quantize(x, xfmt, rows, cols, format, scaling, data, scale, data_col, scale_col, mode, "
+     "pow2, eps, threads, path, scale, want_amax) -> amax or None"},
+    {"quantize_grouped", py_quantize_grouped, METH_VARARGS,
+     "quantize_grouped(x, xfmt, rows, cols, format, scaling, offs, data_col, scale_col, mode, "
+     "pow2, eps, threads, path)"},
+    {"dequantize", py_dequantize, METH_VARARGS, "dequantize(qdesc, out)"},
+    {"e8m0_scale", py_e8m0_scale, METH_VARARGS, "e8m0_scale(amax, format, mode) -> code"},
+    {"fp32_scale", py_fp32_scale, METH_VARARGS, "fp32_scale(amax, format, eps, pow2) -> scale"},
+    {NULL, NULL, 0, NULL},
+};
