@@ -1,0 +1,752 @@
+"""lowp's torch operators and the low-precision autograd mm / linear / grouped mm.
+
+Four operators in the `lowp` namespace, registered with `torch.library.custom_op` and given
+fake (meta) kernels so that FakeTensor tracing and `torch.compile` see ordinary ops:
+
+  lowp::quantize(x, format, scaling, scale_mode, pow2, eps, axis, offs, scale)
+        -> (data, scale, data_col, scale_col)     (empty tensors for a copy not asked for)
+  lowp::dequantize(data, scale, format, scaling, rows, cols, offs) -> float32 [rows, cols]
+  lowp::scaled_mm(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k)
+        -> float32 A . B^T
+  lowp::scaled_grouped_mm(a, ..., b, ..., offs, k, wgrad) -> split-M [T, N] or split-K [G, N, K]
+
+Each op runs lowp's native kernels (the C extension `lowp._lowp`) for CPU tensors, and the
+portable torch implementation (`lowp.torch.portable`, same bytes) for tensors on any other
+device, or on the CPU inside `force_portable()`. `stats()` counts which path ran.
+
+A grouped columnwise copy (quantized along tokens with `offs`) has a data-dependent number of
+scale blocks; the op returns its scales zero-padded to a static bound, [K, ceil(T/bs) + G]
+(columns past the real blocks are 0), so its fake kernel has a static shape.
+
+The autograd functions follow the C training layer (src/train/linear.c): the forward GEMM
+multiplies X rowwise by W rowwise, the input-gradient GEMM dY rowwise by W's columnwise copy
+(for the 32x32 and 128x128 tilings the transpose of the one rowwise quantization), the
+weight-gradient GEMM dY's columnwise copy by X's columnwise copy (grouped: along each group's
+tokens, no block straddling a group). A GEMM whose two operands are not both quantized runs in
+BF16 (both operands rounded to BF16, binary32 accumulation). Gradients are straight-through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from . import portable as P
+from .config import MatmulSpec, OperandSpec, resolve_config
+
+__all__ = [
+    "linear",
+    "mm",
+    "grouped_mm",
+    "WeightCache",
+    "stats",
+    "reset_stats",
+    "force_portable",
+    "native_available",
+]
+
+# ---- path selection and counters ----
+
+_STATS: Counter = Counter()
+_LOCAL = threading.local()
+
+try:  # the C extension (built by `make build`; absent in a pure-Python checkout)
+    from lowp import _lowp as _ext
+except Exception:  # pragma: no cover - depends on the build
+    _ext = None
+
+
+def native_available() -> bool:
+    """True when lowp's C extension is importable (CPU tensors then run natively)."""
+    return _ext is not None
+
+
+def stats() -> dict:
+    """Counters of the ops that ran: {"native": n, "portable": n, "<op>.native": n, ...}."""
+    out = {"native": 0, "portable": 0}
+    out.update(_STATS)
+    return out
+
+
+def reset_stats() -> None:
+    _STATS.clear()
+
+
+@contextlib.contextmanager
+def force_portable():
+    """Run CPU tensors through the portable torch path too (for tests)."""
+    prev = getattr(_LOCAL, "portable", False)
+    _LOCAL.portable = True
+    try:
+        yield
+    finally:
+        _LOCAL.portable = prev
+
+
+def _native(t: Tensor) -> bool:
+    return _ext is not None and t.device.type == "cpu" and not getattr(_LOCAL, "portable", False)
+
+
+def _count(op: str, native: bool) -> None:
+    path = "native" if native else "portable"
+    _STATS[path] += 1
+    _STATS[f"{op}.{path}"] += 1
+
+
+def _threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+# ---- numpy views of CPU tensors for the extension's buffer arguments ----
+
+
+def _buf(t: Optional[Tensor]):
+    """A zero-copy numpy view of a contiguous CPU tensor (bf16 as uint16), or None."""
+    if t is None:
+        return None
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.detach().numpy()
+
+
+_XFMT = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _desc(data: Tensor, scale: Optional[Tensor], fmt: str, scaling: str, rows: int, cols: int,
+          offs: Optional[Tensor] = None):
+    if scaling == "none":
+        fmt = _XFMT[data.dtype]
+        scale = None
+    return (fmt, scaling, int(rows), int(cols), _buf(data), _buf(scale), _buf(offs))
+
+
+# ---- shapes ----
+
+
+def _data_shape(fmt: str, rows: int, cols: int):
+    return (rows, (cols + 1) // 2) if fmt == "e2m1" else (rows, cols)
+
+
+def _scale_dtype(scaling: str):
+    return torch.uint8 if scaling in P.E8M0_KINDS else torch.float32
+
+
+def _grouped_scale_bound(scaling: str, tokens: int, groups: int) -> int:
+    bs = P.block_of(scaling)
+    return (tokens + bs - 1) // bs + groups
+
+
+def _empty(dev) -> Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=dev)
+
+
+# ---- lowp::quantize ----
+
+
+@torch.library.custom_op("lowp::quantize", mutates_args=())
+def quantize_op(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int, eps: float,
+                axis: str, offs: Optional[Tensor] = None,
+                scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Quantize 2-D x; see the module docstring. scale_mode "" and pow2 -1 take the defaults;
+    `scale` (tensorwise) is the delayed scale; `offs` (axis "col") quantizes along tokens."""
+    R, C = x.shape
+    mode = P.default_mode(scaling, scale_mode or None)
+    p2 = None if pow2 < 0 else bool(pow2)
+    dev = x.device
+    native = _native(x)
+    _count("quantize", native)
+    if offs is not None:
+        G = offs.numel()
+        bound = _grouped_scale_bound(scaling, R, G)
+        sc_out = torch.zeros((C, bound), dtype=_scale_dtype(scaling), device=dev)
+        if native:
+            data = torch.empty(_data_shape(format, C, R), dtype=torch.uint8)
+            nb = P.scale_shape(scaling, C, R, offs.tolist())[1]
+            sc = torch.empty((C, nb), dtype=_scale_dtype(scaling))
+            _ext.quantize_grouped(_buf(x), _XFMT[x.dtype], R, C, format, scaling,
+                                  _buf(offs.to(torch.int32)), _buf(data), _buf(sc), mode,
+                                  -1 if p2 is None else int(p2), float(eps), _threads(), 0)
+        else:
+            q = P.quantize_grouped(x, offs.tolist(), format, scaling, mode, eps, p2)
+            data, sc = q.data, q.scale
+        sc_out[:, : sc.shape[1]] = sc
+        return _empty(dev), _empty(dev), data, sc_out
+    want_row, want_col = axis in ("row", "both"), axis in ("col", "both")
+    if native:
+        sdt = _scale_dtype(scaling)
+        rd = torch.empty(_data_shape(format, R, C), dtype=torch.uint8) if want_row else None
+        rs = torch.empty(P.scale_shape(scaling, R, C), dtype=sdt) if want_row else None
+        cd = torch.empty(_data_shape(format, C, R), dtype=torch.uint8) if want_col else None
+        cs = torch.empty(P.scale_shape(scaling, C, R), dtype=sdt) if want_col else None
+        s = None if scale is None else float(scale.reshape(()).item())
+        _ext.quantize(_buf(x), _XFMT[x.dtype], R, C, format, scaling, _buf(rd), _buf(rs),
+                      _buf(cd), _buf(cs), mode, -1 if p2 is None else int(p2), float(eps),
+                      _threads(), 0, s, False)
+        return (rd if rd is not None else _empty(dev), rs if rs is not None else _empty(dev),
+                cd if cd is not None else _empty(dev), cs if cs is not None else _empty(dev))
+    row, col = P.quantize(x, format, scaling, mode, axis, eps, p2, scale)
+    return (row.data if row else _empty(dev), row.scale if row else _empty(dev),
+            col.data if col else _empty(dev), col.scale if col else _empty(dev))
+
+
+@quantize_op.register_fake
+def _quantize_fake(x, format, scaling, scale_mode, pow2, eps, axis, offs=None, scale=None):
+    R, C = x.shape
+    sdt = _scale_dtype(scaling)
+    if offs is not None:
+        bound = _grouped_scale_bound(scaling, R, offs.shape[0])
+        return (x.new_empty(0, dtype=torch.uint8), x.new_empty(0, dtype=torch.uint8),
+                x.new_empty(_data_shape(format, C, R), dtype=torch.uint8),
+                x.new_empty((C, bound), dtype=sdt))
+    out = [x.new_empty(0, dtype=torch.uint8) for _ in range(4)]
+    if axis in ("row", "both"):
+        out[0] = x.new_empty(_data_shape(format, R, C), dtype=torch.uint8)
+        out[1] = x.new_empty(P.scale_shape(scaling, R, C), dtype=sdt)
+    if axis in ("col", "both"):
+        out[2] = x.new_empty(_data_shape(format, C, R), dtype=torch.uint8)
+        out[3] = x.new_empty(P.scale_shape(scaling, C, R), dtype=sdt)
+    return tuple(out)
+
+
+# ---- lowp::dequantize ----
+
+
+def _trim_scale(scale: Tensor, scaling: str, rows: int, cols: int, offs) -> Tensor:
+    """The real blocks of a (possibly padded) grouped scale array."""
+    if offs is None:
+        return scale
+    nb = P.scale_shape(scaling, rows, cols, offs)[1]
+    return scale[:, :nb].contiguous()
+
+
+@torch.library.custom_op("lowp::dequantize", mutates_args=())
+def dequantize_op(data: Tensor, scale: Tensor, format: str, scaling: str, rows: int, cols: int,
+                  offs: Optional[Tensor] = None) -> Tensor:
+    """float32 [rows, cols] values of a quantized copy."""
+    native = _native(data)
+    _count("dequantize", native)
+    ol = offs.tolist() if offs is not None else None
+    sc = _trim_scale(scale, scaling, rows, cols, ol)
+    if native:
+        out = torch.empty((rows, cols), dtype=torch.float32)
+        _ext.dequantize(_desc(data, sc, format, scaling, rows, cols,
+                              offs.to(torch.int32) if offs is not None else None), _buf(out))
+        return out
+    return P.dequantize(P.QT(data, sc, format, scaling, rows, cols, ol))
+
+
+@dequantize_op.register_fake
+def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
+    return data.new_empty((rows, cols), dtype=torch.float32)
+
+
+# ---- lowp::scaled_mm ----
+
+
+def _rows_of(t: Tensor, fmt: str, scaling: str, k: int) -> int:
+    return t.shape[0]
+
+
+@torch.library.custom_op("lowp::scaled_mm", mutates_args=())
+def scaled_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
+                 b_scale: Tensor, b_format: str, b_scaling: str, k: int) -> Tensor:
+    """float32 C[M, N] = A[M, k] . B[N, k]^T. Scaling "none": a/b are float32 or bfloat16."""
+    M, N = a.shape[0], b.shape[0]
+    native = _native(a)
+    _count("scaled_mm", native)
+    if native:
+        out = torch.empty((M, N), dtype=torch.float32)
+        _ext.gemm(_desc(a, a_scale, a_format, a_scaling, M, k),
+                  _desc(b, b_scale, b_format, b_scaling, N, k), _buf(out), "f32", M, N, False,
+                  _threads(), 0)
+        return out
+    qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, M, k)
+    qb = P.QT(b, b_scale if b_scaling != "none" else None, b_format, b_scaling, N, k)
+    return P.gemm(qa, qb)
+
+
+@scaled_mm_op.register_fake
+def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.float32)
+
+
+# ---- lowp::scaled_grouped_mm ----
+
+
+@torch.library.custom_op("lowp::scaled_grouped_mm", mutates_args=())
+def scaled_grouped_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
+                         b_scale: Tensor, b_format: str, b_scaling: str, offs: Tensor, k: int,
+                         wgrad: bool) -> Tensor:
+    """Split-M (wgrad False): a [T, k] rowwise, b [G, N, k] (scales [G, ...]), out [T, N] with
+    rows past offs[-1] zero. Split-K (wgrad True): a = dY^T [N, T], b = X^T [K, T], both
+    quantized along the tokens with offs (scales padded as quantize returns them); k = T;
+    out [G, N, K]."""
+    native = _native(a)
+    _count("scaled_grouped_mm", native)
+    ol = offs.tolist()
+    G = len(ol)
+    if not wgrad:
+        T, N = a.shape[0], b.shape[1]
+        if native:
+            out = torch.zeros((T, N), dtype=torch.float32)
+            _ext.grouped_gemm(_desc(a, a_scale, a_format, a_scaling, T, k),
+                              _desc(b, b_scale, b_format, b_scaling, N, k), G,
+                              _buf(offs.to(torch.int32)), _buf(out), "f32", T, N, False,
+                              _threads(), 0)
+            return out
+        qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, T, k)
+        qb = [P.QT(b[g], b_scale[g] if b_scaling != "none" else None, b_format, b_scaling, N, k)
+              for g in range(G)]
+        return P.grouped_gemm(qa, qb, ol)
+    N, K = a.shape[0], b.shape[0]
+    ga = ol if a_scaling in P.TOKEN_BLOCK_KINDS else None
+    gb = ol if b_scaling in P.TOKEN_BLOCK_KINDS else None
+    sa = _trim_scale(a_scale, a_scaling, N, k, ga) if a_scaling != "none" else None
+    sb = _trim_scale(b_scale, b_scaling, K, k, gb) if b_scaling != "none" else None
+    if native:
+        out = torch.zeros((G, N, K), dtype=torch.float32)
+        o32 = offs.to(torch.int32)
+        _ext.grouped_gemm_wgrad(_desc(a, sa, a_format, a_scaling, N, k, o32 if ga else None),
+                                _desc(b, sb, b_format, b_scaling, K, k, o32 if gb else None),
+                                _buf(o32), _buf(out), "f32", G * N, K, False, _threads(), 0)
+        return out
+    qa = P.QT(a, sa, a_format, a_scaling, N, k, ga)
+    qb = P.QT(b, sb, b_format, b_scaling, K, k, gb)
+    return P.grouped_gemm_wgrad(qa, qb, ol)
+
+
+@scaled_grouped_mm_op.register_fake
+def _scaled_grouped_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling,
+                            offs, k, wgrad):
+    if not wgrad:
+        return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
+    return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=torch.float32)
+
+
+# ---- operands of the autograd functions ----
+
+
+class _Op:
+    """A GEMM operand as the ops see it: tensors plus names (scaling "none": plain bf16/f32)."""
+
+    __slots__ = ("data", "scale", "format", "scaling", "rows", "cols", "grouped")
+
+    def __init__(self, data, scale, fmt, scaling, rows, cols, grouped=False):
+        self.data, self.scale, self.format, self.scaling = data, scale, fmt, scaling
+        self.rows, self.cols, self.grouped = rows, cols, grouped
+
+
+def _plain(x: Tensor) -> _Op:
+    """BF16 operand (C rounds every unquantized GEMM operand to BF16)."""
+    b = x.to(torch.bfloat16).contiguous()
+    return _Op(b, _empty(x.device), "bf16", "none", b.shape[0], b.shape[1])
+
+
+def _quant(x: Tensor, s: OperandSpec, axis: str, scale: Optional[Tensor] = None,
+           offs: Optional[Tensor] = None):
+    """(row _Op or None, col _Op or None) of x [R, C] per spec s."""
+    R, C = x.shape
+    mode = s.scale_mode or ""
+    pow2 = -1 if s.pow2 is None else int(s.pow2)
+    rd, rs, cd, cs = torch.ops.lowp.quantize(x, s.format, s.scaling, mode, pow2, 0.0, axis, offs,
+                                             scale)
+    row = _Op(rd, rs, s.format, s.scaling, R, C) if axis in ("row", "both") else None
+    col = (_Op(cd, cs, s.format, s.scaling, C, R, offs is not None)
+           if axis in ("col", "both") else None)
+    return row, col
+
+
+def _x32(x: Tensor) -> Tensor:
+    """The kernels read float32 or bfloat16; anything else goes through float32."""
+    x = x if x.dtype in (torch.float32, torch.bfloat16) else x.to(torch.float32)
+    return x.contiguous()
+
+
+def _amax(x: Tensor) -> Tensor:
+    """Tensor amax (NaN wins), float32 0-dim, on x's device."""
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    return x.detach().abs().amax().to(torch.float32)
+
+
+def _mm(a: _Op, b: _Op) -> Tensor:
+    return torch.ops.lowp.scaled_mm(a.data, a.scale, a.format, a.scaling, b.data, b.scale,
+                                    b.format, b.scaling, a.cols)
+
+
+def _stack(ops: List[_Op]) -> _Op:
+    o = ops[0]
+    data = torch.stack([p.data for p in ops])
+    scale = torch.stack([p.scale for p in ops]) if o.scaling != "none" else _empty(o.data.device)
+    return _Op(data, scale, o.format, o.scaling, o.rows, o.cols)
+
+
+def _grouped_mm(a: _Op, b: _Op, offs: Tensor) -> Tensor:
+    return torch.ops.lowp.scaled_grouped_mm(a.data, a.scale, a.format, a.scaling, b.data,
+                                            b.scale, b.format, b.scaling, offs, a.cols, False)
+
+
+def _wgrad_mm(a: _Op, b: _Op, offs: Tensor) -> Tensor:
+    return torch.ops.lowp.scaled_grouped_mm(a.data, a.scale, a.format, a.scaling, b.data,
+                                            b.scale, b.format, b.scaling, offs, a.cols, True)
+
+
+# ---- the weight's copies ----
+
+
+class WeightCache:
+    """Quantized copies of weights, made once per weight version.
+
+    Keyed by the weight tensor's storage pointer, shape, strides, dtype, device and the recipe;
+    an entry is reused while the tensor's `_version` is unchanged (an optimizer step updates the
+    weight in place and bumps it). Counters: `quantizations` (copies made), `hits` (reuses)."""
+
+    def __init__(self):
+        self.quantizations = 0
+        self.hits = 0
+        self._entries = {}
+
+    def _key(self, w: Tensor, spec: MatmulSpec):
+        return (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, str(w.device),
+                spec.weight, spec.fake_quant_mxfp4, spec.input.quantized,
+                spec.grad_output.quantized)
+
+    def lookup(self, w: Tensor, spec: MatmulSpec, make):
+        key = self._key(w, spec)
+        e = self._entries.get(key)
+        if e is not None and e[0] == w._version:
+            self.hits += 1
+            return e[1]
+        value = make()
+        self.quantizations += 1
+        self._entries[key] = (w._version, value)
+        return value
+
+    def clear(self):
+        self._entries.clear()
+
+    def __len__(self):
+        return len(self._entries)
+
+
+def _weight_source(W: Tensor, spec: MatmulSpec) -> Tensor:
+    """W [N, K] as the quantizer reads it (after the optional MXFP4 fake quantization)."""
+    W = _x32(W.detach())
+    if spec.fake_quant_mxfp4:
+        rd, rs, _, _ = torch.ops.lowp.quantize(W, "e2m1", "mx32", "rceil", -1, 0.0, "row", None,
+                                               None)
+        W = torch.ops.lowp.dequantize(rd, rs, "e2m1", "mx32", W.shape[0], W.shape[1], None)
+    return W
+
+
+def _weight_copies(W3: Tensor, spec: MatmulSpec, fwd_q: bool, dgrad_q: bool, want_fwd: bool,
+                   want_dgr: bool, fp8_state, record: bool):
+    """Per expert: forward copies W_g [N, K] and dgrad copies W_g^T [K, N] (None when not
+    wanted), stacked into one _Op each."""
+    ws = spec.weight
+    scale = None
+    if ws.delayed and fp8_state is not None:
+        scale = fp8_state.scale("weight")
+    fwd, dgr = [], []
+    for g in range(W3.shape[0]):
+        src = _weight_source(W3[g], spec)
+        if record and ws.delayed and fp8_state is not None:
+            fp8_state.record("weight", _amax(src))
+        qf = want_fwd and fwd_q
+        qd = want_dgr and dgrad_q
+        axis = "both" if qf and qd else ("row" if qf else ("col" if qd else None))
+        r = c = None
+        if axis:
+            r, c = _quant(src, ws, axis, scale)
+        if want_fwd:
+            fwd.append(r if qf else _plain(src))
+        if want_dgr:
+            dgr.append(c if qd else _plain(src.t()))
+    return (_stack(fwd) if want_fwd else None), (_stack(dgr) if want_dgr else None)
+
+
+# ---- the autograd function ----
+
+
+def _plan(spec: MatmulSpec, wgrad_hp: bool):
+    qi, qw, qg = spec.input.quantized, spec.weight.quantized, spec.grad_output.quantized
+    return qi and qw, qg and qw, qg and qi and not wgrad_hp
+
+
+def _first(op: Optional[_Op]) -> Optional[_Op]:
+    """Expert 0 of a stacked weight operand, as a 2-D operand."""
+    if op is None:
+        return None
+    sc = op.scale[0] if op.scaling != "none" else op.scale
+    return _Op(op.data[0], sc, op.format, op.scaling, op.rows, op.cols)
+
+
+class _LowpMatmul(torch.autograd.Function):
+    """x2d [M, K] times W3 [G, N, K] (G = 1 and offs None: a plain linear)."""
+
+    @staticmethod
+    def forward(ctx, x2d, W3, bias, offs, spec, keep_quantized, wgrad_hp, cache, fp8_state,
+                grouped):
+        fwd_q, dgrad_q, wgrad_q = _plan(spec, wgrad_hp)
+        M, K = x2d.shape
+        G, N = W3.shape[0], W3.shape[1]
+        T = int(offs[-1].item()) if grouped and G else M
+        if torch.compiler.is_compiling():
+            cache = None
+        delayed = fp8_state is not None
+
+        def make_both():
+            return _weight_copies(W3, spec, fwd_q, dgrad_q, True, True, fp8_state, True)
+
+        if cache is not None:
+            wf, _ = cache.lookup(W3, spec, make_both)
+        else:
+            wf, _ = _weight_copies(W3, spec, fwd_q, dgrad_q, True, False, fp8_state, True)
+
+        xs = _x32(x2d.detach())[:T]
+        ispec = spec.input
+        keep = keep_quantized and wgrad_q and T > 0
+        iscale = fp8_state.scale("input") if (ispec.delayed and delayed) else None
+        if ispec.delayed and delayed:
+            fp8_state.record("input", _amax(xs))
+        xcol = None
+        if fwd_q:
+            tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
+            axis = "both" if keep and not tok else "row"
+            xrow, xcol = _quant(xs, ispec, axis, iscale)
+            if keep and tok:
+                _, xcol = _quant(xs, ispec, "col", None, offs)
+        else:
+            xrow = _plain(xs)
+            if keep:
+                tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
+                _, xcol = _quant(xs, ispec, "col", iscale, offs if tok else None)
+        if grouped:
+            y = _grouped_mm(xrow, wf, offs[:G]) if T > 0 else None
+            if y is None or y.shape[0] != M:
+                yy = torch.zeros((M, N), dtype=torch.float32, device=x2d.device)
+                if y is not None:
+                    yy[:T] = y[:T]
+                y = yy
+        else:
+            y = _mm(xrow, _first(wf))
+        if bias is not None:
+            y = y + bias.to(torch.float32)
+        ctx.spec, ctx.keep, ctx.wgrad_hp, ctx.cache, ctx.fp8_state = (spec, keep, wgrad_hp,
+                                                                     cache, fp8_state)
+        ctx.grouped, ctx.T, ctx.has_bias = grouped, T, bias is not None
+        ctx.dims = (M, K, G, N)
+        ctx.x_dtype, ctx.w_dtype = x2d.dtype, W3.dtype
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        if xcol is not None:
+            ctx.xcol_meta = (xcol.format, xcol.scaling, xcol.rows, xcol.cols, xcol.grouped)
+            ctx.save_for_backward(x2d, W3, offs, xcol.data, xcol.scale)
+        else:
+            ctx.xcol_meta = None
+            ctx.save_for_backward(x2d, W3, offs)
+        return y.to(x2d.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved = ctx.saved_tensors
+        x2d, W3, offs = saved[:3]
+        spec, T, grouped = ctx.spec, ctx.T, ctx.grouped
+        M, K, G, N = ctx.dims
+        fwd_q, dgrad_q, wgrad_q = _plan(spec, ctx.wgrad_hp)
+        fp8_state = ctx.fp8_state
+        delayed = fp8_state is not None
+        need_dx = ctx.needs_input_grad[0]
+        need_dw = ctx.needs_input_grad[1]
+        dev = dy.device
+        dys = _x32(dy)[:T]
+        gspec, ispec = spec.grad_output, spec.input
+        dx = dw = db = None
+        if T > 0 and (need_dx or need_dw):
+            gscale = fp8_state.scale("grad_output") if (gspec.delayed and delayed) else None
+            if gspec.delayed and delayed:
+                fp8_state.record("grad_output", _amax(dys))
+            tok = grouped and gspec.scaling in P.TOKEN_BLOCK_KINDS
+            dyrow = dycol = None
+            if need_dx:
+                if dgrad_q:
+                    axis = "both" if (need_dw and wgrad_q and not tok) else "row"
+                    dyrow, dycol = _quant(dys, gspec, axis, gscale)
+                else:
+                    dyrow = _plain(dys)
+            if need_dw and dycol is None:
+                if wgrad_q:
+                    _, dycol = _quant(dys, gspec, "col", gscale, offs if tok else None)
+                else:
+                    dycol = _plain(dys.t())
+            if need_dx:
+                cache = ctx.cache
+
+                def make_both():
+                    return _weight_copies(W3, spec, fwd_q, dgrad_q, True, True, fp8_state, True)
+
+                if cache is not None:
+                    _, wd = cache.lookup(W3, spec, make_both)
+                else:
+                    _, wd = _weight_copies(W3, spec, fwd_q, dgrad_q, False, True, fp8_state,
+                                           False)
+                if grouped:
+                    dxt = _grouped_mm(dyrow, wd, offs[:G])
+                else:
+                    dxt = _mm(dyrow, _first(wd))
+                if T < M:
+                    dx = torch.zeros((M, K), dtype=torch.float32, device=dev)
+                    dx[:T] = dxt[:T]
+                else:
+                    dx = dxt
+                dx = dx.to(ctx.x_dtype)
+            if need_dw:
+                if ctx.xcol_meta is not None:
+                    f, s, r, c, gr = ctx.xcol_meta
+                    xcol = _Op(saved[3], saved[4], f, s, r, c, gr)
+                elif wgrad_q:
+                    xs = _x32(x2d.detach())[:T]
+                    iscale = fp8_state.scale("input") if (ispec.delayed and delayed) else None
+                    itok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
+                    _, xcol = _quant(xs, ispec, "col", iscale, offs if itok else None)
+                else:
+                    xcol = _plain(_x32(x2d.detach())[:T].t())
+                if grouped:
+                    dw = _wgrad_mm(dycol, xcol, offs[:G])
+                else:
+                    dw = _mm(dycol, xcol).unsqueeze(0)
+                dw = dw.to(ctx.w_dtype)
+        if need_dx and dx is None:
+            dx = torch.zeros((M, K), dtype=ctx.x_dtype, device=dev)
+        if need_dw and dw is None:
+            dw = torch.zeros((G, N, K), dtype=ctx.w_dtype, device=dev)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            acc = torch.float32 if dev.type == "mps" else torch.float64
+            db = dy.to(acc).sum(0).to(torch.float32).to(ctx.bias_dtype)
+        return dx, dw, db, None, None, None, None, None, None, None
+
+
+# ---- public API ----
+
+
+def _check_tensor(name: str, t, dims=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    if not (t.is_floating_point()):
+        raise TypeError(f"{name}.dtype ({t.dtype}) must be a floating-point dtype")
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise TypeError(f"{name}.dtype ({t.dtype}) must be float32 or bfloat16")
+    if dims is not None and t.dim() not in dims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, "
+                         f"not {t.dim()} (shape {tuple(t.shape)})")
+
+
+def _check_opts(cache, fp8_state, spec: MatmulSpec):
+    if cache is not None and not isinstance(cache, WeightCache):
+        raise TypeError(f"cache must be a lowp.torch.WeightCache or None, not "
+                        f"{type(cache).__name__}")
+    if fp8_state is not None and not (hasattr(fp8_state, "scale") and
+                                      hasattr(fp8_state, "record")):
+        raise TypeError("fp8_state must have scale(role) and record(role, amax) methods")
+    if fp8_state is not None and not spec.weight.delayed:
+        raise ValueError(f"fp8_state is given but config ({spec.name}) is not delayed tensorwise "
+                         "scaling (Float8TensorwiseConfig(delayed=True))")
+
+
+def _spec_for(config, keep_quantized, wgrad_hp):
+    spec = resolve_config(config)
+    if wgrad_hp:
+        spec = resolve_config(spec.replace(wgrad_hp=True))
+    return spec
+
+
+def _run(x2d, W3, bias, offs, config, keep_quantized, wgrad_hp, cache, fp8_state, grouped):
+    spec = _spec_for(config, keep_quantized, wgrad_hp)
+    if keep_quantized is None:
+        keep_quantized = spec.keep_quantized
+    if not isinstance(keep_quantized, bool):
+        raise TypeError(f"keep_quantized ({keep_quantized!r}) must be a bool")
+    if not isinstance(wgrad_hp, bool):
+        raise TypeError(f"wgrad_hp ({wgrad_hp!r}) must be a bool")
+    _check_opts(cache, fp8_state, spec)
+    if x2d.device != W3.device:
+        raise ValueError(f"x.device ({x2d.device}) != w.device ({W3.device})")
+    return _LowpMatmul.apply(x2d, W3, bias, offs, spec, keep_quantized, bool(wgrad_hp), cache,
+                             fp8_state, grouped)
+
+
+def linear(x: Tensor, w: Tensor, bias: Optional[Tensor] = None, config="mxfp8", *,
+           keep_quantized: Optional[bool] = None, wgrad_hp: bool = False,
+           cache: Optional[WeightCache] = None, fp8_state=None) -> Tensor:
+    """`F.linear(x, w, bias)` with low-precision forward, input-gradient and weight-gradient
+    GEMMs. x [..., K] float32/bfloat16, w [N, K], bias [N]; output [..., N] in x's dtype.
+    `keep_quantized` (default: the recipe's) keeps X's columnwise copy from the forward for the
+    weight gradient instead of requantizing; `wgrad_hp` runs the weight gradient in BF16;
+    `cache` reuses the weight's quantized copies while it is unchanged; `fp8_state` supplies
+    delayed tensorwise scales."""
+    _check_tensor("x", x)
+    _check_tensor("w", w, (2,))
+    if x.dim() < 1:
+        raise ValueError("x must have at least 1 dimension")
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"x.shape[-1] ({x.shape[-1]}) != w.shape[1] ({w.shape[1]}) (w is "
+                         "[out_features, in_features])")
+    if bias is not None:
+        _check_tensor("bias", bias, (1,))
+        if bias.shape[0] != w.shape[0]:
+            raise ValueError(f"bias.shape[0] ({bias.shape[0]}) != w.shape[0] ({w.shape[0]})")
+    lead = x.shape[:-1]
+    x2d = x.reshape(-1, x.shape[-1])
+    y = _run(x2d, w.unsqueeze(0), bias, None, config, keep_quantized, wgrad_hp, cache,
+             fp8_state, False)
+    return y.reshape(*lead, w.shape[0])
+
+
+def mm(x: Tensor, w: Tensor, config="mxfp8", **kw) -> Tensor:
+    """`torch.mm(x, w)` in low precision: x [M, K], w [K, N] (typically the transposed view of
+    an [N, K] weight)."""
+    _check_tensor("x", x, (2,))
+    _check_tensor("w", w, (2,))
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(f"x.shape[1] ({x.shape[1]}) != w.shape[0] ({w.shape[0]})")
+    return linear(x, w.t(), None, config, **kw)
+
+
+def _check_offs(offs, G: int, T: int):
+    if not isinstance(offs, torch.Tensor):
+        raise TypeError(f"offs must be a torch.Tensor of int32, not {type(offs).__name__}")
+    if offs.dtype != torch.int32:
+        raise TypeError(f"offs.dtype ({offs.dtype}) must be torch.int32")
+    if offs.dim() != 1 or offs.shape[0] != G:
+        raise ValueError(f"offs.shape ({tuple(offs.shape)}) must be ({G},) (one end per group)")
+    if torch.compiler.is_compiling():
+        return
+    ol = offs.tolist()
+    prev = 0
+    for g, o in enumerate(ol):
+        if o < prev or o > T:
+            raise ValueError(f"offs[{g}] ({o}) is not in [{prev}, x.shape[0] ({T})] (offsets are "
+                             "cumulative group ends)")
+        prev = o
+
+
+def grouped_mm(x: Tensor, w: Tensor, offs: Tensor, config="mxfp8", **kw) -> Tensor:
+    """`torch._grouped_mm(x, w, offs)` in low precision: x [T, K], w [G, K, N] (possibly the
+    transposed view of a [G, N, K] parameter), offs int32 [G] cumulative group ends; out
+    [T, N] (rows past offs[-1] are 0)."""
+    _check_tensor("x", x, (2,))
+    _check_tensor("w", w, (3,))
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x.shape[1] ({x.shape[1]}) != w.shape[1] ({w.shape[1]})")
+    _check_offs(offs, w.shape[0], x.shape[0])
+    if kw.get("fp8_state") is not None:
+        pass
+    offs = offs.to(x.device)
+    return _run(x, w.transpose(-2, -1), None, offs, config, kw.get("keep_quantized"),
+                kw.get("wgrad_hp", False), kw.get("cache"), kw.get("fp8_state"), True)

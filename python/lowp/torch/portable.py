@@ -1,0 +1,591 @@
+"""The portable path: lowp's quantization and GEMM rules written with plain torch operations.
+
+Tensors on a device other than the CPU (CUDA, NPU, XPU, MPS...) run these functions; on the CPU
+they run only under `lowp.torch.force_portable()` (the tests compare them with the native
+kernels byte for byte). Every rule is ../../../docs/numerics.md (NUMERICS.md): element encoding
+(round to nearest even, satfinite), E8M0 block scales (RCEIL, FLOOR, CEIL, EVEN), binary32
+scales, and the GEMM's block-wise scale combination. Bit manipulations go through integer
+views (`x.view(torch.int32)`), never through `log2`/`exp2`, so that the bytes do not depend on a
+device's transcendental functions; the only float operations are IEEE multiplies, divisions,
+comparisons and matmuls whose products are exact.
+
+A quantized operand is a `QT`: element codes (`uint8`, E2M1 packed two per byte, element 2i in
+the low nibble), scales in lowp's canonical 2-D layout (E8M0 `uint8` or binary32 scale_inv),
+format and scaling names, the logical shape `[rows, cols]` (cols is the quantized, reduction
+dimension) and, for a copy quantized along tokens in groups, the group ends `offs`. A plain
+(not quantized) GEMM operand is a `QT` with scaling "none" whose `data` is the float32 or
+bfloat16 tensor itself.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+
+__all__ = [
+    "QT",
+    "FORMATS",
+    "encode",
+    "decode",
+    "e8m0_codes",
+    "fp32_scales",
+    "quantize",
+    "quantize_grouped",
+    "dequantize",
+    "gemm",
+    "grouped_gemm",
+    "grouped_gemm_wgrad",
+    "scale_shape",
+    "block_of",
+]
+
+
+def _f32(v: float) -> float:
+    """v rounded to binary32 (as a Python float)."""
+    return struct.unpack("<f", struct.pack("<f", v))[0]
+
+
+@dataclass(frozen=True)
+class _Fmt:
+    name: str
+    bits: int
+    mbits: int
+    bias: int
+    max_code: int  # magnitude code of fmax
+    nan_code: int  # code emitted for NaN (E2M1: 0, no sign)
+    fmax: float
+    emax: int
+
+
+FORMATS = {
+    "e4m3": _Fmt("e4m3", 8, 3, 7, 0x7E, 0x7F, 448.0, 8),
+    "e5m2": _Fmt("e5m2", 8, 2, 15, 0x7B, 0x7E, 57344.0, 15),
+    "e2m1": _Fmt("e2m1", 4, 1, 1, 0x7, 0x0, 6.0, 2),
+}
+
+E8M0_KINDS = ("mx32", "block32x32")
+FP32_KINDS = ("tensor", "row", "block128", "block128x128")
+TILE_KINDS = ("block32x32", "block128x128")
+TOKEN_BLOCK_KINDS = ("mx32", "block128")  # kinds whose grouped copies restart at a group
+SCALINGS = ("tensor", "row", "mx32", "block128", "block128x128", "block32x32")
+SCALE_MODES = ("rceil", "floor", "ceil", "even")
+
+_F32_MAX = _f32(3.4028234663852886e38)
+
+
+@dataclass
+class QT:
+    """A quantized (or plain) 2-D GEMM operand, see the module docstring."""
+
+    data: torch.Tensor
+    scale: Optional[torch.Tensor]
+    format: str
+    scaling: str
+    rows: int
+    cols: int
+    offs: Optional[Sequence[int]] = None  # group ends along cols (tokens), host ints
+
+    @property
+    def shape(self):
+        return (self.rows, self.cols)
+
+
+def block_of(scaling: str) -> int:
+    """Block size along the quantized dimension (0: the whole row)."""
+    return {"mx32": 32, "block32x32": 32, "block128": 128, "block128x128": 128}.get(scaling, 0)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def scale_shape(scaling: str, rows: int, cols: int, offs: Optional[Sequence[int]] = None):
+    """Canonical scale shape of a [rows, cols] copy (grouped: blocks of every group in turn)."""
+    if scaling == "tensor":
+        return (1, 1)
+    if scaling == "row":
+        return (rows, 1)
+    bs = block_of(scaling)
+    if scaling in TILE_KINDS:
+        return (_cdiv(rows, bs), _cdiv(cols, bs))
+    if offs is not None:
+        nb, prev = 0, 0
+        for e in offs:
+            nb += _cdiv(int(e) - prev, bs)
+            prev = int(e)
+        return (rows, nb)
+    return (rows, _cdiv(cols, bs))
+
+
+# ---- element formats ----
+
+
+def encode(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Codes (int32) of binary32 x in `fmt`, RNE, satfinite (NUMERICS.md section 2)."""
+    f = FORMATS[fmt]
+    u = x.to(torch.float32).contiguous().view(torch.int32)
+    a = u & 0x7FFFFFFF
+    sbit = ((u >> 31) & 1) << (f.bits - 1)
+    e32 = a >> 23
+    m24 = (a & 0x7FFFFF) | 0x800000
+    e = e32 - 127 + f.bias
+    shift = (23 - f.mbits) + torch.clamp(1 - e, min=0)
+    # A shift of 25 or more rounds every significand (< 2^24) to 0: clamp so shifts stay legal.
+    shift = torch.clamp(shift, max=25)
+    half_minus_1 = (torch.ones_like(shift) << (shift - 1)) - 1
+    q = (m24 + half_minus_1 + ((m24 >> shift) & 1)) >> shift
+    code = torch.where(e >= 1, ((e - 1) << f.mbits) + q, q)
+    code = torch.clamp(code, max=f.max_code)
+    code = torch.where(a == 0x7F800000, torch.full_like(code, f.max_code), code)  # satfinite Inf
+    code = torch.where(e32 == 0, torch.zeros_like(code), code)  # zero and binary32 subnormals
+    code = code | sbit
+    nan = torch.full_like(code, f.nan_code) | (sbit if f.nan_code else 0)
+    return torch.where(a > 0x7F800000, nan, code)
+
+
+def _decode_value(fmt: str, code: int) -> float:
+    f = FORMATS[fmt]
+    ebits = f.bits - 1 - f.mbits
+    mag = code & ((1 << (f.bits - 1)) - 1)
+    neg = (code >> (f.bits - 1)) & 1
+    ef, mf = mag >> f.mbits, mag & ((1 << f.mbits) - 1)
+    if fmt == "e5m2" and ef == (1 << ebits) - 1:
+        v = float("inf") if mf == 0 else float("nan")
+    elif fmt == "e4m3" and mag == 0x7F:
+        v = float("nan")
+    elif ef == 0:
+        v = mf * 2.0 ** (1 - f.bias - f.mbits)
+    else:
+        v = (mf | (1 << f.mbits)) * 2.0 ** (ef - f.bias - f.mbits)
+    return -v if neg else v
+
+
+_LUTS = {}
+
+
+def _lut(fmt: str, device) -> torch.Tensor:
+    key = (fmt, str(device))
+    t = _LUTS.get(key)
+    if t is None:
+        n = 1 << FORMATS[fmt].bits
+        t = torch.tensor([_decode_value(fmt, c) for c in range(n)], dtype=torch.float32)
+        t = t.to(device)
+        _LUTS[key] = t
+    return t
+
+
+def decode(codes: torch.Tensor, fmt: str) -> torch.Tensor:
+    """binary32 values of unpacked codes (exact)."""
+    return _lut(fmt, codes.device)[codes.long()]
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """[R, C] codes -> [R, ceil(C/2)] bytes, element 2i in the low nibble, pad nibble 0."""
+    r, c = codes.shape
+    if c % 2:
+        codes = torch.cat([codes, torch.zeros((r, 1), dtype=codes.dtype, device=codes.device)], 1)
+    codes = codes.to(torch.int32)
+    return ((codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4)).to(torch.uint8)
+
+
+def unpack(q: QT) -> torch.Tensor:
+    """Element codes of q as an int32 [rows, cols] tensor."""
+    if q.format != "e2m1":
+        return q.data.reshape(q.rows, q.cols).to(torch.int32)
+    d = q.data.reshape(q.rows, -1).to(torch.int32)
+    out = torch.stack([d & 0xF, (d >> 4) & 0xF], dim=-1).reshape(q.rows, -1)
+    return out[:, : q.cols]
+
+
+# ---- scale rules ----
+
+
+def _bits_f32(i: torch.Tensor) -> torch.Tensor:
+    return i.to(torch.int32).contiguous().view(torch.float32)
+
+
+def e8m0_codes(amax: torch.Tensor, fmt: str, mode: str) -> torch.Tensor:
+    """E8M0 scale codes (int32) of blocks whose binary32 amax is `amax` (NUMERICS.md 3.1-3.3)."""
+    f = FORMATS[fmt]
+    amax = amax.to(torch.float32).contiguous()
+    a = amax.view(torch.int32) & 0x7FFFFFFF
+    E, M = a >> 23, a & 0x7FFFFF
+    if mode == "floor":
+        e = E - f.emax
+    elif mode == "ceil":
+        e = E + (M != 0).to(torch.int32) - f.emax
+    elif mode == "even":
+        b = (a + (1 << (22 - f.mbits))) & 0x7F800000  # a < 2^31: the sign bit stays clear
+        e = (b >> 23) - f.emax
+    elif mode == "rceil":
+        d = (amax.abs() * _f32(1.0 / _f32(f.fmax))).contiguous().view(torch.int32) & 0x7FFFFFFF
+        de, dm = d >> 23, d & 0x7FFFFF
+        e = torch.where(de == 0, (dm > 0x400000).to(torch.int32), de + (dm != 0).to(torch.int32))
+    else:
+        raise ValueError(f"scale_mode ({mode!r}) is not one of {', '.join(SCALE_MODES)}")
+    e = torch.clamp(e, 0, 254)
+    e = torch.where(a == 0, torch.zeros_like(e), e)
+    return torch.where(a >= 0x7F800000, torch.full_like(e, 0xFF), e)
+
+
+def _e8m0_quant_factor(code: torch.Tensor) -> torch.Tensor:
+    """2^(127 - code), built from bits (code 254 -> 2^-127, a binary32 subnormal)."""
+    be = 254 - code
+    return _bits_f32(torch.where(be == 0, torch.full_like(be, 0x00400000), be.clamp(min=0) << 23))
+
+
+def _e8m0_value(code: torch.Tensor) -> torch.Tensor:
+    """2^(code - 127) (NaN for 0xFF, 2^-127 for 0x00)."""
+    code = code.to(torch.int32)
+    v = _bits_f32(torch.where(code == 0, torch.full_like(code, 0x00400000), code << 23))
+    return torch.where(code == 0xFF, torch.full_like(v, float("nan")), v)
+
+
+def fp32_scales(amax: torch.Tensor, fmt: str, eps: float, pow2: bool) -> torch.Tensor:
+    """Binary32 scales of groups whose amax is `amax` (NUMERICS.md section 4, steps 1-3)."""
+    fmax = FORMATS[fmt].fmax
+    amax = amax.to(torch.float32)
+    eps = _f32(eps)
+    a = torch.where(amax > eps, amax, torch.where(torch.isnan(amax), amax, torch.full_like(amax, eps)))
+    bad = (a == 0) | torch.isnan(a) | torch.isinf(a)
+    s = torch.full_like(a, fmax) / torch.where(bad, torch.ones_like(a), a)
+    s = torch.where(torch.isinf(s), torch.full_like(s, _F32_MAX), s)
+    if pow2:
+        s = _bits_f32(s.contiguous().view(torch.int32) & 0x7F800000)
+    return torch.where(bad, torch.ones_like(s), s)
+
+
+def _amax(x: torch.Tensor, dims) -> torch.Tensor:
+    """max |x| over dims; NaN wins (torch.amax propagates NaN)."""
+    return x.abs().amax(dim=dims)
+
+
+# ---- quantize ----
+
+
+def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    r, c = x.shape
+    if r == rows and c == cols:
+        return x
+    out = torch.zeros((rows, cols), dtype=x.dtype, device=x.device)
+    out[:r, :c] = x
+    return out
+
+
+def _quant_rows(x: torch.Tensor, fmt: str, scaling: str, mode: str, eps: float, pow2: bool,
+                scale: Optional[torch.Tensor]):
+    """Rowwise quantization of float32 x [R, C] (blocks along C). Returns (codes int32, scales)."""
+    R, C = x.shape
+    f = FORMATS[fmt]
+    if scaling == "tensor":
+        if scale is None:
+            s = fp32_scales(_amax(x, (0, 1)) if x.numel() else torch.zeros((), device=x.device),
+                            fmt, eps, pow2)
+        else:
+            s = scale.to(device=x.device, dtype=torch.float32).reshape(())
+        codes = encode(x * s, fmt)
+        return codes, (torch.ones_like(s) / s).reshape(1, 1)
+    if scaling == "row":
+        am = _amax(x, (1,)) if C else torch.zeros(R, device=x.device)
+        s = fp32_scales(am, fmt, eps, pow2)
+        codes = encode(x * s[:, None], fmt)
+        return codes, (torch.ones_like(s) / s).reshape(R, 1)
+    bs = block_of(scaling)
+    if scaling in TILE_KINDS:
+        nbr, nbc = _cdiv(R, bs), _cdiv(C, bs)
+        xp = _pad_to(x, nbr * bs, nbc * bs).reshape(nbr, bs, nbc, bs)
+        am = _amax(xp, (1, 3))
+        if scaling == "block32x32":
+            code = e8m0_codes(am, fmt, mode)
+            y = xp * _e8m0_quant_factor(code)[:, None, :, None]
+            c = encode(y, fmt)
+            c = torch.where(code[:, None, :, None] == 0xFF, torch.full_like(c, f.nan_code), c)
+            sc = code.to(torch.uint8)
+        else:
+            s = fp32_scales(am, fmt, eps, pow2)
+            c = encode(xp * s[:, None, :, None], fmt)
+            sc = torch.ones_like(s) / s
+        return c.reshape(nbr * bs, nbc * bs)[:R, :C], sc
+    nb = _cdiv(C, bs)
+    xp = _pad_to(x, R, nb * bs).reshape(R, nb, bs)
+    am = _amax(xp, (2,)) if nb else torch.zeros((R, 0), device=x.device)
+    if scaling == "mx32":
+        code = e8m0_codes(am, fmt, mode)
+        c = encode(xp * _e8m0_quant_factor(code)[:, :, None], fmt)
+        c = torch.where(code[:, :, None] == 0xFF, torch.full_like(c, f.nan_code), c)
+        sc = code.to(torch.uint8)
+    else:
+        s = fp32_scales(am, fmt, eps, pow2)
+        c = encode(xp * s[:, :, None], fmt)
+        sc = torch.ones_like(s) / s
+    return c.reshape(R, nb * bs)[:, :C], sc
+
+
+def _finish(codes: torch.Tensor, fmt: str) -> torch.Tensor:
+    return pack_e2m1(codes) if fmt == "e2m1" else codes.to(torch.uint8)
+
+
+def default_mode(scaling: str, mode: Optional[str]) -> str:
+    if mode:
+        return mode
+    return "floor" if scaling == "block32x32" else "rceil"
+
+
+def default_pow2(scaling: str, pow2: Optional[bool]) -> bool:
+    return (scaling == "row") if pow2 is None else bool(pow2)
+
+
+def quantize(x: torch.Tensor, fmt: str, scaling: str, scale_mode: Optional[str] = None,
+             axis: str = "row", eps: float = 0.0, pow2: Optional[bool] = None,
+             scale: Optional[torch.Tensor] = None):
+    """Quantize 2-D float32/bfloat16 x [R, C]: returns (row QT or None, col QT or None).
+
+    The columnwise copy is the rowwise quantization of x^T ([C, R]); for the tile kinds it is
+    the transpose of the rowwise copy, scales included. `scale` (tensorwise only): the delayed
+    scale to multiply by, instead of one from the amax."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format ({fmt!r}) is not one of e4m3, e5m2, e2m1")
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling ({scaling!r}) is not one of {', '.join(SCALINGS)}")
+    if fmt == "e2m1" and scaling != "mx32":
+        raise ValueError(f"format e2m1 needs scaling mx32, not {scaling!r}")
+    mode = default_mode(scaling, scale_mode)
+    p2 = default_pow2(scaling, pow2)
+    xf = x.to(torch.float32)
+    R, C = xf.shape
+    row = col = None
+    if scaling in TILE_KINDS:
+        codes, sc = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale)
+        if axis in ("row", "both"):
+            row = QT(_finish(codes, fmt), sc, fmt, scaling, R, C)
+        if axis in ("col", "both"):
+            col = QT(_finish(codes.t().contiguous(), fmt), sc.t().clone(memory_format=torch.contiguous_format), fmt,
+                     scaling, C, R)
+        return row, col
+    if scaling == "tensor" and scale is None and axis == "both":
+        # one scale for both copies
+        s = fp32_scales(_amax(xf, (0, 1)) if xf.numel() else torch.zeros((), device=x.device),
+                        fmt, eps, p2)
+        scale = s
+    if axis in ("row", "both"):
+        codes, sc = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale)
+        row = QT(_finish(codes, fmt), sc, fmt, scaling, R, C)
+    if axis in ("col", "both"):
+        codes, sc = _quant_rows(xf.t().contiguous(), fmt, scaling, mode, eps, p2, scale)
+        col = QT(_finish(codes, fmt), sc, fmt, scaling, C, R)
+    return row, col
+
+
+def quantize_grouped(x: torch.Tensor, offs: Sequence[int], fmt: str, scaling: str,
+                     scale_mode: Optional[str] = None, eps: float = 0.0,
+                     pow2: Optional[bool] = None) -> QT:
+    """Columnwise copy [K, M] of x [M, K] (tokens x features) whose token blocks restart at
+    every group end in offs (mx32, block128); tokens past offs[-1] hold code 0."""
+    if scaling not in TOKEN_BLOCK_KINDS:
+        raise ValueError(f"grouped quantization needs scaling mx32 or block128, not {scaling!r}")
+    mode = default_mode(scaling, scale_mode)
+    p2 = default_pow2(scaling, pow2)
+    xf = x.to(torch.float32)
+    M, K = xf.shape
+    offs = [int(o) for o in offs]
+    codes: List[torch.Tensor] = []
+    scales: List[torch.Tensor] = []
+    start = 0
+    for end in offs:
+        if end > start:
+            c, s = _quant_rows(xf[start:end].t().contiguous(), fmt, scaling, mode, eps, p2, None)
+            codes.append(c)
+            scales.append(s)
+        start = end
+    if start < M:
+        codes.append(torch.zeros((K, M - start), dtype=torch.int32, device=x.device))
+    sdt = torch.uint8 if scaling == "mx32" else torch.float32
+    c = torch.cat(codes, 1) if codes else torch.zeros((K, M), dtype=torch.int32, device=x.device)
+    s = torch.cat(scales, 1) if scales else torch.zeros((K, 0), dtype=sdt, device=x.device)
+    return QT(_finish(c, fmt), s, fmt, scaling, K, M, tuple(offs))
+
+
+# ---- dequantize ----
+
+
+def _group_blocks(offs: Sequence[int], bs: int):
+    """(start, end, first block) of every group."""
+    out, start, blk = [], 0, 0
+    for end in offs:
+        end = int(end)
+        out.append((start, end, blk))
+        blk += _cdiv(end - start, bs)
+        start = end
+    return out
+
+
+def _elem_factors(q: QT) -> torch.Tensor:
+    """Per-element decode factor [rows, cols] (0 for grouped columns past the last group)."""
+    R, C = q.rows, q.cols
+    dev = q.data.device
+    if q.scaling == "tensor":
+        return q.scale.reshape(1, 1).expand(R, C)
+    if q.scaling == "row":
+        return q.scale.reshape(R, 1).expand(R, C)
+    bs = block_of(q.scaling)
+    sv = _e8m0_value(q.scale) if q.scaling in E8M0_KINDS else q.scale
+    if q.scaling in TILE_KINDS:
+        return sv.repeat_interleave(bs, 0).repeat_interleave(bs, 1)[:R, :C]
+    if q.offs is None:
+        return sv.repeat_interleave(bs, 1)[:, :C] if C else sv.new_zeros((R, 0))
+    parts = []
+    for start, end, blk in _group_blocks(q.offs, bs):
+        n = end - start
+        if n:
+            nb = _cdiv(n, bs)
+            parts.append(sv[:, blk:blk + nb].repeat_interleave(bs, 1)[:, :n])
+    used = int(q.offs[-1]) if len(q.offs) else 0
+    if used < C:
+        parts.append(torch.zeros((R, C - used), dtype=torch.float32, device=dev))
+    return torch.cat(parts, 1) if parts else torch.zeros((R, C), dtype=torch.float32, device=dev)
+
+
+def dequantize(q: QT) -> torch.Tensor:
+    """binary32 values of q (NUMERICS.md 3.5 and 4.4)."""
+    if q.scaling == "none":
+        return q.data.to(torch.float32)
+    v = decode(unpack(q), q.format)
+    return v * _elem_factors(q)
+
+
+# ---- GEMM ----
+
+
+def _pair(a: QT, b: QT) -> str:
+    sa, sb = a.scaling, b.scaling
+    fp8 = ("e4m3", "e5m2")
+    if sa == "none" and sb == "none":
+        if a.data.dtype != b.data.dtype or a.data.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"plain operand pair a ({a.data.dtype}) x b ({b.data.dtype}) is not "
+                             "float32 x float32 or bfloat16 x bfloat16")
+        return "plain"
+    if sa == sb == "tensor" and a.format in fp8 and b.format in fp8:
+        return "tensor"
+    if sa == sb == "row" and a.format in fp8 and b.format in fp8:
+        return "row"
+    if sa == "mx32" and sb == "mx32":
+        return "mx"
+    if sa == "mx32" and sb == "block32x32" and b.format in fp8:
+        return "mx_b32"
+    if sa == "block128" and sb in ("block128", "block128x128") and a.format in fp8 and b.format in fp8:
+        return "b128"
+    raise ValueError(f"operand pair a ({sa} {a.format}) x b ({sb} {b.format}) is not supported "
+                     "(pairs: none x none, tensor x tensor, row x row, mx32 x mx32, "
+                     "block128 x block128x128, block128 x block128, mx32 x block32x32)")
+
+
+def _pow2_int(e: torch.Tensor) -> torch.Tensor:
+    """2^e for integer e in [-127, 127], from bits."""
+    be = e + 127
+    return _bits_f32(torch.where(be == 0, torch.full_like(be, 0x00400000), be.clamp(min=0) << 23))
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [M, k] @ b[N, k]^T in binary32 (products of 8-bit codes are exact)."""
+    return a @ b.t()
+
+
+def gemm(a: QT, b: QT) -> torch.Tensor:
+    """C[M, N] = A[M, K] . B[N, K]^T in binary32 (NUMERICS.md section 6)."""
+    if a.cols != b.cols:
+        raise ValueError(f"a.cols ({a.cols}) != b.cols ({b.cols})")
+    if a.offs is not None or b.offs is not None:
+        raise ValueError("a grouped operand goes to grouped_gemm_wgrad")
+    pair = _pair(a, b)
+    M, N, K = a.rows, b.rows, a.cols
+    dev = a.data.device
+    if pair == "plain":
+        return _mm(a.data.reshape(M, K).to(torch.float32), b.data.reshape(N, K).to(torch.float32))
+    av = decode(unpack(a), a.format)
+    bv = decode(unpack(b), b.format)
+    if pair in ("tensor", "row"):
+        acc = _mm(av, bv)
+        sa = a.scale.reshape(-1, 1) if pair == "row" else a.scale.reshape(1, 1)
+        sb = b.scale.reshape(1, -1) if pair == "row" else b.scale.reshape(1, 1)
+        return acc * sa * sb
+    acc = torch.zeros((M, N), dtype=torch.float32, device=dev)
+    if pair in ("mx", "mx_b32"):
+        ca = a.scale.to(torch.int32)
+        cb = b.scale.to(torch.int32)
+        if pair == "mx_b32":
+            cb = cb.repeat_interleave(32, 0)[:N]
+        for blk, k in enumerate(range(0, K, 32)):
+            s = _mm(av[:, k:k + 32], bv[:, k:k + 32])
+            ea, eb = ca[:, blk][:, None], cb[:, blk][None, :]
+            e = ea + eb - 254  # combined as integers: 2^-127 * 2^-127 would underflow
+            e1 = torch.div(e, 2, rounding_mode="floor")
+            s = s * _pow2_int(e1) * _pow2_int(e - e1)
+            s = torch.where((ea == 0xFF) | (eb == 0xFF), torch.full_like(s, float("nan")), s)
+            acc = acc + s
+        return acc
+    sa = a.scale
+    sb = b.scale if b.scaling == "block128" else b.scale.repeat_interleave(128, 0)[:N]
+    for blk, k in enumerate(range(0, K, 128)):
+        s = _mm(av[:, k:k + 128], bv[:, k:k + 128])
+        acc = acc + s * sa[:, blk][:, None] * sb[:, blk][None, :]
+    return acc
+
+
+def rows_of(q: QT, r0: int, r1: int) -> QT:
+    """Rows [r0, r1) of an ungrouped rowwise operand (row-blocked kinds, tensor, none)."""
+    if q.scaling in TILE_KINDS:
+        raise ValueError("rows_of: tile kinds cannot be sliced by rows")
+    sc = q.scale
+    if sc is not None and q.scaling != "tensor":
+        sc = sc[r0:r1]
+    return QT(q.data[r0:r1], sc, q.format, q.scaling, r1 - r0, q.cols)
+
+
+def _cols_of_group(q: QT, start: int, end: int, blk: int) -> QT:
+    """Columns [start, end) of a copy quantized along tokens (grouped or not)."""
+    n = end - start
+    if q.scaling == "none":
+        return QT(q.data[:, start:end], None, q.format, "none", q.rows, n)
+    codes = unpack(q)[:, start:end]
+    sc = q.scale
+    if q.scaling in TOKEN_BLOCK_KINDS:
+        bs = block_of(q.scaling)
+        if q.offs is None:
+            if start % bs:
+                raise ValueError("an ungrouped token-blocked copy cannot be split at a group")
+            blk = start // bs
+        sc = sc[:, blk:blk + _cdiv(n, bs)]
+    return QT(_finish(codes, q.format), sc, q.format, q.scaling, q.rows, n)
+
+
+def grouped_gemm(a: QT, b: Sequence[QT], offs: Sequence[int], out: Optional[torch.Tensor] = None):
+    """Split-M: C[rows_g] = A[rows_g] . B[g]^T; rows past offs[-1] are 0 (or out's)."""
+    offs = [int(o) for o in offs]
+    N = b[0].rows
+    if out is None:
+        out = torch.zeros((a.rows, N), dtype=torch.float32, device=a.data.device)
+    start = 0
+    for g, end in enumerate(offs):
+        if end > start:
+            out[start:end] = gemm(rows_of(a, start, end), b[g])
+        start = end
+    return out
+
+
+def grouped_gemm_wgrad(a: QT, b: QT, offs: Sequence[int]) -> torch.Tensor:
+    """Split-K: dW[g] = A[:, rows_g] . B[:, rows_g]^T with A = dY^T [N, M], B = X^T [K, M]
+    (token-blocked kinds quantized with the same offs); out [G, N, K]."""
+    offs = [int(o) for o in offs]
+    out = torch.zeros((len(offs), a.rows, b.rows), dtype=torch.float32, device=a.data.device)
+    bs = block_of(a.scaling) if a.scaling in TOKEN_BLOCK_KINDS else 1
+    for g, (start, end, blk) in enumerate(_group_blocks(offs, bs)):
+        if end > start:
+            ag = _cols_of_group(a, start, end, blk)
+            bg = _cols_of_group(b, start, end, blk)
+            if a.scaling in ("tensor", "row"):
+                ag.offs = bg.offs = None
+            out[g] = gemm(ag, bg)
+    return out
