@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "lowp/safetensors.h"
 #include "lowp/trainer.h"
 #include "testutil.h"
 

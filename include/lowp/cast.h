@@ -1,5 +1,6 @@
 /* Bulk element conversion: encode F32 or BF16 arrays into any format, or decode any format
- * back to F32, on the device that holds the tensors.
+ * back to F32, on the device that holds the tensors. Implemented in src/ops/cast.c (checks
+ * and backend dispatch); the CPU kernels are src/cpu/cast*.c.
  *
  *   lowp_tensor src = {LOWP_FORMAT_F32, rows, cols, x, LOWP_DEVICE_HOST};
  *   lowp_tensor dst = {LOWP_FORMAT_E4M3, rows, cols, codes, LOWP_DEVICE_HOST};

@@ -1,5 +1,6 @@
 /* Extra-state checkpoints: the FP8 delayed-scaling state of a wrapped module as a versioned,
  * little-endian binary blob (what a framework stores next to the weights as `_extra_state`).
+ * Implemented in src/train/extra_state.c.
  *
  *   size_t len;
  *   lowp_param_extra_state_size(&w, &len);

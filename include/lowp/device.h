@@ -1,4 +1,6 @@
-/* Devices, backends and the registry.
+/* Devices, backends and the registry. Implemented in src/device/ (registry.c: the registry,
+ * memory and queues; plugin.c: loading out-of-tree backends; describe.c: capability text); the
+ * built-in CPU backend is src/cpu/backend.c.
  *
  * A device is a (type, index) pair. Each device type is served by one backend: a vtable of
  * functions plus a context pointer. The registry always holds the CPU backend (type 0),

@@ -1,4 +1,5 @@
-/* Number formats: the traits table and the scalar reference encode/decode.
+/* Number formats: the traits table and the scalar reference encode/decode. Implemented in
+ * src/core/format.c.
  *
  * Every format lowp knows is an entry of an append-only enum; its traits (name, bits, bias,
  * fmax, emax and the scalar encode/decode functions) live in one table. The scalar functions

@@ -1,4 +1,6 @@
-/* Low-precision GEMM and grouped GEMM (NUMERICS.md section 6).
+/* Low-precision GEMM and grouped GEMM (docs/numerics.md section 6). Implemented in
+ * src/ops/gemm.c (checks and backend dispatch; the operand pairs it accepts are
+ * src/core/gemm_pair.c); the CPU kernels are src/cpu/gemm*.c.
  *
  *   C[M,N] = A[M,K] . B[N,K]^T      both operands K-major (quantized along K)
  *

@@ -1,4 +1,6 @@
 /* The MoE transformer that `lowp train` trains: a small DeepSeek-style decoder in plain C.
+ * Implemented in src/model/ (moe.c: the model and the pass; moe_attention.c, moe_ffn.c: the
+ * two halves of a layer; moe_linear.c: their linear layers).
  *
  *   embed -> L x [ RMSNorm -> causal MHA with RoPE -> + ; RMSNorm -> MoE FFN -> + ] -> RMSNorm
  *   -> head -> cross-entropy
@@ -30,7 +32,7 @@
 #ifndef LOWP_MODEL_H
 #define LOWP_MODEL_H
 
-#include "rng.h"
+#include "rng_tracker.h"
 #include "train.h"
 
 #ifdef __cplusplus

@@ -1,4 +1,5 @@
-/* Recipes: which parameters train in which low-precision format.
+/* Recipes: which parameters train in which low-precision format. Implemented in
+ * src/train/recipe.c.
  *
  * A recipe is an ordered list of rules; each rule maps a parameter-name pattern (shell glob:
  * `*`, `?`, `[...]`) to a linear-layer configuration, or to "high precision" (plain BF16
@@ -32,6 +33,7 @@
 #ifndef LOWP_RECIPE_H
 #define LOWP_RECIPE_H
 
+#include "delayed.h"
 #include "quant.h"
 
 #ifdef __cplusplus

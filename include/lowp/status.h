@@ -1,4 +1,4 @@
-/* lowp status codes and the thread-local error message.
+/* lowp status codes and the thread-local error message. Implemented in src/core/error.c.
  *
  * Every public lowp function reports through a lowp_status. On failure the library also
  * leaves a one-line message in a thread-local buffer that names the function, the argument

@@ -1,4 +1,5 @@
-/* Plain tensors: a non-owning descriptor of a 2-D row-major array on a device.
+/* Plain tensors: a non-owning descriptor of a 2-D row-major array on a device. Implemented in
+ * src/core/tensor.c.
  *
  *   float host[6] = {...};
  *   lowp_tensor x = {LOWP_FORMAT_F32, 2, 3, host, LOWP_DEVICE_HOST};

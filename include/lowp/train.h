@@ -1,5 +1,6 @@
 /* The training layer: the "param swap" (prepare / convert), low-precision linear and grouped
- * linear forward and backward, FP8 delayed-scaling state, autocast and RMSNorm.
+ * linear forward and backward, FP8 delayed-scaling state, autocast and RMSNorm. Implemented in
+ * src/train/ (wrap.c: prepare / convert; linear.c; fp8_state.c; autocast.c; rmsnorm.c).
  *
  *   lowp_param params[] = {                                   // the model's weights
  *       {.name = "mlp.fc1", .rows = 256, .cols = 64, .data = w1, .grad = g1,

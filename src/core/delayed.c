@@ -5,7 +5,7 @@
 #include <math.h>
 
 #include "internal.h"
-#include "lowp/quant.h"
+#include "lowp/delayed.h"
 
 lowp_status lowp_delayed_cfg_init(lowp_delayed_cfg *cfg, lowp_format format) {
     LOWP_CHECK_PTR("lowp_delayed_cfg_init", cfg);

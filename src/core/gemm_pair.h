@@ -4,7 +4,7 @@
 #define LOWP_GEMM_PAIR_H
 
 #include "internal.h"
-#include "lowp/quant.h"
+#include "lowp/scale.h"
 
 /* How the scales of a pair combine along K. */
 typedef enum lowp_gemm_pair {

@@ -36,11 +36,6 @@ static inline float lowp_u2f(uint32_t u) {
     return f;
 }
 
-/* Read the whole regular file `path` into a malloc'd *buf (*len bytes); messages start with
- * `fn` and name the path (src/core/fileio.c). */
-LOWP_HIDDEN lowp_status lowp_file_read_all(const char *fn, const char *path, unsigned char **buf,
-                                           size_t *len);
-
 #define LOWP_CHECK_PTR(fn, p)                                                                      \
     do {                                                                                           \
         if ((p) == NULL) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s is NULL", fn, #p);         \

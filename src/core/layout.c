@@ -1,7 +1,7 @@
 /* Converters between lowp's canonical E8M0 scale layout (row-major [srows, scols]) and the
  * layouts devices consume: cuBLAS/TE's swizzled 128x4 tiles and the Ascend NPU's pairs. */
 #include "internal.h"
-#include "lowp/quant.h"
+#include "lowp/layout.h"
 
 static lowp_status check_dims(const char *fn, int64_t srows, int64_t scols) {
     if (srows < 0 || scols < 0 || srows > (INT64_C(1) << 40) || scols > (INT64_C(1) << 40))

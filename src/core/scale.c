@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "internal.h"
-#include "lowp/quant.h"
+#include "lowp/scale.h"
 #include "scale_rules.h"
 
 static const char *const g_scaling_names[LOWP_SCALING_COUNT] = {

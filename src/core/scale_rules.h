@@ -8,7 +8,7 @@
 
 #include "internal.h"
 #include "lowp/format.h"
-#include "lowp/quant.h"
+#include "lowp/scale.h"
 
 /* NaN-propagating max of |x| accumulation: NaN wins over every number. */
 static inline float lowp_amax_acc(float m, float x) {

@@ -6,7 +6,8 @@
  *   logits = final_norm(x_L) Head^T;  loss = mean cross-entropy + aux_coef * mean_l aux_l
  *
  * with its backward in reverse order and optional activation checkpointing. The two halves of
- * a layer live in moe_attention.c and moe_ffn.c. */
+ * a layer live in moe_attention.c and moe_ffn.c; the linear-layer wrappers that all three
+ * use, in moe_linear.c. */
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -368,45 +369,6 @@ lowp_status lowp_moe_flops_per_token(const lowp_moe *m, int32_t T, double *flops
     const double gemm_params = (double) active - (double) m->cfg.vocab * m->cfg.dim;
     *flops = 6.0 * gemm_params + 12.0 * m->cfg.layers * m->cfg.dim * (double) T;
     return LOWP_OK;
-}
-
-/* ---------------------------------------------------------------- linear wrappers
- * (the training layer names the parameter in its own failure messages) */
-
-lowp_status moe_linear_fwd(lowp_param *w, const float *x, int64_t M, float *y, const moe_exec *ex,
-                           lowp_linear_saved **saved) {
-    lowp_tensor xt = moe_tensor(x, M, w->cols), yt = moe_tensor(y, M, w->rows);
-    return lowp_linear_forward(w, NULL, &xt, &yt, &ex->lin, saved);
-}
-
-lowp_status moe_linear_bwd(lowp_param *w, const float *x, int64_t M, const float *dy, float *dx,
-                           const moe_exec *ex, lowp_linear_saved **saved) {
-    lowp_tensor xt = moe_tensor(x, M, w->cols), dyt = moe_tensor(dy, M, w->rows);
-    lowp_tensor dxt = moe_tensor(dx, M, w->cols);
-    lowp_linear_saved *s = *saved;
-    *saved = NULL; /* consumed, whatever the outcome */
-    return lowp_linear_backward(w, &xt, &dyt, dx ? &dxt : NULL, NULL, &ex->lin, s);
-}
-
-lowp_status moe_grouped_fwd(lowp_param *w, const float *x, int64_t M, const int32_t *offs, float *y,
-                            const moe_exec *ex, lowp_linear_saved **saved) {
-    lowp_tensor xt = moe_tensor(x, M, w->cols), yt = moe_tensor(y, M, w->rows);
-    return lowp_grouped_linear_forward(w, &xt, offs, &yt, &ex->lin, saved);
-}
-
-lowp_status moe_grouped_bwd(lowp_param *w, const float *x, int64_t M, const int32_t *offs,
-                            const float *dy, float *dx, const moe_exec *ex,
-                            lowp_linear_saved **saved) {
-    lowp_tensor xt = moe_tensor(x, M, w->cols), dyt = moe_tensor(dy, M, w->rows);
-    lowp_tensor dxt = moe_tensor(dx, M, w->cols);
-    lowp_linear_saved *s = *saved;
-    *saved = NULL;
-    return lowp_grouped_linear_backward(w, &xt, offs, &dyt, dx ? &dxt : NULL, &ex->lin, s);
-}
-
-void moe_add(float *dst, const float *src, int64_t n, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
 /* ---------------------------------------------------------------- the activation arena */

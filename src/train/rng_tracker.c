@@ -10,7 +10,7 @@
 
 #include "core/internal.h"
 #include "core/philox.h"
-#include "lowp/rng.h"
+#include "lowp/rng_tracker.h"
 
 static lowp_status check_tracker(const char *fn, const lowp_rng_tracker *t) {
     LOWP_CHECK_PTR(fn, t);

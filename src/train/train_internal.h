@@ -1,6 +1,6 @@
 /* The training layer's internal interface: what lowp_train_prepare attaches to a parameter.
  * Shared by the recipes (recipe.c), the linear layers (linear.c), prepare/convert (wrap.c) and
- * the extra-state checkpoint (extra_state.c). */
+ * the extra-state checkpoint (extra_state.c), autocast (autocast.c, rmsnorm.c). */
 #ifndef LOWP_TRAIN_INTERNAL_H
 #define LOWP_TRAIN_INTERNAL_H
 
@@ -36,6 +36,14 @@ static inline int lowp_spec_delayed(const lowp_operand_spec *s) {
 LOWP_HIDDEN lowp_status lowp_linear_cfg_check(const char *fn, const lowp_linear_cfg *cfg);
 /* recipe.c: the preset `cfg` equals, or "custom" (for lowp_wrap_stats.cfg_name). */
 LOWP_HIDDEN const char *lowp_linear_cfg_name(const lowp_linear_cfg *cfg);
+
+/* autocast.c, rmsnorm.c: the dtype the policy gives device type `type` (checked by the
+ * caller to be in [0, LOWP_DEVICE_MAX_TYPES)); F32 when ac is NULL (ops take NULL for "off")
+ * or autocast is off for that type. */
+static inline lowp_format lowp_autocast_dtype_for(const lowp_autocast *ac, int32_t type) {
+    if (!ac || !ac->type[type].enabled) return LOWP_FORMAT_F32;
+    return ac->type[type].dtype;
+}
 
 /* linear.c: free a weight cache (NULL allowed). */
 LOWP_HIDDEN void lowp_weight_cache_free(struct lowp_weight_cache *cache);

@@ -16,7 +16,8 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "lowp/trainer.h"
+#include "io/fileio.h"
+#include "lowp/safetensors.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c writes tensor bytes as they are in memory: a little-endian host is assumed"

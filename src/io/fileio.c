@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
-#include "internal.h"
+#include "io/fileio.h"
 
 lowp_status lowp_file_read_all(const char *fn, const char *path, unsigned char **buf, size_t *len) {
     *buf = NULL;

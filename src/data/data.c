@@ -13,8 +13,9 @@
 #include <sys/stat.h>
 
 #include "core/internal.h"
+#include "io/fileio.h"
 #include "core/philox.h"
-#include "lowp/trainer.h"
+#include "lowp/data.h"
 
 LOWP_HIDDEN extern const char lowp_default_corpus[];
 LOWP_HIDDEN extern const size_t lowp_default_corpus_len;

@@ -1,9 +1,10 @@
-/* The trainer's state, shared by trainer.c (the loop) and checkpoint_train.c (what a
+/* The trainer's state, shared by trainer.c (the loop) and checkpoint.c (what a
  * checkpoint saves and restores). Not installed. */
 #ifndef LOWP_TRAINER_INTERNAL_H
 #define LOWP_TRAINER_INTERNAL_H
 
 #include "core/internal.h"
+#include "lowp/safetensors.h"
 #include "lowp/trainer.h"
 
 struct lowp_trainer {

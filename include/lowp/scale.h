@@ -1,0 +1,100 @@
+/* Scaling kinds, the quantized-tensor descriptor (lowp_qtensor) and its sizes, and the scalar
+ * scale rules (docs/numerics.md sections 3 and 4). Implemented in src/core/scale.c, on the
+ * shared rules of src/core/scale_rules.h that every kernel uses.
+ *
+ * A quantized tensor is a non-owning descriptor: element format, scaling kind, logical shape,
+ * element codes, scales, device. Sizes come from lowp_qtensor_nbytes, never from callers'
+ * arithmetic.
+ *
+ * Layouts. Codes are row-major [rows, cols] (E2M1 packed two per byte along the row, each
+ * row starting on a byte). Scales are row-major in lowp's canonical layout:
+ *
+ *   kind             scale type            scale shape
+ *   TENSOR           float32 scale_inv     [1, 1]
+ *   ROW              float32 scale_inv     [rows, 1]
+ *   MX32             uint8 E8M0            [rows, ceil(cols/32)]
+ *   BLOCK128         float32 scale_inv     [rows, ceil(cols/128)]
+ *   BLOCK128x128     float32 scale_inv     [ceil(rows/128), ceil(cols/128)]
+ *   BLOCK32x32       uint8 E8M0            [ceil(rows/32), ceil(cols/32)]
+ *   NONE             (no scales)           [0, 0]   plain F32/BF16 operand of a GEMM
+ *
+ * A grouped tensor (group_offs != NULL, for MoE weight gradients) is quantized along its
+ * columns (the tokens) in blocks that restart at every group boundary: group g owns columns
+ * [offs[g-1], offs[g]) and ceil(size_g / bs) blocks, the scale row holds the groups' blocks
+ * one after the other ([rows, sum_g ceil(size_g/bs)]), and columns past offs[G-1] hold code 0.
+ *
+ * Orientation. The "columnwise" copy of X[R,C] is the rowwise quantization of X^T: a qtensor
+ * of shape [C, R], so that both GEMM operands are K-major. For the 2-D tile kinds
+ * (BLOCK128x128, BLOCK32x32) it is exactly the transpose of the rowwise copy, scales included.
+ */
+#ifndef LOWP_SCALE_H
+#define LOWP_SCALE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Append-only (stored in files). */
+typedef enum lowp_scaling {
+    LOWP_SCALING_TENSOR = 0,       /* one binary32 scale per tensor */
+    LOWP_SCALING_ROW = 1,          /* one binary32 scale per row */
+    LOWP_SCALING_MX32 = 2,         /* 1x32 blocks along the row, E8M0 scales (OCP MX) */
+    LOWP_SCALING_BLOCK128 = 3,     /* 1x128 blocks, binary32 scale_inv (DeepSeek-V3 acts) */
+    LOWP_SCALING_BLOCK128X128 = 4, /* 128x128 tiles, binary32 scale_inv (DeepSeek-V3 weights) */
+    LOWP_SCALING_BLOCK32X32 = 5,   /* 32x32 tiles, E8M0 scale (Ascend NPU Block FP8) */
+    LOWP_SCALING_NONE = 6,         /* not quantized: F32 or BF16 elements, no scales (GEMM) */
+    LOWP_SCALING_COUNT
+} lowp_scaling;
+
+/* How an E8M0 scale is derived from a block's amax (docs/numerics.md section 3). */
+typedef enum lowp_scale_mode {
+    LOWP_SCALE_DEFAULT = 0, /* RCEIL for MX32, FLOOR for BLOCK32X32 */
+    LOWP_SCALE_RCEIL = 1,
+    LOWP_SCALE_FLOOR = 2,
+    LOWP_SCALE_CEIL = 3,
+    LOWP_SCALE_EVEN = 4,
+} lowp_scale_mode;
+
+typedef struct lowp_qtensor {
+    lowp_format format; /* E4M3, E5M2, or E2M1 (MX32 only) */
+    lowp_scaling scaling;
+    int64_t rows; /* logical shape of this copy */
+    int64_t cols; /* the quantized (reduction) dimension */
+    void *data;   /* codes, see the layouts above */
+    void *scales; /* E8M0 codes (uint8) or binary32 scale_inv */
+    lowp_device device;
+    const int32_t *group_offs; /* NULL, or G cumulative group ends along cols (host memory) */
+    int32_t groups;            /* G when group_offs is set */
+} lowp_qtensor;
+
+/* Bytes of the element codes and of the scales of `q` (its format, scaling, shape, groups). */
+LOWP_API lowp_status lowp_qtensor_nbytes(const lowp_qtensor *q, size_t *data_bytes,
+                                         size_t *scale_bytes);
+/* Shape of the canonical scale array; *scale_is_e8m0 tells uint8 E8M0 from binary32. */
+LOWP_API lowp_status lowp_qtensor_scale_shape(const lowp_qtensor *q, int64_t *scale_rows,
+                                              int64_t *scale_cols, int *scale_is_e8m0);
+/* Block size of a scaling kind along the quantized dimension (1x32 -> 32; TENSOR and ROW:
+ * the whole row, reported as 0). */
+LOWP_API lowp_status lowp_scaling_block(lowp_scaling scaling, int64_t *block_rows,
+                                        int64_t *block_cols);
+LOWP_API lowp_status lowp_scaling_from_name(const char *name, lowp_scaling *out);
+LOWP_API const char *lowp_scaling_name(lowp_scaling scaling);
+LOWP_API lowp_status lowp_scale_mode_from_name(const char *name, lowp_scale_mode *out);
+
+/* The E8M0 scale code of a block whose amax is `amax`, for element format `format`
+ * (docs/numerics.md section 3, steps 1-3). */
+LOWP_API lowp_status lowp_e8m0_scale(float amax, lowp_format format, lowp_scale_mode mode,
+                                     uint8_t *code);
+/* The binary32 scale of a group (docs/numerics.md section 4, steps 1-3). */
+LOWP_API lowp_status lowp_fp32_scale(float amax, lowp_format format, float eps, int pow2,
+                                     float *scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

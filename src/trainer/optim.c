@@ -1,0 +1,234 @@
+/* The optimizer side of trainer.h: the warm-up + cosine learning-rate schedule, AdamW with
+ * FP32 moments, and global-norm gradient clipping. Element-wise updates and fixed-order
+ * reductions: the results do not depend on the thread count. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer_internal.h"
+
+/* ---- Schedule ---- */
+
+lowp_status lowp_lr_at(const lowp_lr_schedule *s, int64_t step, float *lr) {
+    const char *fn = "lowp_lr_at";
+    LOWP_CHECK_PTR(fn, s);
+    LOWP_CHECK_PTR(fn, lr);
+    if (step < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: step (%lld) < 0", fn, (long long) step);
+    if (s->warmup < 0 || s->steps < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: warmup (%d) and steps (%d) must be >= 0", fn,
+                         (int) s->warmup, (int) s->steps);
+    if (!(s->lr >= 0) || !(s->min_lr >= 0) || !isfinite(s->lr) || !isfinite(s->min_lr))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: lr (%g) and min_lr (%g) must be finite, >= 0",
+                         fn, (double) s->lr, (double) s->min_lr);
+    if (step < s->warmup) {
+        *lr = (float) ((double) s->lr * (double) (step + 1) / (double) s->warmup);
+        return LOWP_OK;
+    }
+    int64_t span = (int64_t) s->steps - s->warmup;
+    double p = span > 0 ? (double) (step - s->warmup) / (double) span : 1.0;
+    if (p >= 1.0) {
+        *lr = s->min_lr;
+        return LOWP_OK;
+    }
+    const double pi = 3.14159265358979323846;
+    *lr = (float) (s->min_lr + 0.5 * (1.0 + cos(pi * p)) * ((double) s->lr - s->min_lr));
+    return LOWP_OK;
+}
+
+/* ---- AdamW ---- */
+
+struct lowp_adamw {
+    lowp_adamw_cfg cfg;
+    int32_t n;
+    int64_t *count; /* [n] elements of each parameter */
+    float **m, **v; /* [n] moments, into one arena */
+    float *arena;
+    int64_t t;
+};
+
+lowp_status lowp_adamw_cfg_init(lowp_adamw_cfg *cfg) {
+    LOWP_CHECK_PTR("lowp_adamw_cfg_init", cfg);
+    cfg->beta1 = 0.9f;
+    cfg->beta2 = 0.95f;
+    cfg->eps = 1e-8f;
+    cfg->weight_decay = 0.1f;
+    cfg->threads = 0;
+    return LOWP_OK;
+}
+
+static lowp_status check_params(const char *fn, const lowp_param *params, int32_t n) {
+    if (n < 0) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: n (%d) < 0", fn, (int) n);
+    if (n > 0) LOWP_CHECK_PTR(fn, params);
+    for (int32_t i = 0; i < n; i++) {
+        const lowp_param *p = &params[i];
+        if (!p->data || !p->grad || p->rows < 0 || p->cols < 0 || p->groups < 0)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: params[%d] ('%s') has no data or grad, or a negative shape", fn,
+                             (int) i, p->name ? p->name : "?");
+    }
+    return LOWP_OK;
+}
+
+lowp_status lowp_adamw_create(const lowp_param *params, int32_t n, const lowp_adamw_cfg *cfg,
+                              lowp_adamw **out) {
+    const char *fn = "lowp_adamw_create";
+    LOWP_CHECK_PTR(fn, cfg);
+    LOWP_CHECK_PTR(fn, out);
+    *out = NULL;
+    lowp_status st = check_params(fn, params, n);
+    if (st != LOWP_OK) return st;
+    if (!(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: beta1 (%g) and beta2 (%g) must be in [0, 1)",
+                         fn, (double) cfg->beta1, (double) cfg->beta2);
+    if (!(cfg->eps > 0) || !(cfg->weight_decay >= 0) || !isfinite(cfg->eps) ||
+        !isfinite(cfg->weight_decay))
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: eps (%g) must be > 0 and weight_decay (%g) >= 0, both finite", fn,
+                         (double) cfg->eps, (double) cfg->weight_decay);
+    lowp_adamw *o = calloc(1, sizeof *o);
+    if (!o) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    o->cfg = *cfg;
+    o->n = n;
+    size_t k = (size_t) (n > 0 ? n : 1);
+    o->count = calloc(k, sizeof *o->count);
+    o->m = calloc(k, sizeof *o->m);
+    o->v = calloc(k, sizeof *o->v);
+    int64_t total = 0;
+    for (int32_t i = 0; i < n; i++) total += lowp_param_numel(&params[i]);
+    o->arena = calloc((size_t) (2 * total + 1), sizeof(float));
+    if (!o->count || !o->m || !o->v || !o->arena) {
+        lowp_adamw_free(o);
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld moments", fn,
+                         (long long) (2 * total));
+    }
+    float *p = o->arena;
+    for (int32_t i = 0; i < n; i++) {
+        o->count[i] = lowp_param_numel(&params[i]);
+        o->m[i] = p;
+        o->v[i] = p + o->count[i];
+        p += 2 * o->count[i];
+    }
+    *out = o;
+    return LOWP_OK;
+}
+
+void lowp_adamw_free(lowp_adamw *o) {
+    if (!o) return;
+    free(o->count);
+    free(o->m);
+    free(o->v);
+    free(o->arena);
+    free(o);
+}
+
+lowp_status lowp_adamw_step(lowp_adamw *o, lowp_param *params, int32_t n, float lr) {
+    const char *fn = "lowp_adamw_step";
+    LOWP_CHECK_PTR(fn, o);
+    lowp_status st = check_params(fn, params, n);
+    if (st != LOWP_OK) return st;
+    if (n != o->n)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: n (%d) != the optimizer's (%d)", fn, (int) n,
+                         (int) o->n);
+    for (int32_t i = 0; i < n; i++)
+        if (lowp_param_numel(&params[i]) != o->count[i])
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: params[%d] ('%s') has %lld elements, the optimizer %lld", fn,
+                             (int) i, params[i].name ? params[i].name : "?",
+                             (long long) lowp_param_numel(&params[i]), (long long) o->count[i]);
+    if (!(lr >= 0) || !isfinite(lr))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: lr (%g) must be finite and >= 0", fn,
+                         (double) lr);
+    o->t++;
+    const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
+    /* The bias corrections in double, rounded once: the same on every run and thread. */
+    const float c1 = (float) (1.0 / (1.0 - pow((double) b1, (double) o->t)));
+    const float c2 = (float) (1.0 / (1.0 - pow((double) b2, (double) o->t)));
+    const int nth = o->cfg.threads > 0 ? o->cfg.threads : omp_get_max_threads();
+    for (int32_t i = 0; i < n; i++) {
+        lowp_param *p = &params[i];
+        const float wd = (p->rows > 1 || p->groups > 0) ? o->cfg.weight_decay : 0.0f;
+        float *w = p->data, *m = o->m[i], *v = o->v[i];
+        const float *g = p->grad;
+        const int64_t cnt = o->count[i];
+#pragma omp parallel for schedule(static) num_threads(nth) if (cnt > 65536)
+        for (int64_t j = 0; j < cnt; j++) {
+            float gj = g[j];
+            float mj = b1 * m[j] + (1.0f - b1) * gj;
+            float vj = b2 * v[j] + (1.0f - b2) * (gj * gj);
+            m[j] = mj;
+            v[j] = vj;
+            float upd = (mj * c1) / (sqrtf(vj * c2) + eps) + wd * w[j];
+            w[j] = w[j] - lr * upd;
+        }
+    }
+    return LOWP_OK;
+}
+
+lowp_status lowp_adamw_moments(lowp_adamw *o, int32_t i, float **m, float **v, int64_t *count) {
+    LOWP_CHECK_PTR("lowp_adamw_moments", o);
+    if (i < 0 || i >= o->n)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_adamw_moments: i (%d) not in [0, %d)", (int) i,
+                         (int) o->n);
+    if (m) *m = o->m[i];
+    if (v) *v = o->v[i];
+    if (count) *count = o->count[i];
+    return LOWP_OK;
+}
+
+lowp_status lowp_adamw_get_t(const lowp_adamw *o, int64_t *t) {
+    LOWP_CHECK_PTR("lowp_adamw_get_t", o);
+    LOWP_CHECK_PTR("lowp_adamw_get_t", t);
+    *t = o->t;
+    return LOWP_OK;
+}
+
+lowp_status lowp_adamw_set_t(lowp_adamw *o, int64_t t) {
+    LOWP_CHECK_PTR("lowp_adamw_set_t", o);
+    if (t < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_adamw_set_t: t (%lld) < 0", (long long) t);
+    o->t = t;
+    return LOWP_OK;
+}
+
+/* ---- Gradient clipping ---- */
+
+/* Sums of squares over fixed chunks, then the chunks in order: the norm is the same whatever
+ * the thread count. */
+#define CLIP_CHUNK 16384
+
+lowp_status lowp_grad_clip(lowp_param *params, int32_t n, float max_norm, float *norm) {
+    const char *fn = "lowp_grad_clip";
+    lowp_status st = check_params(fn, params, n);
+    if (st != LOWP_OK) return st;
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        const float *g = params[i].grad;
+        const int64_t cnt = lowp_param_numel(&params[i]);
+        const int64_t chunks = (cnt + CLIP_CHUNK - 1) / CLIP_CHUNK;
+        double *part = malloc((size_t) (chunks > 0 ? chunks : 1) * sizeof *part);
+        if (!part) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+#pragma omp parallel for schedule(static) if (chunks > 4)
+        for (int64_t c = 0; c < chunks; c++) {
+            int64_t lo = c * CLIP_CHUNK, hi = lo + CLIP_CHUNK < cnt ? lo + CLIP_CHUNK : cnt;
+            double s = 0.0;
+            for (int64_t j = lo; j < hi; j++) s += (double) g[j] * (double) g[j];
+            part[c] = s;
+        }
+        for (int64_t c = 0; c < chunks; c++) total += part[c];
+        free(part);
+    }
+    const double nrm = sqrt(total);
+    if (norm) *norm = (float) nrm;
+    if (max_norm > 0 && isfinite(nrm) && nrm > (double) max_norm) {
+        const float scale = (float) ((double) max_norm / nrm);
+        for (int32_t i = 0; i < n; i++) {
+            float *g = params[i].grad;
+            const int64_t cnt = lowp_param_numel(&params[i]);
+#pragma omp parallel for schedule(static) if (cnt > 65536)
+            for (int64_t j = 0; j < cnt; j++) g[j] *= scale;
+        }
+    }
+    return LOWP_OK;
+}
