@@ -104,14 +104,17 @@ def _check_mode(mode, field="scale_mode"):
 class _Config(_Base):
     """Shared behaviour: comparison and repr over the fields."""
 
-    _fields = ()
+    _fields = ()  # shown by repr
+    _eq_fields = None  # compared (default: _fields)
+
+    def _key(self):
+        return tuple(getattr(self, f) for f in (self._eq_fields or self._fields))
 
     def __eq__(self, other):
-        return type(self) is type(other) and all(
-            getattr(self, f) == getattr(other, f) for f in self._fields)
+        return type(self) is type(other) and self._key() == other._key()
 
     def __hash__(self):
-        return hash((type(self).__name__,) + tuple(str(getattr(self, f)) for f in self._fields))
+        return hash((type(self).__name__,) + tuple(str(v) for v in self._key()))
 
     def __repr__(self):
         args = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
@@ -122,6 +125,7 @@ class MXQuantizeConfig(_Config):
     """OCP MX: 1x32 blocks with E8M0 scales for the weight, the activation and the gradient."""
 
     _fields = ("dtype", "block_size", "scale_mode")
+    _eq_fields = ("format", "block_size", "scale_mode")  # torch.float8_e4m3fn == "e4m3"
 
     def __init__(self, dtype=torch.float8_e4m3fn, block_size: int = 32, scale_mode: str = "rceil"):
         self.format = _format_of(dtype)

@@ -55,10 +55,13 @@ __all__ = [
 _STATS: Counter = Counter()
 _LOCAL = threading.local()
 
-try:  # the C extension (built by `make build`; absent in a pure-Python checkout)
+try:  # lowp's numpy API over the C extension (absent in a checkout without `make build`)
+    import lowp as _lp
+
+    _lp.gemm  # noqa: B018  (a namespace package without the extension has no gemm)
     from lowp import _lowp as _ext
 except Exception:  # pragma: no cover - depends on the build
-    _ext = None
+    _lp = _ext = None
 
 
 def native_available() -> bool:
@@ -99,7 +102,7 @@ def _count(op: str, native: bool) -> None:
 
 
 def _threads() -> int:
-    return max(1, torch.get_num_threads())
+    return _lp.get_threads()
 
 
 # ---- numpy views of CPU tensors for the extension's buffer arguments ----
@@ -150,6 +153,21 @@ def _empty(dev) -> Tensor:
 # ---- lowp::quantize ----
 
 
+def _mode_arg(scaling: str, mode: str):
+    return mode if scaling in P.E8M0_KINDS else None
+
+
+def _pow2_arg(scaling: str, p2):
+    return None if scaling in P.E8M0_KINDS else p2
+
+
+def _qt(data: Tensor, scale: Tensor, fmt: str, scaling: str, shape):
+    """A rowwise lowp.QTensor over existing tensors (zero-copy), or the plain tensor itself."""
+    if scaling == "none":
+        return data
+    return _lp.QTensor(data, scale, fmt, scaling, shape)
+
+
 @torch.library.custom_op("lowp::quantize", mutates_args=())
 def quantize_op(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int, eps: float,
                 axis: str, offs: Optional[Tensor] = None,
@@ -167,12 +185,9 @@ def quantize_op(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int
         bound = _grouped_scale_bound(scaling, R, G)
         sc_out = torch.zeros((C, bound), dtype=_scale_dtype(scaling), device=dev)
         if native:
-            data = torch.empty(_data_shape(format, C, R), dtype=torch.uint8)
-            nb = P.scale_shape(scaling, C, R, offs.tolist())[1]
-            sc = torch.empty((C, nb), dtype=_scale_dtype(scaling))
-            _ext.quantize_grouped(_buf(x), _XFMT[x.dtype], R, C, format, scaling,
-                                  _buf(offs.to(torch.int32)), _buf(data), _buf(sc), mode,
-                                  -1 if p2 is None else int(p2), float(eps), _threads(), 0)
+            q = _lp.quantize(x, format, scaling, _mode_arg(scaling, mode), "col", eps,
+                             _pow2_arg(scaling, p2), offs=offs.to(torch.int32))
+            data, sc = q.data_col, q.scale_col
         else:
             q = P.quantize_grouped(x, offs.tolist(), format, scaling, mode, eps, p2)
             data, sc = q.data, q.scale
@@ -180,15 +195,10 @@ def quantize_op(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int
         return _empty(dev), _empty(dev), data, sc_out
     want_row, want_col = axis in ("row", "both"), axis in ("col", "both")
     if native:
-        sdt = _scale_dtype(scaling)
-        rd = torch.empty(_data_shape(format, R, C), dtype=torch.uint8) if want_row else None
-        rs = torch.empty(P.scale_shape(scaling, R, C), dtype=sdt) if want_row else None
-        cd = torch.empty(_data_shape(format, C, R), dtype=torch.uint8) if want_col else None
-        cs = torch.empty(P.scale_shape(scaling, C, R), dtype=sdt) if want_col else None
         s = None if scale is None else float(scale.reshape(()).item())
-        _ext.quantize(_buf(x), _XFMT[x.dtype], R, C, format, scaling, _buf(rd), _buf(rs),
-                      _buf(cd), _buf(cs), mode, -1 if p2 is None else int(p2), float(eps),
-                      _threads(), 0, s, False)
+        q = _lp.quantize(x, format, scaling, _mode_arg(scaling, mode), axis, eps,
+                         _pow2_arg(scaling, p2), scale=s)
+        rd, rs, cd, cs = q.data, q.scale, q.data_col, q.scale_col
         return (rd if rd is not None else _empty(dev), rs if rs is not None else _empty(dev),
                 cd if cd is not None else _empty(dev), cs if cs is not None else _empty(dev))
     row, col = P.quantize(x, format, scaling, mode, axis, eps, p2, scale)
@@ -234,11 +244,12 @@ def dequantize_op(data: Tensor, scale: Tensor, format: str, scaling: str, rows: 
     _count("dequantize", native)
     ol = offs.tolist() if offs is not None else None
     sc = _trim_scale(scale, scaling, rows, cols, ol)
-    if native:
-        out = torch.empty((rows, cols), dtype=torch.float32)
-        _ext.dequantize(_desc(data, sc, format, scaling, rows, cols,
-                              offs.to(torch.int32) if offs is not None else None), _buf(out))
-        return out
+    if native and ol is None:
+        return _lp.dequantize(_qt(data, sc, format, scaling, (rows, cols)))
+    if native:  # a grouped columnwise copy: [rows = features, cols = tokens]
+        q = _lp.QTensor(None, None, format, scaling, (cols, rows), data_col=data, scale_col=sc,
+                        offs=offs.to(torch.int32))
+        return _lp.dequantize(q, axis="col").t().contiguous()
     return P.dequantize(P.QT(data, sc, format, scaling, rows, cols, ol))
 
 
@@ -262,11 +273,8 @@ def scaled_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: T
     native = _native(a)
     _count("scaled_mm", native)
     if native:
-        out = torch.empty((M, N), dtype=torch.float32)
-        _ext.gemm(_desc(a, a_scale, a_format, a_scaling, M, k),
-                  _desc(b, b_scale, b_format, b_scaling, N, k), _buf(out), "f32", M, N, False,
-                  _threads(), 0)
-        return out
+        return _lp.gemm(_qt(a, a_scale, a_format, a_scaling, (M, k)),
+                        _qt(b, b_scale, b_format, b_scaling, (N, k)))
     qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, M, k)
     qb = P.QT(b, b_scale if b_scaling != "none" else None, b_format, b_scaling, N, k)
     return P.gemm(qa, qb)
@@ -295,12 +303,9 @@ def scaled_grouped_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: s
     if not wgrad:
         T, N = a.shape[0], b.shape[1]
         if native:
-            out = torch.zeros((T, N), dtype=torch.float32)
-            _ext.grouped_gemm(_desc(a, a_scale, a_format, a_scaling, T, k),
-                              _desc(b, b_scale, b_format, b_scaling, N, k), G,
-                              _buf(offs.to(torch.int32)), _buf(out), "f32", T, N, False,
-                              _threads(), 0)
-            return out
+            return _lp.grouped_gemm(_qt(a, a_scale, a_format, a_scaling, (T, k)),
+                                    _qt(b, b_scale, b_format, b_scaling, (G, N, k)),
+                                    offs.to(torch.int32))
         qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, T, k)
         qb = [P.QT(b[g], b_scale[g] if b_scaling != "none" else None, b_format, b_scaling, N, k)
               for g in range(G)]
@@ -310,9 +315,9 @@ def scaled_grouped_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: s
     gb = ol if b_scaling in P.TOKEN_BLOCK_KINDS else None
     sa = _trim_scale(a_scale, a_scaling, N, k, ga) if a_scaling != "none" else None
     sb = _trim_scale(b_scale, b_scaling, K, k, gb) if b_scaling != "none" else None
-    if native:
+    if native:  # the raw call: tensor/row copies carry no groups, which lowp.grouped_gemm wants
         out = torch.zeros((G, N, K), dtype=torch.float32)
-        o32 = offs.to(torch.int32)
+        o32 = offs.to(torch.int32).contiguous()
         _ext.grouped_gemm_wgrad(_desc(a, sa, a_format, a_scaling, N, k, o32 if ga else None),
                                 _desc(b, sb, b_format, b_scaling, K, k, o32 if gb else None),
                                 _buf(o32), _buf(out), "f32", G * N, K, False, _threads(), 0)
