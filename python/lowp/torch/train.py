@@ -39,8 +39,11 @@ from .train_data import CharData
 __all__ = ["TrainConfig", "Trainer", "apply_training_recipe", "atomic_write", "lr_at", "main",
            "sample_text", "LOWP_RECIPES", "RECIPES"]
 
-LOWP_RECIPES = ("bf16", "fp8_delayed", "fp8_current", "fp8_rowwise", "all_mxfp8", "block128",
-                "all_block_fp8", "mix", "mix_fp4")
+try:  # the recipes apply_recipe knows (lowp.torch.recipes), else the C library's names
+    from .recipes import RECIPES as LOWP_RECIPES
+except ImportError:
+    LOWP_RECIPES = ("bf16", "fp8_delayed", "fp8_rowwise", "all_mxfp8", "block128",
+                    "all_block_fp8", "mix", "mix_fp4")
 RECIPES = LOWP_RECIPES + ("fp32", "torchao_mxfp8")
 CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "lowp.torch.train", 1
 
@@ -159,15 +162,22 @@ def apply_training_recipe(model: MoETransformer, recipe: str) -> str:
         except ImportError as e:
             raise ValueError(f"--recipe {recipe}: lowp.torch.apply_recipe is not available "
                              f"({e})") from e
-        apply_recipe(model, recipe)
+        plan = apply_recipe(model, recipe)
+        if isinstance(plan, dict):
+            return describe_wrapping(model, plan)
     return describe_wrapping(model)
 
 
-def describe_wrapping(model: torch.nn.Module) -> str:
-    """"26 of 31 parameters wrapped: MXFP8TrainingWeightWrapperTensor x 26"."""
+def describe_wrapping(model: torch.nn.Module, plan: dict | None = None) -> str:
+    """"20 of 29 parameters wrapped: MXQuantizeConfig x 12, BlockQuantizeConfig x 8"; plan:
+    apply_recipe's {name: config}."""
     params = list(model.named_parameters())
     kinds: dict[str, int] = {}
-    for _, p in params:
+    if plan is not None:
+        for cfg in plan.values():
+            name = cfg if isinstance(cfg, str) else type(cfg).__name__
+            kinds[name] = kinds.get(name, 0) + 1
+    for _, p in params if plan is None else []:
         if _is_wrapped(p):
             cfg = getattr(p, "config", None)
             name = type(cfg).__name__ if cfg is not None else type(p).__name__
