@@ -31,3 +31,26 @@ __all__ = [
     "stats",
     "portable",
 ]
+
+# h12: the param swap, recipes, FP8 state, RNG tracker, RMSNorm.
+from .param_swap import LowpWeight, ParamSwapConfig, param_swap_filter, wrapped_parameters
+from .recipes import RECIPES, apply_recipe, plan_recipe
+from .fp8_state import DelayedScalingState, fp8_states
+from .rng import RNGStatesTracker
+from .norm import RMSNorm, autocast_dtype, rms_norm
+
+__all__ += [
+    "LowpWeight",
+    "ParamSwapConfig",
+    "param_swap_filter",
+    "wrapped_parameters",
+    "RECIPES",
+    "apply_recipe",
+    "plan_recipe",
+    "DelayedScalingState",
+    "fp8_states",
+    "RNGStatesTracker",
+    "RMSNorm",
+    "autocast_dtype",
+    "rms_norm",
+]

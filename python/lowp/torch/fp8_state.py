@@ -1,0 +1,388 @@
+"""Delayed-scaling FP8 state (NUMERICS.md section 5) for the param swap, on the module's device.
+
+One :class:`DelayedScalingState` per module that owns delayed-scaled wrapped weights
+(``Float8TensorwiseConfig(delayed=True)``), shared by its weights, with three roles (input,
+weight, grad_output). It implements the ``fp8_state`` protocol of ``lowp.torch.linear``
+(``scale(role)``, ``record(role, amax)``):
+
+- ``amax_history`` ``[3, L]`` and ``scales`` ``[3]``, float32 tensors on the module's device
+  (moved by ``module.to(device)``, never cast by ``module.to(dtype)``).
+- ``record`` keeps the max of this step's amaxes in row 0 (NaN sticks) on the device, without a
+  host synchronization. Inside a backward pass (activation-checkpoint recomputation) the input
+  and weight roles are not recorded a second time (``skipped_records`` counts them).
+- The update (roll, new scales) runs once per optimizer step: the first forward after a wrapped
+  weight's version changed triggers it (so gradient-accumulation micro-batches share the
+  scales); :meth:`update` runs it explicitly. When ``torch.distributed`` is initialized, the
+  staging amaxes are MAX all-reduced over ``group`` (default: the default group) first, so the
+  scales are identical on every rank.
+- The owning module's ``get_extra_state()`` returns lowp's versioned extra-state blob
+  (``include/lowp/checkpoint.h``, the bytes of ``src/train/extra_state.c``) as a uint8 CPU
+  tensor; before reading the state it synchronizes the state's own device (``torch.accelerator``
+  or the device type's module, never ``torch.cuda`` for a state that is not on CUDA).
+  ``set_extra_state()`` takes that tensor, ``bytes``, or the legacy ``io.BytesIO`` holding the
+  blob, validates all of it first (a corrupt blob raises ``ValueError`` and changes nothing),
+  then places the state on the module's own device.
+"""
+
+import io
+import math
+import struct
+import zlib
+
+import numpy as np
+import torch
+
+ROLES = ("input", "weight", "grad_output")
+_ROLE_INDEX = {r: i for i, r in enumerate(ROLES)}
+_FORMAT_CODES = {"e4m3": 3, "e5m2": 4}  # lowp_format values
+_FORMAT_NAMES = {v: k for k, v in _FORMAT_CODES.items()}
+_FMAX = {"e4m3": 448.0, "e5m2": 57344.0}
+_ALGOS = {"max": 0, "most_recent": 1}
+_FLT_MAX = 3.4028234663852886e38
+
+MAGIC = b"LOWPXST1"
+VERSION = 1
+_HEAD = 16
+_FIXED = 16
+_CRC = 4
+_ROLES_OFFSET = 32
+
+
+def _payload_bytes(L):
+    R = len(ROLES)
+    return _FIXED + 4 * R + 4 * R * (L + 1)
+
+
+def pack_blob(history, scales, formats, margin=0.0, amax_compute_algo="max"):
+    """The version-1 blob of a state: ``history`` ``[3, L]`` and ``scales`` ``[3]`` (float32,
+    any device), ``formats`` ("e4m3"/"e5m2" per role). Returns ``bytes``."""
+    h = history.detach().to("cpu", torch.float32).contiguous()
+    s = scales.detach().to("cpu", torch.float32).contiguous()
+    R, L = h.shape
+    if R != len(ROLES) or s.shape != (R,):
+        raise ValueError("history must be [3, L] and scales [3], got %s and %s" %
+                         (tuple(h.shape), tuple(s.shape)))
+    body = struct.pack("<IIfI", R, L, float(margin), _ALGOS[amax_compute_algo])
+    body += struct.pack("<%dI" % R, *[_FORMAT_CODES[f] for f in formats])
+    rows = torch.cat([h, s[:, None]], dim=1)  # per role: L amaxes, then the scale
+    body += rows.numpy().astype("<f4").tobytes()
+    data = MAGIC + struct.pack("<II", VERSION, len(body)) + body
+    return data + struct.pack("<I", zlib.crc32(data) & 0xFFFFFFFF)
+
+
+def _blob_bytes(state):
+    if isinstance(state, io.BytesIO):
+        return state.getvalue()
+    if isinstance(state, (bytes, bytearray, memoryview)):
+        return bytes(state)
+    if isinstance(state, torch.Tensor):
+        if state.dtype != torch.uint8:
+            raise TypeError("the extra state must be a uint8 tensor, got dtype %s" % state.dtype)
+        return state.detach().cpu().contiguous().numpy().tobytes()
+    raise TypeError("the extra state must be a uint8 tensor, bytes or io.BytesIO, got %s" %
+                    type(state).__name__)
+
+
+def unpack_blob(blob, formats, history_len):
+    """Validate a blob completely and return ``(history [3, history_len], scales [3])`` as
+    float32 CPU tensors, in the module's history length (row 0 kept, the most recent rows
+    aligned at the end, oldest dropped or zero-padded). Raises ``ValueError`` naming what is
+    wrong (truncated, magic, version, sizes, CRC, formats, values)."""
+    p = _blob_bytes(blob)
+    n = len(p)
+    fn = "set_extra_state"
+    if n < _HEAD + _CRC:
+        raise ValueError("%s: the blob has %d bytes (< %d): it is truncated" %
+                         (fn, n, _HEAD + _CRC))
+    if p[:8] != MAGIC:
+        raise ValueError('%s: bad magic (the blob does not start with "%s")' %
+                         (fn, MAGIC.decode()))
+    version, payload = struct.unpack_from("<II", p, 8)
+    if version != 1:
+        raise ValueError("%s: version (%d) is not one this library reads (1 to %d)" %
+                         (fn, version, VERSION))
+    if _HEAD + payload + _CRC != n:
+        raise ValueError("%s: payload bytes (%d) + %d != the blob's %d bytes: it is truncated "
+                         "or has trailing bytes" % (fn, payload, _HEAD + _CRC, n))
+    (crc,) = struct.unpack_from("<I", p, n - _CRC)
+    want = zlib.crc32(p[:n - _CRC]) & 0xFFFFFFFF
+    if crc != want:
+        raise ValueError("%s: CRC-32 (0x%08x) != computed (0x%08x): the blob is corrupt" %
+                         (fn, crc, want))
+    if payload < _FIXED:
+        raise ValueError("%s: payload bytes (%d) < %d" % (fn, payload, _FIXED))
+    roles, L, margin, algo = struct.unpack_from("<IIfI", p, 16)
+    R = len(ROLES)
+    if roles != R:
+        raise ValueError("%s: role count (%d) != %d" % (fn, roles, R))
+    if L < 1:
+        raise ValueError("%s: history length (%d) < 1" % (fn, L))
+    if _payload_bytes(L) != payload:
+        raise ValueError("%s: payload bytes (%d) != %d for history length %d" %
+                         (fn, payload, _payload_bytes(L), L))
+    if not math.isfinite(margin):
+        raise ValueError("%s: margin (%g) is not finite" % (fn, margin))
+    if algo not in (0, 1):
+        raise ValueError("%s: amax algorithm (%d) is not 0 (max) or 1 (most_recent)" % (fn, algo))
+    codes = struct.unpack_from("<%dI" % R, p, _ROLES_OFFSET)
+    for r, f in enumerate(codes):
+        if f not in _FORMAT_NAMES:
+            raise ValueError("%s: format of role %d (%d) is not e4m3 (3) or e5m2 (4)" % (fn, r, f))
+        if _FORMAT_NAMES[f] != formats[r]:
+            raise ValueError("%s: format of role %d (%s) in the blob is %s, the module's is %s"
+                             % (fn, r, ROLES[r], _FORMAT_NAMES[f], formats[r]))
+    off = _ROLES_OFFSET + 4 * R
+
+    vals = np.frombuffer(p, dtype="<f4", count=R * (L + 1), offset=off).reshape(R, L + 1)
+    hist_in = torch.from_numpy(vals[:, :L].astype(np.float32))
+    scales = torch.from_numpy(vals[:, L].astype(np.float32))
+    for r in range(R):
+        bad = (hist_in[r] < 0).nonzero()
+        if bad.numel():
+            i = int(bad[0, 0])
+            raise ValueError("%s: amax history of role %d, row %d (%g) < 0" %
+                             (fn, r, i, float(hist_in[r, i])))
+        sc = float(scales[r])
+        if not (math.isfinite(sc) and sc > 0.0):
+            raise ValueError("%s: scale of role %d (%g) is not finite and > 0" % (fn, r, sc))
+    Lm = int(history_len)
+    hist = torch.zeros(R, Lm, dtype=torch.float32)
+    hist[:, 0] = hist_in[:, 0]
+    keep = min(Lm, L) - 1
+    if keep > 0:
+        hist[:, Lm - keep:] = hist_in[:, L - keep:]
+    return hist, scales
+
+
+def synchronize_device(device):
+    """Wait for the work queued on ``device`` (and only that device). Never touches
+    ``torch.cuda`` unless ``device`` is a CUDA device; nothing to do on the CPU."""
+    device = torch.device(device)
+    if device.type in ("cpu", "meta"):
+        return
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and acc.is_available():
+        cur = acc.current_accelerator()
+        if cur is not None and cur.type == device.type:
+            acc.synchronize(device)
+            return
+    mod = getattr(torch, device.type, None)
+    if mod is None or not hasattr(mod, "synchronize"):
+        raise RuntimeError("cannot synchronize device %s: torch.%s.synchronize does not exist" %
+                           (device, device.type))
+    mod.synchronize(device)
+
+
+def _in_backward():
+    return torch._C._current_graph_task_id() != -1
+
+
+class DelayedScalingState:
+    """Amax histories and scales of one module's delayed-scaled weights (see module doc)."""
+
+    def __init__(self, formats=("e4m3", "e4m3", "e5m2"), history_len=1024, margin=0.0,
+                 amax_compute_algo="max", device=None, group=None):
+        formats = tuple(formats)
+        if len(formats) != len(ROLES) or any(f not in _FORMAT_CODES for f in formats):
+            raise ValueError("formats (%r) must be 3 of 'e4m3'/'e5m2' (input, weight, "
+                             "grad_output)" % (formats,))
+        if isinstance(history_len, bool) or not isinstance(history_len, int) or history_len < 1:
+            raise ValueError("history_len (%r) must be an int >= 1" % (history_len,))
+        if not math.isfinite(float(margin)):
+            raise ValueError("margin (%r) is not finite" % (margin,))
+        if amax_compute_algo not in _ALGOS:
+            raise ValueError("amax_compute_algo (%r) is not 'max' or 'most_recent'" %
+                             (amax_compute_algo,))
+        self.formats = formats
+        self.history_len = history_len
+        self.margin = float(margin)
+        self.amax_compute_algo = amax_compute_algo
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        self.amax_history = torch.zeros(len(ROLES), history_len, dtype=torch.float32, device=dev)
+        self.scales = torch.ones(len(ROLES), dtype=torch.float32, device=dev)
+        # float32 scaled_max per role, computed as C does: fmax * 2^-margin in binary32.
+        self._scaled_max = torch.tensor([_FMAX[f] for f in formats], dtype=torch.float32,
+                                        device=dev) * torch.exp2(
+                                            torch.tensor(-self.margin, dtype=torch.float32,
+                                                         device=dev))
+        self.group = group
+        self.records = {r: 0 for r in ROLES}
+        self.skipped_records = 0
+        self.updates = 0
+        self._seen = {}
+        self._tracked = set()
+
+    @classmethod
+    def for_config(cls, config, device=None):
+        import lowp.torch as lt
+
+        spec = lt.resolve_config(config)
+        return cls(formats=(spec.input.format, spec.weight.format, spec.grad_output.format),
+                   history_len=spec.history_len, margin=spec.margin,
+                   amax_compute_algo=spec.amax_compute_algo, device=device)
+
+    @property
+    def device(self):
+        return self.amax_history.device
+
+    # ---- the fp8_state protocol ----
+    def scale(self, role):
+        """The scale to multiply by for ``role``: a float32 0-dim tensor on the state's device."""
+        return self.scales[_ROLE_INDEX[role]].clone()
+
+    def scale_inv(self, role):
+        return torch.reciprocal(self.scales[_ROLE_INDEX[role]])
+
+    def record(self, role, amax):
+        """Keep the max of this step's amaxes of ``role`` in row 0 (NaN sticks)."""
+        i = _ROLE_INDEX[role]
+        if role != "grad_output" and _in_backward():
+            self.skipped_records += 1  # a recomputed forward: recorded already
+            return
+        a = torch.as_tensor(amax).detach().to(device=self.device, dtype=torch.float32)
+        a = a.abs().amax() if a.dim() else a.abs()
+        h0 = self.amax_history[i, 0]
+        self.amax_history[i, 0] = torch.where(torch.isnan(a) | (a > h0), a, h0)
+        self.records[role] += 1
+
+    # ---- once per optimizer step ----
+    def track(self, token):
+        self._tracked.add(token)
+
+    def before_use(self, token, version):
+        """Called before a wrapped weight's matmul: runs the update when this weight's version
+        differs from the one it had at its previous use (an optimizer step happened)."""
+        seen = self._seen.get(token)
+        if seen is not None and seen != version:
+            self.update()
+            self._seen = {}
+        self._seen[token] = version
+
+    def update(self):
+        """Reduce the staging amaxes (distributed), then NUMERICS.md section 5."""
+        staging = self.amax_history[:, 0].clone()
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(staging, op=dist.ReduceOp.MAX, group=self.group)
+        h = self.amax_history
+        h[:, 0] = staging
+        if self.amax_compute_algo == "max":
+            amax = h.max(dim=1).values  # NaN wins, as C's loop
+        else:
+            amax = h[:, 0].clone()
+        ok = torch.isfinite(amax) & (amax > 0)
+        new = self._scaled_max / torch.where(ok, amax, torch.ones_like(amax))
+        new = torch.where(torch.isinf(new), torch.full_like(new, _FLT_MAX), new)
+        self.scales.copy_(torch.where(ok, new, self.scales))
+        newest = h[:, 0].clone()
+        rolled = torch.roll(h, -1, dims=1)
+        rolled[:, 0] = 0.0
+        h.copy_(torch.where((newest != 0)[:, None], rolled, h))
+        self.updates += 1
+
+    # ---- device placement ----
+    def to(self, device):
+        device = torch.device(device)
+        self.amax_history = self.amax_history.to(device)
+        self.scales = self.scales.to(device)
+        self._scaled_max = self._scaled_max.to(device)
+        return self
+
+    # ---- checkpoints ----
+    def state_blob(self):
+        """The extra-state blob (bytes), read after synchronizing the state's device."""
+        synchronize_device(self.device)
+        return pack_blob(self.amax_history, self.scales, self.formats, self.margin,
+                         self.amax_compute_algo)
+
+    def load_blob(self, blob):
+        hist, scales = unpack_blob(blob, self.formats, self.history_len)  # raises: untouched
+        self.amax_history.copy_(hist.to(self.device))
+        self.scales.copy_(scales.to(self.device))
+        synchronize_device(self.device)
+        self._seen = {}
+
+    def state_tensor(self):
+        b = self.state_blob()
+        return torch.frombuffer(bytearray(b), dtype=torch.uint8)
+
+
+# ---- the owning module: get_extra_state / set_extra_state ----
+
+
+class _ExtraStateMixin:
+    """Mixed into the class of a module that owns delayed-scaled weights."""
+
+    def get_extra_state(self):
+        st = getattr(self, "_lowp_fp8_state", None)
+        if st is None:
+            return torch.empty(0, dtype=torch.uint8)
+        return st.state_tensor()
+
+    def set_extra_state(self, state):
+        st = getattr(self, "_lowp_fp8_state", None)
+        if st is None:
+            if len(_blob_bytes(state)) == 0:
+                return
+            raise ValueError("set_extra_state: the blob is not empty, but this module has no "
+                             "delayed-scaling state")
+        if len(_blob_bytes(state)) == 0:
+            raise ValueError("set_extra_state: the blob is empty (a stateless module's), but this "
+                             "module has delayed-scaling state")
+        # The module's own device: where its state already lives (never a fixed "cuda").
+        st.load_blob(state)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        st = getattr(self, "_lowp_fp8_state", None)
+        if st is not None:
+            probe = fn(torch.empty(0, device=st.device))
+            if isinstance(probe, torch.Tensor) and probe.device != st.device:
+                st.to(probe.device)
+        return out
+
+
+_CLASSES = {}
+
+
+def attach(module, state):
+    """Give ``module`` the delayed-scaling ``state`` and the extra-state methods."""
+    object.__setattr__(module, "_lowp_fp8_state", state)
+    cls = type(module)
+    if not issubclass(cls, _ExtraStateMixin):
+        new = _CLASSES.get(cls)
+        if new is None:
+            new = type(cls.__name__, (_ExtraStateMixin, cls), {"_lowp_base_class": cls})
+            new.__module__ = cls.__module__
+            new.__qualname__ = cls.__qualname__
+            _CLASSES[cls] = new
+        module.__class__ = new
+
+
+def detach_state(module):
+    """Undo :func:`attach` (convert)."""
+    if "_lowp_fp8_state" in module.__dict__:
+        object.__delattr__(module, "_lowp_fp8_state")
+    cls = type(module)
+    base = cls.__dict__.get("_lowp_base_class")
+    if base is not None:
+        module.__class__ = base
+
+
+def fp8_states(model):
+    """(module name, DelayedScalingState) of every module of ``model`` that has one."""
+    return [(n, m._lowp_fp8_state) for n, m in model.named_modules()
+            if getattr(m, "_lowp_fp8_state", None) is not None]
+
+
+def set_reduce_group(model, group):
+    """All-reduce the amaxes of ``model``'s delayed-scaling states over ``group``."""
+    for _, st in fp8_states(model):
+        st.group = group
+
+
+def update_all(model):
+    """Run every state's update now (instead of at the next forward after a step)."""
+    for _, st in fp8_states(model):
+        st.update()
+        st._seen = {}

@@ -1,0 +1,588 @@
+"""The param swap: torchao's ``quantize_`` wraps chosen weights in :class:`LowpWeight`.
+
+Usage::
+
+    import lowp.torch
+    from torchao.quantization import quantize_
+    from lowp.torch import ParamSwapConfig, MXQuantizeConfig
+
+    quantize_(model, ParamSwapConfig(weight_config=MXQuantizeConfig()))   # prepare
+    ...train as usual...
+    quantize_(model, ParamSwapConfig(weight_config=MXQuantizeConfig(), step="convert"))
+
+``quantize_`` with its default module filter hands the handler each ``nn.Linear``. To reach the
+3-D expert weights of MoE layers too, pass ``filter_fn=lowp.torch.param_swap_filter``: the
+handler then runs once on the whole model and ``params_filter_fn(param, fqn)`` sees every
+parameter with its full name (``apply_recipe`` does this).
+
+A wrapped parameter is an ``nn.Parameter`` whose data is a :class:`LowpWeight`: a wrapper
+tensor subclass holding the master weight (a plain tensor; storage, dtype, in-place updates and
+``requires_grad`` all refer to it), the matmul config, a :class:`lowp.torch.WeightCache` (the
+quantized copies, made once per optimizer step: the master's version counter says when it
+changed) and, for delayed scaling, the owning module's FP8 state.
+
+- ``__torch_function__`` routes ``F.linear``, ``torch.mm``, ``torch.matmul`` (and ``@``),
+  ``torch.addmm``, ``torch.bmm`` and ``torch._grouped_mm`` with a wrapped weight operand to
+  ``lowp.torch.linear`` / ``mm`` / ``grouped_mm`` (forward and backward in low precision).
+- ``__torch_dispatch__`` runs every other op on the master weight and returns plain tensors,
+  except the ops that still denote the weight (views, copies, ``copy_``, ``zero_``...,
+  ``_WEIGHT_OPS``): their results stay wrapped, so an expert weight sliced out of a 3-D
+  parameter, ``model.to(dtype)`` or an FSDP2 shard still runs in low precision.
+  An in-place op on a wrapper updates the master and bumps its version.
+- Pickling a wrapper (``torch.save(model.state_dict())``) stores the plain master tensor: the
+  checkpoint loads with ``torch.load(weights_only=True)`` into a prepared or a plain model.
+- FSDP2: the wrapper is kept on the shards (the sharding ops are in ``_WEIGHT_OPS``) and
+  ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` gather the master shards and wrap the
+  unsharded weight again, with one cache per parameter that is invalidated by every
+  all-gather (so under FSDP2 a weight is quantized once per all-gather).
+"""
+
+import itertools
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils import _pytree as pytree
+
+try:  # torchao's entry point; lowp.torch works without torchao, the param swap needs it.
+    from torchao.quantization.qat import QATConfig as _QATBase
+    from torchao.quantization.transform_module import register_quantize_module_handler
+except ImportError:  # pragma: no cover - torchao is installed by make test
+    _QATBase = object
+    register_quantize_module_handler = None
+
+aten = torch.ops.aten
+
+# Ops whose result still denotes the weight (the wrapper is kept). View-like ones share the
+# parent's quantized-copy cache; the others own new storage and get a cache of their own.
+_VIEW_OPS = {
+    aten.detach,
+    aten.alias,
+    aten.view,
+    aten._unsafe_view,
+    aten.as_strided,
+    aten.slice,
+    aten.select,
+    aten.unsqueeze,
+    aten.squeeze,
+    aten.permute,
+    aten.transpose,
+    aten.t,
+    aten.split,
+    aten.split_with_sizes,
+}
+_COPY_OPS = {
+    aten.clone,
+    aten.copy_,
+    aten._to_copy,
+    aten.index,
+    aten.empty_like,
+    aten.new_zeros,
+    aten.zero_,
+    aten.fill_,
+    aten._pin_memory,
+}
+_WEIGHT_OPS = _VIEW_OPS | _COPY_OPS
+
+_ids = itertools.count(1)
+
+
+def _ops():
+    """The package namespace (late: lowp.torch imports this module)."""
+    import lowp.torch as lt
+
+    return lt
+
+
+def _in_backward():
+    """True while the autograd engine runs a backward pass: a forward seen now is the
+    recomputation of an activation checkpoint."""
+    return torch._C._current_graph_task_id() != -1
+
+
+class _Unwrap(torch.autograd.Function):
+    """The master weight as a plain tensor, differentiable back to the wrapper."""
+
+    @staticmethod
+    def forward(ctx, w):
+        return _operand(w)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _operand(w):
+    """The weight as a plain tensor for the ops: a view of the root master tensor made here, at
+    the autograd level, so it shares the root's version counter (views made inside
+    __torch_dispatch__ get counters of their own, which optimizer updates never bump) and the
+    WeightCache sees every update of the storage."""
+    return _master_view(w).detach()
+
+
+def _master_view(w):
+    """w's data as the root tensor itself or an autograd-level view of it."""
+    d, r = w._data, w._root
+    if d is r or (d.size() == r.size() and d.stride() == r.stride()
+                  and d.storage_offset() == r.storage_offset()):
+        return r
+    with torch.no_grad():
+        return r.as_strided(d.size(), d.stride(), d.storage_offset())
+
+
+def _unwrap_for_op(w):
+    with torch._C.DisableTorchFunctionSubclass():
+        if torch.is_grad_enabled() and w.requires_grad:
+            return _Unwrap.apply(w)
+        return _operand(w)
+
+
+class LowpWeight(torch.Tensor):
+    """A weight wrapped for low-precision matmuls (see the module docstring)."""
+
+    @staticmethod
+    def __new__(cls, data, config, cache=None, fp8_state=None, token=None, root=None):
+        if not isinstance(data, torch.Tensor) or isinstance(data, LowpWeight):
+            raise TypeError("data must be a plain torch.Tensor, got %s" % type(data).__name__)
+        return torch.Tensor._make_wrapper_subclass(
+            cls,
+            data.size(),
+            strides=data.stride(),
+            storage_offset=data.storage_offset(),
+            dtype=data.dtype,
+            layout=data.layout,
+            device=data.device,
+            requires_grad=data.requires_grad,
+        )
+
+    def __init__(self, data, config, cache=None, fp8_state=None, token=None, root=None):
+        self._data = data
+        # The tensor that owns the storage (the master weight itself for a parameter; for a
+        # view of it, the parent's root): its version counter is the one that tells updates.
+        self._root = data if root is None else root
+        self._config = config
+        self._cache = cache if cache is not None else _ops().WeightCache()
+        self._fp8_state = fp8_state
+        # Identifies the weight for the FP8 state's once-per-step bookkeeping.
+        self._token = token if token is not None else next(_ids)
+
+    # ---- metadata ----
+    @property
+    def config(self):
+        return self._config
+
+    @property
+    def master(self):
+        """The master weight: a plain tensor sharing this wrapper's storage and the version
+        counter that in-place updates bump."""
+        return _master_view(self)
+
+    @property
+    def cache(self):
+        return self._cache
+
+    @property
+    def fp8_state(self):
+        return self._fp8_state
+
+    def __repr__(self):
+        return "LowpWeight(%r, config=%r)" % (self._data, self._config)
+
+    def data_ptr(self):
+        return self._data.data_ptr()
+
+    def untyped_storage(self):
+        return self._data.untyped_storage()
+
+    def _like(self, data, view):
+        return LowpWeight(
+            data,
+            self._config,
+            cache=self._cache if view else None,
+            fp8_state=self._fp8_state,
+            token=self._token,
+            root=self._root if view else None,
+        )
+
+    # ---- torch.compile / swap_tensors / FSDP2 ----
+    def __tensor_flatten__(self):
+        return ["_data"], (self._config, self._cache, self._fp8_state, self._token)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        config, cache, st, token = meta
+        return LowpWeight(inner["_data"], config, cache=cache, fp8_state=st, token=token)
+
+    def fsdp_pre_all_gather(self, mesh, outer_size=None, outer_stride=None, module=None,
+                            mp_policy=None):
+        data = self._data
+        if mp_policy is not None and getattr(mp_policy, "param_dtype", None) is not None:
+            data = data.to(mp_policy.param_dtype)
+        return (data,), None
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        (data,) = all_gather_outputs
+        if out is not None:
+            # The same buffer holds the newly gathered weight: forget its quantized copies.
+            target = out._local_tensor if hasattr(out, "_local_tensor") else out
+            if isinstance(target, LowpWeight):
+                target._cache = _ops().WeightCache()
+            return
+        return LowpWeight(data, self._config, fp8_state=self._fp8_state,
+                          token=self._token), (data,)
+
+    # ---- pickling: the master weight alone ----
+    def __reduce_ex__(self, proto):
+        return self._data.detach().__reduce_ex__(proto)
+
+    def __deepcopy__(self, memo):
+        import copy
+
+        new = LowpWeight(self._data.detach().clone(), copy.deepcopy(self._config, memo),
+                         fp8_state=self._fp8_state, token=self._token)
+        new.requires_grad_(self.requires_grad)
+        memo[id(self)] = new
+        return new
+
+    # ---- routing ----
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        route = _ROUTES.get(func)
+        if route is not None:
+            out = route(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        first = []
+        inner_to_outer = {}
+
+        def unwrap(t):
+            if not first:
+                first.append(t)
+            inner_to_outer[id(t._data)] = t
+            return t._data
+
+        uargs, ukwargs = pytree.tree_map_only(LowpWeight, unwrap, (args, kwargs))
+        out = func(*uargs, **ukwargs)
+        packet = func.overloadpacket
+        if func._schema.is_mutable:
+            # The master changed: bump its version so that cached quantized copies expire.
+            for i, a in enumerate(func._schema.arguments):
+                if a.alias_info is None or not a.alias_info.is_write:
+                    continue
+                val = args[i] if i < len(args) else kwargs.get(a.name)
+                for t in pytree.tree_leaves(val):
+                    if isinstance(t, LowpWeight):
+                        torch.autograd.graph.increment_version(t._root)
+            # In-place ops return their (wrapped) self.
+            return pytree.tree_map_only(
+                torch.Tensor, lambda t: inner_to_outer.get(id(t), t), out)
+        if packet not in _WEIGHT_OPS:
+            return out
+        src = first[0]
+        share = packet in _VIEW_OPS
+
+        def rewrap(t):
+            if not t.is_floating_point():
+                return t
+            return src._like(t, share)
+
+        return pytree.tree_map_only(torch.Tensor, rewrap, out)
+
+
+torch.serialization.add_safe_globals([LowpWeight])
+
+
+def _opkw(w):
+    return dict(cache=w._cache, fp8_state=_live_fp8_state(w))
+
+
+def _live_fp8_state(w):
+    st = w._fp8_state
+    if st is not None and not _in_backward():
+        st.before_use(w._token, w._root._version)
+    return st
+
+
+# ---- the routes: (args as the torch function takes them) -> result or NotImplemented ----
+
+
+def _route_linear(input, weight, bias=None):
+    if not isinstance(weight, LowpWeight) or isinstance(input, LowpWeight):
+        return NotImplemented
+    if isinstance(bias, LowpWeight):
+        bias = bias._data
+    return _ops().linear(input, _unwrap_for_op(weight), bias, weight._config, **_opkw(weight))
+
+
+def _mm_wrapped_right(a, b):
+    """a [M, K] plain, b [K, N] wrapped."""
+    return _ops().mm(a, _unwrap_for_op(b), b._config, **_opkw(b))
+
+
+def _route_mm(input, mat2, *, out=None, **kw):
+    if out is not None or kw:
+        return NotImplemented
+    if isinstance(mat2, LowpWeight) and not isinstance(input, LowpWeight):
+        return _mm_wrapped_right(input, mat2)
+    if isinstance(input, LowpWeight) and not isinstance(mat2, LowpWeight):
+        # W @ x = (xᵀ Wᵀ)ᵀ: the weight stays the quantized right operand.
+        with torch._C.DisableTorchFunctionSubclass():
+            wt = input.t()  # stays wrapped (dispatch keeps t)
+        return _mm_wrapped_right(mat2.t(), wt).t()
+    return NotImplemented
+
+
+def _route_matmul(input, other, *, out=None):
+    if out is not None:
+        return NotImplemented
+    if isinstance(other, LowpWeight) and not isinstance(input, LowpWeight):
+        if other.dim() == 2 and input.dim() >= 2:
+            lead = input.shape[:-1]
+            y = _mm_wrapped_right(input.reshape(-1, input.shape[-1]), other)
+            return y.reshape(*lead, other.shape[-1])
+        if other.dim() == 3 and input.dim() == 3:
+            return _route_bmm(input, other)
+        return NotImplemented
+    if isinstance(input, LowpWeight) and not isinstance(other, LowpWeight):
+        if input.dim() == 2 and other.dim() == 2:
+            return _route_mm(input, other)
+    return NotImplemented
+
+
+def _route_addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    if out is not None:
+        return NotImplemented
+    y = _route_mm(mat1, mat2)
+    if y is NotImplemented:
+        return NotImplemented
+    if alpha != 1:
+        y = y * alpha
+    if beta == 0:
+        return y
+    return y + (input if beta == 1 else beta * input)
+
+
+def _route_bmm(input, mat2, *, out=None):
+    """Batched matmul with a wrapped [B, K, N] weight: a grouped mm with B equal groups."""
+    if out is not None or not isinstance(mat2, LowpWeight) or isinstance(input, LowpWeight):
+        return NotImplemented
+    B, M, K = input.shape
+    offs = torch.arange(1, B + 1, device=input.device, dtype=torch.int32) * M
+    y = _ops().grouped_mm(input.reshape(B * M, K), _unwrap_for_op(mat2), offs, mat2._config,
+                          **_opkw(mat2))
+    return y.reshape(B, M, mat2.shape[-1])
+
+
+def _route_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    if not isinstance(mat_b, LowpWeight) or isinstance(mat_a, LowpWeight):
+        return NotImplemented
+    if offs is None or bias is not None or mat_a.dim() != 2 or mat_b.dim() != 3:
+        return NotImplemented
+    y = _ops().grouped_mm(mat_a, _unwrap_for_op(mat_b), offs, mat_b._config, **_opkw(mat_b))
+    if out_dtype is not None and y.dtype != out_dtype:
+        y = y.to(out_dtype)
+    return y
+
+
+_ROUTES = {
+    F.linear: _route_linear,
+    torch.mm: _route_mm,
+    torch.Tensor.mm: _route_mm,
+    torch.matmul: _route_matmul,
+    torch.Tensor.matmul: _route_matmul,
+    torch.Tensor.__matmul__: _route_matmul,
+    torch.addmm: _route_addmm,
+    torch.bmm: _route_bmm,
+    torch.Tensor.bmm: _route_bmm,
+}
+if hasattr(torch, "_grouped_mm"):
+    _ROUTES[torch._grouped_mm] = _route_grouped_mm
+
+
+def _rmatmul(self, other):
+    return _route_matmul(other, self)
+
+
+_ROUTES[torch.Tensor.__rmatmul__] = lambda self, other: _rmatmul(self, other)
+
+
+# ---- the config and its handler ----
+
+_STEPS = ("prepare", "convert")
+
+
+def _is_lowp_config(cfg):
+    lt = _ops()
+    if isinstance(cfg, str):
+        return True
+    base = getattr(lt, "FakeQuantizeConfigBase", None)
+    kinds = tuple(
+        getattr(lt, n)
+        for n in ("MXQuantizeConfig", "BlockQuantizeConfig", "Block128Config",
+                  "Float8RowwiseConfig", "Float8TensorwiseConfig")
+        if hasattr(lt, n))
+    return isinstance(cfg, kinds) or (base is not None and isinstance(cfg, base))
+
+
+class ParamSwapConfig(_QATBase):
+    """Prepare (wrap) or convert (unwrap) a model's weights for lowp's low-precision matmuls.
+
+    Args:
+        base_config: a lowp config (or preset name) used as ``weight_config``.
+        activation_config: optional config for the activations and gradients (default: the
+            weight config's own recipe).
+        weight_config: a lowp config (``MXQuantizeConfig()``, ``BlockQuantizeConfig()``,
+            ``Block128Config()``, ``Float8RowwiseConfig()``, ``Float8TensorwiseConfig()``) or a
+            preset name (``"mxfp8"``...). Accepted (and ignored) by ``step="convert"``.
+        step: ``"prepare"`` or ``"convert"``.
+        params_filter_fn: ``(param, fqn) -> bool``, which parameters to wrap. Default: the
+            weights of ``nn.Linear`` modules and 3-D parameters (MoE expert weights) of modules
+            that are not convolutions. ``fqn`` is relative to the module the handler is given
+            (the whole model with ``filter_fn=param_swap_filter``).
+    """
+
+    def __init__(self, base_config=None, activation_config=None, weight_config=None, *,
+                 step="prepare", params_filter_fn=None):
+        self.base_config = base_config
+        self.activation_config = activation_config
+        self.weight_config = weight_config
+        self.step = step
+        self.params_filter_fn = params_filter_fn
+        self.__post_init__()
+
+    def __post_init__(self):
+        if not isinstance(self.step, str) or self.step.lower() not in _STEPS:
+            raise ValueError("step must be one of %s, got %r" % (list(_STEPS), self.step))
+        self.step = self.step.lower()
+        if self.base_config is not None and self.weight_config is not None:
+            raise ValueError("base_config and weight_config: give one of them, not both")
+        if self.base_config is not None:
+            if not _is_lowp_config(self.base_config):
+                raise TypeError("base_config must be a lowp config or preset name, got %s" %
+                                type(self.base_config).__name__)
+            self.weight_config, self.base_config = self.base_config, None
+        if self.weight_config is not None and not _is_lowp_config(self.weight_config):
+            raise TypeError(
+                "weight_config must be a lowp config (MXQuantizeConfig, BlockQuantizeConfig, "
+                "Block128Config, Float8RowwiseConfig, Float8TensorwiseConfig) or a preset "
+                "name, got %s" % type(self.weight_config).__name__)
+        if self.activation_config is not None and not _is_lowp_config(self.activation_config):
+            raise TypeError("activation_config must be a lowp config or preset name, got %s" %
+                            type(self.activation_config).__name__)
+        if self.step == "prepare" and self.weight_config is None:
+            raise ValueError("step='prepare' needs weight_config (or base_config)")
+        if self.params_filter_fn is not None and not callable(self.params_filter_fn):
+            raise TypeError("params_filter_fn must be callable (param, fqn) -> bool")
+
+    def matmul_config(self):
+        """What the wrapped weights carry: the MatmulSpec of the weight (and activation)
+        config, resolved (and so checked) once at prepare."""
+        return _ops().resolve_config(self.weight_config, self.activation_config)
+
+
+def param_swap_filter(module, fqn):
+    """A ``quantize_`` module filter that hands ParamSwapConfig's handler the whole model
+    once (true at the root only), so that MoE expert weights are reached too."""
+    return fqn == ""
+
+
+def _default_params_filter(owner, leaf, param):
+    if isinstance(owner, nn.Linear):
+        return leaf == "weight"
+    if isinstance(owner, (nn.modules.conv._ConvNd, nn.Embedding, nn.EmbeddingBag)):
+        return False
+    return param.dim() == 3 and param.is_floating_point()
+
+
+def _owners(module):
+    """id(param) -> [(owner module, leaf name, fqn)], tied parameters included."""
+    found = {}
+    for mname, mod in module.named_modules(remove_duplicate=False):
+        for leaf, p in mod.named_parameters(recurse=False, remove_duplicate=False):
+            fqn = leaf if not mname else mname + "." + leaf
+            found.setdefault(id(p), (p, []))[1].append((mod, leaf, fqn))
+    return found
+
+
+def _is_delayed(spec):
+    return any(getattr(spec, r).delayed for r in ("input", "weight", "grad_output"))
+
+
+def wrap_parameters(module, config, params_filter_fn=None):
+    """Wrap the chosen parameters of ``module`` (the prepare step). Returns the fqns wrapped."""
+    from . import fp8_state as _fs
+
+    if isinstance(config, ParamSwapConfig):
+        mm_cfg = config.matmul_config()
+    else:
+        mm_cfg = _ops().resolve_config(config)
+    wrapped = []
+    states = {}
+    for _, (p, places) in _owners(module).items():
+        if isinstance(p, LowpWeight):
+            continue
+        owner, leaf, fqn = places[0]
+        if params_filter_fn is not None:
+            chosen = params_filter_fn(p, fqn)
+        else:
+            chosen = _default_params_filter(owner, leaf, p)
+        if not chosen:
+            continue
+        st = None
+        if _is_delayed(mm_cfg):
+            st = states.get(id(owner))
+            if st is None:
+                st = _fs.DelayedScalingState.for_config(mm_cfg, device=p.device)
+                states[id(owner)] = st
+                _fs.attach(owner, st)
+        master = p.detach()
+        newp = nn.Parameter(LowpWeight(master, mm_cfg, fp8_state=st), requires_grad=p.requires_grad)
+        if st is not None:
+            st.track(newp._token)
+        for mod, lf, _ in places:
+            setattr(mod, lf, newp)
+        wrapped.append(fqn)
+    return wrapped
+
+
+def unwrap_parameters(module):
+    """Replace every wrapped parameter of ``module`` by a plain ``nn.Parameter`` holding the
+    master weight itself (bit-identical: the same storage). Returns the fqns unwrapped."""
+    from . import fp8_state as _fs
+
+    done = []
+    for _, (p, places) in _owners(module).items():
+        if not isinstance(p, LowpWeight):
+            continue
+        newp = nn.Parameter(p.master.detach(), requires_grad=p.requires_grad)
+        for mod, lf, _ in places:
+            setattr(mod, lf, newp)
+            _fs.detach_state(mod)
+        done.append(places[0][2])
+    return done
+
+
+def _param_swap_transform(module, config):
+    if config.step == "prepare":
+        wrap_parameters(module, config, config.params_filter_fn)
+    else:
+        unwrap_parameters(module)
+    return module
+
+
+if register_quantize_module_handler is not None:
+    register_quantize_module_handler(ParamSwapConfig)(_param_swap_transform)
+
+
+def wrapped_parameters(model):
+    """(fqn, LowpWeight parameter) for every wrapped parameter of ``model``."""
+    return [(n, p) for n, p in model.named_parameters() if isinstance(p, LowpWeight)]
+
+

@@ -1,0 +1,255 @@
+"""Delayed-scaling FP8 state of the param swap (issue 12 point 7): the extra-state blob byte for
+byte against the C library (src/train/extra_state.c through lowp._testing) and the committed
+fixture, the update rule against C's lowp_delayed_update, corrupt blobs, placement, and the
+owning module's get_extra_state / set_extra_state."""
+
+import io
+import os
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import lowp._testing as T
+import lowp.torch as lt
+from lowp.torch import fp8_state as fs
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "extra_state_v1.bin")
+FORMATS = ("e4m3", "e4m3", "e5m2")
+
+
+def random_state(L, seed):
+    g = np.random.default_rng(seed)
+    hist = (g.random((3, L), dtype=np.float32) * np.float32(2.0) ** g.integers(-20, 20, (3, L))
+            ).astype(np.float32)
+    hist[:, g.integers(0, L)] = 0.0
+    scales = (g.random(3, dtype=np.float32) * 1000 + 1e-3).astype(np.float32)
+    return hist, scales
+
+
+@pytest.mark.parametrize("L", [1, 4, 17, 1024])
+@pytest.mark.parametrize("algo,margin", [("max", 0.0), ("most_recent", 2.0)])
+def test_pack_bytes_equal_c(L, algo, margin):
+    hist, scales = random_state(L, L)
+    want = T.extra_state_pack(hist, scales, FORMATS, margin, algo)
+    got = fs.pack_blob(torch.from_numpy(hist), torch.from_numpy(scales), FORMATS, margin, algo)
+    assert got == bytes(want)
+
+
+@pytest.mark.parametrize("L,Lm", [(4, 4), (8, 3), (3, 8), (1, 5), (5, 1)])
+def test_unpack_equals_c(L, Lm):
+    hist, scales = random_state(L, 100 + L)
+    blob = T.extra_state_pack(hist, scales, FORMATS)
+    ch, cs = T.extra_state_unpack(blob, Lm, FORMATS)
+    ph, ps = fs.unpack_blob(blob, FORMATS, Lm)
+    assert np.array_equal(ph.numpy().view(np.uint32), ch.view(np.uint32))
+    assert np.array_equal(ps.numpy().view(np.uint32), cs.view(np.uint32))
+
+
+def test_fixture_values_and_repack():
+    """The committed fixture (written from the spec by tests/make_extra_state_fixture.py)."""
+    with open(FIXTURE, "rb") as f:
+        blob = f.read()
+    hist, scales = fs.unpack_blob(blob, FORMATS, 4)
+    assert hist.tolist() == [[0.0, 1.0, 4.0, 2.0], [0.0, 0.25, 0.5, 0.375],
+                             [0.125, 0.0078125, 0.015625, 0.01171875]]
+    assert scales.tolist() == [448.0 / 4.0, 448.0 / 0.5, 57344.0 / 0.015625]
+    assert fs.pack_blob(hist, scales, FORMATS) == blob
+    # The same bytes through a module's state.
+    st = fs.DelayedScalingState(FORMATS, history_len=4)
+    st.load_blob(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+    assert st.state_blob() == blob
+
+
+def _corrupt_cases(blob):
+    b = bytearray(blob)
+    cases = {"truncated": bytes(b[:10]), "short": bytes(b[:-1]), "trailing": bytes(b) + b"\0"}
+    m = bytearray(b)
+    m[0] ^= 1
+    cases["magic"] = bytes(m)
+    c = bytearray(b)
+    c[40] ^= 0x10
+    cases["crc"] = bytes(c)
+
+    def with_crc(body):
+        body = bytes(body[:-4])
+        return body + struct.pack("<I", zlib.crc32(body) & 0xFFFFFFFF)
+
+    v = bytearray(b)
+    v[8] = 2
+    cases["version"] = with_crc(v)
+    f = bytearray(b)
+    f[40] = 9  # role 2's format
+    cases["format code"] = with_crc(f)
+    f2 = bytearray(b)
+    f2[40] = 3  # e4m3 where the module has e5m2
+    cases["format mismatch"] = with_crc(f2)
+    s = bytearray(b)
+    struct.pack_into("<f", s, 44 + 4 * 4, -1.0)  # role 0's scale
+    cases["scale"] = with_crc(s)
+    a = bytearray(b)
+    struct.pack_into("<f", a, 44, -2.0)  # role 0, row 0
+    cases["amax"] = with_crc(a)
+    g = bytearray(b)
+    struct.pack_into("<I", g, 28, 7)  # algorithm
+    cases["algo"] = with_crc(g)
+    return cases
+
+
+def test_corrupt_blob_clear_error_state_untouched():
+    with open(FIXTURE, "rb") as f:
+        blob = f.read()
+    st = fs.DelayedScalingState(FORMATS, history_len=4)
+    st.amax_history.fill_(0.5)
+    st.scales.fill_(7.0)
+    before = st.state_blob()
+    for name, bad in _corrupt_cases(blob).items():
+        with pytest.raises(ValueError, match="set_extra_state"):
+            st.load_blob(bad)
+        assert st.state_blob() == before, name
+        # The C reader refuses the same blobs.
+        with pytest.raises((ValueError, RuntimeError)):
+            T.extra_state_unpack(bad, 4, FORMATS)
+    with pytest.raises(TypeError, match="uint8"):
+        st.load_blob(torch.zeros(4, dtype=torch.float32))
+
+
+def test_legacy_bytesio_and_bytes_accepted():
+    with open(FIXTURE, "rb") as f:
+        blob = f.read()
+    for form in (io.BytesIO(blob), blob, torch.frombuffer(bytearray(blob), dtype=torch.uint8)):
+        st = fs.DelayedScalingState(FORMATS, history_len=4)
+        st.load_blob(form)
+        assert st.scales.tolist() == [112.0, 896.0, 3670016.0]
+
+
+def _c_update(hist, scale, margin, algo):
+    h = hist.copy()
+    out = []
+    for r in range(3):
+        row = np.ascontiguousarray(h[r])
+        s, _ = T.delayed_update(row, float(scale[r]), FORMATS[r], margin, algo)
+        h[r] = row
+        out.append(s)
+    return h, np.array(out, np.float32)
+
+
+@pytest.mark.parametrize("algo,margin", [("max", 0.0), ("most_recent", 0.0), ("max", 3.0)])
+def test_update_equals_c(algo, margin):
+    L = 6
+    st = fs.DelayedScalingState(FORMATS, history_len=L, margin=margin, amax_compute_algo=algo)
+    ch = np.zeros((3, L), np.float32)
+    cs = np.ones(3, np.float32)
+    g = np.random.default_rng(1)
+    amaxes = [[1.5, 0.0, 3e-3], [0.0, 0.0, 0.0], [float("inf"), 2.0, 1e-30], [1e-44, 5.0, 1e4],
+              [float("nan"), 0.25, 7.0]] + [list(g.random(3) * 100) for _ in range(8)]
+    for step in amaxes:
+        for r, role in enumerate(fs.ROLES):
+            st.record(role, torch.tensor(step[r], dtype=torch.float32))
+            row = np.ascontiguousarray(ch[r])
+            T.delayed_record(row, float(np.float32(step[r])), FORMATS[r])
+            ch[r] = row
+        assert np.array_equal(st.amax_history.numpy().view(np.uint32), ch.view(np.uint32))
+        st.update()
+        ch, cs = _c_update(ch, cs, margin, algo)
+        assert np.array_equal(st.amax_history.numpy().view(np.uint32), ch.view(np.uint32))
+        assert np.array_equal(st.scales.numpy().view(np.uint32), cs.view(np.uint32)), step
+
+
+def _delayed_model():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+    lt.apply_recipe(m, "fp8_delayed")
+    return m
+
+
+def _train(m, steps, accum=1, seed=0):
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        for _ in range(accum):
+            x = torch.randn(16, 32, generator=g)
+            m(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_prepared_model_state_updates_once_per_step():
+    m = _delayed_model()
+    st = m[0]._lowp_fp8_state
+    assert st is not m[2]._lowp_fp8_state
+    assert st.device == torch.device("cpu") and st.amax_history.dtype == torch.float32
+    _train(m, 3, accum=2)
+    # updates run at the first forward after each optimizer step: steps 2 and 3
+    assert st.updates == 2
+    # two micro-batches per step, forward records input (and weight once per version)
+    assert st.records["input"] == 6 and st.records["grad_output"] == 6
+    assert st.records["weight"] == 3
+    assert (st.scales != 1).all()
+    # the scale in use is fmax / max(history) of the weight role at the last update (row 0
+    # is this step's staging row, recorded after it), in binary32 as C computes it
+    h = st.amax_history[1, 1:]
+    assert float(st.scales[1]) == float(np.float32(448.0) / np.float32(h.max()))
+
+
+def test_module_extra_state_roundtrip_and_device():
+    m = _delayed_model()
+    _train(m, 3)
+    sd = m.state_dict()
+    assert sd["0._extra_state"].dtype == torch.uint8
+    blob = bytes(sd["0._extra_state"].numpy())
+    assert blob == fs.pack_blob(m[0]._lowp_fp8_state.amax_history,
+                                m[0]._lowp_fp8_state.scales, FORMATS)
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    sd2 = torch.load(buf, weights_only=True)
+    m2 = _delayed_model()
+    m2.load_state_dict(sd2)
+    for i in (0, 2):
+        a, b = m[i]._lowp_fp8_state, m2[i]._lowp_fp8_state
+        assert torch.equal(a.amax_history, b.amax_history) and torch.equal(a.scales, b.scales)
+        assert b.device == m2[i].weight.device
+    # a corrupt blob in a state dict: clear error, state untouched
+    bad = dict(sd2)
+    t = bad["0._extra_state"].clone()
+    t[20] ^= 1
+    bad["0._extra_state"] = t
+    before = m2[0]._lowp_fp8_state.state_blob()
+    with pytest.raises(ValueError, match="CRC"):
+        m2.load_state_dict(bad)
+    assert m2[0]._lowp_fp8_state.state_blob() == before
+
+
+def test_state_follows_module_device_not_dtype():
+    m = _delayed_model()
+    m.to(torch.bfloat16)
+    st = m[0]._lowp_fp8_state
+    assert st.amax_history.dtype == torch.float32
+    m.to("meta")
+    assert st.device.type == "meta"
+
+
+def test_synchronize_picks_the_state_device(monkeypatch):
+    """A state on an XPU (say) synchronizes that device through torch.accelerator when it is
+    the current accelerator, else through torch.xpu; never through torch.cuda."""
+    calls = []
+
+    def boom(*a, **k):
+        raise AssertionError("torch.cuda was called")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", boom)
+    monkeypatch.setattr(torch.xpu, "synchronize", lambda d=None: calls.append(("xpu", d)))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    fs.synchronize_device(torch.device("cpu"))
+    assert calls == []
+    fs.synchronize_device("xpu:1")
+    assert calls == [("xpu", torch.device("xpu:1"))]
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("xpu"))
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda d=None: calls.append(("acc", d)))
+    fs.synchronize_device("xpu:0")
+    assert calls[-1] == ("acc", torch.device("xpu:0"))
