@@ -313,3 +313,16 @@ def test_cli_train_resume_and_errors(tmp_path, capsys):
     assert main(["--resume", str(tmp_path / "missing.pt")]) == 2
     assert main(["--recipes", "bf16", "--resume", ck]) == 2
     assert "does not apply" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", ["bf16"] + [r for r in _lowp_recipes() if r == "fp8_delayed"])
+def test_evaluation_leaves_no_trace(recipe):
+    def run(eval_every):
+        data = CharData.builtin()
+        cfg = TrainConfig(steps=5, batch=2, warmup=1, eval_every=eval_every, eval_batches=2,
+                          seed=3)
+        t = Trainer(MoETransformer(MoEConfig.preset("tiny", data.vocab), 3), data, recipe, cfg)
+        t.run()
+        return t
+
+    _assert_same_state(run(1), run(0))

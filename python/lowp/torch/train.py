@@ -226,6 +226,14 @@ class Trainer:
             [{"params": decay, "weight_decay": cfg.weight_decay},
              {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+        self._fp8_update = None
+        try:
+            from .fp8_state import fp8_states, update_all  # noqa: PLC0415
+
+            if fp8_states(model):
+                self._fp8_update = update_all
+        except ImportError:
+            pass
         self.step_n = 0
         self.data_pos = 0
         self.run_steps = 0
@@ -266,6 +274,7 @@ class Trainer:
             for g in self.opt.param_groups:
                 g["lr"] = lr
             self.opt.step()
+        self._step_end()
         self.step_n += 1
         t_update = time.perf_counter()
         tokens_n = A * B * T
@@ -282,6 +291,13 @@ class Trainer:
         rep["elapsed_s"] = time.perf_counter() - self.t0
         rep["eta_s"] = rep["elapsed_s"] / self.run_steps * max(cfg.steps - self.step_n, 0)
         return rep
+
+    def _step_end(self) -> None:
+        """The delayed-scaling update of every FP8 state, once per update and at its end (as
+        lowp_train_step_end in C), not lazily at the next forward: so an evaluation, which
+        restores the state it touched, or a checkpoint taken here cannot shift or drop it."""
+        if self._fp8_update is not None:
+            self._fp8_update(self.model)
 
     # ---- evaluation (leaves no trace in the training state)
 
