@@ -322,6 +322,15 @@ class Trainer:
             model.train(was_training)
             if snap:
                 model.load_state_dict(snap, strict=False)
+                # A weight's amax is recorded when its quantized copies are made, once per
+                # version: the restore just dropped the record the evaluation made, and the
+                # cached copies would keep the next training forward from making it again.
+                # Dropping them makes it quantize afresh (same codes) and record, as a run
+                # that did not evaluate here does (lowp_trainer_eval does the same in C).
+                for p in model.parameters():
+                    cache = getattr(p, "cache", None)
+                    if cache is not None and hasattr(cache, "clear"):
+                        cache.clear()
         return total / cfg.eval_batches
 
     def run(self, until: int = 0, on_step=None) -> None:
