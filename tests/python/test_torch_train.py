@@ -295,6 +295,14 @@ def test_compare_end_to_end(tmp_path):
     groups = [g for g in svg.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "recipe"]
     assert [g.get("data-recipe") for g in groups] == ["bf16", second]
     assert len(list(groups[0].iter("{http://www.w3.org/2000/svg}circle"))) == 6
+    # the same report rebuilt from the log alone
+    from lowp.torch.train import main
+
+    assert main(["--report-from", str(log), "--out", str(tmp_path / "again")]) == 0
+    md2 = (tmp_path / "again" / "report.md").read_text()
+    final = {x["recipe"]: x["val_loss"] for x in recs if "val_loss" in x}
+    for name, v in final.items():
+        assert f"| {name} | {v:.4f} |" in md2 and f"| {name} | {v:.4f} |" in md
 
 
 def test_cli_train_resume_and_errors(tmp_path, capsys):

@@ -557,6 +557,8 @@ def _parser() -> argparse.ArgumentParser:
             ("shared-hidden", int, None), ("dropout", float, None),
             ("aux-loss-coef", float, "override the configuration")):
         a("--" + name, type=typ, default=None, help=what)
+    a("--report-from", help="compare mode without training: build the report from the "
+                            "--log files (comma-separated) of earlier runs")
     a("--activation-checkpoint", action="store_true",
       help="recompute layer activations in the backward")
     return p
@@ -709,10 +711,44 @@ def _compare(args) -> int:
     return 1 if bad else 0
 
 
+def _report_from(args) -> int:
+    """The compare report from JSON-lines logs (runs of one seed and settings, e.g. recipes
+    trained in separate processes; each recipe's last log wins)."""
+    from .train_report import Run, table, write_report  # noqa: PLC0415
+
+    recs: dict[str, list] = {}
+    for path in args.report_from.split(","):
+        mine: dict[str, list] = {}
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                mine.setdefault(r.get("recipe") or args.recipe or "run", []).append(r)
+        recs.update(mine)
+    runs = []
+    for name, rs in recs.items():
+        ev = [r for r in rs if "val_loss" in r]
+        val = [math.nan if r["val_loss"] is None else r["val_loss"] for r in ev]
+        loss = rs[-1]["loss"]
+        runs.append(Run(name, [r["step"] for r in ev], val,
+                        math.nan if loss is None else loss,
+                        statistics.median(r["tokens_per_s"] for r in rs), 0.0,
+                        rs[-1]["elapsed_s"], sum(1 for r in rs if r.get("skipped")),
+                        f"{len(rs)} updates logged"))
+    runs.sort(key=lambda r: (r.recipe != "bf16", r.recipe))
+    md, svg = write_report(args.out or "out/torch_compare",
+                           {"source": ", ".join(f"`{p}`" for p in args.report_from.split(","))},
+                           runs)
+    print(table(runs), end="")
+    print(f"report: {md}\nplot: {svg}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         _set_threads(args.threads or 0)
+        if args.report_from:
+            return _report_from(args)
         return _compare(args) if args.recipes else _train(args)
     except (ValueError, TypeError, FileNotFoundError) as e:
         sys.stderr.write(f"lowp.torch.train: {e}\n")
