@@ -278,14 +278,14 @@ def test_compare_end_to_end(tmp_path):
     second = (_lowp_recipes() or ["torchao_mxfp8"])[0]
     out = tmp_path / "cmp"
     log = tmp_path / "log.jsonl"
-    r = _run(["--recipes", f"bf16,{second}", "--config", "tiny", "--steps", "30", "--batch",
-              "4", "--eval-every", "5", "--threads", "1", "--out", str(out), "--log",
+    r = _run(["--recipes", f"bf16,{second}", "--config", "tiny", "--steps", "24", "--batch",
+              "4", "--eval-every", "4", "--threads", "1", "--out", str(out), "--log",
               str(log)])
     assert r.returncode == 0, r.stderr
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     for name in ("bf16", second):
         mine = [x for x in recs if x["recipe"] == name]
-        assert len(mine) == 30
+        assert len(mine) == 24
         assert all(math.isfinite(x["loss"]) and x["tokens_per_s"] > 0 for x in mine)
         vals = [x["val_loss"] for x in mine if "val_loss" in x]
         assert vals[-1] < vals[0] and vals[-1] < 3.6, vals
