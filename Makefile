@@ -6,13 +6,13 @@ PY         := $(VENV)/bin/python
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all build python demo test sanitize clean format venv
+.PHONY: all build python demo test sanitize fuzz bench clean format venv
 
 all: build
 
 # The test dependencies, installed into .venv by `make test` (torch from PyPI is large; an
 # existing .venv that already satisfies every requirement is reused without touching pip).
-PY_DEPS := numpy ml_dtypes pytest torch>=2.6 torchao>=0.17
+PY_DEPS := numpy ml_dtypes>=0.7 pytest torch>=2.6 torchao>=0.17
 
 venv:
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -57,8 +57,47 @@ sanitize: venv
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && LOWP_TEST_QUICK=1 ctest --output-on-failure -j $(JOBS)
 
+# ---- fuzz (issue 10 item 15; owner h10): the five libFuzzer targets of tests/fuzz, ASan + UBSan,
+# FUZZ_SECONDS each (default 40), seeded from files `lowp` writes. Needs clang with libFuzzer
+# (Debian: clang-14 and libclang-rt-14-dev; .ci/run installs them) and `make build`.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 40
+FUZZ_CC      ?= clang-14
+fuzz: build $(PY)
+	CC=$(FUZZ_CC) cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLOWP_SANITIZE=ON -DLOWP_FUZZ=ON $(CMAKE_ARGS) >/dev/null
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_targets
+	FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BUILD) $(BUILD)/bin/lowp $(PY)
+
+# ---- bench (issue 10 item 14; owner h10): install the peers `lowp bench gemm` compares with
+# (Debian's libdnnl-dev and libopenblas-dev, via apt-get, as root, only when missing),
+# reconfigure so the CLI links them, then run every benchmark. BENCH_QUICK=1: short shapes
+# and few repetitions (a smoke run); the figures in docs/benchmarks.md come from the full run.
+BENCH_PEERS ?= libdnnl-dev libopenblas-dev
+ifeq ($(BENCH_QUICK),1)
+BENCH_CAST_ARGS  ?= --size 1M --reps 3
+BENCH_QUANT_ARGS ?= --rows 256 --cols 1024 --reps 3
+BENCH_GEMM_ARGS  ?= --quick --reps 2
+BENCH_TRAIN_ARGS ?= --configs tiny --recipes bf16,all_mxfp8 --steps 1
+endif
+bench:
+	@missing=""; for p in $(BENCH_PEERS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "make bench: installing$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "make bench: peer packages missing ($$missing) and not root: the benchmarks run without them"; fi; \
+	fi
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -ULOWP_DNNL_INCLUDE_DIR -ULOWP_DNNL_LIBRARY \
+		-ULOWP_OPENBLAS_LIBRARY $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target lowp_cli
+	./$(BUILD)/bin/lowp bench cast $(BENCH_CAST_ARGS)
+	./$(BUILD)/bin/lowp bench quant $(BENCH_QUANT_ARGS)
+	./$(BUILD)/bin/lowp bench gemm $(BENCH_GEMM_ARGS)
+	./$(BUILD)/bin/lowp bench train $(BENCH_TRAIN_ARGS)
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -73,10 +73,17 @@ static void emit_json(const run_result *r, size_t elems, int reps, const char *p
     lowp_bench_json_end(&j, stdout);
 }
 
-int lowp_bench_cast(int argc, char **argv) {
+typedef struct cast_opts {
+    int json, reps;
+    size_t elems;
+    lowp_kernel_path path;
+} cast_opts;
+
+/* The options; returns -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, cast_opts *o) {
     int json = 0, reps = DEFAULT_REPS;
     size_t elems = DEFAULT_ELEMS;
-    lowp_kernel_path path = LOWP_PATH_AUTO;
+    lowp_kernel_path path = LOWP_KERNEL_PATH_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -120,110 +127,131 @@ int lowp_bench_cast(int argc, char **argv) {
         }
     }
 
-    const char *path_name = lowp_bench_path_name(path);
+    *o = (cast_opts){json, reps, elems, path};
+    return -1;
+}
 
-    /* F32 kernel: reads 4n, writes n. BF16 kernel: reads 2n, writes n. The memcpy baselines
-     * copy half of that each (B read + B written). */
-    const size_t f32_rw = 5 * elems, bf16_rw = 3 * elems;
-    float *x = lowp_bench_alloc(4 * elems);
-    uint16_t *xb = lowp_bench_alloc(2 * elems);
-    uint8_t *q = lowp_bench_alloc(elems);
-    uint8_t *mdst = lowp_bench_alloc(f32_rw / 2 + 64);
-    int status = 1;
-    if (!x || !xb || !q || !mdst) {
-        fprintf(stderr, "lowp bench cast: out of memory for %zu elements (%.0f MiB)\n", elems,
-                (double) (4 * elems + 2 * elems + elems + f32_rw / 2) / (1 << 20));
-        goto out;
-    }
-    /* Values spread over E4M3's range and a little beyond (some saturate, some are
-     * subnormal); the kernels are branch-free, so the mix only matters for realism. */
+/* Inputs: x spread over E4M3's range and a little beyond (some saturate, some are subnormal;
+ * the kernels are branch-free, so the mix only matters for realism), xb = x in BF16. */
+static int fill_inputs(float *x, uint16_t *xb, size_t elems) {
     uint64_t s = 0x2545F4914F6CDD1Dull;
     for (size_t i = 0; i < elems; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         x[i] = (float) ((int32_t) (s >> 32)) * (1.0f / 4194304.0f); /* about +-512 */
     }
+    lowp_tensor s32 = {LOWP_FORMAT_F32, 1, (int64_t) elems, x, LOWP_DEVICE_HOST};
+    lowp_tensor s16 = {LOWP_FORMAT_BF16, 1, (int64_t) elems, xb, LOWP_DEVICE_HOST};
+    lowp_status st = lowp_cast(&s32, &s16, NULL);
+    if (st != LOWP_OK) {
+        fprintf(stderr, "lowp bench cast: lowp_cast to bf16 failed: %s: %s\n", lowp_status_str(st),
+                lowp_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* Buffers of one run. F32 kernel: reads 4n, writes n. BF16 kernel: reads 2n, writes n. The
+ * memcpy baselines copy half of that each (B read + B written). */
+typedef struct cast_bufs {
+    size_t elems, f32_rw, bf16_rw;
+    float *x;
+    uint16_t *xb;
+    uint8_t *q, *mdst;
+    double *t; /* [4][reps] */
+} cast_bufs;
+
+/* On `threads` threads, reps rounds of memcpy / f32 cast / memcpy / bf16 cast, interleaved;
+ * res[0..3] get their medians. */
+static int measure(const cast_bufs *b, int reps, lowp_kernel_path path, int threads,
+                   run_result res[4]) {
     lowp_cast_cfg cfg;
     lowp_cast_cfg_init(&cfg);
     cfg.path = path;
-    {
-        lowp_tensor s32 = {LOWP_FORMAT_F32, 1, (int64_t) elems, x, LOWP_DEVICE_HOST};
-        lowp_tensor s16 = {LOWP_FORMAT_BF16, 1, (int64_t) elems, xb, LOWP_DEVICE_HOST};
-        lowp_cast_cfg c0;
-        lowp_cast_cfg_init(&c0);
-        lowp_status st = lowp_cast(&s32, &s16, &c0);
-        if (st != LOWP_OK) {
-            fprintf(stderr, "lowp bench cast: lowp_cast to bf16 failed: %s: %s\n",
-                    lowp_status_str(st), lowp_last_error());
-            goto out;
-        }
+    cfg.threads = threads;
+    double *t_mf = b->t, *t_f32 = b->t + reps, *t_mb = b->t + 2 * reps, *t_bf = b->t + 3 * reps;
+    /* Warm-up: thread pools started, code and TLB entries hot. */
+    if (cast_once(LOWP_FORMAT_F32, b->x, b->q, b->elems, &cfg) ||
+        cast_once(LOWP_FORMAT_BF16, b->xb, b->q, b->elems, &cfg))
+        return -1;
+    lowp_bench_memcpy(b->mdst, b->x, b->f32_rw / 2, threads);
+    for (int r = 0; r < reps; r++) {
+        double t0 = lowp_bench_now();
+        lowp_bench_memcpy(b->mdst, b->x, b->f32_rw / 2, threads);
+        double t1 = lowp_bench_now();
+        if (cast_once(LOWP_FORMAT_F32, b->x, b->q, b->elems, &cfg)) return -1;
+        double t2 = lowp_bench_now();
+        lowp_bench_memcpy(b->mdst, b->x, b->bf16_rw / 2, threads);
+        double t3 = lowp_bench_now();
+        if (cast_once(LOWP_FORMAT_BF16, b->xb, b->q, b->elems, &cfg)) return -1;
+        double t4 = lowp_bench_now();
+        t_mf[r] = t1 - t0;
+        t_f32[r] = t2 - t1;
+        t_mb[r] = t3 - t2;
+        t_bf[r] = t4 - t3;
     }
+    const char *names[4] = {"memcpy", "f32->e4m3", "memcpy", "bf16->e4m3"};
+    double *times[4] = {t_mf, t_f32, t_mb, t_bf};
+    size_t bytes[4] = {b->f32_rw / 2 * 2, b->f32_rw, b->bf16_rw / 2 * 2, b->bf16_rw};
+    for (int k = 0; k < 4; k++) {
+        double med = lowp_bench_median(times[k], (size_t) reps);
+        res[k] = (run_result){names[k], threads, bytes[k], med,
+                              med > 0 ? (double) bytes[k] / med / 1e9 : 0};
+    }
+    return 0;
+}
 
-    double *t_mf = malloc(sizeof(double) * (size_t) reps * 4);
-    if (!t_mf) {
-        fprintf(stderr, "lowp bench cast: out of memory\n");
-        goto out;
-    }
-    double *t_f32 = t_mf + reps, *t_mb = t_mf + 2 * reps, *t_bf = t_mf + 3 * reps;
-    run_result res[2][4];
-    for (int ti = 0; ti < 2; ti++) {
-        int threads = ti + 1;
-        cfg.threads = threads;
-        /* Warm-up: thread pools started, code and TLB entries hot. */
-        if (cast_once(LOWP_FORMAT_F32, x, q, elems, &cfg) ||
-            cast_once(LOWP_FORMAT_BF16, xb, q, elems, &cfg))
-            goto out_t;
-        lowp_bench_memcpy(mdst, x, f32_rw / 2, threads);
-        for (int r = 0; r < reps; r++) {
-            double t0 = lowp_bench_now();
-            lowp_bench_memcpy(mdst, x, f32_rw / 2, threads);
-            double t1 = lowp_bench_now();
-            if (cast_once(LOWP_FORMAT_F32, x, q, elems, &cfg)) goto out_t;
-            double t2 = lowp_bench_now();
-            lowp_bench_memcpy(mdst, x, bf16_rw / 2, threads);
-            double t3 = lowp_bench_now();
-            if (cast_once(LOWP_FORMAT_BF16, xb, q, elems, &cfg)) goto out_t;
-            double t4 = lowp_bench_now();
-            t_mf[r] = t1 - t0;
-            t_f32[r] = t2 - t1;
-            t_mb[r] = t3 - t2;
-            t_bf[r] = t4 - t3;
-        }
-        const char *names[4] = {"memcpy", "f32->e4m3", "memcpy", "bf16->e4m3"};
-        double *times[4] = {t_mf, t_f32, t_mb, t_bf};
-        size_t bytes[4] = {f32_rw / 2 * 2, f32_rw, bf16_rw / 2 * 2, bf16_rw};
-        for (int k = 0; k < 4; k++) {
-            double med = lowp_bench_median(times[k], (size_t) reps);
-            res[ti][k] = (run_result){names[k], threads, bytes[k], med,
-                                      med > 0 ? (double) bytes[k] / med / 1e9 : 0};
-        }
-    }
-
-    if (json) {
+static void report(const cast_opts *o, run_result res[2][4]) {
+    const char *path_name = lowp_bench_path_name(o->path);
+    if (o->json) {
         for (int ti = 0; ti < 2; ti++)
             for (int k = 0; k < 4; k++)
-                emit_json(&res[ti][k], elems, reps, path_name, k % 2 ? res[ti][k - 1].gbps : 0.0);
-    } else {
-        printf("lowp bench cast: %zu elements (%.1f MiB of f32), satfinite RNE, path %s,\n"
-               "median of %d repetitions interleaved with memcpy of the same byte count\n\n",
-               elems, (double) elems * 4 / (1 << 20), path_name, reps);
-        printf("%-12s %7s %12s %10s %9s %10s\n", "kernel", "threads", "MB moved", "ms", "GB/s",
-               "vs memcpy");
-        for (int ti = 0; ti < 2; ti++)
-            for (int k = 0; k < 4; k++) {
-                const run_result *r = &res[ti][k];
-                printf("%-12s %7d %12.1f %10.3f %9.2f", r->kernel, r->threads,
-                       (double) r->bytes / 1e6, r->seconds * 1e3, r->gbps);
-                if (k % 2) printf(" %10.2f", r->gbps / res[ti][k - 1].gbps);
-                printf("\n");
-            }
+                emit_json(&res[ti][k], o->elems, o->reps, path_name,
+                          k % 2 ? res[ti][k - 1].gbps : 0.0);
+        return;
     }
+    printf("lowp bench cast: %zu elements (%.1f MiB of f32), satfinite RNE, path %s,\n"
+           "median of %d repetitions interleaved with memcpy of the same byte count\n\n",
+           o->elems, (double) o->elems * 4 / (1 << 20), path_name, o->reps);
+    printf("%-12s %7s %12s %10s %9s %10s\n", "kernel", "threads", "MB moved", "ms", "GB/s",
+           "vs memcpy");
+    for (int ti = 0; ti < 2; ti++)
+        for (int k = 0; k < 4; k++) {
+            const run_result *r = &res[ti][k];
+            printf("%-12s %7d %12.1f %10.3f %9.2f", r->kernel, r->threads, (double) r->bytes / 1e6,
+                   r->seconds * 1e3, r->gbps);
+            if (k % 2) printf(" %10.2f", r->gbps / res[ti][k - 1].gbps);
+            printf("\n");
+        }
+}
+
+int lowp_bench_cast(int argc, char **argv) {
+    cast_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0) return rc;
+    const size_t elems = o.elems;
+    cast_bufs b = {elems, 5 * elems, 3 * elems, NULL, NULL, NULL, NULL, NULL};
+    b.x = lowp_bench_alloc(4 * elems);
+    b.xb = lowp_bench_alloc(2 * elems);
+    b.q = lowp_bench_alloc(elems);
+    b.mdst = lowp_bench_alloc(b.f32_rw / 2 + 64);
+    b.t = malloc(sizeof(double) * (size_t) o.reps * 4);
+    int status = 1;
+    if (!b.x || !b.xb || !b.q || !b.mdst || !b.t) {
+        fprintf(stderr, "lowp bench cast: out of memory for %zu elements (%.0f MiB)\n", elems,
+                (double) (4 * elems + 2 * elems + elems + b.f32_rw / 2) / (1 << 20));
+        goto out;
+    }
+    if (fill_inputs(b.x, b.xb, elems)) goto out;
+    run_result res[2][4];
+    for (int ti = 0; ti < 2; ti++)
+        if (measure(&b, o.reps, o.path, ti + 1, res[ti])) goto out;
+    report(&o, res);
     status = 0;
-out_t:
-    free(t_mf);
 out:
-    lowp_bench_free(x);
-    lowp_bench_free(xb);
-    lowp_bench_free(q);
-    lowp_bench_free(mdst);
+    free(b.t);
+    lowp_bench_free(b.x);
+    lowp_bench_free(b.xb);
+    lowp_bench_free(b.q);
+    lowp_bench_free(b.mdst);
     return status;
 }

@@ -3,7 +3,7 @@
 - `Lib`: liblowp loaded with ctypes (path in env LOWP_LIB), with numpy-friendly wrappers around
   lowp_cast (structs declared to match include/lowp/tensor.h, cast.h and device.h) and the scalar
   lowp_encode / lowp_decode / lowp_encode_sr.
-- `encode_oracle` / `decode_oracle`: the element conversions of NUMERICS.md sections 1-2 built
+- `encode_oracle` / `decode_oracle`: the element conversions of docs/numerics.md sections 1-2 built
   from ml_dtypes (its astype is the nonsat RNE cast), with lowp's documented rules for NaN inputs
   and for satfinite applied on top.
 - `Report`: counts named checks and prints the first few offending inputs of a failed one.
@@ -21,13 +21,13 @@ import numpy as np
 
 # enum lowp_format (include/lowp/format.h)
 F32, BF16, F16, E4M3, E5M2, E2M1, E8M0 = range(7)
-SATFINITE, NONSAT = 0, 1  # enum lowp_overflow
+SATFINITE, NONSAT, DEFAULT = 0, 1, 2  # enum lowp_overflow
 RNE, SR = 0, 1  # enum lowp_rounding
 PATH_AUTO, PATH_REFERENCE, PATH_AVX512 = 0, 1, 2  # enum lowp_kernel_path
 OK, ERR_INVALID_ARG, ERR_UNSUPPORTED = 0, 1, 2  # enum lowp_status
 
 PATH_NAMES = {PATH_AUTO: "auto", PATH_REFERENCE: "reference", PATH_AVX512: "avx512"}
-OVERFLOW_NAMES = {SATFINITE: "satfinite", NONSAT: "nonsat"}
+OVERFLOW_NAMES = {SATFINITE: "satfinite", NONSAT: "nonsat", DEFAULT: "default"}
 
 
 class Format:
@@ -127,11 +127,14 @@ class Lib:
 
     def cast_raw(self, src_fmt, src, dst_fmt, dst, rows, cols, overflow=SATFINITE, path=PATH_AUTO,
                  rounding=RNE, seed=0, offset=0, threads=0):
-        """lowp_cast on host buffers given as numpy arrays in the library's storage layout."""
+        """lowp_cast on host buffers given as numpy arrays in the library's storage layout.
+        overflow=None keeps what lowp_cast_cfg_init chose."""
         assert src.flags.c_contiguous and dst.flags.c_contiguous
         cfg = CastCfg()
         self._check(self.dll.lowp_cast_cfg_init(ctypes.byref(cfg)))
-        cfg.overflow, cfg.rounding, cfg.seed, cfg.offset = overflow, rounding, seed, offset
+        if overflow is not None:
+            cfg.overflow = overflow
+        cfg.rounding, cfg.seed, cfg.offset = rounding, seed, offset
         cfg.threads, cfg.path = threads, path
         host = Device(0, 0)
         ts = Tensor(src_fmt, rows, cols, src.ctypes.data, host)
@@ -228,7 +231,11 @@ def finite_table(fmt):
 
 
 def encode_oracle(x, fmt, overflow):
-    """The code lowp must produce for each float32 in x (RNE), per NUMERICS.md sections 1-2."""
+    """The code lowp must produce for each float32 in x (RNE), per docs/numerics.md sections 1-2.
+    DEFAULT is each format's own rule: IEEE (ml_dtypes' default cast) for BF16 and F16,
+    satfinite for the others."""
+    if overflow == DEFAULT:
+        overflow = NONSAT if fmt in (BF16, F16) else SATFINITE
     f = FORMATS[fmt]
     x = np.ascontiguousarray(x, np.float32)
     with np.errstate(all="ignore"):

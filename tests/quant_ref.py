@@ -1,7 +1,7 @@
-"""An independent Python reference of lowp's quantization (NUMERICS.md sections 3-5), plus the
+"""An independent Python reference of lowp's quantization (docs/numerics.md sections 3-5), plus the
 ctypes bindings of lowp's quantization API and a small check counter, for the quantization tests.
 
-The reference is written from NUMERICS.md and include/lowp/quant.h only (not from the C code):
+The reference is written from docs/numerics.md and include/lowp/quant.h only (not from the C code):
 numpy does the binary32 arithmetic (numpy float32 operations are IEEE binary32, correctly
 rounded, without FTZ/DAZ) and ml_dtypes does every element conversion. Everything is vectorized
 over blocks: a tensor is zero-padded to whole blocks (padding never changes an amax), reshaped
@@ -43,7 +43,7 @@ FLT_MAX = np.float32(np.finfo(np.float32).max)
 
 
 class ElemFormat:
-    """An element format, from NUMERICS.md section 1's table."""
+    """An element format, from docs/numerics.md section 1's table."""
 
     def __init__(self, fid, name, mldtype, fmax, emax, mbits, nan_code):
         self.id, self.name, self.mldtype = fid, name, mldtype
@@ -85,7 +85,7 @@ def same_floats(a, b):
     return (bits32(a) == bits32(b)) | (np.isnan(a) & np.isnan(b))
 
 
-# ---- element encoding (NUMERICS.md section 2) ----
+# ---- element encoding (docs/numerics.md section 2) ----
 
 def encode_satfinite(x, fmt):
     """RNE, satfinite: finite overflow and +-Inf become +-fmax (clamping to fmax before the
@@ -110,7 +110,7 @@ def decode(codes, fmt):
     return np.ascontiguousarray(np.asarray(codes, np.uint8)).view(e.mldtype).astype(np.float32)
 
 
-# ---- E8M0 scales (NUMERICS.md section 3) ----
+# ---- E8M0 scales (docs/numerics.md section 3) ----
 
 def e8m0_code(amax, fmt, mode):
     """Scale code of blocks with the given amax (array of float32 >= 0, or NaN/Inf)."""
@@ -153,7 +153,7 @@ def e8m0_value(code):
     return np.where(code == 255, np.float32(np.nan), v).astype(np.float32)
 
 
-# ---- binary32 scales (NUMERICS.md section 4) ----
+# ---- binary32 scales (docs/numerics.md section 4) ----
 
 def fp32_scale(amax, fmt, eps=0.0, pow2=False):
     e = ELEM[fmt]
@@ -372,7 +372,7 @@ def npu_pairs(canon, axis):
     return np.ascontiguousarray(a).reshape(-1)
 
 
-# ---- delayed scaling (NUMERICS.md section 5) ----
+# ---- delayed scaling (docs/numerics.md section 5) ----
 
 class DelayedModel:
     def __init__(self, fmt, history_len=1024, margin=0, algo=AMAX_MAX):

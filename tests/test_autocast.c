@@ -17,12 +17,6 @@
 
 enum { M = 7, D = 96 };
 
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 /* The format's round trip, from the library's scalar reference (what a cast does). */
 static float round_fmt(lowp_format f, float v) {
     uint32_t c = 0;
@@ -32,7 +26,7 @@ static float round_fmt(lowp_format f, float v) {
     return out;
 }
 static int representable(lowp_format f, float v) {
-    return bits(round_fmt(f, v)) == bits(v);
+    return f2u(round_fmt(f, v)) == f2u(v);
 }
 
 static void fill(float *x, float *w) {

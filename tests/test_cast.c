@@ -1,5 +1,5 @@
 /* lowp_cast: the AVX-512 fast paths against the scalar reference path, bit for bit, through
- * the public API (cfg.path = LOWP_PATH_REFERENCE vs LOWP_PATH_AVX512).
+ * the public API (cfg.path = LOWP_KERNEL_PATH_REFERENCE vs LOWP_KERNEL_PATH_AVX512).
  *
  * Inputs are chosen to hit every branch of the encoders: random bit patterns, random values
  * across each target's range, exact midpoints between neighbouring codes (and one binary32
@@ -21,12 +21,6 @@
 #include "testutil.h"
 
 /* ---- helpers ---- */
-
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 /* splitmix64: a small, well-mixed deterministic generator for test inputs. */
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
@@ -122,8 +116,8 @@ static int run_paths(lowp_format sf, const void *src, lowp_format df, int64_t ro
     uint8_t fill = (uint8_t) rnd32();
     memset(a, fill, db + 1);
     memset(b, fill, db + 1);
-    lowp_cast_cfg rc = make_cfg(ov, rd, LOWP_PATH_REFERENCE, threads);
-    lowp_cast_cfg fc = make_cfg(ov, rd, LOWP_PATH_AVX512, threads);
+    lowp_cast_cfg rc = make_cfg(ov, rd, LOWP_KERNEL_PATH_REFERENCE, threads);
+    lowp_cast_cfg fc = make_cfg(ov, rd, LOWP_KERNEL_PATH_AVX512, threads);
     rc.offset = fc.offset = offset;
     if (cast2d(sf, src, df, a, rows, cols, &rc) != LOWP_OK) {
         snprintf(msg, msgsz, "reference path: %s", lowp_last_error());
@@ -131,8 +125,9 @@ static int run_paths(lowp_format sf, const void *src, lowp_format df, int64_t ro
     }
     lowp_status st = cast2d(sf, src, df, b, rows, cols, &fc);
     if (st == LOWP_ERR_UNSUPPORTED && g_have512 == -1) {
-        printf("note: LOWP_PATH_AVX512 unsupported here (%s); fast-path comparisons skipped\n",
-               lowp_last_error());
+        printf(
+            "note: LOWP_KERNEL_PATH_AVX512 unsupported here (%s); fast-path comparisons skipped\n",
+            lowp_last_error());
         g_have512 = 0;
         ret = -1;
         goto out;
@@ -290,7 +285,7 @@ static void test_random(size_t per_pair) {
             for (int mode = 0; mode < 4; mode++) {
                 lowp_overflow ov = (lowp_overflow) (mode & 1);
                 lowp_rounding rd = (lowp_rounding) (mode >> 1);
-                if (rd == LOWP_ROUND_SR && !has_sr(df)) continue;
+                if (rd == LOWP_ROUNDING_SR && !has_sr(df)) continue;
                 size_t per_mode = per_pair / (has_sr(df) ? 4 : 2);
                 for (size_t done = 0; done < per_mode; done += chunk) {
                     size_t n = per_mode - done < chunk ? per_mode - done : chunk;
@@ -319,8 +314,8 @@ static void test_bf16_exhaustive(void) {
         for (int mode = 0; mode < 4; mode++) {
             lowp_overflow ov = (lowp_overflow) (mode & 1);
             lowp_rounding rd = (lowp_rounding) (mode >> 1);
-            if (rd == LOWP_ROUND_SR && !has_sr(df)) continue;
-            int reps = rd == LOWP_ROUND_SR ? (g_quick ? 2 : 16) : 1;
+            if (rd == LOWP_ROUNDING_SR && !has_sr(df)) continue;
+            int reps = rd == LOWP_ROUNDING_SR ? (g_quick ? 2 : 16) : 1;
             for (int r = 0; r < reps; r++)
                 compare_paths(LOWP_FORMAT_BF16, x, df, 1, 65536, ov, rd, 0, rnd64(),
                               "exhaustive bf16");
@@ -349,7 +344,7 @@ static void test_shapes(void) {
             for (int mode = 0; mode < 4; mode++) {
                 lowp_overflow ov = (lowp_overflow) (mode & 1);
                 lowp_rounding rd = (lowp_rounding) (mode >> 1);
-                if (rd == LOWP_ROUND_SR && !has_sr(df)) continue;
+                if (rd == LOWP_ROUNDING_SR && !has_sr(df)) continue;
                 for (size_t li = 0; li < COUNT(lens); li++) {
                     int64_t n = lens[li];
                     if (g_quick && n > 100000) n = 100003;
@@ -392,9 +387,9 @@ static void test_sr_offsets(void) {
     static const uint64_t offs[] = {
         0, 1, 2, 3, 5, (1ull << 32) - 7, (1ull << 34) - 130, UINT64_MAX - 150, UINT64_MAX - 2};
     for (size_t i = 0; i < COUNT(offs); i++) {
-        compare_paths(LOWP_FORMAT_F32, x, LOWP_FORMAT_E4M3, 1, 300, 0, LOWP_ROUND_SR, 1, offs[i],
+        compare_paths(LOWP_FORMAT_F32, x, LOWP_FORMAT_E4M3, 1, 300, 0, LOWP_ROUNDING_SR, 1, offs[i],
                       "sr offsets e4m3");
-        compare_paths(LOWP_FORMAT_F32, x, LOWP_FORMAT_E2M1, 3, 100, 0, LOWP_ROUND_SR, 1, offs[i],
+        compare_paths(LOWP_FORMAT_F32, x, LOWP_FORMAT_E2M1, 3, 100, 0, LOWP_ROUNDING_SR, 1, offs[i],
                       "sr offsets e2m1");
     }
 }
@@ -430,10 +425,10 @@ static void test_decode_all_codes(void) {
             else
                 buf[c / 2] |= (uint8_t) (c << 4);
         }
-        for (int path = LOWP_PATH_REFERENCE; path <= LOWP_PATH_AVX512; path++) {
+        for (int path = LOWP_KERNEL_PATH_REFERENCE; path <= LOWP_KERNEL_PATH_AVX512; path++) {
             lowp_cast_cfg cfg = make_cfg(0, 0, (lowp_kernel_path) path, 0);
             lowp_status st = cast2d(f, buf, LOWP_FORMAT_F32, out, 1, ncodes, &cfg);
-            if (path == LOWP_PATH_AVX512 && st == LOWP_ERR_UNSUPPORTED) continue;
+            if (path == LOWP_KERNEL_PATH_AVX512 && st == LOWP_ERR_UNSUPPORTED) continue;
             CHECKF(st == LOWP_OK, "decode %s path %d: %s", traits(f)->name, path,
                    lowp_last_error());
             uint32_t bad = 0, first = 0;
@@ -456,7 +451,7 @@ static void test_threads(size_t n) {
     static const lowp_format dfs[] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E2M1, LOWP_FORMAT_BF16};
     for (size_t k = 0; k < COUNT(dfs); k++) {
         gen_f32(dfs[k], x, n);
-        for (int path = LOWP_PATH_REFERENCE; path <= LOWP_PATH_AVX512; path++) {
+        for (int path = LOWP_KERNEL_PATH_REFERENCE; path <= LOWP_KERNEL_PATH_AVX512; path++) {
             for (int rd = 0; rd < 2; rd++) {
                 int64_t rows = dfs[k] == LOWP_FORMAT_E2M1 ? 999 : 1;
                 int64_t cols = (int64_t) n / rows;
@@ -466,7 +461,7 @@ static void test_threads(size_t n) {
                 lowp_cast_cfg c1 = make_cfg(0, (lowp_rounding) rd, (lowp_kernel_path) path, 1);
                 lowp_cast_cfg c2 = make_cfg(0, (lowp_rounding) rd, (lowp_kernel_path) path, 2);
                 lowp_status s1 = cast2d(LOWP_FORMAT_F32, x, dfs[k], a, rows, cols, &c1);
-                if (path == LOWP_PATH_AVX512 && s1 == LOWP_ERR_UNSUPPORTED) continue;
+                if (path == LOWP_KERNEL_PATH_AVX512 && s1 == LOWP_ERR_UNSUPPORTED) continue;
                 lowp_status s2 = cast2d(LOWP_FORMAT_F32, x, dfs[k], b, rows, cols, &c2);
                 CHECK(s1 == LOWP_OK && s2 == LOWP_OK);
                 CHECKF(memcmp(a, b, db) == 0, "threads 1 vs 2 differ: %s path %d rd %d",
@@ -503,10 +498,10 @@ static void test_sr_semantics(void) {
         lowp_format f = cases[k].f;
         float v = cases[k].v;
         for (int i = 0; i < N; i++) x[i] = v;
-        for (int path = LOWP_PATH_REFERENCE; path <= LOWP_PATH_AVX512; path++) {
-            lowp_cast_cfg c = make_cfg(0, LOWP_ROUND_SR, (lowp_kernel_path) path, 0);
+        for (int path = LOWP_KERNEL_PATH_REFERENCE; path <= LOWP_KERNEL_PATH_AVX512; path++) {
+            lowp_cast_cfg c = make_cfg(0, LOWP_ROUNDING_SR, (lowp_kernel_path) path, 0);
             lowp_status st = cast2d(LOWP_FORMAT_F32, x, f, q1, 1, N, &c);
-            if (path == LOWP_PATH_AVX512 && st == LOWP_ERR_UNSUPPORTED) continue;
+            if (path == LOWP_KERNEL_PATH_AVX512 && st == LOWP_ERR_UNSUPPORTED) continue;
             CHECK(st == LOWP_OK);
             size_t db = tensor_bytes(f, 1, N);
             CHECK(cast2d(LOWP_FORMAT_F32, x, f, q2, 1, N, &c) == LOWP_OK);
@@ -515,7 +510,7 @@ static void test_sr_semantics(void) {
             CHECK(cast2d(LOWP_FORMAT_F32, x, f, q2, 1, N, &c) == LOWP_OK);
             CHECKF(memcmp(q1, q2, db) != 0, "SR %s: offset+1 gives the same codes",
                    traits(f)->name);
-            lowp_cast_cfg d = make_cfg(0, 0, LOWP_PATH_REFERENCE, 0);
+            lowp_cast_cfg d = make_cfg(0, 0, LOWP_KERNEL_PATH_REFERENCE, 0);
             CHECK(cast2d(f, q1, LOWP_FORMAT_F32, back, 1, N, &d) == LOWP_OK);
             double sum = 0;
             int nvals = 0;

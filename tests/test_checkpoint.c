@@ -26,17 +26,6 @@
 static const lowp_format k_hybrid[LOWP_ROLE_COUNT] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3,
                                                       LOWP_FORMAT_E5M2};
 
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
 static uint32_t rnd(void) {
     g_rng ^= g_rng << 13;
@@ -114,10 +103,10 @@ static int snap_same(const snap *s, const lowp_fp8_state *st) {
         return 0;
     for (int r = 0; r < 3; r++) {
         const lowp_delayed_state *x = &a->roles[r], *y = &st->roles[r];
-        if (x->history != y->history || bits(x->scale) != bits(y->scale) ||
-            bits(x->scale_inv) != bits(y->scale_inv) || x->cfg.format != y->cfg.format ||
-            x->cfg.history_len != y->cfg.history_len ||
-            bits(x->cfg.margin) != bits(y->cfg.margin) || x->cfg.algo != y->cfg.algo)
+        if (x->history != y->history || f2u(x->scale) != f2u(y->scale) ||
+            f2u(x->scale_inv) != f2u(y->scale_inv) || x->cfg.format != y->cfg.format ||
+            x->cfg.history_len != y->cfg.history_len || f2u(x->cfg.margin) != f2u(y->cfg.margin) ||
+            x->cfg.algo != y->cfg.algo)
             return 0;
     }
     size_t n = image_n(st) * sizeof(float);
@@ -135,7 +124,7 @@ static void run_steps(lowp_fp8_state *st, int steps, int odd) {
         lowp_fp8_state_update(st, NULL);
     }
     if (odd) {
-        lowp_fp8_state_record(st, LOWP_ROLE_WEIGHT, from_bits(0x7FC00123u)); /* a NaN payload */
+        lowp_fp8_state_record(st, LOWP_ROLE_WEIGHT, u2f(0x7FC00123u)); /* a NaN payload */
         lowp_fp8_state_update(st, NULL);
         lowp_fp8_state_record(st, LOWP_ROLE_GRAD_OUTPUT, INFINITY);
         lowp_fp8_state_record(st, LOWP_ROLE_INPUT, 0.75f); /* staged, not updated */
@@ -157,7 +146,7 @@ static void test_layout_and_round_trip(void) {
     const unsigned char kat[] = "123456789";
     CHECK(crc32_table(kat, 9) == 0xCBF43926u); /* the test's CRC is zlib's */
 
-    lowp_delayed_cfg c = make_cfg(16, 1.5f, LOWP_AMAX_MOST_RECENT);
+    lowp_delayed_cfg c = make_cfg(16, 1.5f, LOWP_AMAX_ALGO_MOST_RECENT);
     lowp_fp8_state a, b;
     CHECK_OK(lowp_fp8_state_init(&a, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_init(&b, &c, k_hybrid, LOWP_DEVICE_HOST));
@@ -172,18 +161,18 @@ static void test_layout_and_round_trip(void) {
     CHECK(rd32(blob + 12) == len - 20);
     CHECK(rd32(blob + 16) == 3);
     CHECK(rd32(blob + 20) == 16);
-    CHECK(rd32(blob + 24) == bits(1.5f));
+    CHECK(rd32(blob + 24) == f2u(1.5f));
     CHECK(rd32(blob + 28) == 1);
     CHECK(rd32(blob + 32) == 3 && rd32(blob + 36) == 3 && rd32(blob + 40) == 4);
     int fields_ok = 1;
     for (int r = 0; r < 3; r++) {
         const unsigned char *q = blob + 44 + (size_t) r * 17 * 4;
-        for (int i = 0; i < 16; i++) fields_ok &= rd32(q + 4 * i) == bits(a.roles[r].history[i]);
-        fields_ok &= rd32(q + 64) == bits(a.roles[r].scale);
+        for (int i = 0; i < 16; i++) fields_ok &= rd32(q + 4 * i) == f2u(a.roles[r].history[i]);
+        fields_ok &= rd32(q + 64) == f2u(a.roles[r].scale);
     }
     CHECK(fields_ok);
     CHECK(rd32(blob + len - 4) == crc32_table(blob, len - 4));
-    CHECK(isnan(a.roles[1].history[15]) && bits(a.roles[1].history[15]) == 0x7FC00123u);
+    CHECK(isnan(a.roles[1].history[15]) && f2u(a.roles[1].history[15]) == 0x7FC00123u);
     CHECK(isinf(a.roles[2].history[0]) && a.roles[0].history[0] == 0.75f);
 
     /* Into a fresh state: everything equal, bit for bit; saving again gives the same bytes. */
@@ -191,8 +180,8 @@ static void test_layout_and_round_trip(void) {
     int same = 1;
     for (int r = 0; r < 3; r++) {
         same &= memcmp(a.roles[r].history, b.roles[r].history, 16 * sizeof(float)) == 0;
-        same &= bits(a.roles[r].scale) == bits(b.roles[r].scale);
-        same &= bits(a.roles[r].scale_inv) == bits(b.roles[r].scale_inv);
+        same &= f2u(a.roles[r].scale) == f2u(b.roles[r].scale);
+        same &= f2u(a.roles[r].scale_inv) == f2u(b.roles[r].scale_inv);
     }
     CHECK(same);
     CHECK(memcmp(a.host_buf, b.host_buf, image_n(&a) * sizeof(float)) == 0);
@@ -224,12 +213,12 @@ static void test_layout_and_round_trip(void) {
                "not an initialized state");
 
     /* The margin and algorithm of the module win over the blob's (validated, not applied). */
-    lowp_delayed_cfg c2 = make_cfg(16, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c2 = make_cfg(16, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state m;
     CHECK_OK(lowp_fp8_state_init(&m, &c2, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_load(&m, blob, len));
-    CHECK(m.roles[0].cfg.margin == 0.0f && m.roles[0].cfg.algo == LOWP_AMAX_MAX);
-    CHECK(rd32(blob + 44 + 2 * 68 + 64) == bits(m.roles[2].scale));
+    CHECK(m.roles[0].cfg.margin == 0.0f && m.roles[0].cfg.algo == LOWP_AMAX_ALGO_MAX);
+    CHECK(rd32(blob + 44 + 2 * 68 + 64) == f2u(m.roles[2].scale));
     lowp_fp8_state_free(&m);
 
     /* Another element format is another module: refused, state untouched. */
@@ -274,19 +263,19 @@ static const float k_fix_scale[3] = {112.0f, 896.0f, 3670016.0f};
 
 static void test_fixture(const unsigned char *fix, size_t flen) {
     CHECK(flen == blob_len(4));
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
     int vals = 0;
     for (int r = 0; r < 3; r++) {
         for (int i = 0; i < 4; i++) {
-            CHECKF(bits(st.roles[r].history[i]) == bits(k_fix_hist[r][i]), "role %d row %d: %g", r,
-                   i, (double) st.roles[r].history[i]);
+            CHECKF(f2u(st.roles[r].history[i]) == f2u(k_fix_hist[r][i]), "role %d row %d: %g", r, i,
+                   (double) st.roles[r].history[i]);
             vals++;
         }
-        CHECK(bits(st.roles[r].scale) == bits(k_fix_scale[r]));
-        CHECK(bits(st.roles[r].scale_inv) == bits(1.0f / k_fix_scale[r])); /* derived */
+        CHECK(f2u(st.roles[r].scale) == f2u(k_fix_scale[r]));
+        CHECK(f2u(st.roles[r].scale_inv) == f2u(1.0f / k_fix_scale[r])); /* derived */
         CHECK(st.dev_buf[r * 5 + 4] == k_fix_scale[r]);
         vals += 2;
     }
@@ -308,7 +297,7 @@ static void test_history_change(const unsigned char *fix, size_t flen) {
     static const int32_t lens[] = {1, 2, 3, 6, 9};
     for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
         int32_t L = lens[k];
-        lowp_delayed_cfg c = make_cfg(L, 0.0f, LOWP_AMAX_MAX);
+        lowp_delayed_cfg c = make_cfg(L, 0.0f, LOWP_AMAX_ALGO_MAX);
         lowp_fp8_state st;
         CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
         lowp_fp8_state_record(&st, LOWP_ROLE_INPUT, 99.0f); /* overwritten by the load */
@@ -320,7 +309,7 @@ static void test_history_change(const unsigned char *fix, size_t flen) {
             float want[16] = {0};
             want[0] = k_fix_hist[r][0];
             for (int j = 1; j < 4 && j < L; j++) want[L - j] = k_fix_hist[r][4 - j];
-            for (int i = 0; i < L; i++) ok &= bits(st.roles[r].history[i]) == bits(want[i]);
+            for (int i = 0; i < L; i++) ok &= f2u(st.roles[r].history[i]) == f2u(want[i]);
             ok &= st.roles[r].scale == k_fix_scale[r];
         }
         CHECKF(ok, "history length %d", L);
@@ -332,7 +321,7 @@ static void test_history_change(const unsigned char *fix, size_t flen) {
         lowp_fp8_state_free(&st);
     }
     /* L = 6 spelled out: [r0, 0, 0, r1, r2, r3]. */
-    lowp_delayed_cfg c = make_cfg(6, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(6, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
@@ -341,7 +330,7 @@ static void test_history_change(const unsigned char *fix, size_t flen) {
           h[4] == 0.015625f && h[5] == 0.01171875f);
     lowp_fp8_state_free(&st);
     /* L = 2: [r0, r3]. */
-    c = make_cfg(2, 0.0f, LOWP_AMAX_MAX);
+    c = make_cfg(2, 0.0f, LOWP_AMAX_ALGO_MAX);
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_load(&st, fix, flen));
     CHECK(st.roles[0].history[0] == 0.0f && st.roles[0].history[1] == 2.0f);
@@ -377,7 +366,7 @@ static void test_params(const unsigned char *fix, size_t flen) {
     CHECK_FAIL(lowp_param_extra_state_load(NULL, fix, flen), LOWP_ERR_INVALID_ARG, "param is NULL");
 
     /* With delayed scaling: the state's blob, through the parameter. */
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     struct lowp_wrap w;
@@ -412,7 +401,7 @@ typedef struct corrupt_case {
 } corrupt_case;
 
 static void test_corruptions(const unsigned char *fix, size_t flen) {
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     run_steps(&st, 7, 0);
@@ -501,7 +490,7 @@ static int fuzz_one(lowp_fp8_state *st, const snap *s, const unsigned char *orig
 }
 
 static void test_fuzz(void) {
-    lowp_delayed_cfg c = make_cfg(16, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(16, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     run_steps(&st, 30, 1);
@@ -595,13 +584,13 @@ static void *release_later(void *p) {
 
 /* The blob's value for role r, row i (i == L: the scale). */
 static float blob_at(const unsigned char *b, int32_t L, int r, int i) {
-    return from_bits(rd32(b + 44 + (size_t) r * 4 * ((size_t) L + 1) + 4 * (size_t) i));
+    return u2f(rd32(b + 44 + (size_t) r * 4 * ((size_t) L + 1) + 4 * (size_t) i));
 }
 
 static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen) {
     const lowp_device d0 = {td->type, 0}, d1 = {td->type, 1};
     const int32_t L = 4;
-    lowp_delayed_cfg c = make_cfg(L, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(L, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st, ref; /* ref: the same steps on the CPU, the expected values */
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, d1));
     CHECK_OK(lowp_fp8_state_init(&ref, &c, k_hybrid, LOWP_DEVICE_HOST));
@@ -643,8 +632,8 @@ static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen
     int vals_ok = len == blob_len(L);
     for (int r = 0; r < 3 && vals_ok; r++) {
         for (int i = 0; i < L; i++)
-            vals_ok &= bits(blob_at(blob, L, r, i)) == bits(ref.roles[r].history[i]);
-        vals_ok &= bits(blob_at(blob, L, r, L)) == bits(ref.roles[r].scale);
+            vals_ok &= f2u(blob_at(blob, L, r, i)) == f2u(ref.roles[r].history[i]);
+        vals_ok &= f2u(blob_at(blob, L, r, L)) == f2u(ref.roles[r].scale);
     }
     CHECK(vals_ok);
     CHECK(blob_at(blob, L, 0, L) == 112.0f);
@@ -667,9 +656,9 @@ static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen
     vals_ok = 1;
     for (int r = 0; r < 3; r++) {
         for (int i = 0; i < L; i++)
-            vals_ok &= bits(blob_at(blob, L, r, i)) == bits(ref.roles[r].history[i]);
-        vals_ok &= bits(blob_at(blob, L, r, L)) == bits(ref.roles[r].scale);
-        vals_ok &= bits(st.roles[r].scale) == bits(ref.roles[r].scale); /* mirror restored */
+            vals_ok &= f2u(blob_at(blob, L, r, i)) == f2u(ref.roles[r].history[i]);
+        vals_ok &= f2u(blob_at(blob, L, r, L)) == f2u(ref.roles[r].scale);
+        vals_ok &= f2u(st.roles[r].scale) == f2u(ref.roles[r].scale); /* mirror restored */
     }
     CHECK(vals_ok);
 

@@ -1,4 +1,4 @@
-/* The scalar reference of NUMERICS.md sections 1-2, on the hand-picked cases the document
+/* The scalar reference of docs/numerics.md sections 1-2, on the hand-picked cases the document
  * names (ties at the top, NaN codes, E8M0 subnormal scale, E2M1 rules, SR thresholds) and the
  * traits table. The exhaustive comparison with ml_dtypes is in test_oracle_formats.py. */
 #include <float.h>
@@ -7,17 +7,6 @@
 
 #include "lowp/format.h"
 #include "testutil.h"
-
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 static uint32_t enc(lowp_format f, float x, lowp_overflow ov) {
     uint32_t c = 0xDEADBEEF;
@@ -151,7 +140,9 @@ static void test_e8m0(void) {
     EQ(f, 3.0f, SAT, 129);
     EQ(f, 1.25f, SAT, 127);
     EQ(f, u2f(0x00400000), SAT, 0);
-    EQ(f, u2f(0x00400001), SAT, 1);
+    EQ(f, u2f(0x00400001), SAT, 0); /* subnormal midpoint is 1.5 * 2^-127 (0x00600000) */
+    EQ(f, u2f(0x005FFFFF), SAT, 0);
+    EQ(f, u2f(0x00600000), SAT, 1);
     EQ(f, u2f(0x00200000), SAT, 0);
     EQ(f, u2f(0x7F400000), NONSAT, 0xFF);
     EQ(f, u2f(0x7F400000), SAT, 0xFE);

@@ -17,12 +17,6 @@
 static const lowp_format k_hybrid[LOWP_ROLE_COUNT] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3,
                                                       LOWP_FORMAT_E5M2};
 
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {
     g_rng ^= g_rng << 13;
@@ -49,10 +43,10 @@ static int same_state(const lowp_fp8_state *a, const lowp_fp8_state *b_copy, con
         return 0;
     for (int r = 0; r < LOWP_ROLE_COUNT; r++) {
         const lowp_delayed_state *x = &a->roles[r], *y = &b_copy->roles[r];
-        if (x->history != y->history || bits(x->scale) != bits(y->scale) ||
-            bits(x->scale_inv) != bits(y->scale_inv) || x->cfg.format != y->cfg.format ||
-            x->cfg.history_len != y->cfg.history_len ||
-            bits(x->cfg.margin) != bits(y->cfg.margin) || x->cfg.algo != y->cfg.algo)
+        if (x->history != y->history || f2u(x->scale) != f2u(y->scale) ||
+            f2u(x->scale_inv) != f2u(y->scale_inv) || x->cfg.format != y->cfg.format ||
+            x->cfg.history_len != y->cfg.history_len || f2u(x->cfg.margin) != f2u(y->cfg.margin) ||
+            x->cfg.algo != y->cfg.algo)
             return 0;
     }
     size_t n = (size_t) LOWP_ROLE_COUNT * ((size_t) a->history_len + 1);
@@ -62,7 +56,7 @@ static int same_state(const lowp_fp8_state *a, const lowp_fp8_state *b_copy, con
 /* ---- init, record ------------------------------------------------------------------------ */
 
 static void test_init(void) {
-    lowp_delayed_cfg c = make_cfg(8, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(8, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK(st.history_len == 8);
@@ -92,10 +86,10 @@ static void test_init(void) {
                "cfg is NULL");
     CHECK_FAIL(lowp_fp8_state_init(&st, &c, NULL, LOWP_DEVICE_HOST), LOWP_ERR_INVALID_ARG,
                "formats is NULL");
-    lowp_delayed_cfg z = make_cfg(0, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg z = make_cfg(0, 0.0f, LOWP_AMAX_ALGO_MAX);
     CHECK_FAIL(lowp_fp8_state_init(&st, &z, k_hybrid, LOWP_DEVICE_HOST), LOWP_ERR_INVALID_ARG,
                "cfg.history_len (0) < 1");
-    z = make_cfg(4, NAN, LOWP_AMAX_MAX);
+    z = make_cfg(4, NAN, LOWP_AMAX_ALGO_MAX);
     CHECK_FAIL(lowp_fp8_state_init(&st, &z, k_hybrid, LOWP_DEVICE_HOST), LOWP_ERR_INVALID_ARG,
                "cfg.margin");
     z = make_cfg(4, 0.0f, (lowp_amax_algo) 7);
@@ -118,7 +112,7 @@ static void test_init(void) {
 }
 
 static void test_record(void) {
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_record(&st, LOWP_ROLE_INPUT, 2.0f));
@@ -165,10 +159,10 @@ static void run_update_vs_reference(int32_t len, float margin, lowp_amax_algo al
         CHECK_OK(lowp_fp8_state_update(&st, NULL));
         for (int r = 0; r < LOWP_ROLE_COUNT; r++) {
             lowp_delayed_update(&ref[r]);
-            if (bits(st.roles[r].scale) != bits(ref[r].scale) ||
-                bits(st.roles[r].scale_inv) != bits(ref[r].scale_inv) ||
+            if (f2u(st.roles[r].scale) != f2u(ref[r].scale) ||
+                f2u(st.roles[r].scale_inv) != f2u(ref[r].scale_inv) ||
                 memcmp(st.roles[r].history, ref[r].history, (size_t) len * sizeof(float)) != 0 ||
-                bits(st.dev_buf[r * (len + 1) + len]) != bits(ref[r].scale))
+                f2u(st.dev_buf[r * (len + 1) + len]) != f2u(ref[r].scale))
                 mismatches++;
         }
     }
@@ -179,14 +173,14 @@ static void run_update_vs_reference(int32_t len, float margin, lowp_amax_algo al
 }
 
 static void test_update(void) {
-    run_update_vs_reference(1, 0.0f, LOWP_AMAX_MAX, 50);
-    run_update_vs_reference(4, 0.0f, LOWP_AMAX_MAX, 200);
-    run_update_vs_reference(16, 1.0f, LOWP_AMAX_MAX, 200);
-    run_update_vs_reference(16, 0.0f, LOWP_AMAX_MOST_RECENT, 200);
-    run_update_vs_reference(1024, 2.0f, LOWP_AMAX_MAX, 60);
+    run_update_vs_reference(1, 0.0f, LOWP_AMAX_ALGO_MAX, 50);
+    run_update_vs_reference(4, 0.0f, LOWP_AMAX_ALGO_MAX, 200);
+    run_update_vs_reference(16, 1.0f, LOWP_AMAX_ALGO_MAX, 200);
+    run_update_vs_reference(16, 0.0f, LOWP_AMAX_ALGO_MOST_RECENT, 200);
+    run_update_vs_reference(1024, 2.0f, LOWP_AMAX_ALGO_MAX, 60);
 
     /* A worked example: E4M3 input, amax 4 -> scale 112; E5M2 grad amax 2 -> 28672. */
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_record(&st, LOWP_ROLE_INPUT, 4.0f));
@@ -235,7 +229,7 @@ static void snapshot(const lowp_fp8_state *st, lowp_fp8_state *copy, float *imag
 }
 
 static void test_reduce_hook(void) {
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state a, b;
     CHECK_OK(lowp_fp8_state_init(&a, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_init(&b, &c, k_hybrid, LOWP_DEVICE_HOST));
@@ -258,7 +252,7 @@ static void test_reduce_hook(void) {
     CHECK(a.roles[0].history[3] == 8.0f); /* and what the history keeps */
     int same = 1;
     for (int r = 0; r < 3; r++)
-        same &= bits(a.roles[r].scale) == bits(b.roles[r].scale) &&
+        same &= f2u(a.roles[r].scale) == f2u(b.roles[r].scale) &&
                 memcmp(a.roles[r].history, b.roles[r].history, 4 * sizeof(float)) == 0;
     CHECK(same); /* both ranks hold the same state after the reduction */
 
@@ -308,7 +302,7 @@ static void *release_later(void *p) {
 static void test_device(testdev_hooks *td) {
     const lowp_device d1 = {td->type, 1};
     long allocs = td->live_allocs(1);
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_MAX);
+    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, d1));
     CHECK(td->live_allocs(1) == allocs + 1);

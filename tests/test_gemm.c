@@ -1,7 +1,7 @@
-/* The reference GEMM (NUMERICS.md section 6) against a float64 product of the dequantized
+/* The reference GEMM (docs/numerics.md section 6) against a float64 product of the dequantized
  * operands, for every operand pair on awkward shapes; grouped GEMMs against loops of single
  * GEMMs; SQNR against the float64 product of the unquantized inputs (the peer thresholds of
- * NUMERICS.md section 8); and bad arguments. */
+ * docs/numerics.md section 8); and bad arguments. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,7 +127,7 @@ static const pair_case PAIRS[] = {
 static lowp_gemm_cfg ref_cfg(void) {
     lowp_gemm_cfg cfg;
     lowp_gemm_cfg_init(&cfg);
-    cfg.path = LOWP_GEMM_PATH_REFERENCE;
+    cfg.path = LOWP_KERNEL_PATH_REFERENCE;
     return cfg;
 }
 
@@ -387,7 +387,7 @@ static void test_errors(void) {
     CHECK(strstr(lowp_last_error(), "lowp_quantize_grouped") != NULL);
     lowp_gemm_cfg cfg;
     lowp_gemm_cfg_init(&cfg);
-    cfg.path = (lowp_gemm_path) 9;
+    cfg.path = (lowp_kernel_path) 9;
     CHECK(lowp_gemm(&a.q, &b.q, &ct, &cfg) == LOWP_ERR_INVALID_ARG);
     drop(&a), drop(&b), drop(&bt), drop(&bk);
 }

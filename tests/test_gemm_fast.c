@@ -1,5 +1,5 @@
 /* The fast CPU GEMM kernels (AVX-512 SGEMM, the blocked BF16 driver on its VDPBF16PS, IEEE
- * binary32 and AMX micro-kernels) against the scalar reference (NUMERICS.md section 6): for
+ * binary32 and AMX micro-kernels) against the scalar reference (docs/numerics.md section 6): for
  * every operand pair and element format, relative Frobenius error <= 1e-5 of ||C|| and NaN/Inf
  * in exactly the reference's positions, on awkward shapes, with accumulate and BF16 output, on
  * 1 and 2 threads, for split-M and split-K grouped GEMMs, with NaN/Inf inputs and blocks of
@@ -213,7 +213,7 @@ static lowp_status run(runner r, const lowp_qtensor *a, const lowp_qtensor *b, l
     cfg.accumulate = accumulate;
     cfg.threads = threads;
     if (r == RUN_AVX512 || r == RUN_AMX) {
-        cfg.path = r == RUN_AVX512 ? LOWP_GEMM_PATH_AVX512 : LOWP_GEMM_PATH_AMX;
+        cfg.path = r == RUN_AVX512 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
         return lowp_cpu_gemm(a, b, c, &cfg);
     }
     lowp_gemm_job j;
@@ -271,7 +271,7 @@ static void check_gemm(const char *name, const lowp_qtensor *a, const lowp_qtens
     lowp_gemm_cfg cfg;
     lowp_gemm_cfg_init(&cfg);
     cfg.accumulate = accumulate;
-    cfg.path = LOWP_GEMM_PATH_REFERENCE;
+    cfg.path = LOWP_KERNEL_PATH_REFERENCE;
     CHECK(lowp_cpu_gemm(a, b, &ref, &cfg) == LOWP_OK);
     for (runner r = RUN_AVX512; r <= RUN_DP_SMALL; r++) {
         if (!runner_ok(r, a)) continue;
@@ -432,10 +432,10 @@ static void test_grouped(void) {
                 lowp_tensor r2 = ref;
                 r2.data = malloc(es * (size_t) (Mtot * N));
                 memcpy(r2.data, ref.data, es * (size_t) (Mtot * N));
-                cfg.path = LOWP_GEMM_PATH_REFERENCE;
+                cfg.path = LOWP_KERNEL_PATH_REFERENCE;
                 cfg.threads = 1;
                 CHECK(lowp_cpu_grouped_gemm(&a.q, bq, offs, G, &r2, &cfg) == LOWP_OK);
-                cfg.path = path == 0 ? LOWP_GEMM_PATH_AVX512 : LOWP_GEMM_PATH_AMX;
+                cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
                 cfg.threads = 2 - acc;
                 CHECK(lowp_cpu_grouped_gemm(&a.q, bq, offs, G, &fast, &cfg) == LOWP_OK);
                 char what[160];
@@ -526,7 +526,7 @@ static void test_wgrad(void) {
             lowp_gemm_cfg cfg;
             lowp_gemm_cfg_init(&cfg);
             cfg.accumulate = acc;
-            cfg.path = LOWP_GEMM_PATH_REFERENCE;
+            cfg.path = LOWP_KERNEL_PATH_REFERENCE;
             CHECKF(lowp_cpu_grouped_gemm_wgrad(&qa, &qb, offs, G, &ref, &cfg) == LOWP_OK, "%s",
                    lowp_last_error());
             for (int path = 0; path < 2; path++) {
@@ -535,7 +535,7 @@ static void test_wgrad(void) {
                 lowp_tensor f2 = fast;
                 f2.data = malloc(es * cn);
                 memcpy(f2.data, fast.data, es * cn);
-                cfg.path = path == 0 ? LOWP_GEMM_PATH_AVX512 : LOWP_GEMM_PATH_AMX;
+                cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
                 cfg.threads = 1 + acc;
                 CHECKF(lowp_cpu_grouped_gemm_wgrad(&qa, &qb, offs, G, &f2, &cfg) == LOWP_OK, "%s",
                        lowp_last_error());

@@ -1,4 +1,4 @@
-"""torchao's golden MXFP8 cases, byte for byte, and the worked examples of NUMERICS.md section 3.
+"""torchao's golden MXFP8 cases, byte for byte, and the worked examples of docs/numerics.md section 3.
 
 The cases below are DATA transcribed from torchao's testing utilities (inputs as bit patterns,
 expected E8M0 scale codes and E4M3 element codes); none of torchao's code is used:
@@ -12,7 +12,7 @@ expected E8M0 scale codes and E4M3 element codes); none of torchao's code is use
   (itself "copied from" pytorch/ao at 3972ed015091f659418dedf12edb980a8ca56b53).
 
 Each case is one 1x32 MX block. lowp must give exactly the expected scale and codes (torchao's
-checker also accepts the E4M3 NaN 0xFF for 0x7F; NUMERICS.md pins 0x7F, so lowp gets no such
+checker also accepts the E4M3 NaN 0xFF for 0x7F; docs/numerics.md pins 0x7F, so lowp gets no such
 slack). The blocks are quantized as the rowwise copy (MX 1x32), as the columnwise copy of the
 transposed input (MX 32x1), and as 32x32 tiles made of 32 copies of the block (BLOCK32X32),
 which must all give the same bytes; on every CPU kernel path.
@@ -212,7 +212,7 @@ def amax_for_d(d_bits, fmt):
 def test_rceil_d_cases():
     """make_f32_to_e8m0_rceil_cases: each d is reached through an amax of some element format
     (the function torchao tests takes d = amax/fmax itself). d above 2^127 needs an amax past
-    FLT_MAX: no finite block gets there (NUMERICS.md: torchao's function says 255 there, TE
+    FLT_MAX: no finite block gets there (docs/numerics.md: torchao's function says 255 there, TE
     caps at 254); tests/test_quant.c checks those patterns on lowp's rounding rule directly.
     Inf and NaN d come from an Inf or NaN amax."""
     unreachable = []
@@ -249,13 +249,13 @@ def test_rceil_d_cases():
 
 
 def test_numerics_examples():
-    """NUMERICS.md section 3: a block whose amax is 480 gives FLOOR code 127 with element 0x7E
+    """docs/numerics.md section 3: a block whose amax is 480 gives FLOOR code 127 with element 0x7E
     (448) and RCEIL code 128 with element 0x77 (240); amax 2^-126 gives FLOOR code 0 with
     element 0x40."""
     cases = [(480.0, Q.FLOOR, 127, 0x7E), (480.0, Q.RCEIL, 128, 0x77),
              (2.0 ** -126, Q.FLOOR, 0, 0x40)]
     for amax, mode, code, elem in cases:
-        name = f"NUMERICS.md amax={amax!r} {Q.MODE_NAMES[mode]}"
+        name = f"docs/numerics.md amax={amax!r} {Q.MODE_NAMES[mode]}"
         rep.check(name + " lowp_e8m0_scale", lib.e8m0_scale(np.float32(amax), Q.E4M3, mode) == code)
         x = np.zeros((2, 32), np.float32)
         x[0, 5] = amax

@@ -1,4 +1,4 @@
-"""Oracle test of lowp's element formats against ml_dtypes (NUMERICS.md sections 1-2).
+"""Oracle test of lowp's element formats against ml_dtypes (docs/numerics.md sections 1-2).
 
 Loads liblowp (env LOWP_LIB) with ctypes and checks, on the reference path, the automatic path and
 (where the CPU and the library have it) the AVX-512 path of lowp_cast, plus the scalar
@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle import (BF16, E2M1, E4M3, E5M2, E8M0, ERR_UNSUPPORTED, F16, F32, FORMATS, NARROW,  # noqa: E402
+from oracle import (BF16, DEFAULT, E2M1, E4M3, E5M2, E8M0, ERR_UNSUPPORTED, F16, F32, FORMATS, NARROW,  # noqa: E402
                     NONSAT, OVERFLOW_NAMES, PATH_AUTO, PATH_AVX512, PATH_NAMES, PATH_REFERENCE,
                     SANITIZE, SATFINITE, SR, Lib, LowpError, Report, bits32, decode_oracle,
                     encode_oracle, f32, finite_values, pack_fp4, unpack_fp4)
@@ -270,11 +270,20 @@ def test_literal_rules():
         (E8M0, 0.0, SATFINITE, 0xFF), (E8M0, -1.0, SATFINITE, 0xFF), (E8M0, np.inf, SATFINITE, 0xFE),
         (E8M0, np.inf, NONSAT, 0xFF), (E8M0, 1.0, SATFINITE, 0x7F), (E8M0, 1.5, SATFINITE, 0x80),
         (E8M0, float(f32(np.uint32(0x00400000))), SATFINITE, 0x00),
-        (E8M0, float(f32(np.uint32(0x00400001))), SATFINITE, 0x01),
+        (E8M0, float(f32(np.uint32(0x00400001))), SATFINITE, 0x00),
+        (E8M0, float(f32(np.uint32(0x005FFFFF))), SATFINITE, 0x00),
+        (E8M0, float(f32(np.uint32(0x00600000))), SATFINITE, 0x01),
+        (E8M0, float(f32(np.uint32(0x00BFFFFF))), SATFINITE, 0x01),
+        (E8M0, float(f32(np.uint32(0x00C00000))), SATFINITE, 0x02),
         (BF16, float(f32(np.uint32(0x7F7F8000))), NONSAT, 0x7F80),
         (BF16, float(f32(np.uint32(0x7F7F8000))), SATFINITE, 0x7F7F),
         (BF16, float(f32(np.uint32(0xFFC12345))), SATFINITE, 0xFFC0),
         (F16, 65520.0, NONSAT, 0x7C00), (F16, 65520.0, SATFINITE, 0x7BFF), (F16, -np.nan, NONSAT, 0xFE00),
+        # The default policy (issue 10 item 12): IEEE for BF16 and F16, satfinite for the others.
+        (BF16, float(f32(np.uint32(0x7F7F8000))), DEFAULT, 0x7F80), (BF16, np.inf, DEFAULT, 0x7F80),
+        (BF16, -np.inf, DEFAULT, 0xFF80), (F16, 65520.0, DEFAULT, 0x7C00), (F16, -1e6, DEFAULT, 0xFC00),
+        (F16, np.inf, DEFAULT, 0x7C00), (E4M3, 480.0, DEFAULT, 0x7E), (E4M3, -np.inf, DEFAULT, 0xFE),
+        (E5M2, 61440.0, DEFAULT, 0x7B), (E2M1, np.inf, DEFAULT, 0x7), (E8M0, np.inf, DEFAULT, 0xFE),
     ]
     for fmt, x, ov, code in cases:
         f = FORMATS[fmt]
@@ -303,6 +312,24 @@ def test_scalar_encode(rng):
             got = np.array([lib.encode_scalar(fmt, v, ov) for v in x.tolist()], np.uint32)
             rep.codes_equal(f"lowp_encode {f.name} {OVERFLOW_NAMES[ov]} ({x.size})", x, got,
                             encode_oracle(x, fmt, ov).astype(np.uint32), width(fmt))
+
+
+def test_default_policy(rng):
+    """lowp_cast_cfg_init's overflow (untouched) is each format's rule: BF16 and F16 equal
+    ml_dtypes' default cast (overflow and +-Inf give +-Inf), the others satfinite."""
+    for fmt in NARROW:
+        f = FORMATS[fmt]
+        sets = encode_sets(fmt, np.random.default_rng(11))
+        x = np.concatenate([sets["specials"], rng.choice(sets["overflow range"], 500),
+                            rng.choice(sets["values"], min(500, sets["values"].size))]).astype(np.float32)
+        want = encode_oracle(x, fmt, DEFAULT)
+        if fmt in (BF16, F16):
+            with np.errstate(all="ignore"):
+                ml = x.astype(f.mldtype).view(f.code_dtype)
+            nan = np.isnan(x)
+            rep.check(f"default {f.name} oracle is ml_dtypes' cast", np.array_equal(want[~nan], ml[~nan]))
+        for p, got in on_paths(lambda p: lib.encode(x, fmt, overflow=None, path=p)):
+            rep.codes_equal(f"cfg_init default {f.name} {PATH_NAMES[p]}", x, got, want, width(fmt))
 
 
 def test_bf16_input():
@@ -455,6 +482,7 @@ def main():
     test_literal_rules()
     test_encode(rng)
     test_subnormal_exhaustive()
+    test_default_policy(rng)
     test_bf16_input()
     test_scalar_encode(rng)
     test_e2m1_packing(rng)

@@ -1,17 +1,17 @@
-/* The quantization API's edge rules (include/lowp/quant.h, NUMERICS.md sections 3-5):
+/* The quantization API's edge rules (include/lowp/quant.h, docs/numerics.md sections 3-5):
  *
  * - lowp_qtensor_nbytes / lowp_qtensor_scale_shape / lowp_scaling_block for every kind and
  *   format, grouped tensors included, and the names of kinds and scale modes;
  * - bad arguments: a status, a message naming the argument, and nothing written (outputs,
  *   scales and amax_out keep their sentinel bytes);
- * - RCEIL's rounding of d = amax/fmax (lowp_rule_rceil_code_from_d), with NUMERICS.md's
+ * - RCEIL's rounding of d = amax/fmax (lowp_rule_rceil_code_from_d), with docs/numerics.md's
  *   examples and torchao's make_f32_to_e8m0_rceil_cases patterns (pytorch/ao
  *   torchao/testing/_mxfp8_test_utils.py at 6b78bb4f7028b7104f33e49ed65d0005ea3ee64b);
  *   a finite amax never gets a scale code above 254;
  * - TENSOR scaling with a given cfg.scale (delayed scaling) and amax_out, in a small training
  *   loop with lowp_delayed_record/update;
  * - grouped columns past offs[G-1] are code 0 and dequantize to 0; MXFP4 of an amax near
- *   FLT_MAX decodes to Inf (NUMERICS.md section 3, step 5).
+ *   FLT_MAX decodes to Inf (docs/numerics.md section 3, step 5).
  *
  * Bit-exact agreement of every kind with an independent reference is tests/test_oracle_quant.py.
  */
@@ -24,17 +24,6 @@
 #include "core/scale_rules.h"
 #include "lowp/lowp.h"
 #include "testutil.h"
-
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 static uint64_t g_rng = 0x243F6A8885A308D3ull;
 static uint64_t rnd64(void) {
@@ -442,7 +431,8 @@ static void test_bad_arguments(void) {
            "out_count");
     CHECK(am[0] == -5.0f && am[R] == -5.0f);
     uint8_t code = 77;
-    REFUSE("e8m0 scale of f32", lowp_e8m0_scale(1.0f, LOWP_FORMAT_F32, LOWP_SCALE_RCEIL, &code),
+    REFUSE("e8m0 scale of f32",
+           lowp_e8m0_scale(1.0f, LOWP_FORMAT_F32, LOWP_SCALE_MODE_RCEIL, &code),
            LOWP_ERR_INVALID_ARG, "format");
     REFUSE("e8m0 scale bad mode",
            lowp_e8m0_scale(1.0f, LOWP_FORMAT_E4M3, (lowp_scale_mode) 9, &code),
@@ -455,7 +445,7 @@ static void test_bad_arguments(void) {
     lowp_delayed_state ds;
     memset(&ds, 0, sizeof ds);
     lowp_delayed_cfg_init(&dc, LOWP_FORMAT_E4M3);
-    CHECK(dc.history_len == 1024 && dc.margin == 0.0f && dc.algo == LOWP_AMAX_MAX);
+    CHECK(dc.history_len == 1024 && dc.margin == 0.0f && dc.algo == LOWP_AMAX_ALGO_MAX);
     dc.history_len = 0;
     REFUSE("delayed history_len 0", lowp_delayed_init(&ds, &dc, hist), LOWP_ERR_INVALID_ARG,
            "history_len");
@@ -488,7 +478,7 @@ static void test_bad_arguments(void) {
 /* ---- RCEIL rounding of d ---- */
 
 static void test_rceil_rule(void) {
-    /* NUMERICS.md section 3. */
+    /* docs/numerics.md section 3. */
     CHECK(lowp_rule_rceil_code_from_d(0x3F800001u) == 128);
     CHECK(lowp_rule_rceil_code_from_d(0x00400001u) == 1);
     CHECK(lowp_rule_rceil_code_from_d(0x007FFFFFu) == 1);
@@ -531,10 +521,14 @@ static void test_rceil_rule(void) {
         }
     /* The worked examples: amax 480 -> FLOOR 127, RCEIL 128; amax 2^-126 -> FLOOR 0. */
     uint8_t c;
-    CHECK(lowp_e8m0_scale(480.0f, LOWP_FORMAT_E4M3, LOWP_SCALE_FLOOR, &c) == LOWP_OK && c == 127);
-    CHECK(lowp_e8m0_scale(480.0f, LOWP_FORMAT_E4M3, LOWP_SCALE_RCEIL, &c) == LOWP_OK && c == 128);
-    CHECK(lowp_e8m0_scale(480.0f, LOWP_FORMAT_E4M3, LOWP_SCALE_DEFAULT, &c) == LOWP_OK && c == 128);
-    CHECK(lowp_e8m0_scale(FLT_MIN, LOWP_FORMAT_E4M3, LOWP_SCALE_FLOOR, &c) == LOWP_OK && c == 0);
+    CHECK(lowp_e8m0_scale(480.0f, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_FLOOR, &c) == LOWP_OK &&
+          c == 127);
+    CHECK(lowp_e8m0_scale(480.0f, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_RCEIL, &c) == LOWP_OK &&
+          c == 128);
+    CHECK(lowp_e8m0_scale(480.0f, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, &c) == LOWP_OK &&
+          c == 128);
+    CHECK(lowp_e8m0_scale(FLT_MIN, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_FLOOR, &c) == LOWP_OK &&
+          c == 0);
 
     /* MXFP4 of 3e38: RCEIL picks 2^126, and 6 * 2^126 is past FLT_MAX: it decodes to Inf. */
     float x[32] = {0};

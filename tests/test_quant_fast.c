@@ -1,5 +1,5 @@
 /* lowp_quantize: the AVX-512 kernels against the scalar reference, bit for bit, through the
- * public API (cfg.path = LOWP_PATH_REFERENCE vs LOWP_PATH_AVX512).
+ * public API (cfg.path = LOWP_KERNEL_PATH_REFERENCE vs LOWP_KERNEL_PATH_AVX512).
  *
  * Every scaling kind, element format, scale mode (E8M0 kinds) or pow2/eps setting (binary32
  * kinds), orientation (rowwise, columnwise, both from one call) and input format (F32, BF16)
@@ -32,17 +32,6 @@ static uint64_t rnd64(void) {
 static uint32_t rnd_below(uint32_t n) {
     return (uint32_t) (((rnd64() >> 32) * n) >> 32);
 }
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 static int g_quick;
 static int g_runs; /* quantize calls compared */
 
@@ -197,11 +186,11 @@ static void check_case(const lowp_tensor *x, const qcase *q) {
     outs_alloc(&ro, &row, &col, 0);
     outs_alloc(&fo, &row, &col, g_mis);
     float amax_ref = -1.0f;
-    lowp_status st = run(x, q, LOWP_PATH_REFERENCE, 2, &ro, 0xA5, &amax_ref);
+    lowp_status st = run(x, q, LOWP_KERNEL_PATH_REFERENCE, 2, &ro, 0xA5, &amax_ref);
     CHECKF(st == LOWP_OK, "reference: %s", lowp_last_error());
     for (int threads = 1; threads <= 2; threads++) {
         float amax_fast = -2.0f;
-        st = run(x, q, LOWP_PATH_AVX512, threads, &fo, 0x5A, &amax_fast);
+        st = run(x, q, LOWP_KERNEL_PATH_AVX512, threads, &fo, 0x5A, &amax_fast);
         CHECKF(st == LOWP_OK, "avx512: %s", lowp_last_error());
         g_runs++;
         if (q->orient & 1) {
@@ -223,8 +212,8 @@ static void check_case(const lowp_tensor *x, const qcase *q) {
 
 /* Every kind, format and setting on one input. `light` keeps one setting per kind. */
 static void check_input(const lowp_tensor *x, int light) {
-    static const lowp_scale_mode modes[] = {LOWP_SCALE_RCEIL, LOWP_SCALE_FLOOR, LOWP_SCALE_CEIL,
-                                            LOWP_SCALE_EVEN};
+    static const lowp_scale_mode modes[] = {LOWP_SCALE_MODE_RCEIL, LOWP_SCALE_MODE_FLOOR,
+                                            LOWP_SCALE_MODE_CEIL, LOWP_SCALE_MODE_EVEN};
     static const struct {
         int pow2;
         float eps;
@@ -240,9 +229,9 @@ static void check_input(const lowp_tensor *x, int light) {
             const int nset = light ? 1 : e8 ? 4 : sc == LOWP_SCALING_TENSOR ? 5 : 3;
             for (int k = 0; k < nset; k++) {
                 for (int orient = 1; orient <= 3; orient++) {
-                    qcase q = {sc, ef, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f, orient};
+                    qcase q = {sc, ef, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, orient};
                     if (e8) {
-                        q.mode = light ? LOWP_SCALE_DEFAULT : modes[k];
+                        q.mode = light ? LOWP_SCALE_MODE_DEFAULT : modes[k];
                     } else if (k < 3) {
                         q.pow2 = fp[k].pow2;
                         q.eps = fp[k].eps;
@@ -324,8 +313,8 @@ static void test_e8m0_sweep(void) {
         f[r * C + p] = f[r * C];
         f[r * C] = t;
     }
-    static const lowp_scale_mode modes[] = {LOWP_SCALE_RCEIL, LOWP_SCALE_FLOOR, LOWP_SCALE_CEIL,
-                                            LOWP_SCALE_EVEN};
+    static const lowp_scale_mode modes[] = {LOWP_SCALE_MODE_RCEIL, LOWP_SCALE_MODE_FLOOR,
+                                            LOWP_SCALE_MODE_CEIL, LOWP_SCALE_MODE_EVEN};
     /* BF16 too: its kernels switch encoders on the scale codes (huge amax patterns) */
     for (int xi = 0; xi < 2; xi++) {
         const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
@@ -360,16 +349,18 @@ static void test_large(void) {
         lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
         for (g_mis = 0; g_mis <= 1; g_mis++) {
             static const qcase cases[] = {
-                {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_RCEIL, -1, 0.0f, 0.0f, 3},
-                {LOWP_SCALING_MX32, LOWP_FORMAT_E5M2, LOWP_SCALE_FLOOR, -1, 0.0f, 0.0f, 1},
-                {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_EVEN, -1, 0.0f, 0.0f, 2},
-                {LOWP_SCALING_MX32, LOWP_FORMAT_E2M1, LOWP_SCALE_RCEIL, -1, 0.0f, 0.0f, 3},
-                {LOWP_SCALING_BLOCK32X32, LOWP_FORMAT_E4M3, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f, 3},
-                {LOWP_SCALING_BLOCK128X128, LOWP_FORMAT_E4M3, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f,
+                {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3},
+                {LOWP_SCALING_MX32, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_FLOOR, -1, 0.0f, 0.0f, 1},
+                {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_EVEN, -1, 0.0f, 0.0f, 2},
+                {LOWP_SCALING_MX32, LOWP_FORMAT_E2M1, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3},
+                {LOWP_SCALING_BLOCK32X32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f,
+                 3},
+                {LOWP_SCALING_BLOCK128X128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f,
+                 0.0f, 1},
+                {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f,
                  1},
-                {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f, 1},
-                {LOWP_SCALING_ROW, LOWP_FORMAT_E5M2, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f, 1},
-                {LOWP_SCALING_TENSOR, LOWP_FORMAT_E4M3, LOWP_SCALE_DEFAULT, -1, 0.0f, 0.0f, 1},
+                {LOWP_SCALING_ROW, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
+                {LOWP_SCALING_TENSOR, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
             };
             for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
                 if (g_mis && k > 0 && k != 4) continue; /* misaligned: MX32 and BLOCK32X32 */
@@ -396,15 +387,15 @@ static void test_mxcsr(void) {
     lowp_tensor x = {LOWP_FORMAT_BF16, R, C, data, LOWP_DEVICE_HOST};
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040u);
-    qcase q = {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_RCEIL, -1, 0.0f, 0.0f, 3};
+    qcase q = {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3};
     lowp_qtensor row = {q.ef, q.scaling, R, C, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
     lowp_qtensor col = {q.ef, q.scaling, C, R, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
     outs ro, fo;
     outs_alloc(&ro, &row, &col, 0);
     outs_alloc(&fo, &row, &col, 0);
     float amax;
-    CHECK(run(&x, &q, LOWP_PATH_REFERENCE, 1, &ro, 0xA5, &amax) == LOWP_OK);
-    CHECK(run(&x, &q, LOWP_PATH_AVX512, 1, &fo, 0x5A, &amax) == LOWP_OK);
+    CHECK(run(&x, &q, LOWP_KERNEL_PATH_REFERENCE, 1, &ro, 0xA5, &amax) == LOWP_OK);
+    CHECK(run(&x, &q, LOWP_KERNEL_PATH_AVX512, 1, &fo, 0x5A, &amax) == LOWP_OK);
     _mm_setcsr(csr);
     compare("row codes (FTZ/DAZ)", &q, &x, 1, ro.rd, fo.rd, ro.rdb);
     compare("col codes (FTZ/DAZ)", &q, &x, 1, ro.cd, fo.cd, ro.cdb);
@@ -464,7 +455,7 @@ static void test_grouped(void) {
                             lowp_quant_cfg cfg;
                             lowp_quant_cfg_init(&cfg);
                             cfg.threads = threads;
-                            cfg.path = pi ? LOWP_PATH_AUTO : LOWP_PATH_REFERENCE;
+                            cfg.path = pi ? LOWP_KERNEL_PATH_AUTO : LOWP_KERNEL_PATH_REFERENCE;
                             q.data = d[pi];
                             q.scales = s2[pi];
                             CHECKF(lowp_quantize_grouped(&x, &q, &cfg) == LOWP_OK, "grouped: %s",
@@ -489,7 +480,7 @@ static void test_grouped(void) {
     }
 }
 
-/* Returns 1 when LOWP_PATH_AVX512 can run lowp_quantize here; prints why not otherwise. */
+/* Returns 1 when LOWP_KERNEL_PATH_AVX512 can run lowp_quantize here; prints why not otherwise. */
 static int avx512_available(void) {
     float v = 1.0f;
     uint8_t code = 0, scale = 0;
@@ -498,10 +489,10 @@ static int avx512_available(void) {
                         &scale,           LOWP_DEVICE_HOST,  NULL, 0};
     lowp_quant_cfg cfg;
     lowp_quant_cfg_init(&cfg);
-    cfg.path = LOWP_PATH_AVX512;
+    cfg.path = LOWP_KERNEL_PATH_AVX512;
     lowp_status st = lowp_quantize(&x, &row, NULL, &cfg);
     if (st == LOWP_ERR_UNSUPPORTED) {
-        printf("skip: LOWP_PATH_AVX512 unsupported here (%s)\n", lowp_last_error());
+        printf("skip: LOWP_KERNEL_PATH_AVX512 unsupported here (%s)\n", lowp_last_error());
         return 0;
     }
     CHECKF(st == LOWP_OK, "probe: %s", lowp_last_error());

@@ -79,7 +79,7 @@ static void test_presets(void) {
     CHECK(c.input.format == LOWP_FORMAT_E4M3 && c.weight.format == LOWP_FORMAT_E4M3 &&
           c.grad_output.format == LOWP_FORMAT_E5M2); /* HYBRID */
     CHECK(c.input.delayed && c.weight.delayed && c.grad_output.delayed);
-    CHECK(c.delayed.history_len == 1024 && c.delayed.algo == LOWP_AMAX_MAX);
+    CHECK(c.delayed.history_len == 1024 && c.delayed.algo == LOWP_AMAX_ALGO_MAX);
     CHECK(lowp_linear_cfg_preset("fp8_current", &c) == LOWP_OK);
     CHECK(!c.input.delayed && c.grad_output.format == LOWP_FORMAT_E5M2);
     CHECK(lowp_linear_cfg_preset("block128", &c) == LOWP_OK);

@@ -1,5 +1,5 @@
 /* The training layer's linear and grouped linear: for every built-in recipe, forward, dX and
- * dW against a float64 reference of the unquantized layer (SQNR, NUMERICS.md section 8), on
+ * dW against a float64 reference of the unquantized layer (SQNR, docs/numerics.md section 8), on
  * uneven expert groups with empty and single-token groups; dW accumulation across
  * micro-batches; prepare/convert leaving the weights bit-identical; plain weights behaving as
  * if never prepared; one weight quantization per step however many micro-batches and
@@ -155,7 +155,7 @@ typedef struct thresholds {
     double gauss_grads; /* > 0: the dX and dW floor with a Gaussian dY, where it differs */
 } thresholds;
 
-/* NUMERICS.md section 8, plus lowp's own floors for the recipes the table leaves out: BF16
+/* docs/numerics.md section 8, plus lowp's own floors for the recipes the table leaves out: BF16
  * (about 8 significant bits per operand), and the HYBRID tensorwise FP8 recipes (E4M3 forward
  * like rowwise FP8; the gradients in E5M2, one mantissa bit less, so about 4 dB less on dX
  * and dW).

@@ -3,10 +3,12 @@
 #ifndef LOWP_TESTUTIL_H
 #define LOWP_TESTUTIL_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h"
 #include "lowp/status.h"
 
 static int tu_passed, tu_failed;
@@ -51,6 +53,14 @@ static inline int testutil_finish(void) {
                "got %s, want %s; message \"%s\" should contain \"%s\"", lowp_status_str(got_),     \
                lowp_status_str(want), lowp_last_error(), (has));                                   \
     } while (0)
+
+/* The binary32 bit pattern of a float and back (the library's own, src/core/internal.h). */
+static inline uint32_t f2u(float f) {
+    return lowp_f2u(f);
+}
+static inline float u2f(uint32_t u) {
+    return lowp_u2f(u);
+}
 
 /* LOWP_TEST_QUICK=1 (the sanitizer run) asks for smaller sizes. */
 static inline int testutil_quick(void) {

@@ -13,6 +13,7 @@ int lowp_bench_quant(int argc, char **argv); /* bench/bench_quant.c */
 
 int lowp_cli_quantize(int argc, char **argv);   /* tools/cli_quant.c */
 int lowp_cli_dequantize(int argc, char **argv); /* tools/cli_quant.c */
+int lowp_cli_gemm(int argc, char **argv);       /* tools/cli_gemm.c */
 
 int lowp_cli_train(int argc, char **argv);   /* tools/cli_train.c */
 int lowp_cli_compare(int argc, char **argv); /* tools/cli_train.c */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_common.h"
 #include "lowp/lowp.h"
 #include "npy.h"
 
@@ -28,50 +29,15 @@ static const char CAST_USAGE[] =
     "\n"
     "  --to FMT          encode IN (float32) into codes of FMT\n"
     "  --from FMT        decode IN (codes of FMT) into float32\n"
-    "  --saturate MODE   satfinite (default): overflow and +-Inf become +-fmax;\n"
-    "                    nonsat: Inf where the format has it, else NaN\n"
+    "  --saturate MODE   satfinite: overflow and +-Inf become +-fmax; nonsat: Inf where the\n"
+    "                    format has it, else NaN. Default: nonsat for bf16 and f16 (IEEE, as\n"
+    "                    torch's .to()), satfinite for the 8- and 4-bit formats and e8m0\n"
     "  --round MODE      rne (default, round to nearest even) or sr (stochastic, needs --seed)\n"
     "  --seed N          SR: the Philox seed\n"
     "  --offset N        SR: Philox word of element 0 (default 0); element i uses word N + i\n"
-    "  --threads N       threads to use; 0 (default) uses every core\n"
+    "  --threads N       threads to use, 0 to 256; 0 (default) uses every core\n"
     "\n"
     "Exit status: 0 success, 2 bad usage or bad input file, 1 any other failure.\n";
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static int
-usage_error(int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("lowp cast: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return status;
-}
-
-/* A decimal or 0x-hexadecimal unsigned integer, the whole string. */
-static int parse_u64(const char *s, uint64_t *out) {
-    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return 0;
-    int base = 10;
-    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
-        base = 16;
-        s += 2;
-        if (!*s) return 0;
-    }
-    for (const char *p = s; *p; p++) {
-        int ok = base == 16 ? ((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f') ||
-                               (*p >= 'A' && *p <= 'F'))
-                            : (*p >= '0' && *p <= '9');
-        if (!ok) return 0;
-    }
-    errno = 0;
-    unsigned long long v = strtoull(s, NULL, base);
-    if (errno == ERANGE) return 0;
-    *out = (uint64_t) v;
-    return 1;
-}
 
 /* The six formats `lowp cast` converts to and from (not f32). */
 static int parse_format(const char *name, lowp_format *out) {
@@ -89,112 +55,92 @@ typedef struct cast_args {
     const char *in, *out;
 } cast_args;
 
+typedef struct cast_opts {
+    const char *to, *from, *saturate, *round;
+    uint64_t seed, offset;
+    int32_t threads;
+} cast_opts;
+
+static const lowp_cli_opt CAST_OPTS[] = {
+    LOWP_CLI_STR("--to", cast_opts, to),
+    LOWP_CLI_STR("--from", cast_opts, from),
+    LOWP_CLI_STR("--saturate", cast_opts, saturate),
+    LOWP_CLI_STR("--round", cast_opts, round),
+    LOWP_CLI_U64("--seed", cast_opts, seed),
+    LOWP_CLI_U64("--offset", cast_opts, offset),
+    LOWP_CLI_I32("--threads", cast_opts, threads, 0, LOWP_MAX_THREADS),
+};
+
 /* Returns -1 when the arguments are fine, else the exit status (0 after --help). */
 static int parse_cast_args(int argc, char **argv, cast_args *a) {
     memset(a, 0, sizeof *a);
     lowp_cast_cfg_init(&a->cfg);
-    const char *pos[3];
-    int npos = 0, options_done = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (options_done || arg[0] != '-' || arg[1] == '\0') {
-            if (npos == 2)
-                return usage_error(2, "too many files: '%s' (expected IN.npy OUT.npy)", arg);
-            pos[npos++] = arg;
-            continue;
-        }
-        if (strcmp(arg, "--") == 0) {
-            options_done = 1;
-            continue;
-        }
-        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
-            fputs(CAST_USAGE, stdout);
-            return 0;
-        }
-        /* --name VALUE or --name=VALUE */
-        char name[32];
-        const char *eq = strchr(arg, '=');
-        size_t nlen = eq ? (size_t) (eq - arg) : strlen(arg);
-        if (strncmp(arg, "--", 2) != 0 || nlen >= sizeof name)
-            return usage_error(2, "unknown option '%s' (see `lowp cast --help`)", arg);
-        memcpy(name, arg, nlen);
-        name[nlen] = '\0';
-        static const char *const known[] = {"--to",   "--from",   "--saturate", "--round",
-                                            "--seed", "--offset", "--threads"};
-        int k = -1;
-        for (int j = 0; j < (int) (sizeof known / sizeof known[0]); j++)
-            if (strcmp(name, known[j]) == 0) k = j;
-        if (k < 0) return usage_error(2, "unknown option '%s' (see `lowp cast --help`)", name);
-        const char *val = eq ? eq + 1 : NULL;
-        if (!val) {
-            if (i + 1 >= argc) return usage_error(2, "%s needs a value", name);
-            val = argv[++i];
-        }
-        int *seen[] = {&a->have_to,   &a->have_from,   &a->have_saturate, &a->have_round,
-                       &a->have_seed, &a->have_offset, &a->have_threads};
-        if (*seen[k]) return usage_error(2, "%s given twice", name);
-        *seen[k] = 1;
-        uint64_t v;
-        switch (k) {
-        case 0:
-        case 1:
-            if (!parse_format(val, &a->format))
-                return usage_error(2, "%s: unknown format '%s' (use one of " CAST_FORMATS ")", name,
-                                   val);
-            break;
-        case 2:
-            if (strcmp(val, "satfinite") == 0)
-                a->cfg.overflow = LOWP_OVERFLOW_SATFINITE;
-            else if (strcmp(val, "nonsat") == 0)
-                a->cfg.overflow = LOWP_OVERFLOW_NONSAT;
-            else
-                return usage_error(2, "--saturate: '%s' is not satfinite or nonsat", val);
-            break;
-        case 3:
-            if (strcmp(val, "rne") == 0)
-                a->cfg.rounding = LOWP_ROUND_RNE;
-            else if (strcmp(val, "sr") == 0)
-                a->cfg.rounding = LOWP_ROUND_SR;
-            else
-                return usage_error(2, "--round: '%s' is not rne or sr", val);
-            break;
-        case 4:
-        case 5:
-            if (!parse_u64(val, &v))
-                return usage_error(2, "%s: '%s' is not an unsigned 64-bit integer", name, val);
-            if (k == 4)
-                a->cfg.seed = v;
-            else
-                a->cfg.offset = v;
-            break;
-        default:
-            if (!parse_u64(val, &v) || v > 65536)
-                return usage_error(2, "--threads: '%s' is not a thread count (0 to 65536)", val);
-            a->cfg.threads = (int32_t) v;
-            break;
-        }
+    cast_opts o;
+    memset(&o, 0, sizeof o);
+    lowp_cli_args p = {
+        "cast", CAST_USAGE, CAST_OPTS, (int) (sizeof CAST_OPTS / sizeof CAST_OPTS[0]),
+        &o,     {0},        {0},       0};
+    int rc = lowp_cli_parse(&p, argc, argv);
+    if (rc >= 0) return rc;
+    a->have_to = o.to != NULL;
+    a->have_from = o.from != NULL;
+    a->have_saturate = o.saturate != NULL;
+    a->have_round = o.round != NULL;
+    a->have_seed = lowp_cli_given(&p, "--seed");
+    a->have_offset = lowp_cli_given(&p, "--offset");
+    a->have_threads = lowp_cli_given(&p, "--threads");
+    const char *fmt = o.to ? o.to : o.from;
+    if (fmt && !parse_format(fmt, &a->format))
+        return lowp_cli_fail("cast", 2, "%s: unknown format '%s' (use one of " CAST_FORMATS ")",
+                             o.to ? "--to" : "--from", fmt);
+    if (o.saturate) {
+        if (strcmp(o.saturate, "satfinite") == 0)
+            a->cfg.overflow = LOWP_OVERFLOW_SATFINITE;
+        else if (strcmp(o.saturate, "nonsat") == 0)
+            a->cfg.overflow = LOWP_OVERFLOW_NONSAT;
+        else
+            return lowp_cli_fail("cast", 2, "--saturate: '%s' is not satfinite or nonsat",
+                                 o.saturate);
     }
+    if (o.round) {
+        if (strcmp(o.round, "rne") == 0)
+            a->cfg.rounding = LOWP_ROUNDING_RNE;
+        else if (strcmp(o.round, "sr") == 0)
+            a->cfg.rounding = LOWP_ROUNDING_SR;
+        else
+            return lowp_cli_fail("cast", 2, "--round: '%s' is not rne or sr", o.round);
+    }
+    a->cfg.seed = o.seed;
+    a->cfg.offset = o.offset;
+    a->cfg.threads = o.threads;
+    const int npos = p.npos;
+    const char *const *pos = p.pos;
+    if (npos > 2)
+        return lowp_cli_fail("cast", 2, "too many files: '%s' (expected IN.npy OUT.npy)", pos[2]);
     if (a->have_to == a->have_from)
-        return usage_error(2, "%s",
-                           a->have_to ? "give only one of --to and --from"
-                                      : "missing --to FMT or --from FMT (see `lowp cast "
-                                        "--help`)");
+        return lowp_cli_fail("cast", 2, "%s",
+                             a->have_to ? "give only one of --to and --from"
+                                        : "missing --to FMT or --from FMT (see `lowp cast "
+                                          "--help`)");
     a->encode = a->have_to;
     if (!a->encode && (a->have_saturate || a->have_round || a->have_seed || a->have_offset))
-        return usage_error(2, "--saturate, --round, --seed and --offset apply to --to only "
-                              "(decoding is exact)");
-    if (a->cfg.rounding == LOWP_ROUND_SR && !a->have_seed)
-        return usage_error(2, "--round sr needs --seed N");
-    if (a->cfg.rounding != LOWP_ROUND_SR && (a->have_seed || a->have_offset))
-        return usage_error(2, "--seed and --offset only apply with --round sr");
-    if (a->cfg.rounding == LOWP_ROUND_SR) {
+        return lowp_cli_fail("cast", 2,
+                             "--saturate, --round, --seed and --offset apply to --to only "
+                             "(decoding is exact)");
+    if (a->cfg.rounding == LOWP_ROUNDING_SR && !a->have_seed)
+        return lowp_cli_fail("cast", 2, "--round sr needs --seed N");
+    if (a->cfg.rounding != LOWP_ROUNDING_SR && (a->have_seed || a->have_offset))
+        return lowp_cli_fail("cast", 2, "--seed and --offset only apply with --round sr");
+    if (a->cfg.rounding == LOWP_ROUNDING_SR) {
         const lowp_format_traits *t;
         lowp_format_get(a->format, &t);
         if (!t->encode_sr)
-            return usage_error(2, "--round sr is not defined for %s (a power-of-two scale format)",
-                               t->name);
+            return lowp_cli_fail("cast", 2,
+                                 "--round sr is not defined for %s (a power-of-two scale format)",
+                                 t->name);
     }
-    if (npos != 2) return usage_error(2, "expected two files, IN.npy OUT.npy (got %d)", npos);
+    if (npos != 2)
+        return lowp_cli_fail("cast", 2, "expected two files, IN.npy OUT.npy (got %d)", npos);
     a->in = pos[0];
     a->out = pos[1];
     return -1;
@@ -202,12 +148,12 @@ static int parse_cast_args(int argc, char **argv, cast_args *a) {
 
 /* Exit status of a failed npy call: input problems are the user's (2), the rest are 1. */
 static int npy_failure(lowp_status st, const char *msg, int is_input) {
-    fprintf(stderr, "lowp cast: %s\n", msg);
+    lowp_cli_error("cast", "%s", msg);
     return is_input && st != LOWP_ERR_OUT_OF_MEMORY ? 2 : 1;
 }
 
 static int cast_failure(void) {
-    fprintf(stderr, "lowp cast: %s\n", lowp_last_error());
+    lowp_cli_error("cast", "%s", lowp_last_error());
     return 1;
 }
 
@@ -224,7 +170,7 @@ static int run_encode(const cast_args *a) {
     uint8_t *packed = t->bits == 4 ? malloc(n / 2 + 1) : NULL;
     int rc = 0;
     if (!codes || (t->bits == 4 && !packed)) {
-        fprintf(stderr, "lowp cast: out of memory for %zu elements\n", n);
+        lowp_cli_error("cast", "out of memory for %zu elements", n);
         rc = 1;
         goto done;
     }
@@ -259,14 +205,14 @@ static int run_decode(const cast_args *a) {
     if (st != LOWP_OK) {
         /* Say which format wanted that dtype. */
         if (st == LOWP_ERR_UNSUPPORTED && strstr(err, ": dtype is "))
-            fprintf(stderr, "lowp cast: %s (codes of %s)\n", err, t->name);
+            lowp_cli_error("cast", "%s (codes of %s)", err, t->name);
         else
-            fprintf(stderr, "lowp cast: %s\n", err);
+            lowp_cli_error("cast", "%s", err);
         return st == LOWP_ERR_OUT_OF_MEMORY ? 1 : 2;
     }
     size_t n = in.count;
     if (n > (SIZE_MAX - 1) / sizeof(float)) {
-        fprintf(stderr, "lowp cast: %s: %zu elements are too many\n", a->in, n);
+        lowp_cli_error("cast", "%s: %zu elements are too many", a->in, n);
         lowp_npy_free(&in);
         return 1;
     }
@@ -274,7 +220,7 @@ static int run_decode(const cast_args *a) {
     uint8_t *packed = t->bits == 4 ? malloc(n / 2 + 1) : NULL;
     int rc = 0;
     if (!out || (t->bits == 4 && !packed)) {
-        fprintf(stderr, "lowp cast: out of memory for %zu elements\n", n);
+        lowp_cli_error("cast", "out of memory for %zu elements", n);
         rc = 1;
         goto done;
     }
@@ -282,10 +228,9 @@ static int run_decode(const cast_args *a) {
         const uint8_t *c = in.data;
         for (size_t i = 0; i < n; i++) {
             if (c[i] > 15) {
-                fprintf(stderr,
-                        "lowp cast: %s: element %zu is %u, not an e2m1 code (0 to 15, one per "
-                        "byte)\n",
-                        a->in, i, (unsigned) c[i]);
+                lowp_cli_error("cast",
+                               "%s: element %zu is %u, not an e2m1 code (0 to 15, one per byte)",
+                               a->in, i, (unsigned) c[i]);
                 rc = 2;
                 goto done;
             }
@@ -389,7 +334,7 @@ static int demo_sr(void) {
     for (int i = 0; i < N; i++) xs[i] = x;
     lowp_cast_cfg cfg;
     lowp_cast_cfg_init(&cfg);
-    cfg.rounding = LOWP_ROUND_SR;
+    cfg.rounding = LOWP_ROUNDING_SR;
     cfg.seed = 2024;
     lowp_tensor src = {LOWP_FORMAT_F32, 1, N, xs, LOWP_DEVICE_HOST};
     lowp_tensor dst = {LOWP_FORMAT_E4M3, 1, N, codes, LOWP_DEVICE_HOST};
@@ -427,7 +372,7 @@ int lowp_cli_demo(int argc, char **argv) {
                  "rounding example.");
             return 0;
         }
-        fprintf(stderr, "lowp demo: unexpected argument '%s' (lowp demo takes none)\n", argv[1]);
+        lowp_cli_error("demo", "unexpected argument '%s' (lowp demo takes none)", argv[1]);
         return 2;
     }
     static const char *const labels[] = {"0.1", "1",    "3.14159", "-250", "448",
@@ -460,6 +405,6 @@ int lowp_cli_demo(int argc, char **argv) {
     if (demo_sr() != 0) goto fail;
     return 0;
 fail:
-    fprintf(stderr, "lowp demo: %s\n", lowp_last_error());
+    lowp_cli_error("demo", "%s", lowp_last_error());
     return 1;
 }

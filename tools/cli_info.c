@@ -6,13 +6,13 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_common.h"
 #include "lowp/lowp.h"
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: lowp info [--json]\n"
-               "  Print the lowp version, the backends and their devices with capabilities,\n"
-               "  and LOWP_BACKEND_PATH load errors. --json prints one JSON object.\n");
-}
+static const char INFO_USAGE[] =
+    "usage: lowp info [--json]\n"
+    "  Print the lowp version, the backends and their devices with capabilities,\n"
+    "  and LOWP_BACKEND_PATH load errors. --json prints one JSON object.\n";
 
 static void json_string(const char *s) {
     putchar('"');
@@ -126,26 +126,23 @@ static int print_backend(int json, int32_t type) {
     return failed;
 }
 
+typedef struct info_opts {
+    int json;
+} info_opts;
+
 int lowp_cli_info(int argc, char **argv) {
-    int json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) {
-            json = 1;
-        } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "lowp info: unknown argument \"%s\"\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
-    }
+    static const lowp_cli_opt opts[] = {LOWP_CLI_FLAG("--json", info_opts, json)};
+    info_opts o = {0};
+    lowp_cli_args args = {"info", INFO_USAGE, opts, 1, &o, {0}, {0}, 0};
+    int rc = lowp_cli_parse(&args, argc, argv);
+    if (rc >= 0) return rc;
+    if (args.npos) return lowp_cli_fail("info", 2, "unknown argument \"%s\"", args.pos[0]);
+    const int json = o.json;
 
     int32_t types[LOWP_DEVICE_MAX_TYPES], n = 0;
     lowp_status st = lowp_backend_list(types, LOWP_DEVICE_MAX_TYPES, &n);
     if (st != LOWP_OK) {
-        fprintf(stderr, "lowp info: %s: %s\n", lowp_status_str(st), lowp_last_error());
-        return 1;
+        return lowp_cli_fail("info", 1, "%s: %s", lowp_status_str(st), lowp_last_error());
     }
     const char *env_errors = lowp_backend_env_errors();
     int failed = 0;

@@ -10,7 +10,10 @@
  *                      block32x32) or float32 scale_inv (tensor, row, block128, block128x128)
  *   OUT.col.data.npy   the columnwise copy: X^T [C, R] quantized along R (--axis col|both)
  *   OUT.col.scale.npy  its scales
- *   OUT.json           the metadata `lowp dequantize` reads back
+ *   OUT.json           the metadata `lowp dequantize` reads back, written last (atomically,
+ *                      after any old OUT.json is removed), with a 64-bit FNV-1a hash of each
+ *                      array's bytes ("row_data_fnv1a64", ...): dequantize refuses codes and
+ *                      scales that are not the set this JSON describes
  */
 #include <errno.h>
 #include <math.h>
@@ -18,8 +21,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "cli_common.h"
 #include "lowp/lowp.h"
 #include "npy.h"
 
@@ -46,7 +51,7 @@ static const char QUANT_USAGE[] =
     "  --eps X           binary32 kinds: floor of the amax (default 0)\n"
     "  --axis A          row (default): the rowwise copy; col: the columnwise copy only;\n"
     "                    both: the two copies from one read\n"
-    "  --threads N       threads to use; 0 (default) uses every core\n"
+    "  --threads N       threads to use, 0 to 256; 0 (default) uses every core\n"
     "\n"
     "Exit status: 0 success, 2 bad usage or bad input file, 1 any other failure.\n";
 
@@ -60,21 +65,12 @@ static const char DEQUANT_USAGE[] =
     "  --axis col        decode the columnwise copy, transposed back to [R, C] (the default\n"
     "                    when only it was written)\n"
     "\n"
+    "The codes and scales must be the set OUT.json describes (their hashes are in it), and\n"
+    "binary32 scales finite and positive, as lowp quantize writes them.\n"
+    "\n"
     "Exit status: 0 success, 2 bad usage or bad input file, 1 any other failure.\n";
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static int
-say(const char *cmd, int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "lowp %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return status;
-}
+static const char *const QCMD = "quantize", *const DCMD = "dequantize";
 
 enum { AXIS_ROW = 1, AXIS_COL = 2, AXIS_BOTH = 3 };
 
@@ -94,23 +90,12 @@ static int parse_axis(const char *s, int allow_both, int *out) {
     return 1;
 }
 
-static int parse_threads(const char *s, int32_t *out) {
-    if (!s || !*s) return 0;
-    for (const char *p = s; *p; p++)
-        if (*p < '0' || *p > '9') return 0;
-    errno = 0;
-    unsigned long v = strtoul(s, NULL, 10);
-    if (errno == ERANGE || v > 65536) return 0;
-    *out = (int32_t) v;
-    return 1;
-}
-
 static const char *mode_name(lowp_scale_mode m) {
     switch (m) {
-    case LOWP_SCALE_RCEIL: return "rceil";
-    case LOWP_SCALE_FLOOR: return "floor";
-    case LOWP_SCALE_CEIL: return "ceil";
-    case LOWP_SCALE_EVEN: return "even";
+    case LOWP_SCALE_MODE_RCEIL: return "rceil";
+    case LOWP_SCALE_MODE_FLOOR: return "floor";
+    case LOWP_SCALE_MODE_CEIL: return "ceil";
+    case LOWP_SCALE_MODE_EVEN: return "even";
     default: return "default";
     }
 }
@@ -124,174 +109,110 @@ static int parse_scaling(const char *s, lowp_scaling *out) {
     return 0;
 }
 
+static int parse_elem_format(const char *s, lowp_format *out) {
+    return lowp_format_from_name(s, out) == LOWP_OK &&
+           (*out == LOWP_FORMAT_E4M3 || *out == LOWP_FORMAT_E5M2 || *out == LOWP_FORMAT_E2M1);
+}
+
 static int is_e8m0_kind(lowp_scaling s) {
     return s == LOWP_SCALING_MX32 || s == LOWP_SCALING_BLOCK32X32;
 }
 
-/* "PREFIX" + "SUFFIX" in a malloc'd string. */
-static char *join(const char *prefix, const char *suffix) {
-    size_t a = strlen(prefix), b = strlen(suffix);
-    char *s = malloc(a + b + 1);
-    if (s) {
-        memcpy(s, prefix, a);
-        memcpy(s + a, suffix, b + 1);
-    }
-    return s;
-}
-
-/* Option parsing shared by both commands: --name VALUE or --name=VALUE, flags without a value,
- * "--" ends the options. Returns the option index in `names` (value in *val), -1 for a
- * positional argument (in *val), or -2 after printing an error. */
-typedef struct opt_state {
-    int i, argc, options_done;
-    char **argv;
-} opt_state;
-
-static int next_opt(const char *cmd, opt_state *o, const char *const *names, const int *takes_value,
-                    int n, const char **val) {
-    const char *arg = o->argv[o->i];
-    if (o->options_done || arg[0] != '-' || arg[1] == '\0') {
-        *val = arg;
-        return -1;
-    }
-    if (strcmp(arg, "--") == 0) {
-        o->options_done = 1;
-        return -3;
-    }
-    const char *eq = strchr(arg, '=');
-    size_t nlen = eq ? (size_t) (eq - arg) : strlen(arg);
-    for (int k = 0; k < n; k++) {
-        if (strlen(names[k]) != nlen || strncmp(arg, names[k], nlen) != 0) continue;
-        if (!takes_value[k]) {
-            if (eq) {
-                say(cmd, 2, "%s takes no value", names[k]);
-                return -2;
-            }
-            *val = NULL;
-            return k;
-        }
-        if (eq)
-            *val = eq + 1;
-        else if (o->i + 1 < o->argc)
-            *val = o->argv[++o->i];
-        else {
-            say(cmd, 2, "%s needs a value", names[k]);
-            return -2;
-        }
-        return k;
-    }
-    say(cmd, 2, "unknown option '%.*s' (see `lowp %s --help`)", (int) nlen, arg, cmd);
-    return -2;
+/* 64-bit FNV-1a of an array's bytes: what OUT.json records to bind the set of files. */
+static uint64_t fnv1a64(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
 }
 
 /* ---- lowp quantize ---- */
+
+typedef struct quant_opts {
+    const char *format, *scaling, *scale_mode, *axis;
+    int pow2, no_pow2;
+    float eps;
+    int32_t threads;
+} quant_opts;
+
+static const lowp_cli_opt QUANT_OPTS[] = {
+    LOWP_CLI_STR("--format", quant_opts, format),
+    LOWP_CLI_STR("--scaling", quant_opts, scaling),
+    LOWP_CLI_STR("--scale-mode", quant_opts, scale_mode),
+    LOWP_CLI_FLAG("--pow2", quant_opts, pow2),
+    LOWP_CLI_FLAG("--no-pow2", quant_opts, no_pow2),
+    LOWP_CLI_FLOAT("--eps", quant_opts, eps, 0),
+    LOWP_CLI_STR("--axis", quant_opts, axis),
+    LOWP_CLI_I32("--threads", quant_opts, threads, 0, LOWP_MAX_THREADS),
+};
 
 typedef struct quant_args {
     lowp_format format;
     lowp_scaling scaling;
     lowp_quant_cfg cfg;
     int axis;
-    int have_mode, have_pow2, have_eps;
     const char *in, *out;
 } quant_args;
 
-/* -1: fine; else the exit status. */
+/* The option values, each checked; then the combinations. -1: fine; else the exit status. */
+static int interpret_quant_opts(const lowp_cli_args *p, const quant_opts *o, quant_args *a) {
+    if (!o->format)
+        return lowp_cli_fail(QCMD, 2,
+                             "missing --format e4m3|e5m2|e2m1 (see `lowp quantize --help`)");
+    if (!parse_elem_format(o->format, &a->format))
+        return lowp_cli_fail(QCMD, 2, "--format: '%s' is not e4m3, e5m2 or e2m1", o->format);
+    if (!o->scaling)
+        return lowp_cli_fail(QCMD, 2, "missing --scaling KIND (see `lowp quantize --help`)");
+    if (!parse_scaling(o->scaling, &a->scaling))
+        return lowp_cli_fail(QCMD, 2,
+                             "--scaling: '%s' is not tensor, row, mx32, block128, block128x128 or "
+                             "block32x32",
+                             o->scaling);
+    if (o->scale_mode && (lowp_scale_mode_from_name(o->scale_mode, &a->cfg.scale_mode) != LOWP_OK ||
+                          a->cfg.scale_mode == LOWP_SCALE_MODE_DEFAULT))
+        return lowp_cli_fail(QCMD, 2, "--scale-mode: '%s' is not rceil, floor, ceil or even",
+                             o->scale_mode);
+    if (o->pow2 && o->no_pow2)
+        return lowp_cli_fail(QCMD, 2, "give only one of --pow2 and --no-pow2");
+    if (o->pow2 || o->no_pow2) a->cfg.pow2_scales = o->pow2;
+    const int have_eps = lowp_cli_given(p, "--eps");
+    if (have_eps) a->cfg.eps = o->eps;
+    a->cfg.threads = o->threads;
+    if (o->axis && !parse_axis(o->axis, 1, &a->axis))
+        return lowp_cli_fail(QCMD, 2, "--axis: '%s' is not row, col or both", o->axis);
+    if (a->format == LOWP_FORMAT_E2M1 && a->scaling != LOWP_SCALING_MX32)
+        return lowp_cli_fail(QCMD, 2, "--format e2m1 needs --scaling mx32 (not %s)",
+                             lowp_scaling_name(a->scaling));
+    if (is_e8m0_kind(a->scaling) && (o->pow2 || o->no_pow2 || have_eps))
+        return lowp_cli_fail(QCMD, 2,
+                             "--pow2, --no-pow2 and --eps apply to binary32 scales (tensor, row, "
+                             "block128, block128x128), not %s",
+                             lowp_scaling_name(a->scaling));
+    if (!is_e8m0_kind(a->scaling) && o->scale_mode)
+        return lowp_cli_fail(QCMD, 2,
+                             "--scale-mode applies to E8M0 scales (mx32, block32x32), not %s",
+                             lowp_scaling_name(a->scaling));
+    return -1;
+}
+
 static int parse_quant_args(int argc, char **argv, quant_args *a) {
-    const char *cmd = "quantize";
-    static const char *const names[] = {"--format",  "--scaling", "--scale-mode", "--pow2",
-                                        "--no-pow2", "--eps",     "--axis",       "--threads",
-                                        "--help",    "-h"};
-    static const int takes[] = {1, 1, 1, 0, 0, 1, 1, 1, 0, 0};
-    const int n = (int) (sizeof takes / sizeof takes[0]);
-    int seen[10] = {0};
+    quant_opts o;
+    memset(&o, 0, sizeof o);
+    lowp_cli_args p = {
+        QCMD, QUANT_USAGE, QUANT_OPTS, (int) (sizeof QUANT_OPTS / sizeof QUANT_OPTS[0]),
+        &o,   {0},         {0},        0};
+    int rc = lowp_cli_parse(&p, argc, argv);
+    if (rc >= 0) return rc;
     memset(a, 0, sizeof *a);
     lowp_quant_cfg_init(&a->cfg);
     a->axis = AXIS_ROW;
-    const char *pos[2];
-    int npos = 0;
-    opt_state o = {1, argc, 0, argv};
-    for (; o.i < argc; o.i++) {
-        const char *val;
-        int k = next_opt(cmd, &o, names, takes, n, &val);
-        if (k == -2) return 2;
-        if (k == -3) continue;
-        if (k == -1) {
-            if (npos == 2)
-                return say(cmd, 2, "too many arguments: '%s' (expected IN.npy OUT)", val);
-            pos[npos++] = val;
-            continue;
-        }
-        if (k >= 8) {
-            fputs(QUANT_USAGE, stdout);
-            return 0;
-        }
-        if (seen[k]) return say(cmd, 2, "%s given twice", names[k]);
-        seen[k] = 1;
-        switch (k) {
-        case 0: {
-            lowp_format f;
-            if (lowp_format_from_name(val, &f) != LOWP_OK ||
-                (f != LOWP_FORMAT_E4M3 && f != LOWP_FORMAT_E5M2 && f != LOWP_FORMAT_E2M1))
-                return say(cmd, 2, "--format: '%s' is not e4m3, e5m2 or e2m1", val);
-            a->format = f;
-            break;
-        }
-        case 1:
-            if (!parse_scaling(val, &a->scaling))
-                return say(cmd, 2,
-                           "--scaling: '%s' is not tensor, row, mx32, block128, block128x128 or "
-                           "block32x32",
-                           val);
-            break;
-        case 2:
-            if (lowp_scale_mode_from_name(val, &a->cfg.scale_mode) != LOWP_OK ||
-                a->cfg.scale_mode == LOWP_SCALE_DEFAULT)
-                return say(cmd, 2, "--scale-mode: '%s' is not rceil, floor, ceil or even", val);
-            a->have_mode = 1;
-            break;
-        case 3:
-        case 4:
-            if (seen[3] && seen[4]) return say(cmd, 2, "give only one of --pow2 and --no-pow2");
-            a->cfg.pow2_scales = k == 3;
-            a->have_pow2 = 1;
-            break;
-        case 5: {
-            char *end;
-            errno = 0;
-            float e = strtof(val, &end);
-            if (!*val || *end || errno == ERANGE || !(e >= 0.0f) || isinf(e))
-                return say(cmd, 2, "--eps: '%s' is not a finite number >= 0", val);
-            a->cfg.eps = e;
-            a->have_eps = 1;
-            break;
-        }
-        case 6:
-            if (!parse_axis(val, 1, &a->axis))
-                return say(cmd, 2, "--axis: '%s' is not row, col or both", val);
-            break;
-        default:
-            if (!parse_threads(val, &a->cfg.threads))
-                return say(cmd, 2, "--threads: '%s' is not a thread count (0 to 65536)", val);
-            break;
-        }
-    }
-    if (!seen[0])
-        return say(cmd, 2, "missing --format e4m3|e5m2|e2m1 (see `lowp quantize --help`)");
-    if (!seen[1]) return say(cmd, 2, "missing --scaling KIND (see `lowp quantize --help`)");
-    if (a->format == LOWP_FORMAT_E2M1 && a->scaling != LOWP_SCALING_MX32)
-        return say(cmd, 2, "--format e2m1 needs --scaling mx32 (not %s)",
-                   lowp_scaling_name(a->scaling));
-    if (is_e8m0_kind(a->scaling) && (a->have_pow2 || a->have_eps))
-        return say(cmd, 2,
-                   "--pow2, --no-pow2 and --eps apply to binary32 scales (tensor, row, "
-                   "block128, block128x128), not %s",
-                   lowp_scaling_name(a->scaling));
-    if (!is_e8m0_kind(a->scaling) && a->have_mode)
-        return say(cmd, 2, "--scale-mode applies to E8M0 scales (mx32, block32x32), not %s",
-                   lowp_scaling_name(a->scaling));
-    if (npos != 2) return say(cmd, 2, "expected IN.npy and OUT (got %d arguments)", npos);
-    a->in = pos[0];
-    a->out = pos[1];
+    if ((rc = interpret_quant_opts(&p, &o, a)) >= 0) return rc;
+    if (p.npos > 2)
+        return lowp_cli_fail(QCMD, 2, "too many arguments: '%s' (expected IN.npy OUT)", p.pos[2]);
+    if (p.npos != 2)
+        return lowp_cli_fail(QCMD, 2, "expected IN.npy and OUT (got %d arguments)", p.npos);
+    a->in = p.pos[0];
+    a->out = p.pos[1];
     return -1;
 }
 
@@ -324,76 +245,79 @@ static void free_copy(qcopy *c) {
     c->q.data = c->q.scales = NULL;
 }
 
-static int write_copy(const char *cmd, const char *out, const char *tag, const qcopy *c) {
+/* OUT + tag + suffix, e.g. "out" ".col" ".data.npy". */
+static char *file_of(const char *out, const char *tag, const char *suffix) {
+    char *base = lowp_cli_join(out, tag);
+    char *p = base ? lowp_cli_join(base, suffix) : NULL;
+    free(base);
+    return p;
+}
+
+static int write_copy(const char *out, const char *tag, const qcopy *c) {
     char err[1024];
-    char *dp = join(out, tag), *dpath = NULL, *spath = NULL;
+    char *dpath = file_of(out, tag, ".data.npy"), *spath = file_of(out, tag, ".scale.npy");
     int rc = 0;
-    if (!dp) return say(cmd, 1, "out of memory");
-    dpath = join(dp, ".data.npy");
-    spath = join(dp, ".scale.npy");
-    free(dp);
-    if (!dpath || !spath) {
-        rc = say(cmd, 1, "out of memory");
-        goto done;
-    }
     size_t rb;
     lowp_row_nbytes(c->q.format, c->q.cols, &rb);
     int64_t dshape[2] = {c->q.rows, (int64_t) rb};
     int64_t sshape[2] = {c->srows, c->scols};
-    if (lowp_npy_write(dpath, LOWP_NPY_U1, 2, dshape, c->q.data, err, sizeof err) != LOWP_OK ||
-        lowp_npy_write(spath, c->e8m0 ? LOWP_NPY_U1 : LOWP_NPY_F4, 2, sshape, c->q.scales, err,
-                       sizeof err) != LOWP_OK)
-        rc = say(cmd, 1, "%s", err);
-done:
+    if (!dpath || !spath)
+        rc = lowp_cli_fail(QCMD, 1, "out of memory");
+    else if (lowp_npy_write(dpath, LOWP_NPY_U1, 2, dshape, c->q.data, err, sizeof err) != LOWP_OK ||
+             lowp_npy_write(spath, c->e8m0 ? LOWP_NPY_U1 : LOWP_NPY_F4, 2, sshape, c->q.scales, err,
+                            sizeof err) != LOWP_OK)
+        rc = lowp_cli_fail(QCMD, 1, "%s", err);
     free(dpath);
     free(spath);
     return rc;
 }
 
-static int write_json(const char *cmd, const quant_args *a, int64_t rows, int64_t cols) {
-    char *path = join(a->out, ".json"), *tmp = join(a->out, ".json.tmp");
+static void json_hashes(FILE *f, const char *axis, const qcopy *c) {
+    fprintf(f, "  \"%s_data_fnv1a64\": \"%016llx\",\n", axis,
+            (unsigned long long) fnv1a64(c->q.data, c->data_bytes));
+    fprintf(f, "  \"%s_scale_fnv1a64\": \"%016llx\",\n", axis,
+            (unsigned long long) fnv1a64(c->q.scales, c->scale_bytes));
+}
+
+/* OUT.json, last, through OUT.json.tmp, fsync and rename. */
+static int write_json(const quant_args *a, int64_t rows, int64_t cols, const qcopy *row,
+                      const qcopy *col) {
+    char *path = lowp_cli_join(a->out, ".json"), *tmp = lowp_cli_join(a->out, ".json.tmp");
     int rc = 0;
-    if (!path || !tmp) {
-        rc = say(cmd, 1, "out of memory");
+    FILE *f = path && tmp ? fopen(tmp, "w") : NULL;
+    if (!f) {
+        rc = path && tmp ? lowp_cli_fail(QCMD, 1, "%s: cannot write: %s", tmp, strerror(errno))
+                         : lowp_cli_fail(QCMD, 1, "out of memory");
         goto done;
     }
     const lowp_format_traits *t;
     lowp_format_get(a->format, &t);
     lowp_scale_mode mode = a->cfg.scale_mode;
-    if (mode == LOWP_SCALE_DEFAULT)
-        mode = a->scaling == LOWP_SCALING_BLOCK32X32 ? LOWP_SCALE_FLOOR : LOWP_SCALE_RCEIL;
-    int pow2 = a->cfg.pow2_scales < 0 ? a->scaling == LOWP_SCALING_ROW : a->cfg.pow2_scales;
-    int e8 = is_e8m0_kind(a->scaling);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        rc = say(cmd, 1, "%s: cannot write: %s", tmp, strerror(errno));
-        goto done;
-    }
+    if (mode == LOWP_SCALE_MODE_DEFAULT)
+        mode =
+            a->scaling == LOWP_SCALING_BLOCK32X32 ? LOWP_SCALE_MODE_FLOOR : LOWP_SCALE_MODE_RCEIL;
+    const int pow2 = a->cfg.pow2_scales < 0 ? a->scaling == LOWP_SCALING_ROW : a->cfg.pow2_scales;
+    const int e8 = is_e8m0_kind(a->scaling);
     fprintf(f, "{\n");
     fprintf(f, "  \"format\": \"%s\",\n", t->name);
     fprintf(f, "  \"scaling\": \"%s\",\n", lowp_scaling_name(a->scaling));
     if (e8)
-        fprintf(f, "  \"scale_mode\": \"%s\",\n", mode_name(mode));
+        fprintf(f, "  \"scale_mode\": \"%s\",\n  \"pow2\": null,\n  \"eps\": null,\n",
+                mode_name(mode));
     else
-        fprintf(f, "  \"scale_mode\": null,\n");
-    if (e8)
-        fprintf(f, "  \"pow2\": null,\n  \"eps\": null,\n");
-    else
-        fprintf(f, "  \"pow2\": %s,\n  \"eps\": %.9g,\n", pow2 ? "true" : "false",
-                (double) a->cfg.eps);
+        fprintf(f, "  \"scale_mode\": null,\n  \"pow2\": %s,\n  \"eps\": %.9g,\n",
+                pow2 ? "true" : "false", (double) a->cfg.eps);
     fprintf(f, "  \"rows\": %lld,\n  \"cols\": %lld,\n", (long long) rows, (long long) cols);
     fprintf(f, "  \"axis\": \"%s\",\n", axis_name(a->axis));
     fprintf(f, "  \"scale_dtype\": \"%s\",\n", e8 ? "uint8" : "float32");
+    if (a->axis & AXIS_ROW) json_hashes(f, "row", row);
+    if (a->axis & AXIS_COL) json_hashes(f, "col", col);
     fprintf(f, "  \"lowp_version\": \"%s\"\n}\n", lowp_version());
-    if (fflush(f) != 0 || ferror(f)) {
-        fclose(f);
+    int ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
+    ok &= fclose(f) == 0;
+    if (!ok || rename(tmp, path) != 0) {
         remove(tmp);
-        rc = say(cmd, 1, "%s: write failed: %s", tmp, strerror(errno));
-        goto done;
-    }
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        remove(tmp);
-        rc = say(cmd, 1, "%s: cannot write: %s", path, strerror(errno));
+        rc = lowp_cli_fail(QCMD, 1, "%s: cannot write: %s", path, strerror(errno));
     }
 done:
     free(path);
@@ -402,41 +326,46 @@ done:
 }
 
 static int run_quantize(const quant_args *a) {
-    const char *cmd = "quantize";
     char err[1024];
     lowp_npy in;
     lowp_status st = lowp_npy_read(a->in, LOWP_NPY_F4, &in, err, sizeof err);
-    if (st != LOWP_OK) return say(cmd, st == LOWP_ERR_OUT_OF_MEMORY ? 1 : 2, "%s", err);
+    if (st != LOWP_OK) return lowp_cli_fail(QCMD, st == LOWP_ERR_OUT_OF_MEMORY ? 1 : 2, "%s", err);
     int rc = 0;
     qcopy row, col;
     memset(&row, 0, sizeof row);
     memset(&col, 0, sizeof col);
+    const int64_t R = in.ndim == 2 ? in.shape[0] : 0, C = in.ndim == 2 ? in.shape[1] : 0;
     if (in.ndim != 2) {
-        rc = say(cmd, 2, "%s: a 2-D array is needed (this one has %d dimensions)", a->in, in.ndim);
+        rc = lowp_cli_fail(QCMD, 2, "%s: a 2-D array is needed (this one has %d dimensions)", a->in,
+                           in.ndim);
         goto done;
     }
-    const int64_t R = in.shape[0], C = in.shape[1];
     if (R == 0 || C == 0) {
-        rc = say(cmd, 2, "%s: shape (%lld, %lld) is empty", a->in, (long long) R, (long long) C);
+        rc = lowp_cli_fail(QCMD, 2, "%s: shape (%lld, %lld) is empty", a->in, (long long) R,
+                           (long long) C);
         goto done;
     }
     if (((a->axis & AXIS_ROW) && !alloc_copy(&row, a->format, a->scaling, R, C)) ||
         ((a->axis & AXIS_COL) && !alloc_copy(&col, a->format, a->scaling, C, R))) {
-        rc = say(cmd, 1, "cannot allocate the outputs for a %lld x %lld array: %s", (long long) R,
-                 (long long) C, lowp_last_error());
+        rc = lowp_cli_fail(QCMD, 1, "cannot allocate the outputs for a %lld x %lld array: %s",
+                           (long long) R, (long long) C, lowp_last_error());
         goto done;
     }
     lowp_tensor x = {LOWP_FORMAT_F32, R, C, in.data, LOWP_DEVICE_HOST};
     st = lowp_quantize(&x, (a->axis & AXIS_ROW) ? &row.q : NULL,
                        (a->axis & AXIS_COL) ? &col.q : NULL, &a->cfg);
     if (st != LOWP_OK) {
-        rc = say(cmd, st == LOWP_ERR_INVALID_ARG || st == LOWP_ERR_UNSUPPORTED ? 2 : 1, "%s",
-                 lowp_last_error());
+        rc = lowp_cli_lib_fail(QCMD, st);
         goto done;
     }
-    if ((a->axis & AXIS_ROW) && (rc = write_copy(cmd, a->out, "", &row)) != 0) goto done;
-    if ((a->axis & AXIS_COL) && (rc = write_copy(cmd, a->out, ".col", &col)) != 0) goto done;
-    rc = write_json(cmd, a, R, C);
+    /* The old metadata goes first: until the new JSON is in place, the set is incomplete and
+     * dequantize refuses it instead of mixing new codes with an old description. */
+    char *json = lowp_cli_join(a->out, ".json");
+    if (json) remove(json);
+    free(json);
+    if ((a->axis & AXIS_ROW) && (rc = write_copy(a->out, "", &row)) != 0) goto done;
+    if ((a->axis & AXIS_COL) && (rc = write_copy(a->out, ".col", &col)) != 0) goto done;
+    rc = write_json(a, R, C, &row, &col);
 done:
     free_copy(&row);
     free_copy(&col);
@@ -453,220 +382,191 @@ int lowp_cli_quantize(int argc, char **argv) {
 
 /* ---- lowp dequantize ---- */
 
-/* A minimal reader for the flat JSON object write_json produces: the value of "key" as a
- * string (quotes removed) or a bare token (number, true, false, null). Returns 0 if absent. */
-static int json_value(const char *text, const char *key, char *out, size_t size) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\"", key);
-    const char *p = strstr(text, pat);
-    if (!p) return 0;
-    p += strlen(pat);
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-    if (*p++ != ':') return 0;
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-    size_t n = 0;
-    if (*p == '"') {
-        p++;
-        while (*p && *p != '"' && n + 1 < size) out[n++] = *p++;
-        if (*p != '"') return 0;
-    } else {
-        while (*p && *p != ',' && *p != '}' && *p != '\n' && *p != ' ' && n + 1 < size)
-            out[n++] = *p++;
-    }
-    out[n] = '\0';
-    return n > 0;
-}
-
-static int json_int(const char *text, const char *key, int64_t *out) {
-    char v[64], *end;
-    if (!json_value(text, key, v, sizeof v)) return 0;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (*end || errno == ERANGE || x < 0) return 0;
-    *out = x;
-    return 1;
-}
-
-static char *read_text(const char *path, char *err, size_t err_size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, err_size, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = malloc(65536 + 1);
-    size_t n = buf ? fread(buf, 1, 65536, f) : 0;
-    int big = buf && n == 65536 && fgetc(f) != EOF;
-    fclose(f);
-    if (!buf) {
-        snprintf(err, err_size, "%s: out of memory", path);
-        return NULL;
-    }
-    if (big) {
-        free(buf);
-        snprintf(err, err_size, "%s: too large for a lowp quantize metadata file", path);
-        return NULL;
-    }
-    buf[n] = '\0';
-    return buf;
-}
-
-static int run_dequantize(const char *prefix, const char *outpath, int axis) {
-    const char *cmd = "dequantize";
-    char err[1024];
-    int rc = 0;
-    char *jpath = join(prefix, ".json"), *dpath = NULL, *spath = NULL, *text = NULL;
-    float *out = NULL, *tr = NULL;
-    lowp_npy d, s;
-    memset(&d, 0, sizeof d);
-    memset(&s, 0, sizeof s);
-    if (!jpath) return say(cmd, 1, "out of memory");
-    text = read_text(jpath, err, sizeof err);
-    if (!text) {
-        rc = say(cmd, 2, "%s", err);
-        goto done;
-    }
-    char fname[32], sname[32], aname[16];
-    int64_t R, C;
+/* What OUT.json says, and the copy to decode. */
+typedef struct deq_meta {
+    char *jpath;
     lowp_format format;
     lowp_scaling scaling;
-    int written;
-    if (!json_value(text, "format", fname, sizeof fname) ||
-        !json_value(text, "scaling", sname, sizeof sname) ||
-        !json_value(text, "axis", aname, sizeof aname) || !json_int(text, "rows", &R) ||
-        !json_int(text, "cols", &C)) {
-        rc = say(cmd, 2,
-                 "%s: not a lowp quantize metadata file (format, scaling, axis, rows or "
-                 "cols missing)",
-                 jpath);
-        goto done;
+    int written, axis;
+    int64_t R, C;
+    uint64_t data_hash, scale_hash;
+} deq_meta;
+
+static int json_hash(const char *text, const char *key, uint64_t *out) {
+    char v[24], *end;
+    if (!lowp_cli_json_value(text, key, v, sizeof v) || strlen(v) != 16) return 0;
+    *out = (uint64_t) strtoull(v, &end, 16);
+    return *end == '\0';
+}
+
+/* Reads and checks OUT.json. -1: fine; else the exit status. */
+static int read_meta(const char *prefix, int axis, deq_meta *m) {
+    char err[1024];
+    if (!(m->jpath = lowp_cli_join(prefix, ".json")))
+        return lowp_cli_fail(DCMD, 1, "out of memory");
+    char *text = lowp_cli_read_text(m->jpath, 65536, err, sizeof err);
+    if (!text) return lowp_cli_fail(DCMD, 2, "%s", err);
+    char fname[32] = "", sname[32] = "", aname[16] = "";
+    int rc = -1;
+    if (!lowp_cli_json_value(text, "format", fname, sizeof fname) ||
+        !lowp_cli_json_value(text, "scaling", sname, sizeof sname) ||
+        !lowp_cli_json_value(text, "axis", aname, sizeof aname) ||
+        !lowp_cli_json_int(text, "rows", &m->R) || !lowp_cli_json_int(text, "cols", &m->C)) {
+        rc = lowp_cli_fail(DCMD, 2,
+                           "%s: not a lowp quantize metadata file (format, scaling, axis, rows or "
+                           "cols missing)",
+                           m->jpath);
+    } else if (!parse_elem_format(fname, &m->format) || !parse_scaling(sname, &m->scaling) ||
+               !parse_axis(aname, 1, &m->written) || m->R <= 0 || m->C <= 0) {
+        rc = lowp_cli_fail(DCMD, 2,
+                           "%s: bad metadata (format '%s', scaling '%s', axis '%s', rows %lld, "
+                           "cols %lld)",
+                           m->jpath, fname, sname, aname, (long long) m->R, (long long) m->C);
+    } else {
+        m->axis = axis ? axis : (m->written & AXIS_ROW) ? AXIS_ROW : AXIS_COL;
+        const char *tag = m->axis == AXIS_COL ? "col" : "row";
+        char dk[32], sk[32];
+        snprintf(dk, sizeof dk, "%s_data_fnv1a64", tag);
+        snprintf(sk, sizeof sk, "%s_scale_fnv1a64", tag);
+        if (!(m->written & m->axis))
+            rc = lowp_cli_fail(DCMD, 2, "%s: the %s copy was not written (lowp quantize --axis %s)",
+                               m->jpath, axis_name(m->axis), axis_name(m->written));
+        else if (!json_hash(text, dk, &m->data_hash) || !json_hash(text, sk, &m->scale_hash))
+            rc = lowp_cli_fail(DCMD, 2, "%s: the hashes %s and %s of the files are missing",
+                               m->jpath, dk, sk);
     }
-    if (lowp_format_from_name(fname, &format) != LOWP_OK ||
-        (format != LOWP_FORMAT_E4M3 && format != LOWP_FORMAT_E5M2 && format != LOWP_FORMAT_E2M1) ||
-        !parse_scaling(sname, &scaling) || !parse_axis(aname, 1, &written) || R <= 0 || C <= 0) {
-        rc = say(cmd, 2,
-                 "%s: bad metadata (format '%s', scaling '%s', axis '%s', rows %lld, cols "
-                 "%lld)",
-                 jpath, fname, sname, aname, (long long) R, (long long) C);
-        goto done;
-    }
-    if (axis == 0) axis = (written & AXIS_ROW) ? AXIS_ROW : AXIS_COL;
-    if (!(written & axis)) {
-        rc = say(cmd, 2, "%s: the %s copy was not written (lowp quantize --axis %s)", jpath,
-                 axis_name(axis), axis_name(written));
-        goto done;
-    }
-    const char *tag = axis == AXIS_COL ? ".col" : "";
-    char *base = join(prefix, tag);
-    if (base) {
-        dpath = join(base, ".data.npy");
-        spath = join(base, ".scale.npy");
-        free(base);
-    }
-    if (!dpath || !spath) {
-        rc = say(cmd, 1, "out of memory");
-        goto done;
-    }
-    lowp_qtensor q = {format, scaling, axis == AXIS_COL ? C : R, axis == AXIS_COL ? R : C,
-                      NULL,   NULL,    LOWP_DEVICE_HOST,         NULL,
-                      0};
-    int64_t sr, sc;
-    int e8;
-    size_t rb;
-    if (lowp_qtensor_scale_shape(&q, &sr, &sc, &e8) != LOWP_OK ||
-        lowp_row_nbytes(format, q.cols, &rb) != LOWP_OK) {
-        rc = say(cmd, 2, "%s: %s", jpath, lowp_last_error());
-        goto done;
-    }
-    lowp_status st = lowp_npy_read(dpath, LOWP_NPY_U1, &d, err, sizeof err);
-    if (st == LOWP_OK)
-        st = lowp_npy_read(spath, e8 ? LOWP_NPY_U1 : LOWP_NPY_F4, &s, err, sizeof err);
-    if (st != LOWP_OK) {
-        rc = say(cmd, st == LOWP_ERR_OUT_OF_MEMORY ? 1 : 2, "%s", err);
-        goto done;
-    }
-    if (d.ndim != 2 || d.shape[0] != q.rows || d.shape[1] != (int64_t) rb) {
-        rc = say(cmd, 2, "%s: shape does not match %s: expected (%lld, %lld) uint8 codes", dpath,
-                 jpath, (long long) q.rows, (long long) rb);
-        goto done;
-    }
-    if (s.ndim != 2 || s.shape[0] != sr || s.shape[1] != sc) {
-        rc = say(cmd, 2, "%s: shape does not match %s: expected (%lld, %lld) %s scales", spath,
-                 jpath, (long long) sr, (long long) sc, e8 ? "uint8" : "float32");
-        goto done;
-    }
-    q.data = d.data;
-    q.scales = s.data;
-    size_t n = (size_t) R * (size_t) C;
-    out = malloc(n * sizeof *out + 1);
-    if (!out) {
-        rc = say(cmd, 1, "out of memory for %zu elements", n);
-        goto done;
-    }
-    lowp_tensor t = {LOWP_FORMAT_F32, q.rows, q.cols, out, LOWP_DEVICE_HOST};
-    st = lowp_dequantize(&q, &t);
-    if (st != LOWP_OK) {
-        rc = say(cmd, st == LOWP_ERR_INVALID_ARG || st == LOWP_ERR_UNSUPPORTED ? 2 : 1, "%s",
-                 lowp_last_error());
-        goto done;
-    }
-    const float *result = out;
-    if (axis == AXIS_COL) { /* [C, R] back to [R, C] */
-        tr = malloc(n * sizeof *tr + 1);
-        if (!tr) {
-            rc = say(cmd, 1, "out of memory for %zu elements", n);
-            goto done;
-        }
-        for (int64_t i = 0; i < C; i++)
-            for (int64_t j = 0; j < R; j++)
-                tr[(size_t) j * (size_t) C + (size_t) i] =
-                    out[(size_t) i * (size_t) R + (size_t) j];
-        result = tr;
-    }
-    int64_t shape[2] = {R, C};
-    if (lowp_npy_write(outpath, LOWP_NPY_F4, 2, shape, result, err, sizeof err) != LOWP_OK)
-        rc = say(cmd, 1, "%s", err);
-done:
-    free(tr);
-    free(out);
-    lowp_npy_free(&d);
-    lowp_npy_free(&s);
     free(text);
-    free(jpath);
+    return rc;
+}
+
+/* The codes and scales of the copy: shapes and dtypes as the metadata says, the very arrays it
+ * describes (hashes), binary32 scales finite and positive. */
+static int read_copy(const char *prefix, const deq_meta *m, lowp_qtensor *q, lowp_npy *d,
+                     lowp_npy *s) {
+    const char *tag = m->axis == AXIS_COL ? ".col" : "";
+    char *dpath = file_of(prefix, tag, ".data.npy"), *spath = file_of(prefix, tag, ".scale.npy");
+    char err[1024];
+    int rc = -1;
+    int64_t sr = 0, sc = 0;
+    int e8 = 0;
+    size_t rb = 0;
+    lowp_qtensor shape = {m->format,
+                          m->scaling,
+                          m->axis == AXIS_COL ? m->C : m->R,
+                          m->axis == AXIS_COL ? m->R : m->C,
+                          NULL,
+                          NULL,
+                          LOWP_DEVICE_HOST,
+                          NULL,
+                          0};
+    *q = shape;
+    lowp_status st = LOWP_OK;
+    if (!dpath || !spath) {
+        rc = lowp_cli_fail(DCMD, 1, "out of memory");
+    } else if (lowp_qtensor_scale_shape(q, &sr, &sc, &e8) != LOWP_OK ||
+               lowp_row_nbytes(m->format, q->cols, &rb) != LOWP_OK) {
+        rc = lowp_cli_fail(DCMD, 2, "%s: %s", m->jpath, lowp_last_error());
+    } else if ((st = lowp_npy_read(dpath, LOWP_NPY_U1, d, err, sizeof err)) != LOWP_OK ||
+               (st = lowp_npy_read(spath, e8 ? LOWP_NPY_U1 : LOWP_NPY_F4, s, err, sizeof err)) !=
+                   LOWP_OK) {
+        rc = lowp_cli_fail(DCMD, st == LOWP_ERR_OUT_OF_MEMORY ? 1 : 2, "%s", err);
+    } else if (d->ndim != 2 || d->shape[0] != q->rows || d->shape[1] != (int64_t) rb) {
+        rc =
+            lowp_cli_fail(DCMD, 2, "%s: shape does not match %s: expected (%lld, %lld) uint8 codes",
+                          dpath, m->jpath, (long long) q->rows, (long long) rb);
+    } else if (s->ndim != 2 || s->shape[0] != sr || s->shape[1] != sc) {
+        rc = lowp_cli_fail(DCMD, 2, "%s: shape does not match %s: expected (%lld, %lld) %s scales",
+                           spath, m->jpath, (long long) sr, (long long) sc,
+                           e8 ? "uint8" : "float32");
+    } else if (fnv1a64(d->data, d->nbytes) != m->data_hash) {
+        rc = lowp_cli_fail(DCMD, 2, "%s: not the codes %s describes (hash differs)", dpath,
+                           m->jpath);
+    } else if (fnv1a64(s->data, s->nbytes) != m->scale_hash) {
+        rc = lowp_cli_fail(DCMD, 2, "%s: not the scales %s describes (hash differs)", spath,
+                           m->jpath);
+    } else if (!e8) {
+        const float *v = s->data;
+        for (size_t i = 0; i < s->count && rc < 0; i++)
+            if (!(v[i] > 0.0f) || isinf(v[i]))
+                rc = lowp_cli_fail(DCMD, 2,
+                                   "%s: scale %zu is %g; lowp quantize writes finite positive "
+                                   "scales only",
+                                   spath, i, (double) v[i]);
+    }
+    q->data = d->data;
+    q->scales = s->data;
     free(dpath);
     free(spath);
     return rc;
 }
 
-int lowp_cli_dequantize(int argc, char **argv) {
-    const char *cmd = "dequantize";
-    static const char *const names[] = {"--axis", "--help", "-h"};
-    static const int takes[] = {1, 0, 0};
-    int axis = 0, seen_axis = 0;
-    const char *pos[2];
-    int npos = 0;
-    opt_state o = {1, argc, 0, argv};
-    for (; o.i < argc; o.i++) {
-        const char *val;
-        int k = next_opt(cmd, &o, names, takes, 3, &val);
-        if (k == -2) return 2;
-        if (k == -3) continue;
-        if (k == -1) {
-            if (npos == 2)
-                return say(cmd, 2, "too many arguments: '%s' (expected OUT OUT.npy)", val);
-            pos[npos++] = val;
-            continue;
+/* Decode, transpose a columnwise copy back to [R, C], write OUT.npy. */
+static int decode_copy(const deq_meta *m, const lowp_qtensor *q, const char *outpath) {
+    const size_t n = (size_t) m->R * (size_t) m->C;
+    float *out = malloc(n * sizeof *out + 1), *tr = NULL;
+    if (!out) return lowp_cli_fail(DCMD, 1, "out of memory for %zu elements", n);
+    lowp_tensor t = {LOWP_FORMAT_F32, q->rows, q->cols, out, LOWP_DEVICE_HOST};
+    lowp_status st = lowp_dequantize(q, &t);
+    int rc = st == LOWP_OK ? -1 : lowp_cli_lib_fail(DCMD, st);
+    const float *result = out;
+    if (rc < 0 && m->axis == AXIS_COL) { /* [C, R] back to [R, C] */
+        if (!(tr = malloc(n * sizeof *tr + 1))) {
+            rc = lowp_cli_fail(DCMD, 1, "out of memory for %zu elements", n);
+        } else {
+            for (int64_t i = 0; i < m->C; i++)
+                for (int64_t j = 0; j < m->R; j++)
+                    tr[(size_t) j * (size_t) m->C + (size_t) i] =
+                        out[(size_t) i * (size_t) m->R + (size_t) j];
+            result = tr;
         }
-        if (k >= 1) {
-            fputs(DEQUANT_USAGE, stdout);
-            return 0;
-        }
-        if (seen_axis++) return say(cmd, 2, "--axis given twice");
-        if (!parse_axis(val, 0, &axis)) return say(cmd, 2, "--axis: '%s' is not row or col", val);
     }
-    if (npos != 2)
-        return say(cmd, 2,
-                   "expected OUT (the prefix given to lowp quantize) and OUT.npy (got %d "
-                   "arguments)",
-                   npos);
-    return run_dequantize(pos[0], pos[1], axis);
+    if (rc < 0) {
+        char err[1024];
+        int64_t shape[2] = {m->R, m->C};
+        rc = lowp_npy_write(outpath, LOWP_NPY_F4, 2, shape, result, err, sizeof err) == LOWP_OK
+                 ? 0
+                 : lowp_cli_fail(DCMD, 1, "%s", err);
+    }
+    free(tr);
+    free(out);
+    return rc;
+}
+
+static int run_dequantize(const char *prefix, const char *outpath, int axis) {
+    deq_meta m;
+    memset(&m, 0, sizeof m);
+    lowp_npy d, s;
+    memset(&d, 0, sizeof d);
+    memset(&s, 0, sizeof s);
+    lowp_qtensor q;
+    int rc = read_meta(prefix, axis, &m);
+    if (rc < 0) rc = read_copy(prefix, &m, &q, &d, &s);
+    if (rc < 0) rc = decode_copy(&m, &q, outpath);
+    lowp_npy_free(&d);
+    lowp_npy_free(&s);
+    free(m.jpath);
+    return rc;
+}
+
+typedef struct deq_opts {
+    const char *axis;
+} deq_opts;
+
+int lowp_cli_dequantize(int argc, char **argv) {
+    static const lowp_cli_opt opts[] = {LOWP_CLI_STR("--axis", deq_opts, axis)};
+    deq_opts o = {NULL};
+    lowp_cli_args p = {DCMD, DEQUANT_USAGE, opts, 1, &o, {0}, {0}, 0};
+    int rc = lowp_cli_parse(&p, argc, argv);
+    if (rc >= 0) return rc;
+    int axis = 0;
+    if (o.axis && !parse_axis(o.axis, 0, &axis))
+        return lowp_cli_fail(DCMD, 2, "--axis: '%s' is not row or col", o.axis);
+    if (p.npos > 2)
+        return lowp_cli_fail(DCMD, 2, "too many arguments: '%s' (expected OUT OUT.npy)", p.pos[2]);
+    if (p.npos != 2)
+        return lowp_cli_fail(DCMD, 2,
+                             "expected OUT (the prefix given to lowp quantize) and OUT.npy (got %d "
+                             "arguments)",
+                             p.npos);
+    return run_dequantize(p.pos[0], p.pos[1], axis);
 }

@@ -16,9 +16,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_common.h"
 #include "lowp/lowp.h"
 #include "lowp/model.h"
 #include "lowp/trainer.h"
@@ -26,70 +28,78 @@
 
 /* ---- Options ---- */
 
-typedef enum opt_kind { OPT_INT, OPT_U64, OPT_FLOAT, OPT_STR, OPT_FLAG } opt_kind;
-
 typedef struct train_opts {
     const char *recipe, *recipes, *config, *data, *log, *checkpoint, *resume, *prompt, *out;
-    int steps, stop_at, batch, accum, seq_len, warmup, eval_every, eval_batches, threads;
-    int checkpoint_every, sample, sample_top_k, progress_every, activation_checkpoint;
+    int32_t steps, stop_at, batch, accum, seq_len, warmup, eval_every, eval_batches, threads;
+    int32_t checkpoint_every, sample, sample_top_k, progress_every, max_skipped;
+    int activation_checkpoint;
     float lr, min_lr, weight_decay, clip, beta1, beta2, temperature;
     uint64_t seed;
     /* model overrides */
-    int dim, layers, heads, experts, top_k, expert_hidden, shared_hidden;
+    int32_t dim, layers, heads, experts, top_k, expert_hidden, shared_hidden;
     float dropout, aux_loss_coef;
 } train_opts;
 
-typedef struct opt_def {
-    const char *name;
-    opt_kind kind;
-    size_t off;
-    int compare; /* 0: train only, 1: both, 2: compare only */
-} opt_def;
+/* Where an option applies. */
+enum { TRAIN_ONLY, BOTH, COMPARE_ONLY };
 
-#define O(name, kind, field, cmp)                                                                  \
-    { name, kind, offsetof(train_opts, field), cmp }
-static const opt_def OPTS[] = {
-    O("--recipe", OPT_STR, recipe, 0),
-    O("--recipes", OPT_STR, recipes, 2),
-    O("--config", OPT_STR, config, 1),
-    O("--data", OPT_STR, data, 1),
-    O("--steps", OPT_INT, steps, 1),
-    O("--stop-at", OPT_INT, stop_at, 0),
-    O("--batch", OPT_INT, batch, 1),
-    O("--accum", OPT_INT, accum, 1),
-    O("--seq-len", OPT_INT, seq_len, 1),
-    O("--lr", OPT_FLOAT, lr, 1),
-    O("--min-lr", OPT_FLOAT, min_lr, 1),
-    O("--warmup", OPT_INT, warmup, 1),
-    O("--weight-decay", OPT_FLOAT, weight_decay, 1),
-    O("--clip", OPT_FLOAT, clip, 1),
-    O("--beta1", OPT_FLOAT, beta1, 1),
-    O("--beta2", OPT_FLOAT, beta2, 1),
-    O("--eval-every", OPT_INT, eval_every, 1),
-    O("--eval-batches", OPT_INT, eval_batches, 1),
-    O("--seed", OPT_U64, seed, 1),
-    O("--threads", OPT_INT, threads, 1),
-    O("--log", OPT_STR, log, 1),
-    O("--checkpoint", OPT_STR, checkpoint, 0),
-    O("--checkpoint-every", OPT_INT, checkpoint_every, 0),
-    O("--resume", OPT_STR, resume, 0),
-    O("--sample", OPT_INT, sample, 1),
-    O("--temperature", OPT_FLOAT, temperature, 1),
-    O("--sample-top-k", OPT_INT, sample_top_k, 1),
-    O("--prompt", OPT_STR, prompt, 1),
-    O("--progress-every", OPT_INT, progress_every, 1),
-    O("--activation-checkpoint", OPT_FLAG, activation_checkpoint, 1),
-    O("--out", OPT_STR, out, 2),
-    O("--dim", OPT_INT, dim, 1),
-    O("--layers", OPT_INT, layers, 1),
-    O("--heads", OPT_INT, heads, 1),
-    O("--experts", OPT_INT, experts, 1),
-    O("--top-k", OPT_INT, top_k, 1),
-    O("--expert-hidden", OPT_INT, expert_hidden, 1),
-    O("--shared-hidden", OPT_INT, shared_hidden, 1),
-    O("--dropout", OPT_FLOAT, dropout, 1),
-    O("--aux-loss-coef", OPT_FLOAT, aux_loss_coef, 1),
+typedef struct scoped_opt {
+    lowp_cli_opt opt;
+    int scope;
+} scoped_opt;
+
+#define I(name, field, scope)                                                                      \
+    { LOWP_CLI_I32(name, train_opts, field, 0, INT32_MAX), scope }
+#define F(name, field, scope)                                                                      \
+    { LOWP_CLI_FLOAT(name, train_opts, field, 0), scope }
+#define S(name, field, scope)                                                                      \
+    { LOWP_CLI_STR(name, train_opts, field), scope }
+static const scoped_opt OPTS[] = {
+    S("--recipe", recipe, TRAIN_ONLY),
+    S("--recipes", recipes, COMPARE_ONLY),
+    S("--config", config, BOTH),
+    S("--data", data, BOTH),
+    I("--steps", steps, BOTH),
+    I("--stop-at", stop_at, TRAIN_ONLY),
+    I("--batch", batch, BOTH),
+    I("--accum", accum, BOTH),
+    I("--seq-len", seq_len, BOTH),
+    F("--lr", lr, BOTH),
+    F("--min-lr", min_lr, BOTH),
+    I("--warmup", warmup, BOTH),
+    F("--weight-decay", weight_decay, BOTH),
+    F("--clip", clip, BOTH),
+    F("--beta1", beta1, BOTH),
+    F("--beta2", beta2, BOTH),
+    I("--eval-every", eval_every, BOTH),
+    I("--eval-batches", eval_batches, BOTH),
+    {LOWP_CLI_U64("--seed", train_opts, seed), BOTH},
+    {LOWP_CLI_I32("--threads", train_opts, threads, 0, LOWP_MAX_THREADS), BOTH},
+    S("--log", log, BOTH),
+    S("--checkpoint", checkpoint, TRAIN_ONLY),
+    I("--checkpoint-every", checkpoint_every, TRAIN_ONLY),
+    S("--resume", resume, TRAIN_ONLY),
+    I("--sample", sample, BOTH),
+    F("--temperature", temperature, BOTH),
+    I("--sample-top-k", sample_top_k, BOTH),
+    S("--prompt", prompt, BOTH),
+    I("--progress-every", progress_every, BOTH),
+    I("--max-skipped", max_skipped, BOTH),
+    {LOWP_CLI_FLAG("--activation-checkpoint", train_opts, activation_checkpoint), BOTH},
+    S("--out", out, COMPARE_ONLY),
+    I("--dim", dim, BOTH),
+    I("--layers", layers, BOTH),
+    I("--heads", heads, BOTH),
+    I("--experts", experts, BOTH),
+    I("--top-k", top_k, BOTH),
+    I("--expert-hidden", expert_hidden, BOTH),
+    I("--shared-hidden", shared_hidden, BOTH),
+    F("--dropout", dropout, BOTH),
+    F("--aux-loss-coef", aux_loss_coef, BOTH),
 };
+#undef I
+#undef F
+#undef S
 #define NOPTS ((int) (sizeof OPTS / sizeof OPTS[0]))
 
 static const char TRAIN_USAGE[] =
@@ -115,24 +125,28 @@ static const char TRAIN_USAGE[] =
     "  --eval-every N         validate every N updates and after the last (default steps/10)\n"
     "  --eval-batches N       validation batches per evaluation (default 8)\n"
     "  --seed N               initialization, data order and dropout (default 1234)\n"
-    "  --threads N            0: all cores (default)\n"
+    "  --threads N            0 to 256; 0: all cores (default)\n"
     "  --log PATH             JSON lines: step, loss, lr, grad_norm, tokens_per_s, val_loss...\n"
     "  --checkpoint PATH      save a safetensors checkpoint there at the end\n"
     "  --checkpoint-every N   and every N updates\n"
-    "  --resume PATH          continue from a checkpoint (bit for bit); unset options are\n"
-    "                         taken from it\n"
+    "  --resume PATH          continue from a checkpoint (bit for bit); the model and training\n"
+    "                         options left unset are taken from it; --data is not (give the\n"
+    "                         same --data again: the checkpoint stores only its hash)\n"
     "  --sample N             print N sampled characters at the end (default 200, 0: none)\n"
     "  --temperature X        sampling temperature (default 0.8; 0: greedy)\n"
     "  --sample-top-k K       sample from the K most likely (default 0: all)\n"
     "  --prompt TEXT          start the sample with TEXT\n"
     "  --progress-every N     without a terminal, a progress line every N updates\n"
     "  --activation-checkpoint  recompute layer activations in the backward\n"
+    "  --max-skipped N        stop after N consecutive updates skipped for a non-finite\n"
+    "                         gradient (default 10, 0: never); a non-finite loss always stops\n"
     "  --dim N --layers N --heads N --experts N --top-k N --expert-hidden N\n"
     "  --shared-hidden N --dropout X --aux-loss-coef X   override the configuration\n"
     "\n"
     "Recipes: %s.\n"
     "Exit status: 0 success, 2 bad usage or bad input (data, checkpoint), 1 other failures\n"
-    "(including a run whose loss became NaN).\n";
+    "(including a run that diverged: a non-finite loss or too many skipped updates; no\n"
+    "checkpoint is written from a non-finite state).\n";
 
 static const char COMPARE_USAGE[] =
     "usage: lowp compare [--recipes LIST] [--config NAME] [--data FILE] [--steps N]\n"
@@ -147,133 +161,41 @@ static const char COMPARE_USAGE[] =
     "the recipe.\n"
     "Recipes: %s.\n";
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static int
-fail(const char *cmd, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "lowp %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 0;
-}
+/* The parsed command line of `lowp train` or `lowp compare`. */
+typedef struct cmdline {
+    const char *cmd;
+    train_opts o;
+    lowp_cli_opt opts[NOPTS];
+    lowp_cli_args args;
+    char usage[4096];
+} cmdline;
 
-/* The exit status for a library failure: bad input (2) or something else (1). */
-static int lib_fail(const char *cmd, lowp_status st) {
-    fail(cmd, "%s", lowp_last_error());
-    return (st == LOWP_ERR_CORRUPT || st == LOWP_ERR_INVALID_ARG || st == LOWP_ERR_VERSION ||
-            st == LOWP_ERR_IO || st == LOWP_ERR_NOT_FOUND)
-               ? 2
-               : 1;
-}
+static int given(const struct cmdline *c, const char *name);
 
-static int parse_int_str(const char *s, long long lo, long long hi, long long *out) {
-    if (!s || !*s) return 0;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (*end || errno || v < lo || v > hi) return 0;
-    *out = v;
-    return 1;
-}
-
-/* seen[i] marks options given on the command line. Returns -1 to go on, else the status. */
-static int parse_opts(const char *cmd, int compare, int argc, char **argv, train_opts *o,
-                      int *seen) {
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
-            printf(compare ? COMPARE_USAGE : TRAIN_USAGE, lowp_recipe_names());
-            return 0;
-        }
-        char name[40];
-        const char *eq = strchr(arg, '=');
-        size_t nlen = eq ? (size_t) (eq - arg) : strlen(arg);
-        if (strncmp(arg, "--", 2) != 0 || nlen >= sizeof name) {
-            fail(cmd, "unexpected argument '%s' (see `lowp %s --help`)", arg, cmd);
-            return 2;
-        }
-        memcpy(name, arg, nlen);
-        name[nlen] = '\0';
-        int k = -1;
-        for (int j = 0; j < NOPTS; j++)
-            if (strcmp(OPTS[j].name, name) == 0 &&
-                (compare ? OPTS[j].compare : OPTS[j].compare != 2))
-                k = j;
-        if (k < 0) {
-            fail(cmd, "unknown option '%s' (see `lowp %s --help`)", name, cmd);
-            return 2;
-        }
-        if (seen[k]) {
-            fail(cmd, "%s given twice", name);
-            return 2;
-        }
-        seen[k] = 1;
-        char *field = (char *) o + OPTS[k].off;
-        if (OPTS[k].kind == OPT_FLAG) {
-            if (eq) {
-                fail(cmd, "%s takes no value", name);
-                return 2;
-            }
-            *(int *) field = 1;
-            continue;
-        }
-        const char *val = eq ? eq + 1 : NULL;
-        if (!val) {
-            if (i + 1 >= argc) {
-                fail(cmd, "%s needs a value", name);
-                return 2;
-            }
-            val = argv[++i];
-        }
-        long long v;
-        char *end;
-        switch (OPTS[k].kind) {
-        case OPT_INT:
-            if (!parse_int_str(val, 0, INT32_MAX, &v)) {
-                fail(cmd, "%s: '%s' is not a non-negative integer", name, val);
-                return 2;
-            }
-            *(int *) field = (int) v;
-            break;
-        case OPT_U64: {
-            if (!*val || *val == '-' || *val == '+') {
-                fail(cmd, "%s: '%s' is not an unsigned integer", name, val);
-                return 2;
-            }
-            errno = 0;
-            unsigned long long u = strtoull(val, &end, 10);
-            if (*end || errno) {
-                fail(cmd, "%s: '%s' is not an unsigned 64-bit integer", name, val);
-                return 2;
-            }
-            *(uint64_t *) field = (uint64_t) u;
-            break;
-        }
-        case OPT_FLOAT: {
-            errno = 0;
-            float x = strtof(val, &end);
-            if (!*val || *end || errno || !isfinite(x) || x < 0) {
-                fail(cmd, "%s: '%s' is not a finite non-negative number", name, val);
-                return 2;
-            }
-            *(float *) field = x;
-            break;
-        }
-        case OPT_STR: *(const char **) field = val; break;
-        default: break;
-        }
-    }
+/* Returns -1 to go on, else the exit status. */
+static int parse_cmdline(cmdline *c, const char *cmd, int compare, int argc, char **argv,
+                         int32_t default_sample) {
+    memset(c, 0, sizeof *c);
+    c->cmd = cmd;
+    int n = 0;
+    for (int j = 0; j < NOPTS; j++)
+        if (OPTS[j].scope == BOTH || OPTS[j].scope == (compare ? COMPARE_ONLY : TRAIN_ONLY))
+            c->opts[n++] = OPTS[j].opt;
+    snprintf(c->usage, sizeof c->usage, compare ? COMPARE_USAGE : TRAIN_USAGE, lowp_recipe_names());
+    lowp_cli_args a = {cmd, c->usage, c->opts, n, &c->o, {0}, {0}, 0};
+    c->args = a;
+    int rc = lowp_cli_parse(&c->args, argc, argv);
+    if (rc >= 0) return rc;
+    if (c->args.npos > 0)
+        return lowp_cli_fail(cmd, 2, "unexpected argument '%s' (see `lowp %s --help`)",
+                             c->args.pos[0], cmd);
+    if (!given(c, "--sample")) c->o.sample = default_sample;
+    if (!given(c, "--temperature")) c->o.temperature = 0.8f;
     return -1;
 }
 
-static int given(const int *seen, const char *name) {
-    for (int j = 0; j < NOPTS; j++)
-        if (strcmp(OPTS[j].name, name) == 0) return seen[j];
-    return 0;
+static int given(const struct cmdline *c, const char *name) {
+    return lowp_cli_given(&c->args, name);
 }
 
 /* ---- Settings ---- */
@@ -286,99 +208,137 @@ typedef struct setup {
     char data_desc[600];
 } setup;
 
-/* Data, model configuration and trainer settings from the options (and, on resume, from the
- * checkpoint for what the options leave unset). */
-static int build_setup(const char *cmd, const train_opts *o, const int *seen,
-                       const lowp_checkpoint_info *ck, setup *s) {
-    memset(s, 0, sizeof *s);
-    lowp_status st = o->data ? lowp_data_from_file(o->data, &s->data) : lowp_data_default(&s->data);
-    if (st != LOWP_OK) return lib_fail(cmd, st);
+/* The corpus, and on resume the check that it is the checkpoint's. */
+static int load_data(const cmdline *c, const lowp_checkpoint_info *ck, setup *s) {
+    const char *cmd = c->cmd;
+    lowp_status st =
+        c->o.data ? lowp_data_from_file(c->o.data, &s->data) : lowp_data_default(&s->data);
+    if (st != LOWP_OK) return lowp_cli_lib_fail(cmd, st);
     lowp_data_info di;
     lowp_data_get_info(s->data, &di);
     snprintf(s->data_desc, sizeof s->data_desc, "%s (%lld bytes, vocabulary %d)", di.name,
              (long long) di.bytes, (int) di.vocab);
-    if (ck && ck->data_hash != di.hash) {
-        fail(cmd,
-             "the checkpoint was trained on other data (%s, hash %016llx); this run's data is %s "
-             "(hash %016llx): pass the same --data",
-             ck->data_name, (unsigned long long) ck->data_hash, di.name,
-             (unsigned long long) di.hash);
-        return 2;
-    }
+    if (ck && ck->data_hash != di.hash)
+        return lowp_cli_fail(cmd, 2,
+                             "the checkpoint was trained on other data (%s, hash %016llx); this "
+                             "run's data is %s (hash %016llx): pass the same --data",
+                             ck->data_name, (unsigned long long) ck->data_hash, di.name,
+                             (unsigned long long) di.hash);
+    return -1;
+}
 
-    const int overrides = given(seen, "--dim") || given(seen, "--layers") ||
-                          given(seen, "--heads") || given(seen, "--experts") ||
-                          given(seen, "--top-k") || given(seen, "--expert-hidden") ||
-                          given(seen, "--shared-hidden") || given(seen, "--dropout") ||
-                          given(seen, "--aux-loss-coef") || given(seen, "--seq-len");
+/* The model configuration: a preset, or the checkpoint's when nothing overrides it. */
+static int model_config(const cmdline *c, const lowp_checkpoint_info *ck, setup *s) {
+    static const char *const overrides[] = {
+        "--dim",           "--layers",        "--heads",   "--experts",       "--top-k",
+        "--expert-hidden", "--shared-hidden", "--dropout", "--aux-loss-coef", "--seq-len"};
+    int overridden = 0;
+    for (size_t i = 0; i < sizeof overrides / sizeof overrides[0]; i++)
+        overridden |= given(c, overrides[i]);
+    lowp_data_info di;
+    lowp_data_get_info(s->data, &di);
+    const train_opts *o = &c->o;
     const char *cfgname = o->config ? o->config : "tiny";
-    if (ck && !o->config && !overrides) {
+    if (ck && !o->config && !overridden) {
         s->mc = ck->config; /* the checkpoint's, when nothing says otherwise */
         cfgname = "from checkpoint";
     } else if (lowp_moe_config_preset(cfgname, di.vocab, &s->mc) != LOWP_OK) {
-        fail(cmd, "--config: %s", lowp_last_error());
-        return 2;
+        return lowp_cli_fail(c->cmd, 2, "--config: %s", lowp_last_error());
     }
     lowp_moe_config *m = &s->mc;
-    if (given(seen, "--dim")) m->dim = o->dim;
-    if (given(seen, "--layers")) m->layers = o->layers;
-    if (given(seen, "--heads")) m->heads = o->heads;
-    if (given(seen, "--experts")) m->experts = o->experts;
-    if (given(seen, "--top-k")) m->top_k = o->top_k;
-    if (given(seen, "--expert-hidden")) m->expert_hidden = o->expert_hidden;
-    if (given(seen, "--shared-hidden")) m->shared_hidden = o->shared_hidden;
-    if (given(seen, "--dropout")) m->dropout = o->dropout;
-    if (given(seen, "--aux-loss-coef")) m->aux_loss_coef = o->aux_loss_coef;
-    if (given(seen, "--seq-len")) m->seq_len = o->seq_len;
+    if (given(c, "--dim")) m->dim = o->dim;
+    if (given(c, "--layers")) m->layers = o->layers;
+    if (given(c, "--heads")) m->heads = o->heads;
+    if (given(c, "--experts")) m->experts = o->experts;
+    if (given(c, "--top-k")) m->top_k = o->top_k;
+    if (given(c, "--expert-hidden")) m->expert_hidden = o->expert_hidden;
+    if (given(c, "--shared-hidden")) m->shared_hidden = o->shared_hidden;
+    if (given(c, "--dropout")) m->dropout = o->dropout;
+    if (given(c, "--aux-loss-coef")) m->aux_loss_coef = o->aux_loss_coef;
+    if (given(c, "--seq-len")) m->seq_len = o->seq_len;
     snprintf(s->config_desc, sizeof s->config_desc,
              "%s: dim %d, %d layers, %d heads, seq_len %d, %d experts (top-%d, hidden %d), "
              "shared hidden %d, vocabulary %d, dropout %g",
              cfgname, (int) m->dim, (int) m->layers, (int) m->heads, (int) m->seq_len,
              (int) m->experts, (int) m->top_k, (int) m->expert_hidden, (int) m->shared_hidden,
              (int) m->vocab, (double) m->dropout);
+    /* Cheap checks before the model's memory is allocated: a sequence the corpus can hold. */
+    lowp_status st = lowp_data_check_seq_len(s->data, m->seq_len);
+    if (st != LOWP_OK) return lowp_cli_fail(c->cmd, 2, "--seq-len: %s", lowp_last_error());
+    return -1;
+}
 
-    lowp_trainer_cfg *c = &s->tc;
+/* The trainer settings: defaults (or the checkpoint's), then the options given. */
+static int trainer_settings(const cmdline *c, const lowp_checkpoint_info *ck, setup *s) {
+    const train_opts *o = &c->o;
+    lowp_trainer_cfg *t = &s->tc;
     if (ck)
-        *c = ck->train;
+        *t = ck->train;
     else
-        lowp_trainer_cfg_init(c);
-    c->seq_len = m->seq_len;
-    if (given(seen, "--steps")) c->steps = o->steps;
-    if (given(seen, "--batch")) c->batch = o->batch;
-    if (given(seen, "--accum")) c->accum = o->accum;
-    if (given(seen, "--lr")) c->lr = o->lr;
-    if (given(seen, "--min-lr"))
-        c->min_lr = o->min_lr;
-    else if (!ck || given(seen, "--lr"))
-        c->min_lr = c->lr / 10.0f;
-    if (given(seen, "--warmup"))
-        c->warmup = o->warmup;
+        lowp_trainer_cfg_init(t);
+    t->seq_len = s->mc.seq_len;
+    if (given(c, "--steps")) t->steps = o->steps;
+    if (given(c, "--batch")) t->batch = o->batch;
+    if (given(c, "--accum")) t->accum = o->accum;
+    if (given(c, "--lr")) t->lr = o->lr;
+    if (given(c, "--min-lr"))
+        t->min_lr = o->min_lr;
+    else if (!ck || given(c, "--lr"))
+        t->min_lr = t->lr / 10.0f;
+    if (given(c, "--warmup"))
+        t->warmup = o->warmup;
     else if (!ck)
-        c->warmup = c->steps / 10;
-    if (given(seen, "--weight-decay")) c->adamw.weight_decay = o->weight_decay;
-    if (given(seen, "--beta1")) c->adamw.beta1 = o->beta1;
-    if (given(seen, "--beta2")) c->adamw.beta2 = o->beta2;
-    if (given(seen, "--clip")) c->clip = o->clip;
-    if (given(seen, "--eval-every"))
-        c->eval_every = o->eval_every;
+        t->warmup = t->steps / 10;
+    if (given(c, "--weight-decay")) t->adamw.weight_decay = o->weight_decay;
+    if (given(c, "--beta1")) t->adamw.beta1 = o->beta1;
+    if (given(c, "--beta2")) t->adamw.beta2 = o->beta2;
+    if (given(c, "--clip")) t->clip = o->clip;
+    if (given(c, "--eval-every"))
+        t->eval_every = o->eval_every;
     else if (!ck)
-        c->eval_every = c->steps >= 10 ? c->steps / 10 : 1;
-    if (given(seen, "--eval-batches")) c->eval_batches = o->eval_batches;
-    if (given(seen, "--seed")) c->seed = o->seed;
-    c->threads = o->threads;
-    c->activation_checkpoint = o->activation_checkpoint;
-    if (c->batch < 1 || c->accum < 1 || c->eval_batches < 1) {
-        fail(cmd, "--batch, --accum and --eval-batches must be at least 1");
-        return 2;
+        t->eval_every = t->steps >= 10 ? t->steps / 10 : 1;
+    if (given(c, "--eval-batches")) t->eval_batches = o->eval_batches;
+    if (given(c, "--seed")) t->seed = o->seed;
+    if (given(c, "--max-skipped")) t->max_skipped = o->max_skipped;
+    t->threads = o->threads;
+    t->activation_checkpoint = o->activation_checkpoint;
+    if (t->batch < 1 || t->accum < 1 || t->eval_batches < 1)
+        return lowp_cli_fail(c->cmd, 2, "--batch, --accum and --eval-batches must be at least 1");
+    if (t->steps < 1) return lowp_cli_fail(c->cmd, 2, "--steps must be at least 1");
+    if (!(t->adamw.beta1 < 1) || !(t->adamw.beta2 < 1))
+        return lowp_cli_fail(c->cmd, 2, "--beta1 and --beta2 must be below 1");
+    return -1;
+}
+
+/* Data, model configuration and trainer settings from the options (and, on resume, from the
+ * checkpoint for what the options leave unset). Returns -1 to go on, else the exit status;
+ * s->data is set (or NULL) either way. */
+static int build_setup(const cmdline *c, const lowp_checkpoint_info *ck, setup *s) {
+    memset(s, 0, sizeof *s);
+    int rc = load_data(c, ck, s);
+    if (rc < 0) rc = model_config(c, ck, s);
+    if (rc < 0) rc = trainer_settings(c, ck, s);
+    return rc;
+}
+
+/* A path the checkpoint can be written to (issue: a run that trains for hours and then cannot
+ * save): a temporary file created and removed in its directory, before the first step. */
+static int check_writable(const char *cmd, const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return lowp_cli_fail(cmd, 2, "--checkpoint %s: is a directory", path);
+    char *tmpl = lowp_cli_join(path, ".XXXXXX");
+    if (!tmpl) return lowp_cli_fail(cmd, 1, "out of memory");
+    const int fd = mkstemp(tmpl);
+    const int err = errno;
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmpl);
     }
-    if (c->steps < 1) {
-        fail(cmd, "--steps must be at least 1");
-        return 2;
-    }
-    if (!(c->adamw.beta1 < 1) || !(c->adamw.beta2 < 1)) {
-        fail(cmd, "--beta1 and --beta2 must be below 1");
-        return 2;
-    }
+    free(tmpl);
+    if (fd < 0)
+        return lowp_cli_fail(cmd, 2, "--checkpoint %s: cannot write there: %s", path,
+                             strerror(err));
     return -1;
 }
 
@@ -426,6 +386,45 @@ typedef struct progress {
     int64_t ntps, skipped;
     float last_loss, last_val;
 } progress;
+
+static void progress_init(progress *p, const char *cmd, const char *label, FILE *log, int every) {
+    memset(p, 0, sizeof *p);
+    p->cmd = cmd;
+    p->label = label;
+    p->log = log;
+    p->tty = isatty(2);
+    p->every = every;
+    p->last_saved = -1;
+    p->last_loss = p->last_val = NAN;
+}
+
+/* The --log file. A resumed run keeps the lines of the steps up to the checkpoint's and drops
+ * later ones (written by a run that went on past the checkpoint and was then resumed from it),
+ * so no step is logged twice; the kept lines are rewritten atomically, then appended to. */
+static FILE *open_log(const char *path, int resume, int64_t step0) {
+    if (!resume) return fopen(path, "w");
+    char err[512];
+    char *text = lowp_cli_read_text(path, (size_t) 1 << 30, err, sizeof err);
+    if (!text) return errno == ENOENT || access(path, F_OK) != 0 ? fopen(path, "w") : NULL;
+    char *tmp = lowp_cli_join(path, ".tmp");
+    FILE *f = tmp ? fopen(tmp, "w") : NULL;
+    for (char *line = text; f && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        int64_t step;
+        if (*line && (!lowp_cli_json_int(line, "step", &step) || step <= step0))
+            fprintf(f, "%s\n", line);
+        if (!nl) break;
+        line = nl + 1;
+    }
+    free(text);
+    int ok = f && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (f) ok &= fclose(f) == 0;
+    ok = ok && rename(tmp, path) == 0;
+    if (!ok && tmp) remove(tmp);
+    free(tmp);
+    return ok ? fopen(path, "a") : NULL;
+}
 
 static void fmt_dur(char *buf, size_t n, double s) {
     if (!(s >= 0) || s > 1e7) {
@@ -492,7 +491,7 @@ static int on_step(const lowp_step_report *r, void *user) {
         lowp_status st = lowp_trainer_checkpoint_save(p->t, p->checkpoint);
         if (st != LOWP_OK) {
             if (p->tty) fputc('\n', stderr);
-            fail(p->cmd, "%s", lowp_last_error());
+            lowp_cli_error(p->cmd, "%s", lowp_last_error());
             p->failed = 1;
             return 1;
         }
@@ -515,168 +514,169 @@ static double median(double *v, int64_t n) {
 
 /* ---- lowp train ---- */
 
-int lowp_cli_train(int argc, char **argv) {
-    const char *cmd = "train";
-    train_opts o;
-    memset(&o, 0, sizeof o);
-    int seen[NOPTS] = {0};
-    int rc = parse_opts(cmd, 0, argc, argv, &o, seen);
-    if (rc >= 0) return rc;
-    if (!given(seen, "--sample")) o.sample = 200;
-    if (!given(seen, "--temperature")) o.temperature = 0.8f;
-    if (o.checkpoint_every && !o.checkpoint) {
-        fail(cmd, "--checkpoint-every needs --checkpoint PATH");
-        return 2;
-    }
-    if (o.threads > 0) omp_set_num_threads(o.threads);
-
+/* One `lowp train` run: what it opened, for the steps below and the cleanup. */
+typedef struct train_run {
+    cmdline c;
     lowp_checkpoint_info ck;
-    if (o.resume) {
-        lowp_status st = lowp_trainer_checkpoint_info(o.resume, &ck);
-        if (st != LOWP_OK) return lib_fail(cmd, st);
-    }
+    int resume;
     setup s;
-    rc = build_setup(cmd, &o, seen, o.resume ? &ck : NULL, &s);
-    if (rc >= 0) {
-        lowp_data_free(s.data);
-        return rc;
-    }
-    const char *recipe_name = o.recipe ? o.recipe : (o.resume ? ck.recipe : "bf16");
     lowp_recipe recipe;
-    if (lowp_recipe_init(&recipe, recipe_name) != LOWP_OK) {
-        fail(cmd, "--recipe: unknown recipe '%s' (one of %s)", recipe_name, lowp_recipe_names());
-        lowp_data_free(s.data);
-        return 2;
+    uint64_t model_seed;
+    lowp_moe *model;
+    lowp_trainer *t;
+    FILE *log;
+    int64_t step0;
+    progress p;
+} train_run;
+
+/* The checkpoint to resume, the settings, the recipe and the prompt: every input checked
+ * before anything big is allocated. */
+static int train_inputs(train_run *r) {
+    const char *cmd = r->c.cmd;
+    const train_opts *o = &r->c.o;
+    if (o->checkpoint_every && !o->checkpoint)
+        return lowp_cli_fail(cmd, 2, "--checkpoint-every needs --checkpoint PATH");
+    if (o->threads > 0) omp_set_num_threads(o->threads);
+    r->resume = o->resume != NULL;
+    if (r->resume) {
+        lowp_status st = lowp_trainer_checkpoint_info(o->resume, &r->ck);
+        if (st != LOWP_OK) return lowp_cli_lib_fail(cmd, st);
     }
-    if (o.prompt && o.sample > 0) {
+    int rc = build_setup(&r->c, r->resume ? &r->ck : NULL, &r->s);
+    if (rc >= 0) return rc;
+    const char *name = o->recipe ? o->recipe : (r->resume ? r->ck.recipe : "bf16");
+    if (lowp_recipe_init(&r->recipe, name) != LOWP_OK)
+        return lowp_cli_fail(cmd, 2, "--recipe: unknown recipe '%s' (one of %s)", name,
+                             lowp_recipe_names());
+    if (o->prompt && o->sample > 0) {
         /* Refuse a prompt the vocabulary cannot spell now, not after the training. */
-        size_t plen = strlen(o.prompt);
+        size_t plen = strlen(o->prompt);
         int32_t *tok = malloc((plen + 1) * sizeof *tok);
         lowp_status pst =
-            tok ? lowp_data_encode(s.data, o.prompt, plen, tok) : LOWP_ERR_OUT_OF_MEMORY;
+            tok ? lowp_data_encode(r->s.data, o->prompt, plen, tok) : LOWP_ERR_OUT_OF_MEMORY;
         free(tok);
-        if (pst != LOWP_OK) {
-            fail(cmd, "--prompt: %s", lowp_last_error());
-            lowp_data_free(s.data);
-            return 2;
-        }
+        if (pst != LOWP_OK) return lowp_cli_fail(cmd, 2, "--prompt: %s", lowp_last_error());
     }
-    const uint64_t model_seed = o.resume && !given(seen, "--seed") ? ck.model_seed : s.tc.seed;
+    if (o->checkpoint && (rc = check_writable(cmd, o->checkpoint)) >= 0) return rc;
+    r->model_seed = r->resume && !given(&r->c, "--seed") ? r->ck.model_seed : r->s.tc.seed;
+    return -1;
+}
 
-    lowp_moe *model = NULL;
-    lowp_trainer *t = NULL;
-    FILE *log = NULL;
-    char *sample = NULL;
-    lowp_status st = lowp_moe_create(&s.mc, model_seed, &model);
-    if (st != LOWP_OK) {
-        rc = lib_fail(cmd, st);
-        goto done;
-    }
-    if ((st = lowp_trainer_create(model, s.data, &recipe, &s.tc, &t)) != LOWP_OK) {
-        rc = lib_fail(cmd, st);
-        goto done;
-    }
-    lowp_trainer_set_model_seed(t, model_seed);
-    if (o.resume && (st = lowp_trainer_checkpoint_load(t, o.resume)) != LOWP_OK) {
-        rc = lib_fail(cmd, st);
-        goto done;
-    }
-    if (o.log && !(log = fopen(o.log, o.resume ? "a" : "w"))) {
-        fail(cmd, "cannot open --log %s: %s", o.log, strerror(errno));
-        rc = 2;
-        goto done;
-    }
-    int64_t step0;
-    lowp_trainer_get_step(t, &step0);
-    const int64_t until = o.stop_at > 0 && o.stop_at < s.tc.steps ? o.stop_at : s.tc.steps;
+/* The model, the trainer (from the checkpoint on resume) and the log. */
+static int train_create(train_run *r) {
+    const char *cmd = r->c.cmd;
+    const train_opts *o = &r->c.o;
+    lowp_status st = lowp_moe_create(&r->s.mc, r->model_seed, &r->model);
+    if (st == LOWP_OK) st = lowp_trainer_create(r->model, r->s.data, &r->recipe, &r->s.tc, &r->t);
+    if (st == LOWP_OK) st = lowp_trainer_set_model_seed(r->t, r->model_seed);
+    if (st == LOWP_OK && r->resume) st = lowp_trainer_checkpoint_load(r->t, o->resume);
+    if (st != LOWP_OK) return lowp_cli_lib_fail(cmd, st);
+    lowp_trainer_get_step(r->t, &r->step0);
+    /* A resumed run appends to its log from the step it resumes at: lines of later steps (from
+     * a run that went on past the checkpoint) would repeat. */
+    if (o->log && !(r->log = open_log(o->log, r->resume, r->step0)))
+        return lowp_cli_fail(cmd, 2, "cannot open --log %s: %s", o->log, strerror(errno));
+    return -1;
+}
+
+static void train_banner(const train_run *r) {
     char wrapped[256];
-    describe_wrapping(t, wrapped, sizeof wrapped);
-    fprintf(stderr, "lowp train: recipe %s (%s)\n  model %s\n  data %s\n", recipe.name, wrapped,
-            s.config_desc, s.data_desc);
-    if (o.resume)
-        fprintf(stderr, "  resuming from %s at step %lld of %d\n", o.resume, (long long) step0,
-                (int) s.tc.steps);
+    describe_wrapping(r->t, wrapped, sizeof wrapped);
+    fprintf(stderr, "lowp train: recipe %s (%s)\n  model %s\n  data %s\n", r->recipe.name, wrapped,
+            r->s.config_desc, r->s.data_desc);
+    if (r->resume)
+        fprintf(stderr, "  resuming from %s at step %lld of %d\n", r->c.o.resume,
+                (long long) r->step0, (int) r->s.tc.steps);
+}
 
-    progress p;
-    memset(&p, 0, sizeof p);
-    p.cmd = cmd;
-    p.log = log;
-    p.tty = isatty(2);
-    p.every = o.progress_every > 0 ? o.progress_every : (s.tc.steps >= 20 ? s.tc.steps / 20 : 1);
-    p.t = t;
-    p.checkpoint = o.checkpoint;
-    p.checkpoint_every = o.checkpoint_every;
-    p.last_saved = -1;
-    p.stop_at = until;
-    p.last_loss = NAN;
-    p.last_val = NAN;
-    const double t_run = omp_get_wtime();
-    if ((st = lowp_trainer_run(t, until, on_step, &p)) != LOWP_OK) {
-        if (p.tty) fputc('\n', stderr);
-        rc = lib_fail(cmd, st);
-        rc = rc == 2 ? 1 : rc; /* the inputs were fine: this failed while training */
-        goto done;
+/* The updates, with progress, log and periodic checkpoints, then the final checkpoint. */
+static int train_loop(train_run *r, double *secs) {
+    const char *cmd = r->c.cmd;
+    const train_opts *o = &r->c.o;
+    const int32_t steps = r->s.tc.steps;
+    progress *p = &r->p;
+    progress_init(p, cmd, NULL, r->log,
+                  o->progress_every > 0 ? o->progress_every : (steps >= 20 ? steps / 20 : 1));
+    p->t = r->t;
+    p->checkpoint = o->checkpoint;
+    p->checkpoint_every = o->checkpoint_every;
+    p->stop_at = o->stop_at > 0 && o->stop_at < steps ? o->stop_at : steps;
+    const double t0 = omp_get_wtime();
+    lowp_status st = lowp_trainer_run(r->t, p->stop_at, on_step, p);
+    *secs = omp_get_wtime() - t0;
+    if (st != LOWP_OK) {
+        if (p->tty) fputc('\n', stderr);
+        lowp_cli_lib_fail(cmd, st);
+        return 1; /* the inputs were fine: this failed while training */
     }
-    if (p.failed) {
-        rc = 1;
-        goto done;
-    }
+    if (p->failed) return 1;
     int64_t step;
-    lowp_trainer_get_step(t, &step);
-    if (o.checkpoint && p.last_saved != step) {
-        if ((st = lowp_trainer_checkpoint_save(t, o.checkpoint)) != LOWP_OK) {
-            rc = lib_fail(cmd, st);
-            rc = 1;
-            goto done;
-        }
+    lowp_trainer_get_step(r->t, &step);
+    if (o->checkpoint && p->last_saved != step &&
+        (st = lowp_trainer_checkpoint_save(r->t, o->checkpoint)) != LOWP_OK) {
+        lowp_cli_lib_fail(cmd, st);
+        return 1;
     }
-    const double secs = omp_get_wtime() - t_run;
-    if (step > step0) {
-        printf("trained %s: step %lld/%d, loss %.4f", recipe.name, (long long) step,
-               (int) s.tc.steps, (double) p.last_loss);
-        if (isfinite(p.last_val)) printf(", val_loss %.4f", (double) p.last_val);
+    return -1;
+}
+
+/* The result line, the divergence verdict and the sample. */
+static int train_report(train_run *r, double secs) {
+    const char *cmd = r->c.cmd;
+    const train_opts *o = &r->c.o;
+    const progress *p = &r->p;
+    int64_t step;
+    lowp_trainer_get_step(r->t, &step);
+    if (step > r->step0) {
+        printf("trained %s: step %lld/%d, loss %.4f", r->recipe.name, (long long) step,
+               (int) r->s.tc.steps, (double) p->last_loss);
+        if (isfinite(p->last_val)) printf(", val_loss %.4f", (double) p->last_val);
         printf(", %.1f s", secs);
-        if (p.skipped)
-            printf(", %lld updates skipped (non-finite gradient)", (long long) p.skipped);
+        if (p->skipped)
+            printf(", %lld updates skipped (non-finite gradient)", (long long) p->skipped);
         printf("\n");
     } else {
         printf("nothing to train: the checkpoint is at step %lld of %d\n", (long long) step,
-               (int) s.tc.steps);
+               (int) r->s.tc.steps);
     }
-    if (o.checkpoint) printf("checkpoint: %s\n", o.checkpoint);
-    if (step > step0 && !isfinite(p.last_loss)) {
-        fail(cmd, "the loss is %g at step %lld: training diverged", (double) p.last_loss,
-             (long long) step);
-        rc = 1;
-        goto done;
-    }
-    if (o.sample > 0) {
-        lowp_sample_cfg sc;
-        lowp_sample_cfg_init(&sc);
-        sc.temperature = o.temperature;
-        sc.top_k = o.sample_top_k;
-        sc.seed = s.tc.seed;
-        sc.threads = o.threads;
-        sample = malloc((size_t) o.sample + 1);
-        if (!sample) {
-            fail(cmd, "out of memory for the sample");
-            rc = 1;
-            goto done;
-        }
-        if ((st = lowp_sample_text(model, s.data, &sc, o.prompt, o.sample, sample)) != LOWP_OK) {
-            rc = lib_fail(cmd, st);
-            goto done;
-        }
+    if (o->checkpoint) printf("checkpoint: %s\n", o->checkpoint);
+    if (step > r->step0 && !isfinite(p->last_loss))
+        return lowp_cli_fail(cmd, 1, "the loss is %g at step %lld: training diverged",
+                             (double) p->last_loss, (long long) step);
+    if (o->sample <= 0) return 0;
+    lowp_sample_cfg sc;
+    lowp_sample_cfg_init(&sc);
+    sc.temperature = o->temperature;
+    sc.top_k = o->sample_top_k;
+    sc.seed = r->s.tc.seed;
+    sc.threads = o->threads;
+    char *sample = malloc((size_t) o->sample + 1);
+    if (!sample) return lowp_cli_fail(cmd, 1, "out of memory for the sample");
+    lowp_status st = lowp_sample_text(r->model, r->s.data, &sc, o->prompt, o->sample, sample);
+    if (st == LOWP_OK)
         printf("--- sample (temperature %g) ---\n%s%s\n", (double) sc.temperature,
-               o.prompt ? o.prompt : "", sample);
-    }
-    rc = 0;
-done:
-    if (log) fclose(log);
+               o->prompt ? o->prompt : "", sample);
     free(sample);
-    lowp_trainer_free(t);
-    lowp_moe_free(model);
-    lowp_data_free(s.data);
+    return st == LOWP_OK ? 0 : lowp_cli_lib_fail(cmd, st);
+}
+
+int lowp_cli_train(int argc, char **argv) {
+    train_run *r = calloc(1, sizeof *r);
+    if (!r) return lowp_cli_fail("train", 1, "out of memory");
+    int rc = parse_cmdline(&r->c, "train", 0, argc, argv, 200);
+    double secs = 0;
+    if (rc < 0) rc = train_inputs(r);
+    if (rc < 0) rc = train_create(r);
+    if (rc < 0) {
+        train_banner(r);
+        rc = train_loop(r, &secs);
+    }
+    if (rc < 0) rc = train_report(r, secs);
+    if (r->log) fclose(r->log);
+    lowp_trainer_free(r->t);
+    lowp_moe_free(r->model);
+    lowp_data_free(r->s.data);
+    free(r);
     return rc;
 }
 
@@ -684,151 +684,156 @@ done:
 
 #define MAX_RECIPES 16
 
-int lowp_cli_compare(int argc, char **argv) {
-    const char *cmd = "compare";
-    train_opts o;
-    memset(&o, 0, sizeof o);
-    int seen[NOPTS] = {0};
-    int rc = parse_opts(cmd, 1, argc, argv, &o, seen);
-    if (rc >= 0) return rc;
-    if (!given(seen, "--temperature")) o.temperature = 0.8f;
-    if (o.threads > 0) omp_set_num_threads(o.threads);
-    const char *list = o.recipes ? o.recipes : "bf16,all_mxfp8,all_block_fp8,mix";
-    const char *out = o.out ? o.out : "out/compare";
-
-    /* The recipes, checked before any training. */
-    char names[MAX_RECIPES][32];
-    int nr = 0;
-    for (const char *q = list; *q;) {
-        const char *comma = strchr(q, ',');
-        size_t len = comma ? (size_t) (comma - q) : strlen(q);
-        if (len == 0 || len >= sizeof names[0] || nr == MAX_RECIPES) {
-            fail(cmd, "--recipes: '%s' is not a comma-separated list of at most %d recipes", list,
-                 MAX_RECIPES);
-            return 2;
-        }
-        memcpy(names[nr], q, len);
-        names[nr][len] = '\0';
-        lowp_recipe r;
-        if (lowp_recipe_init(&r, names[nr]) != LOWP_OK) {
-            fail(cmd, "--recipes: unknown recipe '%s' (one of %s)", names[nr], lowp_recipe_names());
-            return 2;
-        }
-        nr++;
-        q = comma ? comma + 1 : q + len;
-    }
+typedef struct compare_run {
+    cmdline c;
     setup s;
-    rc = build_setup(cmd, &o, seen, NULL, &s);
-    if (rc >= 0) {
-        lowp_data_free(s.data);
-        return rc;
-    }
-    if (!given(seen, "--eval-every")) s.tc.eval_every = s.tc.steps >= 20 ? s.tc.steps / 20 : 1;
-
-    FILE *log = NULL;
-    if (o.log && !(log = fopen(o.log, "w"))) {
-        fail(cmd, "cannot open --log %s: %s", o.log, strerror(errno));
-        lowp_data_free(s.data);
-        return 2;
-    }
+    char names[MAX_RECIPES][32];
+    int nr;
+    const char *out;
+    FILE *log;
     report_run runs[MAX_RECIPES];
     progress prog[MAX_RECIPES];
     char wrapped[MAX_RECIPES][256];
-    memset(runs, 0, sizeof runs);
-    memset(prog, 0, sizeof prog);
-    const int32_t cap = s.tc.steps + 2;
-    rc = 0;
-    fprintf(stderr, "lowp compare: %d recipes, %d updates each\n  model %s\n  data %s\n", nr,
-            (int) s.tc.steps, s.config_desc, s.data_desc);
-    for (int i = 0; i < nr && rc == 0; i++) {
-        progress *p = &prog[i];
-        p->cmd = cmd;
-        p->label = names[i];
-        p->log = log;
-        p->tty = isatty(2);
-        p->every =
-            o.progress_every > 0 ? o.progress_every : (s.tc.steps >= 10 ? s.tc.steps / 10 : 1);
-        p->stop_at = s.tc.steps;
-        p->last_loss = p->last_val = NAN;
-        p->steps = malloc((size_t) cap * sizeof *p->steps);
-        p->val = malloc((size_t) cap * sizeof *p->val);
-        p->tps = malloc((size_t) cap * sizeof *p->tps);
-        p->cap = cap;
-        if (!p->steps || !p->val || !p->tps) {
-            fail(cmd, "out of memory");
-            rc = 1;
-            break;
-        }
-        lowp_recipe recipe;
-        lowp_recipe_init(&recipe, names[i]);
-        lowp_moe *model = NULL;
-        lowp_trainer *t = NULL;
-        lowp_status st = lowp_moe_create(&s.mc, s.tc.seed, &model);
-        if (st == LOWP_OK) st = lowp_trainer_create(model, s.data, &recipe, &s.tc, &t);
-        if (st != LOWP_OK) {
-            rc = lib_fail(cmd, st);
-            lowp_moe_free(model);
-            break;
-        }
-        describe_wrapping(t, wrapped[i], sizeof wrapped[i]);
-        fprintf(stderr, "[%d/%d] %s: %s\n", i + 1, nr, names[i], wrapped[i]);
-        p->t = t;
-        const double t0 = omp_get_wtime();
-        st = lowp_trainer_run(t, 0, on_step, p);
-        const double secs = omp_get_wtime() - t0;
-        if (st != LOWP_OK) {
-            if (p->tty) fputc('\n', stderr);
-            lib_fail(cmd, st);
-            rc = 1;
-        }
-        double flops = 0;
-        lowp_moe_flops_per_token(model, s.tc.seq_len, &flops);
-        runs[i].recipe = names[i];
-        runs[i].points = p->points;
-        runs[i].steps = p->steps;
-        runs[i].val_loss = p->val;
-        runs[i].final_train_loss = p->last_loss;
-        runs[i].tokens_per_s = median(p->tps, p->ntps);
-        runs[i].gflops = flops * runs[i].tokens_per_s / 1e9;
-        runs[i].seconds = secs;
-        runs[i].skipped = p->skipped;
-        runs[i].wrapped = wrapped[i];
-        lowp_trainer_free(t);
+} compare_run;
+
+/* The comma-separated recipes, each checked before any training. */
+static int parse_recipes(compare_run *r, const char *list) {
+    const char *cmd = r->c.cmd;
+    for (const char *q = list; *q;) {
+        const char *comma = strchr(q, ',');
+        size_t len = comma ? (size_t) (comma - q) : strlen(q);
+        if (len == 0 || len >= sizeof r->names[0] || r->nr == MAX_RECIPES)
+            return lowp_cli_fail(cmd, 2,
+                                 "--recipes: '%s' is not a comma-separated list of at most %d "
+                                 "recipes",
+                                 list, MAX_RECIPES);
+        char *name = r->names[r->nr];
+        memcpy(name, q, len);
+        name[len] = '\0';
+        lowp_recipe rec;
+        if (lowp_recipe_init(&rec, name) != LOWP_OK)
+            return lowp_cli_fail(cmd, 2, "--recipes: unknown recipe '%s' (one of %s)", name,
+                                 lowp_recipe_names());
+        r->nr++;
+        q = comma ? comma + 1 : q + len;
+    }
+    return -1;
+}
+
+/* Recipe i from the shared initialization: trains it and fills runs[i]. */
+static int compare_one(compare_run *r, int i) {
+    const char *cmd = r->c.cmd;
+    const int32_t steps = r->s.tc.steps;
+    progress *p = &r->prog[i];
+    progress_init(p, cmd, r->names[i], r->log,
+                  r->c.o.progress_every > 0 ? r->c.o.progress_every
+                                            : (steps >= 10 ? steps / 10 : 1));
+    p->stop_at = steps;
+    const size_t cap = (size_t) steps + 2; /* evaluations: at most one per update, plus one */
+    p->steps = malloc(cap * sizeof *p->steps);
+    p->val = malloc(cap * sizeof *p->val);
+    p->tps = malloc(cap * sizeof *p->tps);
+    p->cap = (int32_t) (cap > INT32_MAX ? INT32_MAX : cap);
+    if (!p->steps || !p->val || !p->tps)
+        return lowp_cli_fail(cmd, 1, "out of memory for the records of %d updates", (int) steps);
+    lowp_recipe recipe;
+    lowp_recipe_init(&recipe, r->names[i]);
+    lowp_moe *model = NULL;
+    lowp_trainer *t = NULL;
+    lowp_status st = lowp_moe_create(&r->s.mc, r->s.tc.seed, &model);
+    if (st == LOWP_OK) st = lowp_trainer_create(model, r->s.data, &recipe, &r->s.tc, &t);
+    if (st != LOWP_OK) {
         lowp_moe_free(model);
+        return lowp_cli_lib_fail(cmd, st);
     }
-    if (log) fclose(log);
-    if (rc == 0) {
-        char cmdline[1024];
-        int len = snprintf(cmdline, sizeof cmdline, "lowp");
-        for (int i = 0; i < argc && len > 0 && (size_t) len < sizeof cmdline; i++)
-            len += snprintf(cmdline + len, sizeof cmdline - (size_t) len, " %s", argv[i]);
-        report_info info = {s.config_desc, s.data_desc, s.tc.steps, s.tc.batch,
-                            s.tc.seq_len,  s.tc.accum,  o.threads,  s.tc.lr,
-                            s.tc.min_lr,   s.tc.warmup, s.tc.seed,  cmdline};
-        char err[600];
-        if (report_write(out, &info, runs, nr, err, sizeof err) != 0) {
-            fail(cmd, "%s", err);
-            rc = 1;
-        } else {
-            printf(
-                "| recipe | final val loss | tokens/s | GFLOP/s |\n| --- | ---: | ---: | ---: |\n");
-            for (int i = 0; i < nr; i++)
-                printf("| %s | %.4f | %.0f | %.2f |\n", names[i],
-                       runs[i].points ? (double) runs[i].val_loss[runs[i].points - 1] : NAN,
-                       runs[i].tokens_per_s, runs[i].gflops);
-            printf("report: %s/report.md\nplot: %s/val_loss.svg\n", out, out);
-            for (int i = 0; i < nr; i++)
-                if (runs[i].points && !isfinite(runs[i].val_loss[runs[i].points - 1])) {
-                    fail(cmd, "recipe %s diverged (validation loss is not finite)", names[i]);
-                    rc = 1;
-                }
-        }
+    describe_wrapping(t, r->wrapped[i], sizeof r->wrapped[i]);
+    fprintf(stderr, "[%d/%d] %s: %s\n", i + 1, r->nr, r->names[i], r->wrapped[i]);
+    p->t = t;
+    const double t0 = omp_get_wtime();
+    st = lowp_trainer_run(t, 0, on_step, p);
+    const double secs = omp_get_wtime() - t0;
+    int rc = -1;
+    if (st != LOWP_OK) {
+        if (p->tty) fputc('\n', stderr);
+        lowp_cli_lib_fail(cmd, st);
+        rc = 1;
     }
-    for (int i = 0; i < nr; i++) {
-        free(prog[i].steps);
-        free(prog[i].val);
-        free(prog[i].tps);
+    double flops = 0;
+    lowp_moe_flops_per_token(model, r->s.tc.seq_len, &flops);
+    report_run *run = &r->runs[i];
+    run->recipe = r->names[i];
+    run->points = p->points;
+    run->steps = p->steps;
+    run->val_loss = p->val;
+    run->final_train_loss = p->last_loss;
+    run->tokens_per_s = median(p->tps, p->ntps);
+    run->gflops = flops * run->tokens_per_s / 1e9;
+    run->seconds = secs;
+    run->skipped = p->skipped;
+    run->wrapped = r->wrapped[i];
+    lowp_trainer_free(t);
+    lowp_moe_free(model);
+    return rc;
+}
+
+/* report.md and val_loss.svg, the summary table, and the divergence verdict. */
+static int compare_report(compare_run *r, int argc, char **argv) {
+    const char *cmd = r->c.cmd;
+    char cmdline_text[1024];
+    int len = snprintf(cmdline_text, sizeof cmdline_text, "lowp");
+    for (int i = 0; i < argc && len > 0 && (size_t) len < sizeof cmdline_text; i++)
+        len += snprintf(cmdline_text + len, sizeof cmdline_text - (size_t) len, " %s", argv[i]);
+    const lowp_trainer_cfg *tc = &r->s.tc;
+    report_info info = {r->s.config_desc, r->s.data_desc, tc->steps,      tc->batch,
+                        tc->seq_len,      tc->accum,      r->c.o.threads, tc->lr,
+                        tc->min_lr,       tc->warmup,     tc->seed,       cmdline_text};
+    char err[600];
+    if (report_write(r->out, &info, r->runs, r->nr, err, sizeof err) != 0)
+        return lowp_cli_fail(cmd, 1, "%s", err);
+    printf("| recipe | final val loss | tokens/s | GFLOP/s |\n| --- | ---: | ---: | ---: |\n");
+    for (int i = 0; i < r->nr; i++)
+        printf("| %s | %.4f | %.0f | %.2f |\n", r->names[i],
+               r->runs[i].points ? (double) r->runs[i].val_loss[r->runs[i].points - 1] : NAN,
+               r->runs[i].tokens_per_s, r->runs[i].gflops);
+    printf("report: %s/report.md\nplot: %s/val_loss.svg\n", r->out, r->out);
+    int rc = 0;
+    for (int i = 0; i < r->nr; i++)
+        if (r->runs[i].points && !isfinite(r->runs[i].val_loss[r->runs[i].points - 1]))
+            rc = lowp_cli_fail(cmd, 1, "recipe %s diverged (validation loss is not finite)",
+                               r->names[i]);
+    return rc;
+}
+
+int lowp_cli_compare(int argc, char **argv) {
+    compare_run *r = calloc(1, sizeof *r);
+    if (!r) return lowp_cli_fail("compare", 1, "out of memory");
+    int rc = parse_cmdline(&r->c, "compare", 1, argc, argv, 0);
+    const train_opts *o = &r->c.o;
+    if (rc < 0) {
+        if (o->threads > 0) omp_set_num_threads(o->threads);
+        r->out = o->out ? o->out : "out/compare";
+        rc = parse_recipes(r, o->recipes ? o->recipes : "bf16,all_mxfp8,all_block_fp8,mix");
     }
-    lowp_data_free(s.data);
+    if (rc < 0) rc = build_setup(&r->c, NULL, &r->s);
+    if (rc < 0) {
+        if (!given(&r->c, "--eval-every"))
+            r->s.tc.eval_every = r->s.tc.steps >= 20 ? r->s.tc.steps / 20 : 1;
+        if (o->log && !(r->log = fopen(o->log, "w")))
+            rc = lowp_cli_fail(r->c.cmd, 2, "cannot open --log %s: %s", o->log, strerror(errno));
+    }
+    if (rc < 0) {
+        fprintf(stderr, "lowp compare: %d recipes, %d updates each\n  model %s\n  data %s\n", r->nr,
+                (int) r->s.tc.steps, r->s.config_desc, r->s.data_desc);
+        for (int i = 0; i < r->nr && rc < 0; i++) rc = compare_one(r, i);
+    }
+    if (r->log) fclose(r->log);
+    if (rc < 0) rc = compare_report(r, argc, argv);
+    for (int i = 0; i < r->nr; i++) {
+        free(r->prog[i].steps);
+        free(r->prog[i].val);
+        free(r->prog[i].tps);
+    }
+    lowp_data_free(r->s.data);
+    free(r);
     return rc;
 }

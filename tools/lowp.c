@@ -23,6 +23,7 @@ static const subcommand COMMANDS[] = {
     {"demo", lowp_cli_demo, "a few values in every format, and stochastic rounding"},
     {"quantize", lowp_cli_quantize, "quantize a 2-D float32 .npy: element codes and scales"},
     {"dequantize", lowp_cli_dequantize, "decode the files of `lowp quantize` back to float32"},
+    {"gemm", lowp_cli_gemm, "C = A.B^T of two float32 .npy operands, quantized (grouped: --offs)"},
     {"train", lowp_cli_train, "train the MoE model on text with a recipe; checkpoints, resume"},
     {"compare", lowp_cli_compare, "train several recipes; markdown report and SVG loss plot"},
 };
@@ -62,6 +63,13 @@ static void list_names(FILE *f, const subcommand *table, int n) {
 }
 
 static int bench(int argc, char **argv) {
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+                      strcmp(argv[1], "help") == 0)) {
+        printf("usage: lowp bench NAME [OPTIONS]   (`lowp bench NAME --help` for its options)\n\n");
+        for (int i = 0; i < COUNT(BENCHMARKS); i++)
+            printf("  %-8s %s\n", BENCHMARKS[i].name, BENCHMARKS[i].summary);
+        return 0;
+    }
     if (argc < 2) {
         fprintf(stderr, "lowp bench: missing benchmark name (one of ");
         list_names(stderr, BENCHMARKS, COUNT(BENCHMARKS));

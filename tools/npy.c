@@ -390,6 +390,31 @@ static size_t read_full(FILE *f, void *buf, size_t n) {
     return got;
 }
 
+/* The data bytes: one allocation of `n` for a regular file (its size was checked); from a pipe
+ * or a device, whose length is unknown, a buffer that grows as data arrives, so a header that
+ * declares more than the stream holds ends as truncated data (exit 2), not as a failed
+ * allocation of the declared size. 0 when out of memory. */
+static int read_data(FILE *f, size_t n, int regular, void **out, size_t *got) {
+    size_t cap = regular || n < ((size_t) 1 << 20) ? n : (size_t) 1 << 20;
+    uint8_t *buf = malloc(cap > 0 ? cap : 1);
+    if (!buf) return 0;
+    size_t have = read_full(f, buf, cap);
+    while (have == cap && cap < n) {
+        size_t next = cap > n / 2 ? n : 2 * cap;
+        uint8_t *grown = realloc(buf, next);
+        if (!grown) {
+            free(buf);
+            return 0;
+        }
+        buf = grown;
+        have += read_full(f, buf + have, next - have);
+        cap = next;
+    }
+    *out = buf;
+    *got = have;
+    return 1;
+}
+
 lowp_status lowp_npy_read(const char *path, lowp_npy_dtype want, lowp_npy *out, char *err,
                           size_t err_size) {
     if (!out) return fail(LOWP_ERR_INVALID_ARG, err, err_size, "lowp_npy_read: out is NULL");
@@ -456,13 +481,13 @@ lowp_status lowp_npy_read(const char *path, lowp_npy_dtype want, lowp_npy *out, 
                         hdr, (unsigned long long) data);
         }
     }
-    void *data = malloc(probe.nbytes > 0 ? probe.nbytes : 1);
-    if (!data) {
+    void *data = NULL;
+    size_t got = 0;
+    if (!read_data(f, probe.nbytes, regular, &data, &got)) {
         fclose(f);
         return fail(LOWP_ERR_OUT_OF_MEMORY, err, err_size, "%s: cannot allocate %zu bytes", path,
                     probe.nbytes);
     }
-    size_t got = read_full(f, data, probe.nbytes);
     int extra = got == probe.nbytes && fgetc(f) != EOF;
     int ioerr = ferror(f);
     fclose(f);

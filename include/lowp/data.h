@@ -49,6 +49,9 @@ typedef struct lowp_data_info {
     uint64_t hash;        /* FNV-1a 64 of the text: checkpoints refuse other data */
 } lowp_data_info;
 LOWP_API lowp_status lowp_data_get_info(const lowp_data *data, lowp_data_info *out);
+/* LOWP_OK when both splits hold a window of seq_len + 1 tokens; else LOWP_ERR_INVALID_ARG with
+ * a message that names the data and both split sizes. Cheap: call it before building a model. */
+LOWP_API lowp_status lowp_data_check_seq_len(const lowp_data *data, int32_t seq_len);
 
 /* The vocabulary: symbols[i] is the byte of token i, for i < vocab. */
 LOWP_API lowp_status lowp_data_vocab(const lowp_data *data, const uint8_t **symbols,

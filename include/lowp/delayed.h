@@ -24,13 +24,16 @@ extern "C" {
 #endif
 
 typedef enum lowp_amax_algo {
-    LOWP_AMAX_MAX = 0,         /* max over the whole history */
-    LOWP_AMAX_MOST_RECENT = 1, /* row 0 */
+    LOWP_AMAX_ALGO_MAX = 0,         /* max over the whole history */
+    LOWP_AMAX_ALGO_MOST_RECENT = 1, /* row 0 */
 } lowp_amax_algo;
+
+/* The longest amax history a configuration may ask for. */
+#define LOWP_DELAYED_MAX_HISTORY (1 << 20)
 
 typedef struct lowp_delayed_cfg {
     lowp_format format;  /* E4M3 or E5M2: fmax */
-    int32_t history_len; /* >= 1, default 1024 */
+    int32_t history_len; /* 1 to LOWP_DELAYED_MAX_HISTORY, default 1024 */
     float margin;        /* default 0 */
     lowp_amax_algo algo; /* default MAX */
 } lowp_delayed_cfg;
@@ -49,7 +52,7 @@ LOWP_API lowp_status lowp_delayed_init(lowp_delayed_state *st, const lowp_delaye
                                        float *history);
 /* Record this step's amax into row 0 (keeps the max of what row 0 holds; NaN sticks). */
 LOWP_API lowp_status lowp_delayed_record(lowp_delayed_state *st, float amax);
-/* The update of NUMERICS.md section 5 (after amaxes are recorded and reduced). */
+/* The update of docs/numerics.md section 5 (after amaxes are recorded and reduced). */
 LOWP_API lowp_status lowp_delayed_update(lowp_delayed_state *st);
 
 #ifdef __cplusplus

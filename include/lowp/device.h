@@ -1,10 +1,11 @@
 /* Devices, backends and the registry. Implemented in src/device/ (registry.c: the registry,
- * memory and queues; plugin.c: loading out-of-tree backends; describe.c: capability text); the
- * built-in CPU backend is src/cpu/backend.c.
+ * memory and queues; plugin.c: loading out-of-tree backends); the capability names are
+ * src/core/caps.c, the built-in CPU backend src/cpu/backend.c.
  *
  * A device is a (type, index) pair. Each device type is served by one backend: a vtable of
- * functions plus a context pointer. The registry always holds the CPU backend (type 0),
- * holds backends compiled in at configure time (CUDA when nvcc was found), and loads
+ * functions plus a context pointer. The registry always holds the CPU backend (type 0), the
+ * only backend compiled into the library today (a CUDA backend does not exist yet; type 1 is
+ * reserved for it), and loads
  * out-of-tree backends (an Ascend NPU, a test device) from shared objects with dlopen: from
  * every path in the colon-separated environment variable LOWP_BACKEND_PATH on first use, or
  * from lowp_backend_load(path).
@@ -41,7 +42,8 @@
 extern "C" {
 #endif
 
-/* Device type ids. CPU and CUDA are fixed; loaded backends get ids from
+/* Device type ids. CPU is fixed, CUDA is reserved for a compiled-in backend that does not
+ * exist yet; loaded backends get ids from
  * LOWP_DEVICE_PLUGIN_FIRST upwards, in load order (look them up by name). */
 enum {
     LOWP_DEVICE_CPU = 0,
@@ -75,6 +77,19 @@ enum {
     LOWP_CAP_FP8_MATH = 1u << 17,    /* native FP8 matrix arithmetic */
     LOWP_CAP_MX_MATH = 1u << 18,     /* native block-scaled (MX) matrix arithmetic */
 };
+
+/* Which CPU kernel an op runs (lowp_cast_cfg, lowp_quant_cfg, lowp_gemm_cfg `path`); tests
+ * and benchmarks force one to compare them. The rule, the same for every op: REFERENCE runs the
+ * scalar golden model; a forced fast path runs that kernel or fails with LOWP_ERR_UNSUPPORTED
+ * naming why (the CPU lacks it, or it has no kernel for this job); AUTO runs the fastest kernel
+ * the CPU and the job allow (AMX, then AVX-512, then the reference). Other backends ignore it. */
+typedef enum lowp_kernel_path {
+    LOWP_KERNEL_PATH_AUTO = 0,
+    LOWP_KERNEL_PATH_REFERENCE = 1,
+    LOWP_KERNEL_PATH_AVX512 = 2, /* AVX-512F/BW/VL/DQ */
+    LOWP_KERNEL_PATH_AMX = 3,    /* AMX-BF16 (GEMM only: cast and quantize have no AMX kernel) */
+    LOWP_KERNEL_PATH_COUNT
+} lowp_kernel_path;
 
 typedef struct lowp_caps {
     char name[64];      /* e.g. the CPU brand string or the GPU name */
@@ -134,10 +149,19 @@ typedef struct lowp_backend_iface {
      * device contexts. Not called for registered backends, which live until exit. May be
      * NULL. */
     void (*destroy)(void *ctx);
+    /* Since API version 2. amax of x at the granularity of `scaling` (a lowp_scaling) into
+     * out[out_count] (lowp_amax), on device `index`; arguments validated. Appended after
+     * destroy so that a version-1 vtable is a prefix of this one. */
+    lowp_status (*amax)(void *ctx, int32_t index, const struct lowp_tensor *x, int32_t scaling,
+                        float *out, size_t out_count);
 } lowp_backend_iface;
 
-#define LOWP_BACKEND_API_VERSION  1u
-#define LOWP_BACKEND_ENTRY_SYMBOL "lowp_backend_entry"
+/* Version 2 added the amax slot. The registry still loads a version-1 backend: it reads the
+ * vtable up to `destroy` and leaves amax NULL (lowp_amax on that backend's devices is then
+ * LOWP_ERR_UNSUPPORTED, naming the slot). Other versions are refused with LOWP_ERR_VERSION. */
+#define LOWP_BACKEND_API_VERSION     2u
+#define LOWP_BACKEND_API_VERSION_MIN 1u
+#define LOWP_BACKEND_ENTRY_SYMBOL    "lowp_backend_entry"
 
 typedef struct lowp_backend_reg {
     uint32_t api_version; /* LOWP_BACKEND_API_VERSION of the headers it was built with */

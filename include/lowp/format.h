@@ -3,7 +3,7 @@
  *
  * Every format lowp knows is an entry of an append-only enum; its traits (name, bits, bias,
  * fmax, emax and the scalar encode/decode functions) live in one table. The scalar functions
- * are the golden model of NUMERICS.md sections 1-2: every SIMD, AMX or device kernel is tested
+ * are the golden model of docs/numerics.md sections 1-2: every SIMD, AMX or device kernel is tested
  * against them bit for bit.
  *
  *   uint32_t code;
@@ -39,15 +39,19 @@ typedef enum lowp_format {
     LOWP_FORMAT_COUNT
 } lowp_format;
 
-/* What happens to a finite value that rounds past fmax, and to +-Inf. */
+/* What happens to a finite value that rounds past fmax, and to +-Inf. LOWP_OVERFLOW_DEFAULT
+ * (what lowp_cast_cfg_init picks) is each format's own rule: IEEE for BF16 and F16 (overflow
+ * rounds to +-Inf and +-Inf stays, as torch's .to() and ml_dtypes), satfinite for the 8- and
+ * 4-bit formats and E8M0. */
 typedef enum lowp_overflow {
-    LOWP_OVERFLOW_SATFINITE = 0, /* clamp to +-fmax; NaN stays NaN (default) */
+    LOWP_OVERFLOW_SATFINITE = 0, /* clamp to +-fmax; NaN stays NaN */
     LOWP_OVERFLOW_NONSAT = 1,    /* Inf where the format has it, else NaN */
+    LOWP_OVERFLOW_DEFAULT = 2,   /* NONSAT for BF16 and F16, SATFINITE for the others */
 } lowp_overflow;
 
 typedef enum lowp_rounding {
-    LOWP_ROUND_RNE = 0, /* round to nearest, ties to even */
-    LOWP_ROUND_SR = 1,  /* stochastic rounding with Philox bits (NUMERICS.md section 2) */
+    LOWP_ROUNDING_RNE = 0, /* round to nearest, ties to even */
+    LOWP_ROUNDING_SR = 1,  /* stochastic rounding with Philox bits (docs/numerics.md section 2) */
 } lowp_rounding;
 
 /* Scalar kernels of a format. `encode` rounds RNE; `encode_sr` rounds stochastically with
@@ -82,7 +86,7 @@ LOWP_API lowp_status lowp_format_get(lowp_format format, const lowp_format_trait
 /* Parse a command-line name ("f32", "bf16", "f16", "e4m3", "e5m2", "e2m1", "e8m0"). */
 LOWP_API lowp_status lowp_format_from_name(const char *name, lowp_format *out);
 
-/* Scalar reference conversions (NUMERICS.md sections 1-2). */
+/* Scalar reference conversions (docs/numerics.md sections 1-2). */
 LOWP_API lowp_status lowp_encode(lowp_format format, float x, lowp_overflow overflow,
                                  uint32_t *code);
 LOWP_API lowp_status lowp_encode_sr(lowp_format format, float x, uint32_t rbits,

@@ -16,7 +16,8 @@
  *   BLOCK128 x BLOCK128       DeepSeek-V3 wgrad
  *   MX32 x BLOCK32X32      NPU Block FP8 weights with MX activations
  *
- * Any other pair is LOWP_ERR_UNSUPPORTED, never a silent fallback.
+ * Any other pair is LOWP_ERR_UNSUPPORTED, never a silent fallback. C may not overlap the data
+ * or scales of any operand (LOWP_ERR_INVALID_ARG); with accumulate, C is read and written.
  *
  *   lowp_gemm_cfg cfg;
  *   lowp_gemm_cfg_init(&cfg);                 // F32 output, overwrite C, fastest kernel
@@ -32,17 +33,10 @@
 extern "C" {
 #endif
 
-typedef enum lowp_gemm_path {
-    LOWP_GEMM_PATH_AUTO = 0,      /* AMX where granted, else AVX-512, else the reference */
-    LOWP_GEMM_PATH_REFERENCE = 1, /* the scalar golden model (NUMERICS.md summation order) */
-    LOWP_GEMM_PATH_AVX512 = 2,
-    LOWP_GEMM_PATH_AMX = 3,
-} lowp_gemm_path;
-
 typedef struct lowp_gemm_cfg {
-    int32_t accumulate;  /* 0: C = A.B^T; 1: C = C + A.B^T (weight-gradient accumulation) */
-    int32_t threads;     /* 0: all cores */
-    lowp_gemm_path path; /* LOWP_ERR_UNSUPPORTED when a forced path cannot run here */
+    int32_t accumulate;    /* 0: C = A.B^T; 1: C = C + A.B^T (weight-gradient accumulation) */
+    int32_t threads;       /* 0: all cores */
+    lowp_kernel_path path; /* LOWP_ERR_UNSUPPORTED when a forced path cannot run here */
 } lowp_gemm_cfg;
 
 LOWP_API lowp_status lowp_gemm_cfg_init(lowp_gemm_cfg *cfg);

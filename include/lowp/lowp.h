@@ -6,6 +6,7 @@
 #include "status.h"
 #include "format.h"
 #include "rng.h"
+#include "threads.h"
 #include "rng_tracker.h"
 #include "device.h"
 #include "tensor.h"

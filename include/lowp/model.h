@@ -63,9 +63,14 @@ LOWP_API lowp_status lowp_moe_config_preset(const char *name, int32_t vocab, low
 
 typedef struct lowp_moe lowp_moe;
 
+/* At most this many layers (the parameter table's entries stay inside int32). */
+#define LOWP_MOE_MAX_LAYERS 65536
+
 /* Allocate the model (one arena: every weight, then every gradient, zeroed) and initialize
  * the weights from `seed`, the same on every machine: N(0, 0.02) from Philox through
- * Box-Muller, wo and w2 scaled by 1/sqrt(2 L), norm weights 1. */
+ * Box-Muller, wo and w2 scaled by 1/sqrt(2 L), norm weights 1. Refuses, before allocating, a
+ * configuration whose weights, gradients, Adam moments and RoPE tables would not fit the
+ * physical memory (LOWP_ERR_INVALID_ARG). */
 LOWP_API lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe **out);
 LOWP_API void lowp_moe_free(lowp_moe *m);
 LOWP_API lowp_status lowp_moe_get_config(const lowp_moe *m, lowp_moe_config *out);

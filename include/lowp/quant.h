@@ -16,6 +16,9 @@
  *   lowp_quant_cfg cfg;
  *   lowp_quant_cfg_init(&cfg);              // RCEIL for MX, FLOOR for 32x32, eps 0
  *   lowp_quantize(&x, &row, &col, &cfg);
+ *
+ * Aliasing: no output buffer (data or scales of row_out, col_out; out of lowp_dequantize) may
+ * overlap an input buffer or another output; such calls return LOWP_ERR_INVALID_ARG.
  */
 #ifndef LOWP_QUANT_H
 #define LOWP_QUANT_H

@@ -53,11 +53,11 @@ typedef enum lowp_scaling {
 
 /* How an E8M0 scale is derived from a block's amax (docs/numerics.md section 3). */
 typedef enum lowp_scale_mode {
-    LOWP_SCALE_DEFAULT = 0, /* RCEIL for MX32, FLOOR for BLOCK32X32 */
-    LOWP_SCALE_RCEIL = 1,
-    LOWP_SCALE_FLOOR = 2,
-    LOWP_SCALE_CEIL = 3,
-    LOWP_SCALE_EVEN = 4,
+    LOWP_SCALE_MODE_DEFAULT = 0, /* RCEIL for MX32, FLOOR for BLOCK32X32 */
+    LOWP_SCALE_MODE_RCEIL = 1,
+    LOWP_SCALE_MODE_FLOOR = 2,
+    LOWP_SCALE_MODE_CEIL = 3,
+    LOWP_SCALE_MODE_EVEN = 4,
 } lowp_scale_mode;
 
 typedef struct lowp_qtensor {

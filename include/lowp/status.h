@@ -12,6 +12,8 @@
 #ifndef LOWP_STATUS_H
 #define LOWP_STATUS_H
 
+#include "deprecated.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -33,6 +35,7 @@ typedef enum lowp_status {
     LOWP_ERR_VERSION = 7,   /* an ABI or file version mismatch */
     LOWP_ERR_NOT_FOUND = 8, /* no such backend, device, name or symbol */
     LOWP_ERR_INTERNAL = 9,
+    LOWP_ERR_DIVERGED = 10, /* training met a non-finite loss, gradient streak or state */
 } lowp_status;
 
 /* A short constant name for a status ("LOWP_ERR_INVALID_ARG: invalid argument"). */

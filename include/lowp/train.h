@@ -146,7 +146,7 @@ LOWP_API lowp_status lowp_fp8_state_init(lowp_fp8_state *st, const lowp_delayed_
 LOWP_API void lowp_fp8_state_free(lowp_fp8_state *st);
 /* Record a role's amax for this step (max with what is recorded; NaN sticks). */
 LOWP_API lowp_status lowp_fp8_state_record(lowp_fp8_state *st, lowp_role role, float amax);
-/* Reduce (hook), update every role (NUMERICS.md section 5), push to the device. */
+/* Reduce (hook), update every role (docs/numerics.md section 5), push to the device. */
 LOWP_API lowp_status lowp_fp8_state_update(lowp_fp8_state *st, const lowp_reduce_hook *hook);
 LOWP_API lowp_status lowp_fp8_state_push(lowp_fp8_state *st);
 LOWP_API lowp_status lowp_fp8_state_pull(lowp_fp8_state *st);

@@ -60,9 +60,12 @@ typedef struct lowp_trainer_cfg {
     uint64_t eval_seed;   /* the validation batches (the same at every evaluation) */
     int32_t threads;      /* 0: all cores */
     int32_t activation_checkpoint; /* recompute layer activations in the backward */
+    int32_t max_skipped;           /* stop (LOWP_ERR_DIVERGED) after this many consecutive skipped
+                                      updates; 0: never. A non-finite loss always stops the run. */
 } lowp_trainer_cfg;
 /* Defaults: 200 steps, batch 8, the model's seq_len, accum 1, lr 3e-3 -> 3e-4, warm-up 20,
- * AdamW defaults, clip 1, eval every 50 steps on 8 batches, seed 1234, eval_seed 0. */
+ * AdamW defaults, clip 1, eval every 50 steps on 8 batches, seed 1234, eval_seed 0,
+ * max_skipped 10. */
 LOWP_API lowp_status lowp_trainer_cfg_init(lowp_trainer_cfg *cfg);
 
 typedef struct lowp_trainer lowp_trainer;
@@ -146,9 +149,18 @@ LOWP_API lowp_status lowp_sample_text(lowp_moe *model, const lowp_data *data,
  * Loading refuses, with an error naming the field and both values, a checkpoint whose model
  * configuration, recipe, data or data order (batch, seq_len, accum, seed) differ from the
  * trainer's; a corrupt or truncated file is LOWP_ERR_CORRUPT. On any failure the trainer is
- * left as it was. */
+ * left as it was.
+ *
+ * Integrity (format version 2, src/trainer/checkpoint_check.c): __metadata__ holds a CRC-32C
+ * of every tensor ("crc32c.NAME", 8 hex digits) and one over every other metadata entry
+ * ("crc32c.__metadata__", entries in bytewise key order, each KEY NUL VALUE NUL), verified
+ * before anything is read; weights and moments must be finite (second moments >= 0), every
+ * train.* number in range and the step, optimizer t and data position consistent, else
+ * LOWP_ERR_CORRUPT naming the tensor or the field. Version 1 files are refused
+ * (LOWP_ERR_VERSION). A save refuses a state with a non-finite weight, moment or FP8 value
+ * (LOWP_ERR_DIVERGED). */
 #define LOWP_TRAIN_CHECKPOINT_FORMAT  "lowp.train"
-#define LOWP_TRAIN_CHECKPOINT_VERSION 1
+#define LOWP_TRAIN_CHECKPOINT_VERSION 2
 
 LOWP_API lowp_status lowp_trainer_checkpoint_save(lowp_trainer *t, const char *path);
 LOWP_API lowp_status lowp_trainer_checkpoint_load(lowp_trainer *t, const char *path);

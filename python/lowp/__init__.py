@@ -67,6 +67,7 @@ _E8M0_KINDS = ("mx32", "block32x32")
 _DEFAULT_MODE = {"mx32": "rceil", "block32x32": "floor"}
 _TORCH_DTYPE_NAMES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "float4_e2m1fn_x2": "e2m1",
                       "float8_e8m0fnu": "e8m0", "bfloat16": "bf16", "float16": "f16"}
+_LAYOUTS = ("canonical", "cublas", "npu")
 _ALIASES = {"fp4": "e2m1", "mxfp4": "e2m1", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 # ---- threads ----
@@ -190,16 +191,20 @@ class QTensor:
     for the others), ``data_col``/``scale_col`` (the columnwise copy, [C, R]), ``format``,
     ``scaling``, ``scale_mode`` (E8M0 kinds), ``shape`` (the logical (R, C), or (G, R, C) for
     a stack of G matrices), ``offs`` (int32 group ends along the rows - the tokens - when the
-    columnwise copy was quantized in groups), ``amax`` (tensor scaling: the tensor's amax).
+    columnwise copy was quantized in groups), ``amax`` (tensor scaling: the tensor's amax),
+    ``layout`` of the E8M0 scales ("canonical", "cublas" or "npu", see ``lowp.quantize``).
     Copies that were not made are None. Arrays are numpy or torch, as the input was.
     """
 
     __slots__ = ("data", "scale", "data_col", "scale_col", "format", "scaling", "scale_mode",
-                 "shape", "offs", "amax", "_offs_on_rows")
+                 "shape", "offs", "amax", "layout", "_colview")
 
     def __init__(self, data, scale, format, scaling, shape, scale_mode=None, data_col=None,
-                 scale_col=None, offs=None, amax=None, _offs_on_rows=False):
+                 scale_col=None, offs=None, amax=None, layout="canonical", _colview=False):
         fn = "lowp.QTensor"
+        self.layout = _name(layout, fn, "layout", _LAYOUTS)
+        if self.layout != "canonical" and scaling != "mx32":
+            raise ValueError(f"{fn}: layout {layout} applies to mx32 scales only")
         self.format = _name(format, fn, "format", FORMATS)
         self.scaling = _name(scaling, fn, "scaling", SCALINGS)
         if self.scaling in _E8M0_KINDS:
@@ -219,7 +224,7 @@ class QTensor:
         self.data, self.scale, self.data_col, self.scale_col = data, scale, data_col, scale_col
         self.offs = offs
         self.amax = amax
-        self._offs_on_rows = _offs_on_rows
+        self._colview = _colview
 
     @property
     def is_torch(self):
@@ -233,8 +238,8 @@ class QTensor:
                              "(quantize with axis='col' or 'both')")
         shape = self.shape[:-2] + (self.shape[-1], self.shape[-2])
         return QTensor(self.data_col, self.scale_col, self.format, self.scaling, shape,
-                       self.scale_mode, offs=self.offs, amax=self.amax,
-                       _offs_on_rows=self.offs is not None)
+                       self.scale_mode, offs=self.offs, amax=self.amax, layout=self.layout,
+                       _colview=True)
 
     def dequantize(self, axis="row"):
         return dequantize(self, axis)
@@ -263,8 +268,13 @@ class QTensor:
             d = d[g]
             s = None if s is None else s[g]
         offs = None
-        if self.offs is not None and (which == "col") != self._offs_on_rows:
+        is_col = (which == "col") != self._colview  # the original tensor's columnwise copy
+        if self.offs is not None and is_col:
             offs = A.int32_input(self.offs, fn, f"{arg}.offs")[0]
+        if self.layout != "canonical":
+            stacked = len(self.shape) == 3 and g is None
+            s = _scales_to_canonical(s, self.layout, is_col, self.format, rows, cols, offs,
+                                     self.shape[0] if stacked else None)
         return (self.format, self.scaling, rows, cols, d, s, offs)
 
 
@@ -290,7 +300,7 @@ def _check_enum_options(fn, scaling, scale_mode, pow2, eps):
 
 def _alloc_copy(fmt, scaling, rows, cols, offs=None):
     db, sb, sr, sc, e8 = _lowp.layout(fmt, scaling, rows, cols, offs)
-    data = np.empty((rows, db // rows if rows else 0), np.uint8)
+    data = np.empty((rows, (cols + 1) // 2 if fmt == "e2m1" else cols), np.uint8)
     scale = np.empty((sr, sc), np.uint8 if e8 else np.float32)
     assert data.nbytes == db and scale.nbytes == sb
     return data, scale
@@ -306,8 +316,11 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
     default), floor (block32x32's default), ceil, even. axis: "row" (the rowwise copy), "col"
     (the columnwise copy: x^T [C, R] quantized along R) or "both" (from one read of x).
     eps (binary32 kinds): amax floor (torchao uses 1e-12). pow2 (binary32 kinds): round scales
-    down to powers of two (None: on for row, off for the others). layout: "canonical" (the
-    only layout so far). offs (int32 cumulative group ends along the rows, the tokens; mx32 or
+    down to powers of two (None: on for row, off for the others). layout of the mx32 scales:
+    "canonical" ([R, ceil(C/32)] row-major), "cublas" (cuBLAS/TE swizzled 128x4 tiles,
+    [ceil(R/128)*128, ceil(C/128)*4]) or "npu" (Ascend npu_dynamic_mx_quant pairs: rowwise
+    [R, ceil(C/64), 2], columnwise [ceil(R/64), C, 2]); dequantize and gemm accept every layout.
+    offs (int32 cumulative group ends along the rows, the tokens; mx32 or
     block128, 2-D x): the columnwise copy is quantized per group, no block straddling a group
     boundary (for the split-K grouped GEMM). scale (tensor scaling only, keyword): quantize
     with this scale (delayed scaling) instead of one from the amax; q.amax is the amax.
@@ -316,8 +329,11 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
     fmt = _name(format, fn, "format", FORMATS)
     kind = _name(scaling, fn, "scaling", SCALINGS)
     ax = _name(axis, fn, "axis", ("row", "col", "both"))
-    if layout != "canonical":
-        raise ValueError(f"{fn}: layout ({layout!r}) is not 'canonical'")
+    lay = _name(layout, fn, "layout", _LAYOUTS)
+    if lay != "canonical" and kind != "mx32":
+        raise ValueError(f"{fn}: layout {lay} applies to mx32 scales only")
+    if lay != "canonical" and offs is not None:
+        raise ValueError(f"{fn}: layout {lay} does not take grouped (offs) copies")
     mode_name, mode_arg, p = _check_enum_options(fn, kind, scale_mode, pow2, eps)
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
         raise TypeError(f"{fn}: eps must be a float, got {type(eps).__name__}")
@@ -366,9 +382,47 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
         amax = amax[0] if not stack else np.asarray(amax, np.float32)
     else:
         amax = None
+    if lay != "canonical":
+        row = (row[0], _scales_to_layout(row[1], lay, False, stack))
+        col = (col[0], _scales_to_layout(col[1], lay, True, stack))
     w = (lambda t: None if t is None else A.out_array(t, tor))
     return QTensor(w(row[0]), w(row[1]), fmt, kind, a.shape, mode_name, w(col[0]), w(col[1]),
-                   offs=None if o is None else A.out_array(o, tor) if tor else o, amax=amax)
+                   offs=None if o is None else A.out_array(o, tor) if tor else o, amax=amax,
+                   layout=lay)
+
+
+def _layout_name(layout, is_col):
+    return "cublas" if layout == "cublas" else ("npu_first" if is_col else "npu_last")
+
+
+def _layout_shape(layout, is_col, sr, sc):
+    """Shape of canonical E8M0 scales [sr, sc] in a device layout (include/lowp/layout.h)."""
+    if layout == "cublas":
+        return (-(-sr // 128) * 128, -(-sc // 4) * 4)
+    return (-(-sc // 2), sr, 2) if is_col else (sr, -(-sc // 2), 2)
+
+
+def _scales_to_layout(canon, layout, is_col, stack):
+    """Canonical scales [(G,) sr, sc] -> the layout (per matrix of a stack)."""
+    if canon is None:
+        return None
+    sr, sc = canon.shape[-2:]
+    out = np.empty(stack + _layout_shape(layout, is_col, sr, sc), np.uint8)
+    for g in range(stack[0] if stack else 1):
+        _lowp.scale_layout(canon[g] if stack else canon, sr, sc, _layout_name(layout, is_col),
+                           False, out[g] if stack else out)
+    return out
+
+
+def _scales_to_canonical(s, layout, is_col, fmt, rows, cols, offs, groups=None):
+    """Scales in a layout -> canonical [sr, sc] (or [groups, sr, sc] for a stack)."""
+    _, _, sr, sc, _ = _lowp.layout(fmt, "mx32", rows, cols, offs)
+    out = np.empty(((groups,) if groups else ()) + (sr, sc), np.uint8)
+    for g in range(groups or 1):
+        src = np.ascontiguousarray(s[g] if groups else s)
+        _lowp.scale_layout(src, sr, sc, _layout_name(layout, is_col), True,
+                           out[g] if groups else out)
+    return out
 
 
 def dequantize(q, axis="row"):
@@ -447,7 +501,8 @@ def grouped_gemm(a, b, offs, out=None, accumulate=False):
     split-K (MoE weight gradient), when a and b are 2-D: a = dY [M, N] and b = X [M, K], both
     QTensors quantized with the same offs (axis "col" or "both": their grouped columnwise
     copies are used; ``q.col()`` views are taken as they are) or float32/bf16 arrays: out
-    [G, N, K] float32 with out[g] = dY[rows_g]^T . X[rows_g].
+    [G, N, K] float32 with out[g] = dY[rows_g]^T . X[rows_g]. Scalings without blocks along the
+    tokens (tensor, row, block128x128, block32x32) need no offs in the QTensors.
     """
     fn = "lowp.grouped_gemm"
     o, to = A.int32_input(offs, fn, "offs")
@@ -485,11 +540,11 @@ def _wgrad_operand(x, o, fn, arg):
     if isinstance(x, QTensor):
         if len(x.shape) != 2:
             raise ValueError(f"{fn}: {arg} must be 2-D, got {x.shape}")
-        which = "row" if x._offs_on_rows else "col"
+        which = "row" if x._colview else "col"
         if x.offs is None:
-            raise ValueError(f"{fn}: {arg} was not quantized along the tokens with offs")
-        qo = A.int32_input(x.offs, fn, f"{arg}.offs")[0]
-        if not np.array_equal(qo, o):
+            if x.scaling in ("mx32", "block128"):  # blocks along the tokens: grouped copies
+                raise ValueError(f"{fn}: {arg} was not quantized along the tokens with offs")
+        elif not np.array_equal(A.int32_input(x.offs, fn, f"{arg}.offs")[0], o):
             raise ValueError(f"{fn}: {arg}.offs differs from offs")
         return x._desc(which, fn, arg), x.shape, x.is_torch
     return _operand(x, fn, arg, which="col")

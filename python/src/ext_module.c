@@ -11,8 +11,8 @@ int ext_buf_get(PyObject *obj, ext_buf *out, int writable, int optional, const c
     int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (!PyObject_CheckBuffer(obj) || PyObject_GetBuffer(obj, &out->view, flags) != 0) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: %s must be a C-contiguous%s buffer, got %.100s", fn,
-                     arg, writable ? " writable" : "", Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a C-contiguous%s buffer, got %.100s", fn, arg,
+                     writable ? " writable" : "", Py_TYPE(obj)->tp_name);
         return -1;
     }
     out->held = 1;
@@ -77,8 +77,8 @@ int ext_qdesc_get(PyObject *tuple, ext_qdesc *out, int writable, int64_t count, 
         !PyArg_ParseTuple(tuple, "ssLLOOO", &fmt, &scaling, &rows, &cols, &data, &scales, &offs)) {
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError,
-                     "%s: %s must be a tuple (format, scaling, rows, cols, data, scales, offs)",
-                     fn, arg);
+                     "%s: %s must be a tuple (format, scaling, rows, cols, data, scales, offs)", fn,
+                     arg);
         return -1;
     }
     char what[96];
@@ -147,8 +147,7 @@ static PyObject *caps_dict(const lowp_caps *caps) {
     PyObject *flags = PyUnicode_FromString(desc);
     PyObject *list = flags ? PyUnicode_Split(flags, NULL, -1) : NULL;
     Py_XDECREF(flags);
-    if (dict_set(d, "name", PyUnicode_FromString(caps->name)) ||
-        dict_set(d, "caps", list) ||
+    if (dict_set(d, "name", PyUnicode_FromString(caps->name)) || dict_set(d, "caps", list) ||
         dict_set(d, "cores", PyLong_FromLong(caps->cores)) ||
         dict_set(d, "mem_bytes", PyLong_FromUnsignedLongLong(caps->mem_bytes))) {
         Py_DECREF(d);

@@ -96,8 +96,8 @@ static PyObject *py_layout(PyObject *self, PyObject *args) {
     if (st == LOWP_OK) st = lowp_qtensor_scale_shape(&q, &sr, &sc, &e8);
     ext_buf_release(&offs);
     if (st != LOWP_OK) return ext_raise(st);
-    return Py_BuildValue("nnLLi", (Py_ssize_t) db, (Py_ssize_t) sb, (long long) sr,
-                         (long long) sc, e8);
+    return Py_BuildValue("nnLLi", (Py_ssize_t) db, (Py_ssize_t) sb, (long long) sr, (long long) sc,
+                         e8);
 }
 
 static int quant_cfg(lowp_quant_cfg *cfg, const char *mode, int pow2, float eps, int threads,
@@ -113,8 +113,7 @@ static int quant_cfg(lowp_quant_cfg *cfg, const char *mode, int pow2, float eps,
 
 /* An output copy (data, scales) of shape [rows, cols]; both None when not wanted. */
 static int out_copy(PyObject *data_o, PyObject *scales_o, lowp_qtensor *q, ext_buf *data,
-                    ext_buf *scales, const char *fn, const char *arg_data,
-                    const char *arg_scales) {
+                    ext_buf *scales, const char *fn, const char *arg_data, const char *arg_scales) {
     memset(data, 0, sizeof *data);
     memset(scales, 0, sizeof *scales);
     if (data_o == Py_None) return 0;
@@ -124,8 +123,7 @@ static int out_copy(PyObject *data_o, PyObject *scales_o, lowp_qtensor *q, ext_b
     size_t db = 0, sb = 0;
     lowp_status st = lowp_qtensor_nbytes(q, &db, &sb);
     if (st != LOWP_OK) return ext_raise(st), -1;
-    if (ext_buf_need(data, db, fn, arg_data) || ext_buf_need(scales, sb, fn, arg_scales))
-        return -1;
+    if (ext_buf_need(data, db, fn, arg_data) || ext_buf_need(scales, sb, fn, arg_scales)) return -1;
     q->data = data->view.buf;
     q->scales = scales->held ? scales->view.buf : NULL;
     return 1;
@@ -142,8 +140,8 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
     int pow2, threads, path, want_amax;
     float eps;
     if (!PyArg_ParseTuple(args, "OsLLssOOOOsifiiOp", &x_o, &xfmt, &rows, &cols, &fmt, &scaling,
-                          &rd_o, &rs_o, &cd_o, &cs_o, &mode, &pow2, &eps, &threads, &path,
-                          &scale_o, &want_amax))
+                          &rd_o, &rs_o, &cd_o, &cs_o, &mode, &pow2, &eps, &threads, &path, &scale_o,
+                          &want_amax))
         return NULL;
     lowp_tensor x = {LOWP_FORMAT_F32, rows, cols, NULL, LOWP_DEVICE_HOST};
     lowp_qtensor row, col;
@@ -315,7 +313,59 @@ static PyObject *py_fp32_scale(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble((double) scale);
 }
 
+/* scale_layout(src, srows, scols, layout, to_canonical, dst): convert the canonical E8M0 scales
+ * [srows, scols] to layout "cublas", "npu_last" (a rowwise copy) or "npu_first" (a columnwise
+ * copy), or back (to_canonical = 1). Returns the bytes of the layout when dst is None. */
+static PyObject *py_scale_layout(PyObject *self, PyObject *args) {
+    (void) self;
+    const char *fn = "lowp.quantize";
+    PyObject *src_o, *dst_o;
+    long long srows, scols;
+    const char *layout;
+    int back;
+    if (!PyArg_ParseTuple(args, "OLLspO", &src_o, &srows, &scols, &layout, &back, &dst_o))
+        return NULL;
+    const int cublas = strcmp(layout, "cublas") == 0;
+    const int npu_last = strcmp(layout, "npu_last") == 0,
+              npu_first = strcmp(layout, "npu_first") == 0;
+    if (!cublas && !npu_last && !npu_first)
+        return PyErr_Format(PyExc_ValueError, "%s: layout ('%s') is not cublas or npu", fn, layout);
+    const lowp_npu_axis axis = npu_last ? LOWP_NPU_AXIS_LAST : LOWP_NPU_AXIS_FIRST;
+    size_t lay = 0;
+    lowp_status st = cublas ? lowp_scales_cublas_nbytes(srows, scols, &lay)
+                            : lowp_scales_npu_nbytes(srows, scols, &lay);
+    if (st != LOWP_OK) return ext_raise(st);
+    if (dst_o == Py_None) return PyLong_FromSize_t(lay);
+    const size_t canon = (size_t) srows * (size_t) scols;
+    ext_buf src, dst;
+    if (ext_buf_get(src_o, &src, 0, 0, fn, "scale")) return NULL;
+    PyObject *ret = NULL;
+    if (ext_buf_get(dst_o, &dst, 1, 0, fn, "scale")) goto done_src;
+    if (ext_buf_need(&src, back ? lay : canon, fn, "scale") ||
+        ext_buf_need(&dst, back ? canon : lay, fn, "scale"))
+        goto done;
+    if (cublas)
+        st = back ? lowp_scales_from_cublas(src.view.buf, lay, srows, scols, dst.view.buf)
+                  : lowp_scales_to_cublas(src.view.buf, srows, scols, dst.view.buf, lay);
+    else
+        st = back ? lowp_scales_from_npu(src.view.buf, lay, srows, scols, axis, dst.view.buf)
+                  : lowp_scales_to_npu(src.view.buf, srows, scols, axis, dst.view.buf, lay);
+    if (st != LOWP_OK) {
+        ext_raise(st);
+        goto done;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    ext_buf_release(&dst);
+done_src:
+    ext_buf_release(&src);
+    return ret;
+}
+
 PyMethodDef ext_quant_methods[] = {
+    {"scale_layout", py_scale_layout, METH_VARARGS,
+     "scale_layout(src, srows, scols, layout, to_canonical, dst) -> None, or the layout's bytes "
+     "when dst is None"},
     {"cast", py_cast, METH_VARARGS,
      "cast(src, src_fmt, dst, dst_fmt, n, nonsat, sr, seed, offset, threads, path)"},
     {"layout", py_layout, METH_VARARGS,

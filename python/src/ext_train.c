@@ -11,8 +11,7 @@ static int parse_algo(const char *name, lowp_amax_algo *out) {
     else if (strcmp(name, "most_recent") == 0)
         *out = LOWP_AMAX_MOST_RECENT;
     else {
-        PyErr_Format(PyExc_ValueError, "amax_compute_algo ('%s') is not max or most_recent",
-                     name);
+        PyErr_Format(PyExc_ValueError, "amax_compute_algo ('%s') is not max or most_recent", name);
         return -1;
     }
     return 0;
@@ -218,8 +217,8 @@ static PyObject *py_train_linear(PyObject *self, PyObject *args) {
                           &fp32_plain, &threads))
         return NULL;
     if (M < 0 || K < 1 || N < 1 || G < 0 || G > 4096)
-        return PyErr_Format(PyExc_ValueError, "%s: bad shape M=%lld K=%lld N=%lld G=%lld", fn, M,
-                            K, N, G);
+        return PyErr_Format(PyExc_ValueError, "%s: bad shape M=%lld K=%lld N=%lld G=%lld", fn, M, K,
+                            N, G);
     lowp_recipe r;
     lowp_status s = lowp_recipe_init(&r, "custom");
     lowp_linear_cfg cfg;

@@ -1,4 +1,4 @@
-/* Delayed scaling (NUMERICS.md section 5; TransformerEngine's DelayedScaling): an amax
+/* Delayed scaling (docs/numerics.md section 5; TransformerEngine's DelayedScaling): an amax
  * history per quantized tensor role, a scale derived from it before each cast, and the
  * history rolled after each step that used the tensor. */
 #include <float.h>
@@ -12,7 +12,23 @@ lowp_status lowp_delayed_cfg_init(lowp_delayed_cfg *cfg, lowp_format format) {
     cfg->format = format;
     cfg->history_len = 1024;
     cfg->margin = 0.0f;
-    cfg->algo = LOWP_AMAX_MAX;
+    cfg->algo = LOWP_AMAX_ALGO_MAX;
+    return LOWP_OK;
+}
+
+lowp_status lowp_delayed_cfg_check(const char *fn, const char *arg, const lowp_delayed_cfg *cfg) {
+    if (cfg->history_len < 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.history_len (%d) < 1", fn, arg,
+                         (int) cfg->history_len);
+    if (cfg->history_len > LOWP_DELAYED_MAX_HISTORY)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.history_len (%d) > %d", fn, arg,
+                         (int) cfg->history_len, LOWP_DELAYED_MAX_HISTORY);
+    if (!isfinite(cfg->margin))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.margin (%g) is not finite", fn, arg,
+                         (double) cfg->margin);
+    if (cfg->algo != LOWP_AMAX_ALGO_MAX && cfg->algo != LOWP_AMAX_ALGO_MOST_RECENT)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.algo (%d) is not a lowp_amax_algo", fn, arg,
+                         (int) cfg->algo);
     return LOWP_OK;
 }
 
@@ -24,15 +40,8 @@ lowp_status lowp_delayed_init(lowp_delayed_state *st, const lowp_delayed_cfg *cf
     if (cfg->format != LOWP_FORMAT_E4M3 && cfg->format != LOWP_FORMAT_E5M2)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.format (%d) is not e4m3 or e5m2", fn,
                          (int) cfg->format);
-    if (cfg->history_len < 1)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.history_len (%d) < 1", fn,
-                         cfg->history_len);
-    if (!isfinite(cfg->margin))
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.margin (%g) is not finite", fn,
-                         (double) cfg->margin);
-    if (cfg->algo != LOWP_AMAX_MAX && cfg->algo != LOWP_AMAX_MOST_RECENT)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.algo (%d) is not a lowp_amax_algo", fn,
-                         (int) cfg->algo);
+    lowp_status s = lowp_delayed_cfg_check(fn, "cfg", cfg);
+    if (s != LOWP_OK) return s;
     st->cfg = *cfg;
     st->history = history;
     for (int32_t i = 0; i < cfg->history_len; i++) history[i] = 0.0f;
@@ -60,7 +69,7 @@ lowp_status lowp_delayed_update(lowp_delayed_state *st) {
     const int32_t len = st->cfg.history_len;
     /* 1. amax over the history (NaN wins, as torch.max), or the most recent. */
     float amax = h[0];
-    if (st->cfg.algo == LOWP_AMAX_MAX)
+    if (st->cfg.algo == LOWP_AMAX_ALGO_MAX)
         for (int32_t i = 1; i < len && amax == amax; i++)
             if (h[i] != h[i] || h[i] > amax) amax = h[i];
     /* 2. scale = scaled_max / amax when amax is finite and > 0; else keep the previous one. */

@@ -20,6 +20,7 @@ const char *lowp_status_str(lowp_status status) {
     case LOWP_ERR_VERSION: return "LOWP_ERR_VERSION: version mismatch";
     case LOWP_ERR_NOT_FOUND: return "LOWP_ERR_NOT_FOUND: not found";
     case LOWP_ERR_INTERNAL: return "LOWP_ERR_INTERNAL: internal error";
+    case LOWP_ERR_DIVERGED: return "LOWP_ERR_DIVERGED: training diverged";
     }
     return "LOWP_ERR_UNKNOWN: unknown status";
 }

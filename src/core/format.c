@@ -1,4 +1,4 @@
-/* The format traits table and the scalar reference encoders/decoders (NUMERICS.md 1-2).
+/* The format traits table and the scalar reference encoders/decoders (docs/numerics.md 1-2).
  *
  * All narrow float formats share one integer algorithm: split the binary32 input into sign,
  * biased exponent and 24-bit significand, find how many low significand bits the target
@@ -134,17 +134,18 @@ SMALL_FORMAT(e4m3, SPEC_E4M3, 4, 0, 1)
 SMALL_FORMAT(e5m2, SPEC_E5M2, 5, 1, 0)
 SMALL_FORMAT(e2m1, SPEC_E2M1, 2, 0, 0)
 
-/* E8M0 as a value format (scale computation has its own rules, NUMERICS.md section 3).
- * Matches ml_dtypes' float8_e8m0fnu: a normal input rounds half up in the exponent
- * (code = E + (M >= 0x400000)); a binary32 subnormal gives 1 if it is above 2^-127, else 0
- * (there is no zero to round to); zero, negatives and NaN give NaN (0xFF); overflow and +Inf
+/* E8M0 as a value format (scale computation has its own rules, docs/numerics.md section 3).
+ * Matches ml_dtypes' float8_e8m0fnu (0.7 and later): the value rounds half up to a power of two,
+ * the midpoint being 1.5 * 2^k: a normal input gives code = E + (M >= 0x400000); a binary32
+ * subnormal gives 1 from 1.5 * 2^-127 (M >= 0x600000) up, else 0 (2^-127; there is no zero to
+ * round to); zero, negatives and NaN give NaN (0xFF); overflow and +Inf
  * give 0xFF under nonsat and 0xFE (2^127) under satfinite. */
 static uint32_t e8m0_encode(float x, lowp_overflow ov) {
     uint32_t u = lowp_f2u(x);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u || (u >> 31) || u == 0) return 0xFF;
     if (u == 0x7F800000u) return ov == LOWP_OVERFLOW_SATFINITE ? 0xFE : 0xFF;
     uint32_t e = u >> 23, m = u & 0x7FFFFFu;
-    uint32_t code = e == 0 ? (m > 0x400000u ? 1u : 0u) : e + (m >= 0x400000u ? 1u : 0u);
+    uint32_t code = e == 0 ? (m >= 0x600000u ? 1u : 0u) : e + (m >= 0x400000u ? 1u : 0u);
     if (code > 0xFE) code = ov == LOWP_OVERFLOW_SATFINITE ? 0xFE : 0xFF;
     return code;
 }
@@ -195,8 +196,14 @@ lowp_status lowp_format_from_name(const char *name, lowp_format *out) {
                      name);
 }
 
+int lowp_overflow_resolve(int format, int overflow) {
+    if (overflow != LOWP_OVERFLOW_DEFAULT) return overflow;
+    return format == LOWP_FORMAT_BF16 || format == LOWP_FORMAT_F16 ? LOWP_OVERFLOW_NONSAT
+                                                                   : LOWP_OVERFLOW_SATFINITE;
+}
+
 static lowp_status check_overflow(const char *fn, lowp_overflow ov) {
-    if (ov != LOWP_OVERFLOW_SATFINITE && ov != LOWP_OVERFLOW_NONSAT)
+    if (ov != LOWP_OVERFLOW_SATFINITE && ov != LOWP_OVERFLOW_NONSAT && ov != LOWP_OVERFLOW_DEFAULT)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: overflow (%d) is not a lowp_overflow", fn,
                          (int) ov);
     return LOWP_OK;
@@ -208,7 +215,7 @@ lowp_status lowp_encode(lowp_format format, float x, lowp_overflow overflow, uin
     if (st != LOWP_OK) return st;
     LOWP_CHECK_PTR("lowp_encode", code);
     if ((st = check_overflow("lowp_encode", overflow)) != LOWP_OK) return st;
-    *code = t->encode(x, overflow);
+    *code = t->encode(x, (lowp_overflow) lowp_overflow_resolve(format, overflow));
     return LOWP_OK;
 }
 
@@ -222,7 +229,7 @@ lowp_status lowp_encode_sr(lowp_format format, float x, uint32_t rbits, lowp_ove
     if (!t->encode_sr)
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
                          "lowp_encode_sr: format (%s) has no stochastic rounding", t->name);
-    *code = t->encode_sr(x, rbits, overflow);
+    *code = t->encode_sr(x, rbits, (lowp_overflow) lowp_overflow_resolve(format, overflow));
     return LOWP_OK;
 }
 

@@ -1,4 +1,4 @@
-/* Classification of a GEMM operand pair (NUMERICS.md section 6), shared by the ops layer,
+/* Classification of a GEMM operand pair (docs/numerics.md section 6), shared by the ops layer,
  * which refuses unsupported pairs, and every backend's kernels. */
 #ifndef LOWP_GEMM_PAIR_H
 #define LOWP_GEMM_PAIR_H

@@ -36,6 +36,32 @@ static inline float lowp_u2f(uint32_t u) {
     return f;
 }
 
+/* Checked size arithmetic (issue 10 item 6): 1 and *out = a * b (or a + b) when it fits, else 0.
+ * Every buffer size computed from a caller's shape goes through these. */
+static inline int lowp_mul_size(size_t a, size_t b, size_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline int lowp_add_size(size_t a, size_t b, size_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+/* ceil(n / d) for n >= 0, d > 0, without the overflow of (n + d - 1) / d near INT64_MAX. */
+static inline int64_t lowp_cdiv64(int64_t n, int64_t d) {
+    return n / d + (n % d != 0);
+}
+
+/* LOWP_OVERFLOW_DEFAULT made concrete for `format` (format.h); other values unchanged. */
+LOWP_HIDDEN int lowp_overflow_resolve(int format, int overflow);
+
+/* The checks of a lowp_delayed_cfg's history_len, margin and algo (src/core/delayed.c), for
+ * every function that takes one; `arg` names it in messages ("cfg", "cfg.delayed"). */
+struct lowp_delayed_cfg;
+LOWP_HIDDEN lowp_status lowp_delayed_cfg_check(const char *fn, const char *arg,
+                                               const struct lowp_delayed_cfg *cfg);
+
+/* The LOWP_CAP_* bit called `name` (the first `len` characters; lowp_caps_describe's
+ * spelling, case-insensitive), or 0 when there is none (src/core/caps.c). */
+LOWP_HIDDEN uint32_t lowp_cap_from_name(const char *name, size_t len);
+
 #define LOWP_CHECK_PTR(fn, p)                                                                      \
     do {                                                                                           \
         if ((p) == NULL) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s is NULL", fn, #p);         \

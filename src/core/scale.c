@@ -1,7 +1,8 @@
-/* Scale rules (NUMERICS.md sections 3-4), the scaling kinds' names, block sizes and buffer
+/* Scale rules (docs/numerics.md sections 3-4), the scaling kinds' names, block sizes and buffer
  * sizes of quantized tensors. Kernels call the inline forms in scale_rules.h; the public
  * functions here wrap them with argument checks. */
 #include <float.h>
+#include <math.h>
 #include <string.h>
 
 #include "internal.h"
@@ -67,7 +68,7 @@ lowp_status lowp_scaling_block(lowp_scaling scaling, int64_t *block_rows, int64_
 /* Blocks along the columns of a (possibly grouped) qtensor. */
 static lowp_status col_blocks(const char *fn, const lowp_qtensor *q, int64_t bc, int64_t *out) {
     if (!q->group_offs) {
-        *out = bc == 0 ? 1 : (q->cols + bc - 1) / bc;
+        *out = bc == 0 ? 1 : lowp_cdiv64(q->cols, bc);
         return LOWP_OK;
     }
     if (q->scaling != LOWP_SCALING_MX32 && q->scaling != LOWP_SCALING_BLOCK128)
@@ -83,7 +84,7 @@ static lowp_status col_blocks(const char *fn, const lowp_qtensor *q, int64_t bc,
             return lowp_fail(LOWP_ERR_INVALID_ARG,
                              "%s: q.group_offs[%d] (%lld) is not in [%lld, cols (%lld)]", fn, g,
                              (long long) end, (long long) prev, (long long) q->cols);
-        n += (end - prev + bc - 1) / bc;
+        n += lowp_cdiv64(end - prev, bc);
         prev = end;
     }
     *out = n;
@@ -112,7 +113,7 @@ lowp_status lowp_qtensor_scale_shape(const lowp_qtensor *q, int64_t *scale_rows,
         if (scale_is_e8m0) *scale_is_e8m0 = 0;
         return LOWP_OK;
     }
-    *scale_rows = br == 0 ? 1 : (q->rows + br - 1) / br;
+    *scale_rows = br == 0 ? 1 : lowp_cdiv64(q->rows, br);
     lowp_status st = col_blocks(fn, q, bc, scale_cols);
     if (st != LOWP_OK) return st;
     if (scale_is_e8m0)
@@ -130,8 +131,13 @@ lowp_status lowp_qtensor_nbytes(const lowp_qtensor *q, size_t *data_bytes, size_
     lowp_tensor t = {q->format, q->rows, q->cols, NULL, q->device};
     size_t db;
     if ((st = lowp_tensor_nbytes(&t, &db)) != LOWP_OK) return st;
+    size_t sb;
+    if (!lowp_mul_size((size_t) sr, (size_t) sc, &sb) || !lowp_mul_size(sb, e8 ? 1u : 4u, &sb))
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: the scales of q (%lld x %lld, %s) take more than SIZE_MAX bytes", fn,
+                         (long long) sr, (long long) sc, lowp_scaling_name(q->scaling));
     if (data_bytes) *data_bytes = db;
-    if (scale_bytes) *scale_bytes = (size_t) sr * (size_t) sc * (e8 ? 1u : 4u);
+    if (scale_bytes) *scale_bytes = sb;
     return LOWP_OK;
 }
 
@@ -142,10 +148,10 @@ lowp_status lowp_e8m0_scale(float amax, lowp_format format, lowp_scale_mode mode
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_e8m0_scale: format (%d) is not an element format (e4m3, e5m2, e2m1)",
                          (int) format);
-    if (mode < LOWP_SCALE_DEFAULT || mode > LOWP_SCALE_EVEN)
+    if (mode < LOWP_SCALE_MODE_DEFAULT || mode > LOWP_SCALE_MODE_EVEN)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_e8m0_scale: mode (%d) is not a lowp_scale_mode", (int) mode);
-    if (mode == LOWP_SCALE_DEFAULT) mode = LOWP_SCALE_RCEIL;
+    if (mode == LOWP_SCALE_MODE_DEFAULT) mode = LOWP_SCALE_MODE_RCEIL;
     *code = lowp_rule_e8m0_code(amax, t, mode);
     return LOWP_OK;
 }
@@ -156,6 +162,10 @@ lowp_status lowp_fp32_scale(float amax, lowp_format format, float eps, int pow2,
     if (lowp_format_get(format, &t) != LOWP_OK || t->bits > 8 || format == LOWP_FORMAT_E8M0)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_fp32_scale: format (%d) is not an element format", (int) format);
+    /* The same rule as lowp_quantize's cfg.eps (issue 10 item 9). */
+    if (!(eps >= 0.0f) || eps == INFINITY)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_fp32_scale: eps (%g) must be finite and >= 0",
+                         (double) eps);
     *scale = lowp_rule_fp32_scale(amax, t->fmax, eps, pow2);
     return LOWP_OK;
 }

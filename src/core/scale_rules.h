@@ -1,4 +1,4 @@
-/* The scale rules of NUMERICS.md sections 3-4 as inline functions, shared by the reference
+/* The scale rules of docs/numerics.md sections 3-4 as inline functions, shared by the reference
  * and the fast kernels so that there is one statement of each rule. */
 #ifndef LOWP_SCALE_RULES_H
 #define LOWP_SCALE_RULES_H
@@ -32,9 +32,9 @@ static inline uint8_t lowp_rule_e8m0_code(float amax, const lowp_format_traits *
     if (a == 0) return 0x00;
     int e; /* the biased scale code before clamping: e_unbiased + 127 */
     switch (mode) {
-    case LOWP_SCALE_FLOOR: e = (int) (a >> 23) - t->emax; break;
-    case LOWP_SCALE_CEIL: e = (int) (a >> 23) + ((a & 0x7FFFFFu) != 0) - t->emax; break;
-    case LOWP_SCALE_EVEN: {
+    case LOWP_SCALE_MODE_FLOOR: e = (int) (a >> 23) - t->emax; break;
+    case LOWP_SCALE_MODE_CEIL: e = (int) (a >> 23) + ((a & 0x7FFFFFu) != 0) - t->emax; break;
+    case LOWP_SCALE_MODE_EVEN: {
         uint32_t b = (a + (1u << (22 - t->mbits))) & 0xFF800000u;
         e = (int) (b >> 23) - t->emax;
         break;
@@ -63,7 +63,7 @@ static inline float lowp_rule_e8m0_value(uint8_t code) {
     return lowp_u2f(code == 0 ? 0x00400000u : (uint32_t) code << 23);
 }
 
-/* NUMERICS.md section 4, steps 1-3. */
+/* docs/numerics.md section 4, steps 1-3. */
 static inline float lowp_rule_fp32_scale(float amax, float fmax, float eps, int pow2) {
     float a = amax > eps ? amax : (amax != amax ? amax : eps);
     if (a == 0.0f || a != a || a == INFINITY) return 1.0f;

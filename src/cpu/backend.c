@@ -130,6 +130,14 @@ static lowp_status cpu_grouped_gemm_wgrad(void *ctx, int32_t index, const lowp_q
     return st == LOWP_OK ? lowp_cpu_grouped_gemm_wgrad(a, b, offs, groups, c, cfg) : st;
 }
 
+static lowp_status cpu_amax(void *ctx, int32_t index, const lowp_tensor *x, int32_t scaling,
+                            float *out, size_t out_count) {
+    (void) ctx;
+    (void) out_count; /* checked against the scale shape by src/ops/quant.c */
+    lowp_status st = check_index("lowp_amax", index);
+    return st == LOWP_OK ? lowp_cpu_amax(x, (int) scaling, out) : st;
+}
+
 static const lowp_backend_iface k_cpu_iface = {
     .device_count = cpu_device_count,
     .caps = cpu_caps,
@@ -147,6 +155,7 @@ static const lowp_backend_iface k_cpu_iface = {
     .grouped_gemm = cpu_grouped_gemm,
     .grouped_gemm_wgrad = cpu_grouped_gemm_wgrad,
     .destroy = NULL,
+    .amax = cpu_amax,
 };
 
 lowp_status lowp_cpu_backend_entry(lowp_backend_reg *reg) {

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include "cpu.h"
-#include "device/registry.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>

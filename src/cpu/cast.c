@@ -19,27 +19,17 @@ static const uint8_t *elem_addr(const void *base, lowp_format f, size_t i) {
 }
 
 lowp_status lowp_cpu_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_cast_cfg *cfg) {
-    cast_kernel kernel = lowp_cpu_cast_ref;
-    int have512 = lowp_cpu_has_avx512();
-    int fast_ok = lowp_cpu_cast_avx512_supports(src->format, dst->format, cfg->rounding);
-    if (cfg->path == LOWP_PATH_AVX512) {
-        if (!have512)
-            return lowp_fail(LOWP_ERR_UNSUPPORTED,
-                             "lowp_cast: cfg.path (LOWP_PATH_AVX512) but this CPU lacks "
-                             "AVX-512F/BW/VL/DQ");
-        if (!fast_ok)
-            return lowp_fail(LOWP_ERR_UNSUPPORTED,
-                             "lowp_cast: cfg.path (LOWP_PATH_AVX512) has no kernel for %d -> %d",
-                             (int) src->format, (int) dst->format);
-        kernel = lowp_cpu_cast_avx512;
-    } else if (cfg->path == LOWP_PATH_AUTO && have512 && fast_ok) {
-        kernel = lowp_cpu_cast_avx512;
-    }
+    lowp_cpu_kernel which;
+    lowp_status st = lowp_cpu_pick_kernel(
+        "lowp_cast", cfg->path,
+        lowp_cpu_cast_avx512_supports(src->format, dst->format, cfg->rounding), 0, &which);
+    if (st != LOWP_OK) return st;
+    cast_kernel kernel = which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_cast_avx512 : lowp_cpu_cast_ref;
 
     int64_t rows = src->rows, cols = src->cols;
     if (rows == 0 || cols == 0) return LOWP_OK;
     int packed = src->format == LOWP_FORMAT_E2M1 || dst->format == LOWP_FORMAT_E2M1;
-    int threads = cfg->threads > 0 ? cfg->threads : omp_get_num_procs();
+    int threads = lowp_cpu_threads(cfg->threads, 0);
     /* Rows are contiguous, so unless an E2M1 row of odd length starts mid-byte the tensor is
      * one flat run of elements: split it into equal chunks (multiples of 64 elements). */
     if (!packed || (cols % 2) == 0 || rows == 1) {
@@ -48,7 +38,8 @@ lowp_status lowp_cpu_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_c
         per = (per + 63) & ~(size_t) 63;
         if (per < 4096) per = 4096; /* a thread is not worth starting for less */
         int64_t nchunks = (int64_t) ((total + per - 1) / per);
-#pragma omp parallel for num_threads(threads) schedule(static) if (nchunks > 1)
+#pragma omp parallel for num_threads(lowp_cpu_threads(threads, nchunks))                           \
+    schedule(static) if (nchunks > 1)
         for (int64_t c = 0; c < nchunks; c++) {
             size_t i0 = (size_t) c * per;
             size_t n = total - i0 < per ? total - i0 : per;
@@ -65,7 +56,8 @@ lowp_status lowp_cpu_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_c
         size_t srow, drow;
         lowp_row_nbytes(src->format, cols, &srow);
         lowp_row_nbytes(dst->format, cols, &drow);
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * cols > 8192)
+#pragma omp parallel for num_threads(lowp_cpu_threads(threads, rows))                              \
+    schedule(static) if (rows * cols > 8192)
         for (int64_t r = 0; r < rows; r++) {
             lowp_cast_piece p = {(const uint8_t *) src->data + (size_t) r * srow,
                                  (uint8_t *) dst->data + (size_t) r * drow,

@@ -131,14 +131,15 @@ ALWAYS_INLINE __m512i bf16_enc(__m512i u, __m512i r, int sr, __m512i lim) {
     return _mm512_ternarylogic_epi32(_mm512_srli_epi32(u, 16), V32(0x8000), code, 0xEA);
 }
 
-/* E8M0 (format.c's e8m0_encode): the exponent rounded half up, i.e. (u + 2^22) >> 23, except
- * that a binary32 subnormal needs M > 2^22 strictly (hence the -1); zero, negatives and NaN
+/* E8M0 (format.c's e8m0_encode): the value rounded half up to a power of two, i.e.
+ * (u + 2^22) >> 23 for a normal input and (u + 2^21) >> 23 for a binary32 subnormal (whose
+ * midpoint between 2^-127 and 2^-126 is 1.5 * 2^-127 = bits 0x600000); zero, negatives and NaN
  * give 0xFF. u - 1 >= 0x7F800000 (unsigned) catches exactly zero, negatives and NaN. */
 ALWAYS_INLINE __m512i e8m0_enc(__m512i u, __m512i lim) {
     __mmask16 bad = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(u, V32(1)), V32(0x7F800000));
     __mmask16 tiny = _mm512_cmplt_epu32_mask(u, V32(0x800000));
-    __m512i t = _mm512_add_epi32(u, V32(0x400000));
-    t = _mm512_mask_sub_epi32(t, tiny, t, V32(1));
+    __m512i half = _mm512_mask_mov_epi32(V32(0x400000), tiny, V32(0x200000));
+    __m512i t = _mm512_add_epi32(u, half);
     __m512i code = _mm512_min_epu32(_mm512_srli_epi32(t, 23), lim);
     return _mm512_mask_mov_epi32(code, bad, V32(0xFF));
 }
@@ -448,7 +449,7 @@ ALWAYS_INLINE void decode_piece(const lowp_cast_piece *p, lowp_format sf) {
 /* ---- entry points ---- */
 
 int lowp_cpu_cast_avx512_supports(lowp_format src, lowp_format dst, lowp_rounding rounding) {
-    int sr = rounding == LOWP_ROUND_SR;
+    int sr = rounding == LOWP_ROUNDING_SR;
     if (dst == LOWP_FORMAT_F32) /* decode; no rounding happens */
         return src == LOWP_FORMAT_E4M3 || src == LOWP_FORMAT_E5M2 || src == LOWP_FORMAT_E2M1 ||
                src == LOWP_FORMAT_E8M0 || src == LOWP_FORMAT_BF16 || src == LOWP_FORMAT_F16;
@@ -485,7 +486,7 @@ int lowp_cpu_cast_avx512_supports(lowp_format src, lowp_format dst, lowp_roundin
     }
 
 void lowp_cpu_cast_avx512(const lowp_cast_piece *p) {
-    int sr = p->cfg->rounding == LOWP_ROUND_SR;
+    int sr = p->cfg->rounding == LOWP_ROUNDING_SR;
     if (p->dst_format == LOWP_FORMAT_F32) {
         switch (p->src_format) {
         case LOWP_FORMAT_E4M3: decode_piece(p, LOWP_FORMAT_E4M3); return;

@@ -48,7 +48,7 @@ void lowp_cpu_cast_ref(const lowp_cast_piece *p) {
     const lowp_format_traits *dt;
     lowp_format_get(p->dst_format, &dt);
     const lowp_cast_cfg *cfg = p->cfg;
-    int sr = cfg->rounding == LOWP_ROUND_SR;
+    int sr = cfg->rounding == LOWP_ROUNDING_SR;
     for (size_t i = 0; i < p->n; i++) {
         float x = load_elem(p->src, p->src_format, i);
         uint32_t code;

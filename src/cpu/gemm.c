@@ -9,29 +9,14 @@
 
 typedef void (*gemm_kernel)(const lowp_gemm_job *);
 
-static gemm_kernel pick(const lowp_gemm_job *j, lowp_gemm_path path, lowp_status *st) {
-    uint32_t f = lowp_cpu_caps()->flags;
-    int amx = (f & LOWP_CAP_AMX_BF16) && (f & LOWP_CAP_AMX_PERMITTED) && lowp_cpu_has_avx512() &&
-              lowp_cpu_gemm_amx_supports(j);
-    int avx = lowp_cpu_has_avx512() && lowp_cpu_gemm_avx512_supports(j);
-    *st = LOWP_OK;
-    switch (path) {
-    case LOWP_GEMM_PATH_REFERENCE: return lowp_cpu_gemm_ref;
-    case LOWP_GEMM_PATH_AMX:
-        if (amx) return lowp_cpu_gemm_amx;
-        *st = lowp_fail(LOWP_ERR_UNSUPPORTED,
-                        "lowp_gemm: cfg.path (LOWP_GEMM_PATH_AMX) but AMX is not available or has "
-                        "no kernel for this pair");
-        return NULL;
-    case LOWP_GEMM_PATH_AVX512:
-        if (avx) return lowp_cpu_gemm_avx512;
-        *st = lowp_fail(LOWP_ERR_UNSUPPORTED,
-                        "lowp_gemm: cfg.path (LOWP_GEMM_PATH_AVX512) but AVX-512 is not available "
-                        "or has no kernel for this pair");
-        return NULL;
-    default: break;
-    }
-    return amx ? lowp_cpu_gemm_amx : avx ? lowp_cpu_gemm_avx512 : lowp_cpu_gemm_ref;
+static gemm_kernel pick(const lowp_gemm_job *j, lowp_kernel_path path, lowp_status *st) {
+    lowp_cpu_kernel which;
+    *st = lowp_cpu_pick_kernel("lowp_gemm", path, lowp_cpu_gemm_avx512_supports(j),
+                               lowp_cpu_gemm_amx_supports(j), &which);
+    if (*st != LOWP_OK) return NULL;
+    return which == LOWP_CPU_KERNEL_AMX      ? lowp_cpu_gemm_amx
+           : which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_gemm_avx512
+                                             : lowp_cpu_gemm_ref;
 }
 
 static size_t ws_floats(gemm_kernel k, const lowp_gemm_job *j) {
@@ -73,16 +58,12 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
     return LOWP_OK;
 }
 
-static int n_threads(int32_t want) {
-    return want > 0 ? want : omp_get_num_procs();
-}
-
 /* Below about 4M multiply-adds a second thread costs more (waking it, splitting the packing)
  * than it saves; training a small model runs thousands of such GEMMs. */
 #define LOWP_GEMM_MIN_PARALLEL_MACS (INT64_C(1) << 22)
 static int threads_for(int32_t want, int64_t m, int64_t n, int64_t k) {
     if (m * n * (k > 0 ? k : 1) < LOWP_GEMM_MIN_PARALLEL_MACS) return 1;
-    return n_threads(want);
+    return lowp_cpu_threads(want, 0);
 }
 
 /* Split a job's m range (or n range when m is short) into about 4 pieces per thread. The fast

@@ -1,7 +1,7 @@
 /* The blocked BF16 GEMM driver (see gemm_blk.h): decodes A strips and packs B panels into
  * BF16 tile layouts, decides per tile whether MX scales can be folded into the elements, runs
- * the kernel's micro-kernel and applies each pair's scales in binary32 (NUMERICS.md section 6).
- * Compiled with AVX-512 F/BW/VL/DQ. */
+ * the kernel's micro-kernel and applies each pair's scales in binary32 (docs/numerics.md section
+ * 6). Compiled with AVX-512 F/BW/VL/DQ. */
 #include <immintrin.h>
 #include <math.h>
 

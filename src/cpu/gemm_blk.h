@@ -17,7 +17,7 @@
  * Both layouts give VDPBF16PS its operands directly: a 32-bit broadcast of an A pair and
  * a 64-byte row of a B half.
  *
- * Accuracy (NUMERICS.md section 6): AMX and VDPBF16PS read BF16 denormals as zero and flush
+ * Accuracy (docs/numerics.md section 6): AMX and VDPBF16PS read BF16 denormals as zero and flush
  * binary32 denormal results. FP8/FP4 values and products are far from that range; MX block
  * scales are folded into the decoded elements only while every exponent of a strip (panel)
  * lies within FOLD_SPAN of a centre (then no folded value or product is denormal), else the

@@ -1,4 +1,4 @@
-/* The scalar reference GEMM (NUMERICS.md section 6): for every output element, products are
+/* The scalar reference GEMM (docs/numerics.md section 6): for every output element, products are
  * summed in binary32 sequentially in k within a block, each block's sum is scaled as the pair
  * requires and added to the binary32 accumulator in increasing k; tensorwise and rowwise
  * scales are applied once at the end. Elements are decoded exactly (a table per format); the

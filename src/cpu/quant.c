@@ -17,10 +17,6 @@ LOWP_HIDDEN uint32_t lowp_cpu_amax_bits_avx512(const lowp_quant_job *j, int64_t 
 LOWP_HIDDEN void lowp_cpu_colamax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1,
                                               uint32_t *acc);
 
-static int n_threads(int32_t want) {
-    return want > 0 ? want : omp_get_num_procs();
-}
-
 /* amax over the whole input (NaN wins), in parallel. */
 static float tensor_amax(const lowp_quant_job *j, int threads, int fast) {
     float m = 0.0f;
@@ -78,8 +74,9 @@ static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtens
     j->scaling = q->scaling;
     lowp_format_get(q->format, &j->et);
     j->mode = cfg->scale_mode;
-    if (j->mode == LOWP_SCALE_DEFAULT)
-        j->mode = q->scaling == LOWP_SCALING_BLOCK32X32 ? LOWP_SCALE_FLOOR : LOWP_SCALE_RCEIL;
+    if (j->mode == LOWP_SCALE_MODE_DEFAULT)
+        j->mode =
+            q->scaling == LOWP_SCALING_BLOCK32X32 ? LOWP_SCALE_MODE_FLOOR : LOWP_SCALE_MODE_RCEIL;
     j->pow2 = cfg->pow2_scales < 0 ? q->scaling == LOWP_SCALING_ROW : cfg->pow2_scales;
     j->eps = cfg->eps;
     j->tensor_scale = 1.0f;
@@ -96,27 +93,17 @@ static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtens
 
 static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, const char *fn,
                                lowp_status *st) {
-    int have512 = lowp_cpu_has_avx512();
-    int fast_ok = have512 && lowp_cpu_quant_avx512_supports(j);
-    *st = LOWP_OK;
-    if (path == LOWP_PATH_AVX512) {
-        if (!fast_ok) {
-            *st = lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: cfg.path (LOWP_PATH_AVX512) but %s", fn,
-                            have512 ? "there is no AVX-512 kernel for this scaling/format"
-                                    : "this CPU lacks AVX-512F/BW/VL/DQ");
-            return NULL;
-        }
-        return lowp_cpu_quant_avx512;
-    }
-    if (path == LOWP_PATH_AUTO && fast_ok) return lowp_cpu_quant_avx512;
-    return lowp_cpu_quant_ref;
+    lowp_cpu_kernel which;
+    *st = lowp_cpu_pick_kernel(fn, path, lowp_cpu_quant_avx512_supports(j), 0, &which);
+    if (*st != LOWP_OK) return NULL;
+    return which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512 : lowp_cpu_quant_ref;
 }
 
 lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qtensor *col,
                               const lowp_quant_cfg *cfg) {
     lowp_quant_job j;
     setup_job(&j, x, row, col, cfg);
-    const int threads = n_threads(cfg->threads);
+    const int threads = lowp_cpu_threads(cfg->threads, 0);
     lowp_status st;
     band_kernel kernel = pick_kernel(&j, cfg->path, "lowp_quantize", &st);
     if (!kernel) return st;
@@ -237,9 +224,13 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
                                       const lowp_quant_cfg *cfg) {
     lowp_quant_job j;
     setup_job(&j, x, NULL, col, cfg);
-    const int threads = n_threads(cfg->threads);
-    const int fast = cfg->path != LOWP_PATH_REFERENCE && lowp_cpu_has_avx512() &&
-                     j.efmt != LOWP_FORMAT_E2M1 && lowp_cpu_quant_avx512_supports(&j);
+    const int threads = lowp_cpu_threads(cfg->threads, 0);
+    lowp_cpu_kernel which;
+    lowp_status st = lowp_cpu_pick_kernel(
+        "lowp_quantize_grouped", cfg->path,
+        j.efmt != LOWP_FORMAT_E2M1 && lowp_cpu_quant_avx512_supports(&j), 0, &which);
+    if (st != LOWP_OK) return st;
+    const int fast = which == LOWP_CPU_KERNEL_AVX512;
     if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads, fast);
     if (fast && quantize_grouped_fast(&j, cfg, threads)) return LOWP_OK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (j.rows * j.cols > 32768)

@@ -1,4 +1,4 @@
-/* AVX-512 quantization kernels (NUMERICS.md sections 3-4), bit-exact with quant_ref.c.
+/* AVX-512 quantization kernels (docs/numerics.md sections 3-4), bit-exact with quant_ref.c.
  *
  * Every kind is built from a few 16-lane pieces:
  *   - loads of 32 consecutive input elements as two binary32 vectors. F32 keeps natural order;
@@ -107,7 +107,7 @@ AI int ef_bits(lowp_format ef) {
 
 /* ---- encoders ---- */
 
-/* Satfinite RNE codes of the 16 binary32 values y (NUMERICS.md section 2), in 32-bit lanes,
+/* Satfinite RNE codes of the 16 binary32 values y (docs/numerics.md section 2), in 32-bit lanes,
  * with one hardware rounding: |y| + C, where C is a power of two whose ulp is the target's
  * quantum at |y|'s exponent (the quantum stops shrinking at the target's smallest normal
  * exponent, so subnormal targets come out of the same add; the add is pinned to RNE, so the
@@ -279,13 +279,13 @@ AI __m512i tree16(const __m512i m[16], int w16) {
 AI __m512i e8m0_codes(__m512i a, const lowp_format_traits *t, lowp_scale_mode mode) {
     __m512i e;
     switch (mode) {
-    case LOWP_SCALE_FLOOR: e = _mm512_sub_epi32(_mm512_srli_epi32(a, 23), V32(t->emax)); break;
-    case LOWP_SCALE_CEIL:
+    case LOWP_SCALE_MODE_FLOOR: e = _mm512_sub_epi32(_mm512_srli_epi32(a, 23), V32(t->emax)); break;
+    case LOWP_SCALE_MODE_CEIL:
         e = _mm512_srli_epi32(a, 23);
         e = _mm512_mask_add_epi32(e, _mm512_test_epi32_mask(a, V32(0x7FFFFF)), e, V32(1));
         e = _mm512_sub_epi32(e, V32(t->emax));
         break;
-    case LOWP_SCALE_EVEN: {
+    case LOWP_SCALE_MODE_EVEN: {
         __m512i b =
             _mm512_and_si512(_mm512_add_epi32(a, V32(1u << (22 - t->mbits))), V32(0xFF800000));
         e = _mm512_sub_epi32(_mm512_srli_epi32(b, 23), V32(t->emax));
@@ -339,7 +339,7 @@ AI int subnormals_kept(void) {
 
 /* Whether the job's E8M0 scale mode can put a block's maximum above fmax (see fixw). */
 AI int clip_of(const lowp_quant_job *j) {
-    return j->mode == LOWP_SCALE_FLOOR || j->mode == LOWP_SCALE_EVEN;
+    return j->mode == LOWP_SCALE_MODE_FLOOR || j->mode == LOWP_SCALE_MODE_EVEN;
 }
 
 /* Codes [p, p+n) of an output row: the NaN block's codes (E2M1: 0, pad nibble included). */

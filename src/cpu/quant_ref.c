@@ -1,4 +1,4 @@
-/* The scalar reference of quantization and dequantization (NUMERICS.md sections 3-4): plain
+/* The scalar reference of quantization and dequantization (docs/numerics.md sections 3-4): plain
  * loops, one element at a time, in the order the document states the rules. It is the golden
  * model the AVX-512 kernels and every other backend are compared with.
  *

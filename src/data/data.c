@@ -17,7 +17,7 @@
 #include "core/philox.h"
 #include "lowp/data.h"
 
-LOWP_HIDDEN extern const char lowp_default_corpus[];
+LOWP_HIDDEN extern const unsigned char lowp_default_corpus[];
 LOWP_HIDDEN extern const size_t lowp_default_corpus_len;
 
 struct lowp_data {
@@ -188,4 +188,15 @@ lowp_status lowp_data_batch(const lowp_data *d, lowp_split split, uint64_t seed,
         }
     }
     return LOWP_OK;
+}
+
+lowp_status lowp_data_check_seq_len(const lowp_data *d, int32_t T) {
+    LOWP_CHECK_PTR("lowp_data_check_seq_len", d);
+    const int64_t ntrain = d->ntrain, nval = d->bytes - d->ntrain;
+    if (T > 0 && ntrain >= (int64_t) T + 1 && nval >= (int64_t) T + 1) return LOWP_OK;
+    return lowp_fail(LOWP_ERR_INVALID_ARG,
+                     "lowp_data_check_seq_len: %s is too short for sequences of %d tokens: the "
+                     "training split has %lld tokens and the validation split %lld, and each "
+                     "needs T + 1",
+                     d->name, (int) T, (long long) ntrain, (long long) nval);
 }

@@ -10,15 +10,12 @@
  * destructors (a GPU runtime that has already shut down), and the OS reclaims everything. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cpu/cpu.h"
 #include "device/registry.h"
-
-#ifdef LOWP_HAVE_CUDA
-#include "cuda/cuda.h" /* declares lowp_cuda_backend_entry */
-#endif
 
 #define NAME_CAP       32          /* backend names: 1..31 characters */
 #define ENV_ERRORS_CAP 4096        /* all LOWP_BACKEND_PATH failures together */
@@ -37,16 +34,14 @@ static pthread_mutex_t g_mutex = PTHREAD_MUTEX_INITIALIZER; /* serializes writer
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static char g_env_errors[ENV_ERRORS_CAP]; /* written during the setup only */
 
-/* Backends compiled into the library, with their fixed type ids. Adding one (CUDA) is a new
- * folder under src/ plus one line here. */
+/* Backends compiled into the library, with their fixed type ids. Only the CPU backend exists
+ * today; a compiled-in one (a future CUDA backend, id LOWP_DEVICE_CUDA reserved for it) is a
+ * new folder under src/ plus one line here. */
 static const struct builtin {
     int32_t type;
     lowp_backend_entry_fn entry;
 } k_builtins[] = {
     {LOWP_DEVICE_CPU, lowp_cpu_backend_entry},
-#ifdef LOWP_HAVE_CUDA
-    {LOWP_DEVICE_CUDA, lowp_cuda_backend_entry},
-#endif
 };
 
 /* One line per failure. `what` prefixes messages that do not already name their source
@@ -133,11 +128,14 @@ static int present(int32_t type) {
  * a struct from other headers may not even have the fields we expect after the first two. */
 static lowp_status check_reg(const char *fn, const lowp_backend_reg *reg) {
     if (!reg) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: reg is NULL", fn);
-    if (reg->api_version != LOWP_BACKEND_API_VERSION)
+    if (reg->api_version < LOWP_BACKEND_API_VERSION_MIN ||
+        reg->api_version > LOWP_BACKEND_API_VERSION)
         return lowp_fail(LOWP_ERR_VERSION,
                          "%s: reg.api_version (%u) != LOWP_BACKEND_API_VERSION (%u) of this "
-                         "library; rebuild the backend against this lowp's headers",
-                         fn, (unsigned) reg->api_version, (unsigned) LOWP_BACKEND_API_VERSION);
+                         "library (which also loads versions %u and up); rebuild the backend "
+                         "against this lowp's headers",
+                         fn, (unsigned) reg->api_version, (unsigned) LOWP_BACKEND_API_VERSION,
+                         (unsigned) LOWP_BACKEND_API_VERSION_MIN);
     if (reg->struct_size != sizeof(lowp_backend_reg))
         return lowp_fail(LOWP_ERR_VERSION,
                          "%s: reg.struct_size (%u) != sizeof(lowp_backend_reg) (%zu) of this "
@@ -198,7 +196,12 @@ static lowp_status add_at(const char *fn, const lowp_backend_reg *reg, void *dl_
     }
     backend_slot *s = &g_slots[type];
     snprintf(s->name, sizeof s->name, "%s", reg->name);
-    s->iface = *reg->iface;
+    if (reg->api_version >= 2) {
+        s->iface = *reg->iface;
+    } else { /* a version-1 vtable ends at destroy: read no further */
+        memset(&s->iface, 0, sizeof s->iface);
+        memcpy(&s->iface, reg->iface, offsetof(lowp_backend_iface, amax));
+    }
     s->ctx = reg->ctx;
     s->dl_handle = dl_handle;
     atomic_store_explicit(&g_present[type], 1, memory_order_release);

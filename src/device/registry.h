@@ -1,5 +1,5 @@
 /* The device layer's internal interface, shared by the registry (registry.c), the plugin
- * loader (plugin.c), the capability names (describe.c) and the layers above (ops, kernels).
+ * loader (plugin.c) and the ops layer above.
  * Not installed. */
 #ifndef LOWP_DEVICE_REGISTRY_H
 #define LOWP_DEVICE_REGISTRY_H
@@ -37,9 +37,5 @@ typedef struct lowp_call_guard {
 LOWP_HIDDEN void lowp_call_begin(lowp_call_guard *g);
 LOWP_HIDDEN lowp_status lowp_call_end(const lowp_call_guard *g, lowp_status st, const char *fn,
                                       lowp_device dev, const char *slot);
-
-/* The LOWP_CAP_* bit called `name` (the first `len` characters; lowp_caps_describe's
- * spelling, case-insensitive), or 0 when there is none. */
-LOWP_HIDDEN uint32_t lowp_cap_from_name(const char *name, size_t len);
 
 #endif

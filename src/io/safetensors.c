@@ -247,14 +247,6 @@ static lowp_status check_write_args(const lowp_st_tensor *tensors, int32_t n,
     return LOWP_OK;
 }
 
-/* The test hook of the crash-safety test: LOWP_TEST_CRASH_BEFORE_RENAME=1 ends the process
- * after the temporary file is complete and synced, before the rename (what a kill -9 or a
- * power cut at that moment leaves behind). Nothing but that test sets it. */
-static void maybe_crash_before_rename(void) {
-    const char *e = getenv("LOWP_TEST_CRASH_BEFORE_RENAME");
-    if (e && strcmp(e, "1") == 0) _exit(86);
-}
-
 lowp_status lowp_safetensors_write(const char *path, const lowp_st_tensor *tensors, int32_t n,
                                    const lowp_st_meta *meta, int32_t nmeta) {
     const char *fn = "lowp_safetensors_write";
@@ -335,7 +327,6 @@ lowp_status lowp_safetensors_write(const char *path, const lowp_st_tensor *tenso
     if (close(fd) != 0 && st == LOWP_OK)
         st = lowp_fail(LOWP_ERR_IO, "%s: closing %s: %s", fn, tmp, strerror(errno));
     if (st == LOWP_OK) {
-        maybe_crash_before_rename();
         if (rename(tmp, path) != 0)
             st = lowp_fail(LOWP_ERR_IO, "%s: cannot rename %s to %s: %s", fn, tmp, path,
                            strerror(errno));

@@ -8,6 +8,7 @@
 
 #include "core/internal.h"
 #include "lowp/model.h"
+#include "lowp/threads.h"
 
 /* Loops over less work than this (in elements) stay on the calling thread: waking the team
  * would cost more than the loop. Which thread computes an element never changes its value. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model_internal.h"
 
@@ -94,6 +95,12 @@ lowp_status lowp_moe_config_preset(const char *name, int32_t vocab, lowp_moe_con
                      name);
 }
 
+/* Bytes of physical memory, or 0 when unknown. */
+static double physical_memory(void) {
+    const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (double) pages * (double) size : 0.0;
+}
+
 static lowp_status config_check(const lowp_moe_config *c, const char *fn) {
     const struct {
         const char *name;
@@ -138,6 +145,20 @@ static lowp_status config_check(const lowp_moe_config *c, const char *fn) {
     if (total > 1e10)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: the configuration has %.3g parameters (> 1e10)",
                          fn, total);
+    /* The parameter table counts 3 + layers * MOE_LAYER_PARAMS entries in an int32. */
+    if (c->layers > LOWP_MOE_MAX_LAYERS)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.layers (%d) > %d", fn, c->layers,
+                         LOWP_MOE_MAX_LAYERS);
+    /* Before any allocation: the weights and gradients (and the optimizer's two moments the
+     * trainer adds) must fit the machine, so a typo does not end in a swap storm. */
+    const double need = 16.0 * total + 8.0 * (double) c->seq_len * (double) c->dim;
+    const double have = physical_memory();
+    if (have > 0 && need > have)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: the configuration needs about %.3g GB for %.3g parameters (weights, "
+                         "gradients, Adam moments and RoPE tables), more than the %.3g GB of "
+                         "physical memory",
+                         fn, need / 1e9, total, have / 1e9);
     return LOWP_OK;
 }
 
@@ -265,7 +286,7 @@ lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe 
     memset(m->param_arena, 0, bytes);
     int64_t off = 0;
     uint64_t word = 0; /* Philox words used so far: each parameter's stream follows the last */
-    const int nthreads = omp_get_max_threads();
+    const int nthreads = lowp_thread_count(0);
     for (int32_t i = 0; i < np; i++) {
         lowp_param *p = &m->params[i];
         p->name = m->names[i];
@@ -670,7 +691,7 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     memset(&ex, 0, sizeof ex);
     ex.lin.threads = run->threads;
     ex.lin.fp32_plain = run->fp32_plain;
-    ex.nthreads = run->threads > 0 ? run->threads : omp_get_max_threads();
+    ex.nthreads = lowp_thread_count(run->threads);
     ex.autocast = run->autocast;
     ex.rng = training && c->dropout > 0.0f ? run->rng : NULL;
     ex.dropout = c->dropout;

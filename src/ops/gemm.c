@@ -3,31 +3,22 @@
 #include <stdio.h>
 
 #include "core/gemm_pair.h"
-#include "core/internal.h"
-#include "device/registry.h"
+#include "ops/alias.h"
 #include "lowp/gemm.h"
+#include "ops_internal.h"
 
 lowp_status lowp_gemm_cfg_init(lowp_gemm_cfg *cfg) {
     LOWP_CHECK_PTR("lowp_gemm_cfg_init", cfg);
     memset(cfg, 0, sizeof *cfg);
-    cfg->path = LOWP_GEMM_PATH_AUTO;
+    cfg->path = LOWP_KERNEL_PATH_AUTO;
     return LOWP_OK;
-}
-
-static int same_device(lowp_device a, lowp_device b) {
-    return a.type == b.type && a.index == b.index;
 }
 
 static lowp_status check_cfg(const char *fn, const lowp_gemm_cfg *cfg) {
     if (cfg->accumulate != 0 && cfg->accumulate != 1)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.accumulate (%d) is not 0 or 1", fn,
                          cfg->accumulate);
-    if (cfg->threads < 0)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.threads (%d) < 0", fn, cfg->threads);
-    if (cfg->path < LOWP_GEMM_PATH_AUTO || cfg->path > LOWP_GEMM_PATH_AMX)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.path (%d) is not a lowp_gemm_path", fn,
-                         (int) cfg->path);
-    return LOWP_OK;
+    return lowp_op_check_threads_path(fn, cfg->threads, cfg->path);
 }
 
 /* An operand: buffers present for its size, on `dev`. */
@@ -45,7 +36,7 @@ static lowp_status check_operand(const char *fn, const char *name, const lowp_qt
     }
     if (db && !q->data) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.data is NULL", fn, name);
     if (sb && !q->scales) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.scales is NULL", fn, name);
-    if (!same_device(q->device, dev))
+    if (!lowp_same_device(q->device, dev))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.device (%d:%d) != a.device (%d:%d)", fn,
                          name, q->device.type, q->device.index, dev.type, dev.index);
     return LOWP_OK;
@@ -63,32 +54,23 @@ static lowp_status check_c(const char *fn, const lowp_tensor *c, int64_t rows, i
             (long long) c->rows, (long long) c->cols, (long long) rows, (long long) cols);
     if (rows * cols > 0 && !c->data)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: c.data is NULL", fn);
-    if (!same_device(c->device, dev))
+    if (!lowp_same_device(c->device, dev))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: c.device (%d:%d) != a.device (%d:%d)", fn,
                          c->device.type, c->device.index, dev.type, dev.index);
     return LOWP_OK;
 }
 
-static lowp_status check_offs(const char *fn, const int32_t *offs, int32_t groups, int64_t limit,
-                              const char *limit_name) {
-    if (groups < 1) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: groups (%d) < 1", fn, groups);
-    if (!offs) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: offs is NULL", fn);
-    int64_t prev = 0;
-    for (int32_t g = 0; g < groups; g++) {
-        if (offs[g] < prev || offs[g] > limit)
-            return lowp_fail(LOWP_ERR_INVALID_ARG,
-                             "%s: offs[%d] (%d) is not in [%lld, %s (%lld)] (offsets are "
-                             "cumulative group ends)",
-                             fn, g, offs[g], (long long) prev, limit_name, (long long) limit);
-        prev = offs[g];
+/* C may not overlap the operands a and b[0 .. nb-1]. */
+static lowp_status check_c_alias(const char *fn, const lowp_tensor *c, const lowp_qtensor *a,
+                                 const lowp_qtensor *b, int32_t nb) {
+    lowp_span cs = lowp_tensor_span(c, "c.data"), ins[2];
+    lowp_qtensor_spans(a, "a.data", "a.scales", ins);
+    lowp_status st = lowp_check_no_alias(fn, &cs, 1, ins, 2);
+    for (int32_t g = 0; st == LOWP_OK && g < nb; g++) {
+        lowp_qtensor_spans(&b[g], "b.data", "b.scales", ins);
+        st = lowp_check_no_alias(fn, &cs, 1, ins, 2);
     }
-    return LOWP_OK;
-}
-
-static lowp_status no_kernel(const char *fn, lowp_device dev, const char *what) {
-    const char *name = "?";
-    lowp_backend_name(dev.type, &name);
-    return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: backend \"%s\" has no %s kernel", fn, name, what);
+    return st;
 }
 
 lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
@@ -115,14 +97,12 @@ lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor 
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld) != b.cols (%lld)", fn,
                          (long long) a->cols, (long long) b->cols);
     if ((st = check_c(fn, c, a->rows, b->rows, a->device)) != LOWP_OK) return st;
-    const lowp_backend_iface *iface;
-    void *ctx;
-    if ((st = lowp_device_resolve(fn, "a.device", a->device, &iface, &ctx)) != LOWP_OK) return st;
-    if (!iface->gemm) return no_kernel(fn, a->device, "gemm");
-    lowp_call_guard g;
-    lowp_call_begin(&g);
-    st = iface->gemm(ctx, a->device.index, a, b, c, cfg);
-    return lowp_call_end(&g, st, fn, a->device, "gemm");
+    if ((st = check_c_alias(fn, c, a, b, 1)) != LOWP_OK) return st;
+    lowp_op_call call;
+    if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(gemm))) != LOWP_OK)
+        return st;
+    st = call.iface->gemm(call.ctx, a->device.index, a, b, c, cfg);
+    return lowp_op_end(&call, st);
 }
 
 lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
@@ -141,7 +121,7 @@ lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, cons
     if (a->group_offs)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: a.group_offs is set (split-M groups come from offs)", fn);
-    if ((st = check_offs(fn, offs, groups, a->rows, "a.rows")) != LOWP_OK) return st;
+    if ((st = lowp_check_offs(fn, offs, groups, a->rows, "a.rows")) != LOWP_OK) return st;
     const int64_t N = b[0].rows;
     for (int32_t g = 0; g < groups; g++) {
         char name[32];
@@ -159,14 +139,13 @@ lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, cons
         if ((st = lowp_gemm_classify(fn, a, &b[g], &pair, &bk)) != LOWP_OK) return st;
     }
     if ((st = check_c(fn, c, a->rows, N, a->device)) != LOWP_OK) return st;
-    const lowp_backend_iface *iface;
-    void *ctx;
-    if ((st = lowp_device_resolve(fn, "a.device", a->device, &iface, &ctx)) != LOWP_OK) return st;
-    if (!iface->grouped_gemm) return no_kernel(fn, a->device, "grouped gemm");
-    lowp_call_guard g;
-    lowp_call_begin(&g);
-    st = iface->grouped_gemm(ctx, a->device.index, a, b, offs, groups, c, cfg);
-    return lowp_call_end(&g, st, fn, a->device, "grouped_gemm");
+    if ((st = check_c_alias(fn, c, a, b, groups)) != LOWP_OK) return st;
+    lowp_op_call call;
+    if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm))) !=
+        LOWP_OK)
+        return st;
+    st = call.iface->grouped_gemm(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
+    return lowp_op_end(&call, st);
 }
 
 /* For the block kinds, a wgrad operand must be quantized with the same groups as offs. */
@@ -218,16 +197,15 @@ lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b
     if (a->cols != b->cols)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld tokens) != b.cols (%lld tokens)",
                          fn, (long long) a->cols, (long long) b->cols);
-    if ((st = check_offs(fn, offs, groups, a->cols, "a.cols")) != LOWP_OK) return st;
+    if ((st = lowp_check_offs(fn, offs, groups, a->cols, "a.cols")) != LOWP_OK) return st;
     if ((st = check_grouping(fn, "a", a, bk, offs, groups)) != LOWP_OK) return st;
     if ((st = check_grouping(fn, "b", b, bk, offs, groups)) != LOWP_OK) return st;
     if ((st = check_c(fn, c, (int64_t) groups * a->rows, b->rows, a->device)) != LOWP_OK) return st;
-    const lowp_backend_iface *iface;
-    void *ctx;
-    if ((st = lowp_device_resolve(fn, "a.device", a->device, &iface, &ctx)) != LOWP_OK) return st;
-    if (!iface->grouped_gemm_wgrad) return no_kernel(fn, a->device, "grouped wgrad gemm");
-    lowp_call_guard g;
-    lowp_call_begin(&g);
-    st = iface->grouped_gemm_wgrad(ctx, a->device.index, a, b, offs, groups, c, cfg);
-    return lowp_call_end(&g, st, fn, a->device, "grouped_gemm_wgrad");
+    if ((st = check_c_alias(fn, c, a, b, 1)) != LOWP_OK) return st;
+    lowp_op_call call;
+    if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm_wgrad))) !=
+        LOWP_OK)
+        return st;
+    st = call.iface->grouped_gemm_wgrad(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
+    return lowp_op_end(&call, st);
 }

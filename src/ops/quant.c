@@ -2,23 +2,18 @@
  * (nothing is written on error), then run on the backend of the tensors' device. */
 #include <math.h>
 
-#include "core/internal.h"
-#include "cpu/cpu.h"
-#include "device/registry.h"
+#include "ops/alias.h"
 #include "lowp/quant.h"
+#include "ops_internal.h"
 
 lowp_status lowp_quant_cfg_init(lowp_quant_cfg *cfg) {
     LOWP_CHECK_PTR("lowp_quant_cfg_init", cfg);
     memset(cfg, 0, sizeof *cfg);
-    cfg->scale_mode = LOWP_SCALE_DEFAULT;
+    cfg->scale_mode = LOWP_SCALE_MODE_DEFAULT;
     cfg->pow2_scales = -1;
     cfg->eps = 0.0f;
-    cfg->path = LOWP_PATH_AUTO;
+    cfg->path = LOWP_KERNEL_PATH_AUTO;
     return LOWP_OK;
-}
-
-static int same_device(lowp_device a, lowp_device b) {
-    return a.type == b.type && a.index == b.index;
 }
 
 static lowp_status check_input(const char *fn, const lowp_tensor *x) {
@@ -39,7 +34,7 @@ static lowp_status check_input(const char *fn, const lowp_tensor *x) {
 }
 
 static lowp_status check_cfg(const char *fn, const lowp_quant_cfg *cfg, lowp_scaling scaling) {
-    if (cfg->scale_mode < LOWP_SCALE_DEFAULT || cfg->scale_mode > LOWP_SCALE_EVEN)
+    if (cfg->scale_mode < LOWP_SCALE_MODE_DEFAULT || cfg->scale_mode > LOWP_SCALE_MODE_EVEN)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.scale_mode (%d) is not a lowp_scale_mode",
                          fn, (int) cfg->scale_mode);
     if (cfg->pow2_scales < -1 || cfg->pow2_scales > 1)
@@ -57,13 +52,7 @@ static lowp_status check_cfg(const char *fn, const lowp_quant_cfg *cfg, lowp_sca
             return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: *cfg.scale (%g) must be finite and > 0", fn,
                              (double) *cfg->scale);
     }
-    if (cfg->threads < 0)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.threads (%d) < 0", fn, cfg->threads);
-    if (cfg->path != LOWP_PATH_AUTO && cfg->path != LOWP_PATH_REFERENCE &&
-        cfg->path != LOWP_PATH_AVX512)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.path (%d) is not a lowp_kernel_path", fn,
-                         (int) cfg->path);
-    return LOWP_OK;
+    return lowp_op_check_threads_path(fn, cfg->threads, cfg->path);
 }
 
 /* Format/scaling support, shape [rows, cols], buffers present. */
@@ -95,17 +84,6 @@ static lowp_status check_q(const char *fn, const char *name, const lowp_qtensor 
     return LOWP_OK;
 }
 
-static lowp_status backend_of(const char *fn, lowp_device dev, const lowp_backend_iface **iface,
-                              void **ctx) {
-    return lowp_device_resolve(fn, "x.device", dev, iface, ctx);
-}
-
-static lowp_status unsupported(const char *fn, lowp_device dev, const char *what) {
-    const char *name = "?";
-    lowp_backend_name(dev.type, &name);
-    return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: backend \"%s\" has no %s kernel", fn, name, what);
-}
-
 lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out, lowp_qtensor *col_out,
                           const lowp_quant_cfg *cfg) {
     const char *fn = "lowp_quantize";
@@ -132,7 +110,7 @@ lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out, lowp_qten
             return lowp_fail(LOWP_ERR_INVALID_ARG,
                              "%s: row_out.group_offs is set; use lowp_quantize_grouped", fn);
         if ((st = check_q(fn, "row_out", row_out, x->rows, x->cols)) != LOWP_OK) return st;
-        if (!same_device(row_out->device, x->device))
+        if (!lowp_same_device(row_out->device, x->device))
             return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: row_out.device (%d:%d) != x.device (%d:%d)",
                              fn, row_out->device.type, row_out->device.index, x->device.type,
                              x->device.index);
@@ -142,19 +120,20 @@ lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out, lowp_qten
             return lowp_fail(LOWP_ERR_INVALID_ARG,
                              "%s: col_out.group_offs is set; use lowp_quantize_grouped", fn);
         if ((st = check_q(fn, "col_out", col_out, x->cols, x->rows)) != LOWP_OK) return st;
-        if (!same_device(col_out->device, x->device))
+        if (!lowp_same_device(col_out->device, x->device))
             return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.device (%d:%d) != x.device (%d:%d)",
                              fn, col_out->device.type, col_out->device.index, x->device.type,
                              x->device.index);
     }
-    const lowp_backend_iface *iface;
-    void *ctx;
-    if ((st = backend_of(fn, x->device, &iface, &ctx)) != LOWP_OK) return st;
-    if (!iface->quantize) return unsupported(fn, x->device, "quantize");
-    lowp_call_guard g;
-    lowp_call_begin(&g);
-    st = iface->quantize(ctx, x->device.index, x, row_out, col_out, cfg);
-    return lowp_call_end(&g, st, fn, x->device, "quantize");
+    lowp_span outs[4], in = lowp_tensor_span(x, "x.data");
+    lowp_qtensor_spans(row_out, "row_out.data", "row_out.scales", outs);
+    lowp_qtensor_spans(col_out, "col_out.data", "col_out.scales", outs + 2);
+    if ((st = lowp_check_no_alias(fn, outs, 4, &in, 1)) != LOWP_OK) return st;
+    lowp_op_call c;
+    if ((st = lowp_op_begin(&c, fn, "x.device", x->device, LOWP_OP_SLOT(quantize))) != LOWP_OK)
+        return st;
+    st = c.iface->quantize(c.ctx, x->device.index, x, row_out, col_out, cfg);
+    return lowp_op_end(&c, st);
 }
 
 lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
@@ -177,18 +156,19 @@ lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
                          "group boundaries: use lowp_quantize)",
                          fn, lowp_scaling_name(col_out->scaling));
     if ((st = check_q(fn, "col_out", col_out, x->cols, x->rows)) != LOWP_OK) return st;
-    if (!same_device(col_out->device, x->device))
+    if (!lowp_same_device(col_out->device, x->device))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.device (%d:%d) != x.device (%d:%d)", fn,
                          col_out->device.type, col_out->device.index, x->device.type,
                          x->device.index);
-    const lowp_backend_iface *iface;
-    void *ctx;
-    if ((st = backend_of(fn, x->device, &iface, &ctx)) != LOWP_OK) return st;
-    if (!iface->quantize_grouped) return unsupported(fn, x->device, "grouped quantize");
-    lowp_call_guard g;
-    lowp_call_begin(&g);
-    st = iface->quantize_grouped(ctx, x->device.index, x, col_out, cfg);
-    return lowp_call_end(&g, st, fn, x->device, "quantize_grouped");
+    lowp_span outs[2], in = lowp_tensor_span(x, "x.data");
+    lowp_qtensor_spans(col_out, "col_out.data", "col_out.scales", outs);
+    if ((st = lowp_check_no_alias(fn, outs, 2, &in, 1)) != LOWP_OK) return st;
+    lowp_op_call c;
+    if ((st = lowp_op_begin(&c, fn, "x.device", x->device, LOWP_OP_SLOT(quantize_grouped))) !=
+        LOWP_OK)
+        return st;
+    st = c.iface->quantize_grouped(c.ctx, x->device.index, x, col_out, cfg);
+    return lowp_op_end(&c, st);
 }
 
 lowp_status lowp_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
@@ -206,17 +186,17 @@ lowp_status lowp_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
             (long long) out->rows, (long long) out->cols, (long long) q->rows, (long long) q->cols);
     if (q->rows * q->cols > 0 && !out->data)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out.data is NULL", fn);
-    if (!same_device(out->device, q->device))
+    if (!lowp_same_device(out->device, q->device))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out.device (%d:%d) != q.device (%d:%d)", fn,
                          out->device.type, out->device.index, q->device.type, q->device.index);
-    const lowp_backend_iface *iface;
-    void *ctx;
-    if ((st = backend_of(fn, q->device, &iface, &ctx)) != LOWP_OK) return st;
-    if (!iface->dequantize) return unsupported(fn, q->device, "dequantize");
-    lowp_call_guard g;
-    lowp_call_begin(&g);
-    st = iface->dequantize(ctx, q->device.index, q, out);
-    return lowp_call_end(&g, st, fn, q->device, "dequantize");
+    lowp_span ins[2], outspan = lowp_tensor_span(out, "out.data");
+    lowp_qtensor_spans(q, "q.data", "q.scales", ins);
+    if ((st = lowp_check_no_alias(fn, &outspan, 1, ins, 2)) != LOWP_OK) return st;
+    lowp_op_call c;
+    if ((st = lowp_op_begin(&c, fn, "q.device", q->device, LOWP_OP_SLOT(dequantize))) != LOWP_OK)
+        return st;
+    st = c.iface->dequantize(c.ctx, q->device.index, q, out);
+    return lowp_op_end(&c, st);
 }
 
 lowp_status lowp_amax(const lowp_tensor *x, lowp_scaling scaling, float *out, size_t out_count) {
@@ -231,8 +211,9 @@ lowp_status lowp_amax(const lowp_tensor *x, lowp_scaling scaling, float *out, si
     if ((size_t) (sr * sc) != out_count)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: out_count (%zu) != %lld x %lld for scaling %s",
                          fn, out_count, (long long) sr, (long long) sc, lowp_scaling_name(scaling));
-    if (x->device.type != LOWP_DEVICE_CPU)
-        return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: x.device type (%d) is not the CPU", fn,
-                         x->device.type);
-    return lowp_cpu_amax(x, (int) scaling, out);
+    lowp_op_call c;
+    if ((st = lowp_op_begin(&c, fn, "x.device", x->device, LOWP_OP_SLOT(amax))) != LOWP_OK)
+        return st;
+    st = c.iface->amax(c.ctx, x->device.index, x, (int32_t) scaling, out, out_count);
+    return lowp_op_end(&c, st);
 }

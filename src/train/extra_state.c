@@ -150,7 +150,7 @@ static lowp_status parse(const char *fn, const lowp_fp8_state *st, const unsigne
     if (!isfinite(margin))
         return lowp_fail(LOWP_ERR_CORRUPT, "%s: margin (%g) is not finite", fn, (double) margin);
     const uint32_t algo = get_u32(p + 28);
-    if (algo != LOWP_AMAX_MAX && algo != LOWP_AMAX_MOST_RECENT)
+    if (algo != LOWP_AMAX_ALGO_MAX && algo != LOWP_AMAX_ALGO_MOST_RECENT)
         return lowp_fail(LOWP_ERR_CORRUPT,
                          "%s: amax algorithm (%u) is not 0 (max) or 1 (most_recent)", fn,
                          (unsigned) algo);

@@ -1,5 +1,5 @@
 /* The FP8 delayed-scaling state of one wrapped module (train.h): three roles (input, weight,
- * grad-output), each an amax history and a scale (NUMERICS.md section 5), kept on the module's
+ * grad-output), each an amax history and a scale (docs/numerics.md section 5), kept on the module's
  * device with a host mirror that the update computes on.
  *
  * Device image, per role: history_len amax rows, then the scale. The mirror has the same
@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "device/registry.h"
 #include "train_internal.h"
 
 /* The host allocation behind lowp_fp8_state.host_buf (which points at `image`). */
@@ -67,6 +66,26 @@ static lowp_status check_role(const char *fn, lowp_role role) {
     return LOWP_OK;
 }
 
+/* That `dev` names a registered device, through the public device API (lowp/device.h). */
+static lowp_status check_device(const char *fn, lowp_device dev) {
+    if (dev.type < 0 || dev.type >= LOWP_DEVICE_MAX_TYPES)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: device.type (%d) is outside 0..%d", fn,
+                         (int) dev.type, LOWP_DEVICE_MAX_TYPES - 1);
+    int32_t count = 0;
+    if (lowp_device_count(dev.type, &count) != LOWP_OK)
+        return lowp_fail(LOWP_ERR_NOT_FOUND, "%s: device.type (%d) is not a registered device type",
+                         fn, (int) dev.type);
+    if (dev.index < 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: device.index (%d) < 0", fn, (int) dev.index);
+    if (dev.index >= count) {
+        const char *name = "?";
+        lowp_backend_name(dev.type, &name);
+        return lowp_fail(LOWP_ERR_NOT_FOUND, "%s: device.index (%d) >= device count (%d) of \"%s\"",
+                         fn, (int) dev.index, (int) count, name);
+    }
+    return LOWP_OK;
+}
+
 lowp_status lowp_fp8_state_init(lowp_fp8_state *st, const lowp_delayed_cfg *cfg,
                                 const lowp_format formats[LOWP_ROLE_COUNT], lowp_device device) {
     const char *fn = "lowp_fp8_state_init";
@@ -78,17 +97,9 @@ lowp_status lowp_fp8_state_init(lowp_fp8_state *st, const lowp_delayed_cfg *cfg,
         if (formats[r] != LOWP_FORMAT_E4M3 && formats[r] != LOWP_FORMAT_E5M2)
             return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: formats[%d] (%d) is not e4m3 or e5m2", fn,
                              r, (int) formats[r]);
-    if (cfg->history_len < 1)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.history_len (%d) < 1", fn,
-                         (int) cfg->history_len);
-    if (!isfinite(cfg->margin))
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.margin (%g) is not finite", fn,
-                         (double) cfg->margin);
-    if (cfg->algo != LOWP_AMAX_MAX && cfg->algo != LOWP_AMAX_MOST_RECENT)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.algo (%d) is not a lowp_amax_algo", fn,
-                         (int) cfg->algo);
-    lowp_status s = lowp_device_resolve(fn, "device", device, NULL, NULL);
+    lowp_status s = lowp_delayed_cfg_check(fn, "cfg", cfg);
     if (s != LOWP_OK) return s;
+    if ((s = check_device(fn, device)) != LOWP_OK) return s;
 
     const size_t n = image_floats(cfg->history_len);
     const size_t images = on_cpu(device) ? 1 : 3;

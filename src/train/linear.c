@@ -16,6 +16,7 @@
  * in F32: the float references of gradient checks). */
 #include <stdlib.h>
 
+#include "ops/ops_internal.h"
 #include "train_internal.h"
 
 /* A GEMM operand: quantized per its spec, or high precision (BF16, or F32 for fp32_plain). */
@@ -363,20 +364,6 @@ static lowp_status check_opts(const char *fn, const lowp_linear_opts *o) {
     return LOWP_OK;
 }
 
-static lowp_status check_offs(const char *fn, const int32_t *offs, int32_t groups, int64_t rows) {
-    if (!offs) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: offs is NULL", fn);
-    int64_t prev = 0;
-    for (int32_t g = 0; g < groups; g++) {
-        if (offs[g] < prev || offs[g] > rows)
-            return lowp_fail(LOWP_ERR_INVALID_ARG,
-                             "%s: offs[%d] (%d) is not in [%lld, x.rows (%lld)] (offsets are "
-                             "cumulative group ends)",
-                             fn, g, offs[g], (long long) prev, (long long) rows);
-        prev = offs[g];
-    }
-    return LOWP_OK;
-}
-
 /* ---- Forward ---- */
 
 struct lowp_linear_saved {
@@ -416,7 +403,7 @@ static lowp_status forward(const char *fn, int grouped, lowp_param *w, const flo
     if ((st = check_tensor(fn, "y", y, M, N)) != LOWP_OK) return st;
     if ((st = check_opts(fn, opts)) != LOWP_OK) return st;
     const int32_t G = grouped ? w->groups : 1;
-    if (grouped && (st = check_offs(fn, offs, G, M)) != LOWP_OK) return st;
+    if (grouped && (st = lowp_check_offs(fn, offs, G, M, "x.rows")) != LOWP_OK) return st;
     const int32_t threads = opts ? opts->threads : 0;
     const int recompute = opts ? opts->recompute : 0;
     const int64_t T = grouped ? offs[G - 1] : M; /* rows past the last group are ignored */
@@ -550,7 +537,7 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
         (st = check_tensor(fn, "dy", dy, M, N)) != LOWP_OK ||
         (dx && (st = check_tensor(fn, "dx", dx, M, K)) != LOWP_OK) ||
         (st = check_opts(fn, opts)) != LOWP_OK ||
-        (grouped && (st = check_offs(fn, offs, G, M)) != LOWP_OK) ||
+        (grouped && (st = lowp_check_offs(fn, offs, G, M, "x.rows")) != LOWP_OK) ||
         (st = check_saved(fn, saved, w, grouped, M, K, offs)) != LOWP_OK)
         goto out;
     if (!w->grad) {

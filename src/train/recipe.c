@@ -14,7 +14,7 @@ static void set_spec(lowp_operand_spec *s, lowp_format format, lowp_scaling scal
                      int32_t delayed) {
     s->format = format;
     s->scaling = scaling;
-    s->scale_mode = LOWP_SCALE_DEFAULT;
+    s->scale_mode = LOWP_SCALE_MODE_DEFAULT;
     s->pow2_scales = -1;
     s->delayed = delayed;
 }
@@ -59,7 +59,7 @@ static void preset_mxfp8(lowp_linear_cfg *c) {
     set_spec(&c->input, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 0);
     set_spec(&c->weight, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 0);
     set_spec(&c->grad_output, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 0);
-    c->input.scale_mode = c->weight.scale_mode = c->grad_output.scale_mode = LOWP_SCALE_RCEIL;
+    c->input.scale_mode = c->weight.scale_mode = c->grad_output.scale_mode = LOWP_SCALE_MODE_RCEIL;
     c->keep_quantized = 1;
 }
 
@@ -163,7 +163,7 @@ static lowp_status check_spec(const char *fn, const char *role, const lowp_opera
                          "%s: cfg.%s.scaling (%s) is a weight tiling; activations and gradients "
                          "are quantized along one axis",
                          fn, role, lowp_scaling_name(s->scaling));
-    if (s->scale_mode < LOWP_SCALE_DEFAULT || s->scale_mode > LOWP_SCALE_EVEN)
+    if (s->scale_mode < LOWP_SCALE_MODE_DEFAULT || s->scale_mode > LOWP_SCALE_MODE_EVEN)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: cfg.%s.scale_mode (%d) is not a lowp_scale_mode", fn, role,
                          (int) s->scale_mode);
@@ -218,18 +218,7 @@ lowp_status lowp_linear_cfg_check(const char *fn, const lowp_linear_cfg *cfg) {
     if ((st = check_flag(fn, "fake_quant_mxfp4", cfg->fake_quant_mxfp4)) != LOWP_OK) return st;
     if (lowp_spec_delayed(&cfg->input) || lowp_spec_delayed(&cfg->weight) ||
         lowp_spec_delayed(&cfg->grad_output)) {
-        const lowp_delayed_cfg *d = &cfg->delayed;
-        if (d->history_len < 1 || d->history_len > (1 << 20))
-            return lowp_fail(LOWP_ERR_INVALID_ARG,
-                             "%s: cfg.delayed.history_len (%d) is not in [1, %d]", fn,
-                             d->history_len, 1 << 20);
-        if (!isfinite(d->margin))
-            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.delayed.margin (%g) is not finite", fn,
-                             (double) d->margin);
-        if (d->algo != LOWP_AMAX_MAX && d->algo != LOWP_AMAX_MOST_RECENT)
-            return lowp_fail(LOWP_ERR_INVALID_ARG,
-                             "%s: cfg.delayed.algo (%d) is not a lowp_amax_algo", fn,
-                             (int) d->algo);
+        if ((st = lowp_delayed_cfg_check(fn, "cfg.delayed", &cfg->delayed)) != LOWP_OK) return st;
     }
     if ((st = check_pair(fn, "forward", "input", &cfg->input, "weight", &cfg->weight)) != LOWP_OK)
         return st;

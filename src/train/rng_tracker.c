@@ -1,7 +1,7 @@
 /* The RNG tracker (rng.h): named Philox (seed, offset) states, fork/restore of the current one,
  * get/set of all of them, and inverted dropout drawing from the current state.
  *
- * All randomness is Philox words addressed by (seed, word index) (NUMERICS.md section 7), so a
+ * All randomness is Philox words addressed by (seed, word index) (docs/numerics.md section 7), so a
  * state is just where the next word is: saving and restoring it replays the same masks
  * (activation recomputation), and two ranks that hold the same named state draw the same
  * masks inside a forked region while their default states stay apart. */

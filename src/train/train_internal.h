@@ -45,6 +45,10 @@ static inline lowp_format lowp_autocast_dtype_for(const lowp_autocast *ac, int32
     return ac->type[type].dtype;
 }
 
+/* wrap.c: `params` [n] is an array the functions taking (params, n) accept: n >= 0, params
+ * non-NULL when n > 0 (the optimizer adds its own per-parameter checks). */
+LOWP_HIDDEN lowp_status lowp_param_array_check(const char *fn, const lowp_param *params, int32_t n);
+
 /* linear.c: free a weight cache (NULL allowed). */
 LOWP_HIDDEN void lowp_weight_cache_free(struct lowp_weight_cache *cache);
 

@@ -59,7 +59,7 @@ static lowp_status wrap_new(const char *fn, const lowp_param *p, const lowp_line
     return LOWP_OK;
 }
 
-static lowp_status check_params(const char *fn, const lowp_param *params, int32_t n) {
+lowp_status lowp_param_array_check(const char *fn, const lowp_param *params, int32_t n) {
     if (n < 0) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: n (%d) < 0", fn, n);
     if (n > 0 && !params)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: params is NULL (n = %d)", fn, n);
@@ -68,7 +68,7 @@ static lowp_status check_params(const char *fn, const lowp_param *params, int32_
 
 lowp_status lowp_train_prepare(lowp_param *params, int32_t n, const lowp_recipe *recipe) {
     const char *fn = "lowp_train_prepare";
-    lowp_status st = check_params(fn, params, n);
+    lowp_status st = lowp_param_array_check(fn, params, n);
     if (st != LOWP_OK) return st;
     LOWP_CHECK_PTR(fn, recipe);
     /* Check everything first: a refused call wraps nothing. */
@@ -117,7 +117,7 @@ lowp_status lowp_train_prepare(lowp_param *params, int32_t n, const lowp_recipe 
 }
 
 lowp_status lowp_train_convert(lowp_param *params, int32_t n) {
-    lowp_status st = check_params("lowp_train_convert", params, n);
+    lowp_status st = lowp_param_array_check("lowp_train_convert", params, n);
     if (st != LOWP_OK) return st;
     for (int32_t i = 0; i < n; i++) {
         wrap_free(params[i].wrap);
@@ -128,7 +128,7 @@ lowp_status lowp_train_convert(lowp_param *params, int32_t n) {
 
 lowp_status lowp_train_step_end(lowp_param *params, int32_t n, const lowp_reduce_hook *hook) {
     const char *fn = "lowp_train_step_end";
-    lowp_status st = check_params(fn, params, n);
+    lowp_status st = lowp_param_array_check(fn, params, n);
     if (st != LOWP_OK) return st;
     lowp_status first = LOWP_OK;
     for (int32_t i = 0; i < n; i++) {

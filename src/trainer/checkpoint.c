@@ -17,14 +17,15 @@
 
 #include "trainer_internal.h"
 
-#define KEYLEN 320
+#define KEYLEN LOWP_CKPT_KEYLEN
+#define VALLEN 640 /* data.vocab: 2 hex digits per symbol, up to 256 */
 
 /* ---- Metadata writing ---- */
 
 typedef struct meta_list {
     lowp_st_meta *m;
     char (*k)[KEYLEN];
-    char (*v)[KEYLEN];
+    char (*v)[VALLEN];
     int32_t n, cap;
 } meta_list;
 
@@ -35,7 +36,7 @@ static int meta_add(meta_list *l, const char *key, const char *fmt, ...) {
     snprintf(l->k[l->n], KEYLEN, "%s", key);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(l->v[l->n], KEYLEN, fmt, ap);
+    vsnprintf(l->v[l->n], VALLEN, fmt, ap);
     va_end(ap);
     l->m[l->n].key = l->k[l->n];
     l->m[l->n].value = l->v[l->n];
@@ -71,28 +72,12 @@ static void hex_bytes(char *out, const uint8_t *b, int32_t n) {
     out[2 * n] = '\0';
 }
 
-lowp_status lowp_trainer_checkpoint_save(lowp_trainer *t, const char *path) {
-    const char *fn = "lowp_trainer_checkpoint_save";
-    LOWP_CHECK_PTR(fn, t);
-    LOWP_CHECK_PTR(fn, path);
-    lowp_status st = LOWP_OK;
-    const int32_t n = t->n;
-    /* Per parameter: the weight, the two moments and (when wrapped) the extra state. */
-    lowp_st_tensor *ts = calloc((size_t) (4 * n + 1), sizeof *ts);
-    char(*names)[KEYLEN] = calloc((size_t) (3 * n + 1), sizeof *names);
-    meta_list ml = {0};
-    ml.cap = 64 + 3 * LOWP_RNG_MAX_STATES;
-    ml.m = calloc((size_t) ml.cap, sizeof *ml.m);
-    ml.k = calloc((size_t) ml.cap, sizeof *ml.k);
-    ml.v = calloc((size_t) ml.cap, sizeof *ml.v);
-    trainer_xstate xs;
-    memset(&xs, 0, sizeof xs);
-    if (!ts || !names || !ml.m || !ml.k || !ml.v) {
-        st = lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-        goto done;
-    }
-    if ((st = lowp_trainer_xstate_save(t, &xs)) != LOWP_OK) goto done;
+/* The tensors of a checkpoint: per parameter the weight, the two moments and (when wrapped)
+ * the extra state of xs. names holds 3 per parameter. Returns how many. */
+static int32_t save_tensors(lowp_trainer *t, const trainer_xstate *xs, lowp_st_tensor *ts,
+                            char (*names)[KEYLEN]) {
     int32_t nt = 0;
+    const int32_t n = t->n;
     for (int32_t i = 0; i < n; i++) {
         const lowp_param *p = &t->params[i];
         lowp_st_tensor w = {0};
@@ -126,12 +111,17 @@ lowp_status lowp_trainer_checkpoint_save(lowp_trainer *t, const char *path) {
             x.name = names[3 * i + 2];
             x.dtype = LOWP_ST_U8;
             x.ndim = 1;
-            x.shape[0] = (int64_t) xs.len[i];
-            x.data = xs.blob[i];
+            x.shape[0] = (int64_t) xs->len[i];
+            x.data = xs->blob[i];
             ts[nt++] = x;
         }
     }
 
+    return nt;
+}
+
+/* The settings, the run's position, the data's identity and the RNG tracker's states. */
+static lowp_status save_settings(lowp_trainer *t, meta_list *ml, int *bad_out) {
     lowp_data_info di;
     lowp_data_get_info(t->data, &di);
     const uint8_t *sym;
@@ -143,66 +133,113 @@ lowp_status lowp_trainer_checkpoint_save(lowp_trainer *t, const char *path) {
     lowp_adamw_get_t(t->opt, &opt_t);
     const lowp_trainer_cfg *c = &t->cfg;
     int bad = 0;
-    bad |= meta_add(&ml, "format", "%s", LOWP_TRAIN_CHECKPOINT_FORMAT);
-    bad |= meta_add(&ml, "format_version", "%d", LOWP_TRAIN_CHECKPOINT_VERSION);
-    bad |= meta_add(&ml, "lowp_version", "%s", lowp_version());
-    bad |= meta_add(&ml, "recipe", "%s", t->recipe.name);
+    bad |= meta_add(ml, "format", "%s", LOWP_TRAIN_CHECKPOINT_FORMAT);
+    bad |= meta_add(ml, "format_version", "%d", LOWP_TRAIN_CHECKPOINT_VERSION);
+    bad |= meta_add(ml, "lowp_version", "%s", lowp_version());
+    bad |= meta_add(ml, "recipe", "%s", t->recipe.name);
     for (int f = 0; f < NCONFIG; f++) {
         const char *base = (const char *) &t->mcfg + CONFIG_FIELDS[f].off;
         if (CONFIG_FIELDS[f].is_float) {
             float x;
             memcpy(&x, base, sizeof x);
-            bad |= meta_add(&ml, CONFIG_FIELDS[f].key, "%.9g", (double) x);
+            bad |= meta_add(ml, CONFIG_FIELDS[f].key, "%.9g", (double) x);
         } else {
             int32_t x;
             memcpy(&x, base, sizeof x);
-            bad |= meta_add(&ml, CONFIG_FIELDS[f].key, "%d", (int) x);
+            bad |= meta_add(ml, CONFIG_FIELDS[f].key, "%d", (int) x);
         }
     }
-    bad |= meta_add(&ml, "model.seed", "%" PRIu64, t->model_seed);
-    bad |= meta_add(&ml, "train.step", "%" PRId64, t->step);
-    bad |= meta_add(&ml, "train.data_position", "%" PRIu64, t->data_pos);
-    bad |= meta_add(&ml, "train.optimizer_t", "%" PRId64, opt_t);
-    bad |= meta_add(&ml, "train.steps", "%d", (int) c->steps);
-    bad |= meta_add(&ml, "train.batch", "%d", (int) c->batch);
-    bad |= meta_add(&ml, "train.seq_len", "%d", (int) c->seq_len);
-    bad |= meta_add(&ml, "train.accum", "%d", (int) c->accum);
-    bad |= meta_add(&ml, "train.seed", "%" PRIu64, c->seed);
-    bad |= meta_add(&ml, "train.eval_seed", "%" PRIu64, c->eval_seed);
-    bad |= meta_add(&ml, "train.lr", "%.9g", (double) c->lr);
-    bad |= meta_add(&ml, "train.min_lr", "%.9g", (double) c->min_lr);
-    bad |= meta_add(&ml, "train.warmup", "%d", (int) c->warmup);
-    bad |= meta_add(&ml, "train.beta1", "%.9g", (double) c->adamw.beta1);
-    bad |= meta_add(&ml, "train.beta2", "%.9g", (double) c->adamw.beta2);
-    bad |= meta_add(&ml, "train.eps", "%.9g", (double) c->adamw.eps);
-    bad |= meta_add(&ml, "train.weight_decay", "%.9g", (double) c->adamw.weight_decay);
-    bad |= meta_add(&ml, "train.clip", "%.9g", (double) c->clip);
-    bad |= meta_add(&ml, "train.eval_every", "%d", (int) c->eval_every);
-    bad |= meta_add(&ml, "train.eval_batches", "%d", (int) c->eval_batches);
+    bad |= meta_add(ml, "model.seed", "%" PRIu64, t->model_seed);
+    bad |= meta_add(ml, "train.step", "%" PRId64, t->step);
+    bad |= meta_add(ml, "train.data_position", "%" PRIu64, t->data_pos);
+    bad |= meta_add(ml, "train.optimizer_t", "%" PRId64, opt_t);
+    bad |= meta_add(ml, "train.steps", "%d", (int) c->steps);
+    bad |= meta_add(ml, "train.batch", "%d", (int) c->batch);
+    bad |= meta_add(ml, "train.seq_len", "%d", (int) c->seq_len);
+    bad |= meta_add(ml, "train.accum", "%d", (int) c->accum);
+    bad |= meta_add(ml, "train.seed", "%" PRIu64, c->seed);
+    bad |= meta_add(ml, "train.eval_seed", "%" PRIu64, c->eval_seed);
+    bad |= meta_add(ml, "train.lr", "%.9g", (double) c->lr);
+    bad |= meta_add(ml, "train.min_lr", "%.9g", (double) c->min_lr);
+    bad |= meta_add(ml, "train.warmup", "%d", (int) c->warmup);
+    bad |= meta_add(ml, "train.beta1", "%.9g", (double) c->adamw.beta1);
+    bad |= meta_add(ml, "train.beta2", "%.9g", (double) c->adamw.beta2);
+    bad |= meta_add(ml, "train.eps", "%.9g", (double) c->adamw.eps);
+    bad |= meta_add(ml, "train.weight_decay", "%.9g", (double) c->adamw.weight_decay);
+    bad |= meta_add(ml, "train.clip", "%.9g", (double) c->clip);
+    bad |= meta_add(ml, "train.eval_every", "%d", (int) c->eval_every);
+    bad |= meta_add(ml, "train.eval_batches", "%d", (int) c->eval_batches);
     /* The name is informational and metadata must be UTF-8: bytes outside ASCII become '?'. */
     char data_name[256];
     snprintf(data_name, sizeof data_name, "%s", di.name);
     for (char *q = data_name; *q; q++)
         if ((unsigned char) *q >= 0x80 || (unsigned char) *q < 0x20) *q = '?';
-    bad |= meta_add(&ml, "data.name", "%s", data_name);
-    bad |= meta_add(&ml, "data.bytes", "%" PRId64, di.bytes);
-    bad |= meta_add(&ml, "data.hash", "%016" PRIx64, di.hash);
-    bad |= meta_add(&ml, "data.vocab", "%s", vocab_hex);
+    bad |= meta_add(ml, "data.name", "%s", data_name);
+    bad |= meta_add(ml, "data.bytes", "%" PRId64, di.bytes);
+    bad |= meta_add(ml, "data.hash", "%016" PRIx64, di.hash);
+    bad |= meta_add(ml, "data.vocab", "%s", vocab_hex);
     lowp_rng_state rs[LOWP_RNG_MAX_STATES];
     int32_t nrs = 0;
-    if ((st = lowp_rng_tracker_get_states(&t->rng, rs, LOWP_RNG_MAX_STATES, &nrs)) != LOWP_OK)
-        goto done;
-    bad |= meta_add(&ml, "rng.count", "%d", (int) nrs);
-    bad |= meta_add(&ml, "rng.current", "%d", (int) t->rng.current);
+    lowp_status st = lowp_rng_tracker_get_states(&t->rng, rs, LOWP_RNG_MAX_STATES, &nrs);
+    if (st != LOWP_OK) return st;
+    bad |= meta_add(ml, "rng.count", "%d", (int) nrs);
+    bad |= meta_add(ml, "rng.current", "%d", (int) t->rng.current);
     for (int32_t i = 0; i < nrs; i++) {
         char key[64];
         snprintf(key, sizeof key, "rng.%d.name", (int) i);
-        bad |= meta_add(&ml, key, "%s", rs[i].name);
+        bad |= meta_add(ml, key, "%s", rs[i].name);
         snprintf(key, sizeof key, "rng.%d.seed", (int) i);
-        bad |= meta_add(&ml, key, "%" PRIu64, rs[i].seed);
+        bad |= meta_add(ml, key, "%" PRIu64, rs[i].seed);
         snprintf(key, sizeof key, "rng.%d.offset", (int) i);
-        bad |= meta_add(&ml, key, "%" PRIu64, rs[i].offset);
+        bad |= meta_add(ml, key, "%" PRIu64, rs[i].offset);
     }
+    *bad_out |= bad;
+    return LOWP_OK;
+}
+
+/* The checksums (checkpoint_check.c): one per tensor, then one over all the metadata. */
+static lowp_status save_checksums(const lowp_st_tensor *ts, int32_t nt, meta_list *ml,
+                                  int *bad_out) {
+    int bad = 0;
+    for (int32_t i = 0; i < nt; i++) {
+        char key[KEYLEN + 8];
+        snprintf(key, sizeof key, "crc32c.%s", ts[i].name);
+        bad |= meta_add(ml, key, "%08" PRIx32, lowp_ckpt_tensor_crc(&ts[i]));
+    }
+    uint32_t mcrc = 0;
+    lowp_status st = lowp_ckpt_meta_crc(ml->m, ml->n, &mcrc);
+    if (st != LOWP_OK) return st;
+    bad |= meta_add(ml, "crc32c.__metadata__", "%08" PRIx32, mcrc);
+    *bad_out |= bad;
+    return LOWP_OK;
+}
+
+lowp_status lowp_trainer_checkpoint_save(lowp_trainer *t, const char *path) {
+    const char *fn = "lowp_trainer_checkpoint_save";
+    LOWP_CHECK_PTR(fn, t);
+    LOWP_CHECK_PTR(fn, path);
+    lowp_status st = LOWP_OK;
+    const int32_t n = t->n;
+    /* Per parameter: the weight, the two moments and (when wrapped) the extra state. */
+    lowp_st_tensor *ts = calloc((size_t) (4 * n + 1), sizeof *ts);
+    char(*names)[KEYLEN] = calloc((size_t) (3 * n + 1), sizeof *names);
+    meta_list ml = {0};
+    ml.cap = 64 + 3 * LOWP_RNG_MAX_STATES + 4 * n + 1; /* settings, RNG, a CRC per tensor */
+    ml.m = calloc((size_t) ml.cap, sizeof *ml.m);
+    ml.k = calloc((size_t) ml.cap, sizeof *ml.k);
+    ml.v = calloc((size_t) ml.cap, sizeof *ml.v);
+    trainer_xstate xs;
+    memset(&xs, 0, sizeof xs);
+    if ((st = lowp_trainer_state_check(t, fn)) != LOWP_OK) goto done;
+    if (!ts || !names || !ml.m || !ml.k || !ml.v) {
+        st = lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        goto done;
+    }
+    if ((st = lowp_trainer_xstate_save(t, &xs)) != LOWP_OK) goto done;
+    const int32_t nt = save_tensors(t, &xs, ts, names);
+    int bad = 0;
+    if ((st = save_settings(t, &ml, &bad)) != LOWP_OK) goto done;
+    if (!bad && (st = save_checksums(ts, nt, &ml, &bad)) != LOWP_OK) goto done;
     if (bad) {
         st = lowp_fail(LOWP_ERR_INTERNAL, "%s: too many metadata entries", fn);
         goto done;
@@ -288,6 +325,7 @@ static lowp_status read_info(const lowp_safetensors *f, const char *path,
         return lowp_fail(LOWP_ERR_VERSION,
                          "checkpoint %s: format_version %d, this lowp reads version %d", path,
                          (int) ver, LOWP_TRAIN_CHECKPOINT_VERSION);
+    if ((st = lowp_ckpt_verify(f, path)) != LOWP_OK) return st;
     if ((st = need_meta(f, path, "recipe", &v)) != LOWP_OK) return st;
     snprintf(info->recipe, sizeof info->recipe, "%s", v);
     if ((st = need_meta(f, path, "data.name", &v)) != LOWP_OK) return st;
@@ -328,7 +366,11 @@ static lowp_status read_info(const lowp_safetensors *f, const char *path,
         (st = meta_i32(f, path, "train.eval_every", &c->eval_every)) != LOWP_OK ||
         (st = meta_i32(f, path, "train.eval_batches", &c->eval_batches)) != LOWP_OK)
         return st;
-    return LOWP_OK;
+    if (u > INT32_MAX)
+        return lowp_fail(LOWP_ERR_CORRUPT,
+                         "checkpoint %s: metadata 'train.step' (%llu) is out of range", path,
+                         (unsigned long long) u);
+    return lowp_ckpt_check_info(path, info);
 }
 
 lowp_status lowp_trainer_checkpoint_info(const char *path, lowp_checkpoint_info *out) {
@@ -419,6 +461,124 @@ static lowp_status check_match(const lowp_trainer *t, const char *path,
     return LOWP_OK;
 }
 
+/* What a load reads before it changes anything. */
+typedef struct ckpt_load {
+    lowp_checkpoint_info info;
+    uint64_t data_pos, opt_t;
+    int32_t nrs, cur;
+    lowp_rng_state rs[LOWP_RNG_MAX_STATES];
+    lowp_st_tensor *w, *m, *v, *x; /* [n]: weight, moments, extra state of each parameter */
+} ckpt_load;
+
+/* The run's position: data position and optimizer t (consistent with the step), and the RNG
+ * tracker's states. */
+static lowp_status load_position(const lowp_safetensors *f, const char *path, ckpt_load *L) {
+    lowp_status st;
+    if ((st = meta_u64(f, path, "train.data_position", 10, &L->data_pos)) != LOWP_OK ||
+        (st = meta_u64(f, path, "train.optimizer_t", 10, &L->opt_t)) != LOWP_OK ||
+        (st = meta_i32(f, path, "rng.count", &L->nrs)) != LOWP_OK ||
+        (st = meta_i32(f, path, "rng.current", &L->cur)) != LOWP_OK)
+        return st;
+    /* t counts the applied updates (skipped ones do not), and every update draws accum
+     * micro-batches. */
+    if (L->opt_t > (uint64_t) L->info.step ||
+        L->data_pos != (uint64_t) L->info.step * (uint64_t) L->info.train.accum)
+        return lowp_fail(LOWP_ERR_CORRUPT,
+                         "checkpoint %s: train.optimizer_t (%llu) or train.data_position (%llu) "
+                         "does not fit train.step (%lld) and train.accum (%d)",
+                         path, (unsigned long long) L->opt_t, (unsigned long long) L->data_pos,
+                         (long long) L->info.step, (int) L->info.train.accum);
+    if (L->nrs < 1 || L->nrs > LOWP_RNG_MAX_STATES || L->cur >= L->nrs)
+        return lowp_fail(LOWP_ERR_CORRUPT,
+                         "checkpoint %s: rng.count (%d) or rng.current (%d) is out of range", path,
+                         (int) L->nrs, (int) L->cur);
+    memset(L->rs, 0, sizeof L->rs);
+    for (int32_t i = 0; i < L->nrs; i++) {
+        char key[64];
+        const char *name;
+        snprintf(key, sizeof key, "rng.%d.name", (int) i);
+        if ((st = need_meta(f, path, key, &name)) != LOWP_OK) return st;
+        if (strlen(name) >= LOWP_RNG_NAME_MAX)
+            return lowp_fail(LOWP_ERR_CORRUPT, "checkpoint %s: %s is too long", path, key);
+        strcpy(L->rs[i].name, name);
+        snprintf(key, sizeof key, "rng.%d.seed", (int) i);
+        if ((st = meta_u64(f, path, key, 10, &L->rs[i].seed)) != LOWP_OK) return st;
+        snprintf(key, sizeof key, "rng.%d.offset", (int) i);
+        if ((st = meta_u64(f, path, key, 10, &L->rs[i].offset)) != LOWP_OK) return st;
+    }
+    return LOWP_OK;
+}
+
+/* Every parameter's tensors, with their shapes and values checked. */
+static lowp_status load_tensors(const lowp_trainer *t, const lowp_safetensors *f, const char *path,
+                                ckpt_load *L) {
+    lowp_status st;
+    for (int32_t i = 0; i < t->n; i++) {
+        const lowp_param *p = &t->params[i];
+        char name[KEYLEN];
+        if ((st = need_tensor(f, path, p->name, LOWP_ST_F32, p, &L->w[i])) != LOWP_OK) return st;
+        snprintf(name, sizeof name, "optim.exp_avg.%s", p->name);
+        if ((st = need_tensor(f, path, name, LOWP_ST_F32, p, &L->m[i])) != LOWP_OK) return st;
+        snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->name);
+        if ((st = need_tensor(f, path, name, LOWP_ST_F32, p, &L->v[i])) != LOWP_OK) return st;
+        const int64_t cnt = lowp_param_numel(p);
+        if ((st = lowp_ckpt_check_values(path, p->name, L->w[i].data, cnt, 0)) != LOWP_OK ||
+            (st = lowp_ckpt_check_values(path, L->m[i].name, L->m[i].data, cnt, 0)) != LOWP_OK ||
+            (st = lowp_ckpt_check_values(path, L->v[i].name, L->v[i].data, cnt, 1)) != LOWP_OK)
+            return st;
+        if (!p->wrap) continue;
+        snprintf(name, sizeof name, "%s._extra_state", p->name);
+        if ((st = need_tensor(f, path, name, LOWP_ST_U8, NULL, &L->x[i])) != LOWP_OK) return st;
+        if (L->x[i].ndim != 1)
+            return lowp_fail(LOWP_ERR_CORRUPT, "checkpoint %s: tensor '%s' is not 1-D", path, name);
+    }
+    return LOWP_OK;
+}
+
+/* Into the trainer. The extra state can still fail (its own CRC): it goes first and is undone
+ * (with the RNG states) on failure, so the trainer is left as it was. */
+static lowp_status apply_state(lowp_trainer *t, const char *path, const ckpt_load *L) {
+    trainer_xstate before;
+    memset(&before, 0, sizeof before);
+    lowp_status st = lowp_trainer_xstate_save(t, &before);
+    for (int32_t i = 0; st == LOWP_OK && i < t->n; i++) {
+        if (!t->params[i].wrap) continue;
+        st = lowp_param_extra_state_load(&t->params[i], L->x[i].data, (size_t) L->x[i].shape[0]);
+        if (st != LOWP_OK) {
+            lowp_error_append("checkpoint %s: the extra state of '%s'", path, t->params[i].name);
+            if (st == LOWP_ERR_INVALID_ARG) st = LOWP_ERR_CORRUPT;
+            (void) lowp_trainer_xstate_load(t, &before); /* saved from this very state */
+        }
+    }
+    lowp_rng_tracker saved_rng = t->rng;
+    if (st == LOWP_OK && (st = lowp_rng_tracker_set_states(&t->rng, L->rs, L->nrs)) != LOWP_OK) {
+        t->rng = saved_rng;
+        (void) lowp_trainer_xstate_load(t, &before);
+        lowp_error_append("checkpoint %s: the RNG tracker's states", path);
+    }
+    lowp_trainer_xstate_free(&before);
+    if (st != LOWP_OK) return st;
+    t->rng.current = L->cur;
+    for (int32_t i = 0; i < t->n; i++) {
+        float *mm, *vv;
+        int64_t cnt;
+        lowp_adamw_moments(t->opt, i, &mm, &vv, &cnt);
+        const size_t nb = (size_t) cnt * sizeof(float);
+        memcpy(t->params[i].data, L->w[i].data, nb);
+        memcpy(mm, L->m[i].data, nb);
+        memcpy(vv, L->v[i].data, nb);
+        lowp_param_updated(&t->params[i]);
+    }
+    /* Cannot fail after load_position's range check; checked all the same. */
+    if ((st = lowp_adamw_set_t(t->opt, (int64_t) L->opt_t)) != LOWP_OK) return st;
+    t->step = L->info.step;
+    t->data_pos = L->data_pos;
+    t->model_seed = L->info.model_seed;
+    t->t0 = lowp_trainer_now();
+    t->run_steps = 0;
+    return LOWP_OK;
+}
+
 lowp_status lowp_trainer_checkpoint_load(lowp_trainer *t, const char *path) {
     const char *fn = "lowp_trainer_checkpoint_load";
     LOWP_CHECK_PTR(fn, t);
@@ -426,118 +586,29 @@ lowp_status lowp_trainer_checkpoint_load(lowp_trainer *t, const char *path) {
     lowp_safetensors *f = NULL;
     lowp_status st = lowp_safetensors_read(path, &f);
     if (st != LOWP_OK) return st;
-    lowp_checkpoint_info info;
-    lowp_st_tensor *w = NULL, *m = NULL, *v = NULL, *x = NULL;
-    trainer_xstate before;
-    memset(&before, 0, sizeof before);
-    int have_before = 0;
-    if ((st = read_info(f, path, &info)) != LOWP_OK) goto done;
-    if ((st = check_match(t, path, &info)) != LOWP_OK) goto done;
-
-    /* Every tensor and number first. */
-    uint64_t data_pos, opt_t;
-    int32_t nrs, cur;
-    if ((st = meta_u64(f, path, "train.data_position", 10, &data_pos)) != LOWP_OK ||
-        (st = meta_u64(f, path, "train.optimizer_t", 10, &opt_t)) != LOWP_OK ||
-        (st = meta_i32(f, path, "rng.count", &nrs)) != LOWP_OK ||
-        (st = meta_i32(f, path, "rng.current", &cur)) != LOWP_OK)
-        goto done;
-    if (nrs < 1 || nrs > LOWP_RNG_MAX_STATES || cur >= nrs) {
-        st = lowp_fail(LOWP_ERR_CORRUPT,
-                       "checkpoint %s: rng.count (%d) or rng.current (%d) is "
-                       "out of range",
-                       path, (int) nrs, (int) cur);
-        goto done;
+    ckpt_load *L = calloc(1, sizeof *L);
+    const size_t n = (size_t) t->n + 1;
+    if (L) {
+        L->w = calloc(n, sizeof *L->w);
+        L->m = calloc(n, sizeof *L->m);
+        L->v = calloc(n, sizeof *L->v);
+        L->x = calloc(n, sizeof *L->x);
     }
-    lowp_rng_state rs[LOWP_RNG_MAX_STATES];
-    memset(rs, 0, sizeof rs);
-    for (int32_t i = 0; i < nrs; i++) {
-        char key[64];
-        const char *name;
-        snprintf(key, sizeof key, "rng.%d.name", (int) i);
-        if ((st = need_meta(f, path, key, &name)) != LOWP_OK) goto done;
-        if (strlen(name) >= LOWP_RNG_NAME_MAX) {
-            st = lowp_fail(LOWP_ERR_CORRUPT, "checkpoint %s: %s is too long", path, key);
-            goto done;
-        }
-        strcpy(rs[i].name, name);
-        snprintf(key, sizeof key, "rng.%d.seed", (int) i);
-        if ((st = meta_u64(f, path, key, 10, &rs[i].seed)) != LOWP_OK) goto done;
-        snprintf(key, sizeof key, "rng.%d.offset", (int) i);
-        if ((st = meta_u64(f, path, key, 10, &rs[i].offset)) != LOWP_OK) goto done;
-    }
-    const int32_t n = t->n;
-    w = calloc((size_t) (n + 1), sizeof *w);
-    m = calloc((size_t) (n + 1), sizeof *m);
-    v = calloc((size_t) (n + 1), sizeof *v);
-    x = calloc((size_t) (n + 1), sizeof *x);
-    if (!w || !m || !v || !x) {
+    if (!L || !L->w || !L->m || !L->v || !L->x)
         st = lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-        goto done;
+    /* Every number and tensor is read and checked before anything changes. */
+    if (st == LOWP_OK) st = read_info(f, path, &L->info);
+    if (st == LOWP_OK) st = check_match(t, path, &L->info);
+    if (st == LOWP_OK) st = load_position(f, path, L);
+    if (st == LOWP_OK) st = load_tensors(t, f, path, L);
+    if (st == LOWP_OK) st = apply_state(t, path, L);
+    if (L) {
+        free(L->w);
+        free(L->m);
+        free(L->v);
+        free(L->x);
     }
-    for (int32_t i = 0; i < n; i++) {
-        const lowp_param *p = &t->params[i];
-        char name[KEYLEN];
-        if ((st = need_tensor(f, path, p->name, LOWP_ST_F32, p, &w[i])) != LOWP_OK) goto done;
-        snprintf(name, sizeof name, "optim.exp_avg.%s", p->name);
-        if ((st = need_tensor(f, path, name, LOWP_ST_F32, p, &m[i])) != LOWP_OK) goto done;
-        snprintf(name, sizeof name, "optim.exp_avg_sq.%s", p->name);
-        if ((st = need_tensor(f, path, name, LOWP_ST_F32, p, &v[i])) != LOWP_OK) goto done;
-        if (p->wrap) {
-            snprintf(name, sizeof name, "%s._extra_state", p->name);
-            if ((st = need_tensor(f, path, name, LOWP_ST_U8, NULL, &x[i])) != LOWP_OK) goto done;
-            if (x[i].ndim != 1) {
-                st = lowp_fail(LOWP_ERR_CORRUPT, "checkpoint %s: tensor '%s' is not 1-D", path,
-                               name);
-                goto done;
-            }
-        }
-    }
-
-    /* The extra state can still fail (its own CRC): load it first, undo on failure. */
-    if ((st = lowp_trainer_xstate_save(t, &before)) != LOWP_OK) goto done;
-    have_before = 1;
-    for (int32_t i = 0; i < n; i++) {
-        if (!t->params[i].wrap) continue;
-        st = lowp_param_extra_state_load(&t->params[i], x[i].data, (size_t) x[i].shape[0]);
-        if (st != LOWP_OK) {
-            lowp_error_append("checkpoint %s: the extra state of '%s'", path, t->params[i].name);
-            if (st == LOWP_ERR_INVALID_ARG) st = LOWP_ERR_CORRUPT;
-            lowp_status undo = lowp_trainer_xstate_load(t, &before);
-            (void) undo; /* the blobs just saved from this very state cannot be corrupt */
-            goto done;
-        }
-    }
-    lowp_rng_tracker saved_rng = t->rng;
-    if ((st = lowp_rng_tracker_set_states(&t->rng, rs, nrs)) != LOWP_OK) {
-        t->rng = saved_rng;
-        lowp_trainer_xstate_load(t, &before);
-        lowp_error_append("checkpoint %s: the RNG tracker's states", path);
-        goto done;
-    }
-    t->rng.current = cur;
-    for (int32_t i = 0; i < n; i++) {
-        float *mm, *vv;
-        int64_t cnt;
-        lowp_adamw_moments(t->opt, i, &mm, &vv, &cnt);
-        const size_t nb = (size_t) cnt * sizeof(float);
-        memcpy(t->params[i].data, w[i].data, nb);
-        memcpy(mm, m[i].data, nb);
-        memcpy(vv, v[i].data, nb);
-        lowp_param_updated(&t->params[i]);
-    }
-    lowp_adamw_set_t(t->opt, (int64_t) opt_t);
-    t->step = info.step;
-    t->data_pos = data_pos;
-    t->model_seed = info.model_seed;
-    t->t0 = lowp_trainer_now();
-    t->run_steps = 0;
-done:
-    if (have_before) lowp_trainer_xstate_free(&before);
-    free(w);
-    free(m);
-    free(v);
-    free(x);
+    free(L);
     lowp_safetensors_free(f);
     return st;
 }

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lowp/threads.h"
+#include "train/train_internal.h"
 #include "trainer_internal.h"
 
 /* ---- Schedule ---- */
@@ -58,9 +60,11 @@ lowp_status lowp_adamw_cfg_init(lowp_adamw_cfg *cfg) {
     return LOWP_OK;
 }
 
-static lowp_status check_params(const char *fn, const lowp_param *params, int32_t n) {
-    if (n < 0) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: n (%d) < 0", fn, (int) n);
-    if (n > 0) LOWP_CHECK_PTR(fn, params);
+/* The parameters the optimizer and clipping update: an array (lowp_param_array_check), each
+ * with data and grad and a shape that is not negative. */
+static lowp_status check_trainable(const char *fn, const lowp_param *params, int32_t n) {
+    lowp_status st = lowp_param_array_check(fn, params, n);
+    if (st != LOWP_OK) return st;
     for (int32_t i = 0; i < n; i++) {
         const lowp_param *p = &params[i];
         if (!p->data || !p->grad || p->rows < 0 || p->cols < 0 || p->groups < 0)
@@ -77,7 +81,7 @@ lowp_status lowp_adamw_create(const lowp_param *params, int32_t n, const lowp_ad
     LOWP_CHECK_PTR(fn, cfg);
     LOWP_CHECK_PTR(fn, out);
     *out = NULL;
-    lowp_status st = check_params(fn, params, n);
+    lowp_status st = check_trainable(fn, params, n);
     if (st != LOWP_OK) return st;
     if (!(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: beta1 (%g) and beta2 (%g) must be in [0, 1)",
@@ -126,7 +130,7 @@ void lowp_adamw_free(lowp_adamw *o) {
 lowp_status lowp_adamw_step(lowp_adamw *o, lowp_param *params, int32_t n, float lr) {
     const char *fn = "lowp_adamw_step";
     LOWP_CHECK_PTR(fn, o);
-    lowp_status st = check_params(fn, params, n);
+    lowp_status st = check_trainable(fn, params, n);
     if (st != LOWP_OK) return st;
     if (n != o->n)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: n (%d) != the optimizer's (%d)", fn, (int) n,
@@ -145,7 +149,7 @@ lowp_status lowp_adamw_step(lowp_adamw *o, lowp_param *params, int32_t n, float 
     /* The bias corrections in double, rounded once: the same on every run and thread. */
     const float c1 = (float) (1.0 / (1.0 - pow((double) b1, (double) o->t)));
     const float c2 = (float) (1.0 / (1.0 - pow((double) b2, (double) o->t)));
-    const int nth = o->cfg.threads > 0 ? o->cfg.threads : omp_get_max_threads();
+    const int nth = lowp_thread_count(o->cfg.threads);
     for (int32_t i = 0; i < n; i++) {
         lowp_param *p = &params[i];
         const float wd = (p->rows > 1 || p->groups > 0) ? o->cfg.weight_decay : 0.0f;
@@ -200,7 +204,7 @@ lowp_status lowp_adamw_set_t(lowp_adamw *o, int64_t t) {
 
 lowp_status lowp_grad_clip(lowp_param *params, int32_t n, float max_norm, float *norm) {
     const char *fn = "lowp_grad_clip";
-    lowp_status st = check_params(fn, params, n);
+    lowp_status st = check_trainable(fn, params, n);
     if (st != LOWP_OK) return st;
     double total = 0.0;
     for (int32_t i = 0; i < n; i++) {

@@ -41,19 +41,20 @@ lowp_status lowp_trainer_cfg_init(lowp_trainer_cfg *cfg) {
     cfg->eval_seed = 0;
     cfg->threads = 0;
     cfg->activation_checkpoint = 0;
+    cfg->max_skipped = 10;
     return LOWP_OK;
 }
 
 static lowp_status check_cfg(const char *fn, const lowp_trainer_cfg *c, const lowp_moe_config *mc) {
     if (c->steps < 0 || c->batch <= 0 || c->accum <= 0 || c->seq_len < 0 || c->warmup < 0 ||
-        c->eval_every < 0 || c->eval_batches <= 0 || c->threads < 0)
+        c->eval_every < 0 || c->eval_batches <= 0 || c->threads < 0 || c->max_skipped < 0)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: cfg has steps %d, batch %d, accum %d, seq_len %d, warmup %d, "
-                         "eval_every %d, eval_batches %d, threads %d (batch, accum and "
-                         "eval_batches must be positive, the rest >= 0)",
+                         "eval_every %d, eval_batches %d, threads %d, max_skipped %d (batch, "
+                         "accum and eval_batches must be positive, the rest >= 0)",
                          fn, (int) c->steps, (int) c->batch, (int) c->accum, (int) c->seq_len,
                          (int) c->warmup, (int) c->eval_every, (int) c->eval_batches,
-                         (int) c->threads);
+                         (int) c->threads, (int) c->max_skipped);
     if (c->seq_len > mc->seq_len)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.seq_len (%d) > the model's seq_len (%d)",
                          fn, (int) c->seq_len, (int) mc->seq_len);
@@ -95,12 +96,10 @@ lowp_status lowp_trainer_create(lowp_moe *model, const lowp_data *data, const lo
                          "%s: the model's vocab (%d) != the data's (%d distinct bytes in %s)", fn,
                          (int) mc.vocab, (int) di.vocab, di.name);
     const int32_t T = cfg->seq_len > 0 ? cfg->seq_len : mc.seq_len;
-    if (di.train_tokens < (int64_t) T + 1 || di.val_tokens < (int64_t) T + 1)
-        return lowp_fail(LOWP_ERR_INVALID_ARG,
-                         "%s: %s is too short for sequences of %d tokens: the training split has "
-                         "%lld tokens and the validation split %lld, and each needs T + 1",
-                         fn, di.name, (int) T, (long long) di.train_tokens,
-                         (long long) di.val_tokens);
+    if ((st = lowp_data_check_seq_len(data, T)) != LOWP_OK) {
+        lowp_error_append("%s", fn);
+        return st;
+    }
     lowp_trainer *t = calloc(1, sizeof *t);
     if (!t) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     t->model = model;
@@ -307,6 +306,7 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
             for (int64_t j = 0; j < cnt; j++) g[j] *= inv;
         }
     }
+    if ((st = lowp_trainer_guard_loss(t, (float) (ce_sum / (double) A))) != LOWP_OK) return st;
     float norm = 0.0f;
     if ((st = lowp_grad_clip(t->params, t->n, t->cfg.clip, &norm)) != LOWP_OK) return st;
     lowp_lr_schedule sched = {t->cfg.lr, t->cfg.min_lr, t->cfg.warmup, t->cfg.steps};
@@ -318,6 +318,7 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
     if (!rep->skipped && (st = lowp_adamw_step(t->opt, t->params, t->n, lr)) != LOWP_OK) return st;
     if ((st = lowp_train_step_end(t->params, t->n, NULL)) != LOWP_OK) return st;
     t->step++;
+    if ((st = lowp_trainer_guard_skips(t, rep->skipped)) != LOWP_OK) return st;
     const double t_update = lowp_trainer_now();
 
     rep->step = t->step;

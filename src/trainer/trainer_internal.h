@@ -22,6 +22,7 @@ struct lowp_trainer {
     uint64_t data_pos;         /* micro-batches drawn from the training stream */
     uint64_t model_seed;       /* recorded in checkpoints */
     int32_t *tokens, *targets; /* [B, T] */
+    int32_t skipped_run;       /* consecutive skipped updates up to now (src/trainer/guard.c) */
     /* Timing of this process's part of the run (not saved: a resumed run starts afresh). */
     double t0;
     int64_t run_steps;
@@ -38,6 +39,31 @@ typedef struct trainer_xstate {
 LOWP_HIDDEN lowp_status lowp_trainer_xstate_save(lowp_trainer *t, trainer_xstate *x);
 LOWP_HIDDEN lowp_status lowp_trainer_xstate_load(lowp_trainer *t, const trainer_xstate *x);
 LOWP_HIDDEN void lowp_trainer_xstate_free(trainer_xstate *x);
+
+/* src/trainer/guard.c: LOWP_ERR_DIVERGED (message starting with `fn`, naming the tensor) when
+ * a weight, an Adam moment or an FP8 delayed-scaling value is not finite (or a second moment
+ * is negative); pulls the FP8 state from its device first. */
+LOWP_HIDDEN lowp_status lowp_trainer_state_check(lowp_trainer *t, const char *fn);
+/* src/trainer/guard.c: LOWP_ERR_DIVERGED when the loss of the update about to be applied is
+ * not finite. */
+LOWP_HIDDEN lowp_status lowp_trainer_guard_loss(const lowp_trainer *t, float loss);
+/* src/trainer/guard.c: counts consecutive skipped updates (call after t->step++);
+ * LOWP_ERR_DIVERGED when the streak reaches cfg.max_skipped. */
+LOWP_HIDDEN lowp_status lowp_trainer_guard_skips(lowp_trainer *t, int skipped);
+
+/* src/trainer/checkpoint_check.c: checksums and value checks of checkpoints (format version 2,
+ * described there). Keys and tensor names are shorter than LOWP_CKPT_KEYLEN. */
+#define LOWP_CKPT_KEYLEN 320
+LOWP_HIDDEN uint32_t lowp_ckpt_tensor_crc(const lowp_st_tensor *t);
+/* Over every entry but "crc32c.__metadata__", in key order. */
+LOWP_HIDDEN lowp_status lowp_ckpt_meta_crc(const lowp_st_meta *m, int32_t n, uint32_t *crc);
+/* Every checksum of a file: LOWP_ERR_CORRUPT naming the tensor or the metadata. */
+LOWP_HIDDEN lowp_status lowp_ckpt_verify(const lowp_safetensors *f, const char *path);
+/* v[0 .. n-1] finite (and >= 0 with nonneg), else LOWP_ERR_CORRUPT naming `name`. */
+LOWP_HIDDEN lowp_status lowp_ckpt_check_values(const char *path, const char *name, const float *v,
+                                               int64_t n, int nonneg);
+/* Every number of info in the range lowp_trainer_create and the loop accept. */
+LOWP_HIDDEN lowp_status lowp_ckpt_check_info(const char *path, const lowp_checkpoint_info *info);
 
 /* Seconds on a monotonic clock. */
 LOWP_HIDDEN double lowp_trainer_now(void);

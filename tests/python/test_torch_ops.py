@@ -3,6 +3,8 @@ portable torch path byte for byte, SQNR of linear and grouped mm against float64
 NUMERICS.md section 8's thresholds, equality with the C training layer, torch.compile, the
 weight cache and fp8_state hooks, and bad input."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -267,13 +269,11 @@ def test_equals_c_training_layer(name, opts):
 
 def test_mm_is_linear_of_the_transpose():
     x, w, _, dy = linear_case(40, 64, 48, torch.float32, bias=False)
-    wt = w.detach().t().contiguous().t().requires_grad_()  # [N, K] storage seen as [K, N]... 
     wkn = w.detach().t().requires_grad_()  # a transposed view [K, N] of the [N, K] weight
     y = lt.mm(x, wkn, "mxfp8")
     y.backward(dy)
     y2, dx2, dw2, _ = run_linear("mxfp8", x.detach().requires_grad_(), w, None, dy)
     assert torch.equal(y, y2) and torch.equal(wkn.grad, dw2.t())
-    del wt
 
 
 def test_bf16_inputs_give_bf16_grads():
@@ -307,6 +307,37 @@ def test_weight_cache_counts_once_per_version():
     out = run_linear("mxfp8", x, w, b, dy, cache=cache)
     assert cache.quantizations == 2
     assert all(torch.equal(u, v) for u, v in zip(out, run_linear("mxfp8", x, w, b, dy)))
+
+
+def test_weight_cache_never_hits_a_new_tensor_at_a_reused_address():
+    x, w, b, dy = linear_case(64, 64, 32, torch.float32)
+    cache = lt.WeightCache()
+    for step in range(4):
+        wt = (w.detach() * (1 + step)).requires_grad_()  # a fresh tensor, version 0, each time
+        got = run_linear("mxfp8", x, wt, b, dy, cache=cache)
+        want = run_linear("mxfp8", x, wt, b, dy)
+        assert all(torch.equal(u, v) for u, v in zip(got, want)), step
+        del wt, got
+    assert cache.quantizations == 4 and len(cache) <= 1
+
+
+def test_weight_cache_version_fn():
+    x, w, b, dy = linear_case(64, 64, 32, torch.float32)
+    master = w.detach().clone()
+    op_w = master.clone().requires_grad_()  # the tensor the op sees: its own version counter
+    for fn, quantizations in ((None, 1), (lambda: master._version, 3)):
+        cache = lt.WeightCache(version_fn=fn)
+        stale = False
+        for step in range(3):
+            op_w.data.copy_(master)  # `.data` writes do not move op_w._version
+            got = run_linear("mxfp8", x, op_w, b, dy, cache=cache)
+            stale |= not torch.equal(got[0], run_linear("mxfp8", x, op_w, b, dy)[0])
+            with torch.no_grad():
+                master.mul_(1.5)
+        assert cache.quantizations == quantizations
+        assert stale == (fn is None)  # without version_fn the cache cannot see the change
+    with pytest.raises(TypeError, match="version_fn"):
+        lt.WeightCache(version_fn=3)
 
 
 class _State:
@@ -361,7 +392,12 @@ def test_stats_and_force_portable():
         assert lt.stats()["native"] > 0 and lt.stats()["portable"] == 0
 
 
-def test_torch_compile_matches_eager():
+@pytest.mark.parametrize("backend", [
+    "aot_eager",
+    pytest.param("inductor", marks=pytest.mark.skipif(
+        not os.environ.get("LOWP_TEST_INDUCTOR"),
+        reason="inductor compiles C++ for about a minute here; set LOWP_TEST_INDUCTOR=1"))])
+def test_torch_compile_matches_eager(backend):
     x, w, b, dy = linear_case(64, 96, 48, torch.float32, seed=9)
 
     def f(x, w, b):
@@ -371,7 +407,7 @@ def test_torch_compile_matches_eager():
     eager.backward(dy)
     ge = (x.grad.clone(), w.grad.clone(), b.grad.clone())
     x.grad = w.grad = b.grad = None
-    cf = torch.compile(f, backend="aot_eager", fullgraph=True)
+    cf = torch.compile(f, backend=backend, fullgraph=True)
     out = cf(x, w, b)
     out.backward(dy)
     assert torch.equal(out, eager)

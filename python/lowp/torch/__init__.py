@@ -31,6 +31,9 @@ __all__ = [
     "stats",
     "portable",
 ]
+from .patches import is_patched as torchao_patched, patch_torchao, unpatch_torchao
+
+__all__ += ["patch_torchao", "unpatch_torchao", "torchao_patched"]
 
 # h12: the param swap, recipes, FP8 state, RNG tracker, RMSNorm.
 from .param_swap import LowpWeight, ParamSwapConfig, param_swap_filter, wrapped_parameters

@@ -31,10 +31,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import Counter
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import portable as P
 from .config import MatmulSpec, OperandSpec, resolve_config
@@ -260,29 +261,31 @@ def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
 
 # ---- lowp::scaled_mm ----
 
-
-def _rows_of(t: Tensor, fmt: str, scaling: str, k: int) -> int:
-    return t.shape[0]
+_OUT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
 @torch.library.custom_op("lowp::scaled_mm", mutates_args=())
 def scaled_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
-                 b_scale: Tensor, b_format: str, b_scaling: str, k: int) -> Tensor:
-    """float32 C[M, N] = A[M, k] . B[N, k]^T. Scaling "none": a/b are float32 or bfloat16."""
+                 b_scale: Tensor, b_format: str, b_scaling: str, k: int,
+                 out_dtype: str = "f32") -> Tensor:
+    """C[M, N] = A[M, k] . B[N, k]^T, accumulated in binary32 and returned as float32 or
+    (out_dtype "bf16") rounded once to bfloat16. Scaling "none": a/b are float32 or bfloat16."""
     M, N = a.shape[0], b.shape[0]
     native = _native(a)
     _count("scaled_mm", native)
     if native:
+        out = torch.empty((M, N), dtype=_OUT_DTYPES[out_dtype])
         return _lp.gemm(_qt(a, a_scale, a_format, a_scaling, (M, k)),
-                        _qt(b, b_scale, b_format, b_scaling, (N, k)))
+                        _qt(b, b_scale, b_format, b_scaling, (N, k)), out=out)
     qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, M, k)
     qb = P.QT(b, b_scale if b_scaling != "none" else None, b_format, b_scaling, N, k)
-    return P.gemm(qa, qb)
+    return P.gemm(qa, qb).to(_OUT_DTYPES[out_dtype])
 
 
 @scaled_mm_op.register_fake
-def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k):
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.float32)
+def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
+                    out_dtype="f32"):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=_OUT_DTYPES[out_dtype])
 
 
 # ---- lowp::scaled_grouped_mm ----
@@ -291,11 +294,12 @@ def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_sca
 @torch.library.custom_op("lowp::scaled_grouped_mm", mutates_args=())
 def scaled_grouped_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
                          b_scale: Tensor, b_format: str, b_scaling: str, offs: Tensor, k: int,
-                         wgrad: bool) -> Tensor:
+                         wgrad: bool, out_dtype: str = "f32") -> Tensor:
     """Split-M (wgrad False): a [T, k] rowwise, b [G, N, k] (scales [G, ...]), out [T, N] with
     rows past offs[-1] zero. Split-K (wgrad True): a = dY^T [N, T], b = X^T [K, T], both
     quantized along the tokens with offs (scales padded as quantize returns them); k = T;
-    out [G, N, K]."""
+    out [G, N, K]. out_dtype "bf16": the binary32 sums rounded once to bfloat16."""
+    odt = _OUT_DTYPES[out_dtype]
     native = _native(a)
     _count("scaled_grouped_mm", native)
     ol = offs.tolist()
@@ -305,34 +309,35 @@ def scaled_grouped_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: s
         if native:
             return _lp.grouped_gemm(_qt(a, a_scale, a_format, a_scaling, (T, k)),
                                     _qt(b, b_scale, b_format, b_scaling, (G, N, k)),
-                                    offs.to(torch.int32))
+                                    offs.to(torch.int32), out=torch.zeros((T, N), dtype=odt))
         qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, T, k)
         qb = [P.QT(b[g], b_scale[g] if b_scaling != "none" else None, b_format, b_scaling, N, k)
               for g in range(G)]
-        return P.grouped_gemm(qa, qb, ol)
+        return P.grouped_gemm(qa, qb, ol).to(odt)
     N, K = a.shape[0], b.shape[0]
     ga = ol if a_scaling in P.TOKEN_BLOCK_KINDS else None
     gb = ol if b_scaling in P.TOKEN_BLOCK_KINDS else None
     sa = _trim_scale(a_scale, a_scaling, N, k, ga) if a_scaling != "none" else None
     sb = _trim_scale(b_scale, b_scaling, K, k, gb) if b_scaling != "none" else None
     if native:  # the raw call: tensor/row copies carry no groups, which lowp.grouped_gemm wants
-        out = torch.zeros((G, N, K), dtype=torch.float32)
+        out = torch.zeros((G, N, K), dtype=odt)
         o32 = offs.to(torch.int32).contiguous()
         _ext.grouped_gemm_wgrad(_desc(a, sa, a_format, a_scaling, N, k, o32 if ga else None),
                                 _desc(b, sb, b_format, b_scaling, K, k, o32 if gb else None),
-                                _buf(o32), _buf(out), "f32", G * N, K, False, _threads(), 0)
+                                _buf(o32), _buf(out), out_dtype, G * N, K, False, _threads(), 0)
         return out
     qa = P.QT(a, sa, a_format, a_scaling, N, k, ga)
     qb = P.QT(b, sb, b_format, b_scaling, K, k, gb)
-    return P.grouped_gemm_wgrad(qa, qb, ol)
+    return P.grouped_gemm_wgrad(qa, qb, ol).to(odt)
 
 
 @scaled_grouped_mm_op.register_fake
 def _scaled_grouped_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling,
-                            offs, k, wgrad):
+                            offs, k, wgrad, out_dtype="f32"):
+    odt = _OUT_DTYPES[out_dtype]
     if not wgrad:
-        return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
-    return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=torch.float32)
+        return a.new_empty((a.shape[0], b.shape[1]), dtype=odt)
+    return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=odt)
 
 
 # ---- operands of the autograd functions ----
@@ -381,9 +386,15 @@ def _amax(x: Tensor) -> Tensor:
     return x.detach().abs().amax().to(torch.float32)
 
 
-def _mm(a: _Op, b: _Op) -> Tensor:
+def _odt(dtype) -> str:
+    """The GEMM output the caller wants: bfloat16 is rounded by the kernel (one RNE rounding
+    of the binary32 sum, as .to(torch.bfloat16) would), saving a float32 buffer and a pass."""
+    return "bf16" if dtype == torch.bfloat16 else "f32"
+
+
+def _mm(a: _Op, b: _Op, out_dtype: str = "f32") -> Tensor:
     return torch.ops.lowp.scaled_mm(a.data, a.scale, a.format, a.scaling, b.data, b.scale,
-                                    b.format, b.scaling, a.cols)
+                                    b.format, b.scaling, a.cols, out_dtype)
 
 
 def _stack(ops: List[_Op]) -> _Op:
@@ -393,14 +404,16 @@ def _stack(ops: List[_Op]) -> _Op:
     return _Op(data, scale, o.format, o.scaling, o.rows, o.cols)
 
 
-def _grouped_mm(a: _Op, b: _Op, offs: Tensor) -> Tensor:
+def _grouped_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
     return torch.ops.lowp.scaled_grouped_mm(a.data, a.scale, a.format, a.scaling, b.data,
-                                            b.scale, b.format, b.scaling, offs, a.cols, False)
+                                            b.scale, b.format, b.scaling, offs, a.cols, False,
+                                            out_dtype)
 
 
-def _wgrad_mm(a: _Op, b: _Op, offs: Tensor) -> Tensor:
+def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
     return torch.ops.lowp.scaled_grouped_mm(a.data, a.scale, a.format, a.scaling, b.data,
-                                            b.scale, b.format, b.scaling, offs, a.cols, True)
+                                            b.scale, b.format, b.scaling, offs, a.cols, True,
+                                            out_dtype)
 
 
 # ---- the weight's copies ----
@@ -409,14 +422,25 @@ def _wgrad_mm(a: _Op, b: _Op, offs: Tensor) -> Tensor:
 class WeightCache:
     """Quantized copies of weights, made once per weight version.
 
-    Keyed by the weight tensor's storage pointer, shape, strides, dtype, device and the recipe;
+    Keyed by the weight tensor's data pointer, shape, strides, dtype, device and the recipe;
     an entry is reused while the tensor's `_version` is unchanged (an optimizer step updates the
-    weight in place and bumps it). Counters: `quantizations` (copies made), `hits` (reuses)."""
+    weight in place and bumps it) and its storage is the one the copies were made from (a weak
+    reference: a new tensor that happens to reuse a freed tensor's memory, at version 0 again,
+    never hits). Pass the parameter itself or views of it (they share its version counter),
+    not `param.data`, whose version counter is a separate one. Counters: `quantizations`
+    (copies made), `hits` (reuses).
 
-    def __init__(self):
+    `version_fn` (optional, no arguments): the version to compare instead of the tensor's own
+    `_version`, for a wrapper whose op-time tensors do not share the master weight's version
+    counter (e.g. `lambda: master._version`)."""
+
+    def __init__(self, version_fn=None):
+        if version_fn is not None and not callable(version_fn):
+            raise TypeError("version_fn must be callable or None")
         self.quantizations = 0
         self.hits = 0
         self._entries = {}
+        self._version_fn = version_fn
 
     def _key(self, w: Tensor, spec: MatmulSpec):
         return (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, str(w.device),
@@ -426,12 +450,18 @@ class WeightCache:
     def lookup(self, w: Tensor, spec: MatmulSpec, make):
         key = self._key(w, spec)
         e = self._entries.get(key)
-        if e is not None and e[0] == w._version:
+        storage = w.untyped_storage()
+        version = self._version_fn() if self._version_fn is not None else w._version
+        if (e is not None and e[0] == version and not e[1].expired()
+                and e[1].cdata == storage._cdata):
             self.hits += 1
-            return e[1]
+            return e[2]
         value = make()
         self.quantizations += 1
-        self._entries[key] = (w._version, value)
+        self._entries[key] = (version, StorageWeakRef(storage), value)
+        # forget entries whose weights are gone
+        for k in [k for k, v in self._entries.items() if v[1].expired()]:
+            del self._entries[k]
         return value
 
     def clear(self):
@@ -533,15 +563,16 @@ class _LowpMatmul(torch.autograd.Function):
             if keep:
                 tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
                 _, xcol = _quant(xs, ispec, "col", iscale, offs if tok else None)
+        yodt = _odt(x2d.dtype) if bias is None else "f32"  # a bias is added in binary32
         if grouped:
-            y = _grouped_mm(xrow, wf, offs[:G]) if T > 0 else None
+            y = _grouped_mm(xrow, wf, offs[:G], yodt) if T > 0 else None
             if y is None or y.shape[0] != M:
-                yy = torch.zeros((M, N), dtype=torch.float32, device=x2d.device)
+                yy = torch.zeros((M, N), dtype=_OUT_DTYPES[yodt], device=x2d.device)
                 if y is not None:
                     yy[:T] = y[:T]
                 y = yy
         else:
-            y = _mm(xrow, _first(wf))
+            y = _mm(xrow, _first(wf), yodt)
         if bias is not None:
             y = y + bias.to(torch.float32)
         ctx.spec, ctx.keep, ctx.wgrad_hp, ctx.cache, ctx.fp8_state = (spec, keep, wgrad_hp,
@@ -601,12 +632,13 @@ class _LowpMatmul(torch.autograd.Function):
                 else:
                     _, wd = _weight_copies(W3, spec, fwd_q, dgrad_q, False, True, fp8_state,
                                            False)
+                xodt = _odt(ctx.x_dtype)
                 if grouped:
-                    dxt = _grouped_mm(dyrow, wd, offs[:G])
+                    dxt = _grouped_mm(dyrow, wd, offs[:G], xodt)
                 else:
-                    dxt = _mm(dyrow, _first(wd))
+                    dxt = _mm(dyrow, _first(wd), xodt)
                 if T < M:
-                    dx = torch.zeros((M, K), dtype=torch.float32, device=dev)
+                    dx = torch.zeros((M, K), dtype=dxt.dtype, device=dev)
                     dx[:T] = dxt[:T]
                 else:
                     dx = dxt
@@ -622,10 +654,11 @@ class _LowpMatmul(torch.autograd.Function):
                     _, xcol = _quant(xs, ispec, "col", iscale, offs if itok else None)
                 else:
                     xcol = _plain(_x32(x2d.detach())[:T].t())
+                wodt = _odt(ctx.w_dtype)
                 if grouped:
-                    dw = _wgrad_mm(dycol, xcol, offs[:G])
+                    dw = _wgrad_mm(dycol, xcol, offs[:G], wodt)
                 else:
-                    dw = _mm(dycol, xcol).unsqueeze(0)
+                    dw = _mm(dycol, xcol, wodt).unsqueeze(0)
                 dw = dw.to(ctx.w_dtype)
         if need_dx and dx is None:
             dx = torch.zeros((M, K), dtype=ctx.x_dtype, device=dev)
@@ -741,7 +774,9 @@ def _check_offs(offs, G: int, T: int):
         prev = o
 
 
-def grouped_mm(x: Tensor, w: Tensor, offs: Tensor, config="mxfp8", **kw) -> Tensor:
+def grouped_mm(x: Tensor, w: Tensor, offs: Tensor, config="mxfp8", *,
+               keep_quantized: Optional[bool] = None, wgrad_hp: bool = False,
+               cache: Optional[WeightCache] = None, fp8_state=None) -> Tensor:
     """`torch._grouped_mm(x, w, offs)` in low precision: x [T, K], w [G, K, N] (possibly the
     transposed view of a [G, N, K] parameter), offs int32 [G] cumulative group ends; out
     [T, N] (rows past offs[-1] are 0)."""
@@ -750,8 +785,6 @@ def grouped_mm(x: Tensor, w: Tensor, offs: Tensor, config="mxfp8", **kw) -> Tens
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"x.shape[1] ({x.shape[1]}) != w.shape[1] ({w.shape[1]})")
     _check_offs(offs, w.shape[0], x.shape[0])
-    if kw.get("fp8_state") is not None:
-        pass
     offs = offs.to(x.device)
-    return _run(x, w.transpose(-2, -1), None, offs, config, kw.get("keep_quantized"),
-                kw.get("wgrad_hp", False), kw.get("cache"), kw.get("fp8_state"), True)
+    return _run(x, w.transpose(-2, -1), None, offs, config, keep_quantized, wgrad_hp, cache,
+                fp8_state, True)

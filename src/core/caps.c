@@ -1,9 +1,12 @@
 /* Names of the capability bits: one table that lowp_caps_describe prints from and that
- * LOWP_CPU_DISABLE (src/cpu/caps.c) parses with, so the two spellings cannot drift apart. */
+ * LOWP_CPU_DISABLE (src/cpu/caps.c) parses with, so the two spellings cannot drift apart. In
+ * core, below both the CPU backend and the device registry, so that neither calls the other
+ * for it. */
 #include <stdio.h>
 #include <strings.h>
 
-#include "device/registry.h"
+#include "internal.h"
+#include "lowp/device.h"
 
 /* Indexed by bit number; NULL for bits that have no meaning yet. */
 static const char *const k_cap_names[32] = {

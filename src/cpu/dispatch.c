@@ -1,0 +1,57 @@
+/* What the three CPU dispatchers (cast.c, quant.c, gemm.c) share: the kernel-path rule and the
+ * thread count. */
+#include "cpu.h"
+#include "lowp/threads.h"
+
+static int cpu_has_amx(void) {
+    const uint32_t f = lowp_cpu_caps()->flags;
+    return (f & LOWP_CAP_AMX_BF16) && (f & LOWP_CAP_AMX_PERMITTED) && lowp_cpu_has_avx512();
+}
+
+lowp_status lowp_cpu_pick_kernel(const char *fn, lowp_kernel_path path, int avx512_job, int amx_job,
+                                 lowp_cpu_kernel *out) {
+    const int have512 = lowp_cpu_has_avx512(), have_amx = cpu_has_amx();
+    *out = LOWP_CPU_KERNEL_REFERENCE;
+    switch (path) {
+    case LOWP_KERNEL_PATH_REFERENCE: return LOWP_OK;
+    case LOWP_KERNEL_PATH_AVX512:
+        if (!have512)
+            return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                             "%s: cfg.path (LOWP_KERNEL_PATH_AVX512) but this CPU lacks "
+                             "AVX-512F/BW/VL/DQ",
+                             fn);
+        if (!avx512_job)
+            return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                             "%s: cfg.path (LOWP_KERNEL_PATH_AVX512) but there is no AVX-512 "
+                             "kernel for this job",
+                             fn);
+        *out = LOWP_CPU_KERNEL_AVX512;
+        return LOWP_OK;
+    case LOWP_KERNEL_PATH_AMX:
+        if (!have_amx)
+            return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                             "%s: cfg.path (LOWP_KERNEL_PATH_AMX) but AMX-BF16 is not available "
+                             "to this process",
+                             fn);
+        if (!amx_job)
+            return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                             "%s: cfg.path (LOWP_KERNEL_PATH_AMX) but there is no AMX kernel for "
+                             "this job",
+                             fn);
+        *out = LOWP_CPU_KERNEL_AMX;
+        return LOWP_OK;
+    case LOWP_KERNEL_PATH_AUTO:
+    default:
+        if (have_amx && amx_job)
+            *out = LOWP_CPU_KERNEL_AMX;
+        else if (have512 && avx512_job)
+            *out = LOWP_CPU_KERNEL_AVX512;
+        return LOWP_OK;
+    }
+}
+
+int lowp_cpu_threads(int32_t want, int64_t work) {
+    int n = lowp_thread_count(want);
+    if (work >= 1 && work < n) n = (int) work;
+    return n;
+}
