@@ -1,0 +1,136 @@
+"""Training throughput of the PyTorch MoE per recipe, against the C trainer, in one run.
+
+    python -m lowp.torch.train_bench --config medium --threads 1,2 --steps 3
+    python -m lowp.torch.train_bench --config medium --threads 2 --profile all_mxfp8
+
+For each thread count, recipes are measured in interleaved rounds (every recipe once per
+round, so a change in the machine's load touches all of them alike); a measurement is one
+untimed update, then --steps timed updates on the same batches for every recipe; tokens/s is
+the median over the timed updates of all rounds. The C trainer (`lowp bench train`, env
+LOWP_CLI or build/bin/lowp) runs the same configuration, batch and thread count between the
+rounds. Prints a markdown table with the ratios to torch's bf16 and to torchao_mxfp8.
+--profile runs torch.profiler over --steps updates of one recipe and prints where the time
+goes (operators by self CPU time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from .models.moe import MoEConfig, MoETransformer
+from .train import TrainConfig, Trainer, _set_threads
+from .train_data import CharData
+
+DEFAULT = "bf16,all_mxfp8,mix,all_block_fp8,torchao_mxfp8"
+
+
+def _cli() -> str | None:
+    c = os.environ.get("LOWP_CLI")
+    if c:
+        return c
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    c = os.path.join(root, "build", "bin", "lowp")
+    return c if os.path.exists(c) else None
+
+
+def _trainer(recipe, mcfg, data, batch, steps):
+    cfg = TrainConfig(steps=10 ** 6, batch=batch, warmup=1, eval_every=0, seed=1234)
+    return Trainer(MoETransformer(mcfg, 1234), data, recipe, cfg)
+
+
+def measure(recipe, mcfg, data, batch, steps) -> list[float]:
+    t = _trainer(recipe, mcfg, data, batch, steps)
+    t.step()  # untimed: first-touch allocations, weight caches
+    return [t.step()["tokens_per_s"] for _ in range(steps)]
+
+
+def c_bench(cfg_name, recipes, steps, batch, threads) -> dict:
+    cli = _cli()
+    if cli is None:
+        return {}
+    c_recipes = [r for r in recipes if r not in ("torchao_mxfp8", "fp32")]
+    r = subprocess.run([cli, "bench", "train", "--json", "--configs", cfg_name, "--recipes",
+                        ",".join(c_recipes), "--steps", str(steps), "--batch", str(batch),
+                        "--threads", str(threads)], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(f"lowp bench train failed: {r.stderr}\n")
+        return {}
+    out = {}
+    for line in r.stdout.splitlines():
+        rec = json.loads(line)
+        out[rec["recipe"]] = rec
+    return out
+
+
+def profile(recipe, mcfg, data, batch, steps, rows) -> None:
+    from torch.profiler import ProfilerActivity, profile as prof  # noqa: PLC0415
+
+    t = _trainer(recipe, mcfg, data, batch, steps)
+    t.step()
+    with prof(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(steps):
+            t.step()
+    print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lowp.torch.train_bench")
+    ap.add_argument("--config", default="medium")
+    ap.add_argument("--recipes", default=DEFAULT)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--profile", default=None, help="a recipe to profile instead")
+    ap.add_argument("--rows", type=int, default=25)
+    a = ap.parse_args(argv)
+    data = CharData.from_file(a.data) if a.data else CharData.builtin()
+    mcfg = MoEConfig.preset(a.config, data.vocab)
+    recipes = a.recipes.split(",")
+    threads = [int(x) for x in a.threads.split(",")]
+    if a.profile:
+        _set_threads(threads[0])
+        profile(a.profile, mcfg, data, a.batch, a.steps, a.rows)
+        return 0
+    print(f"model {a.config}: {mcfg.describe()}; batch {a.batch} x {mcfg.seq_len} tokens; "
+          f"torch {torch.__version__}; {a.rounds} rounds x {a.steps} timed updates\n")
+    for th in threads:
+        _set_threads(th)
+        tps = {r: [] for r in recipes}
+        c_runs = []
+        t0 = time.perf_counter()
+        for rnd in range(a.rounds):
+            for r in recipes:
+                tps[r] += measure(r, mcfg, data, a.batch, a.steps)
+            c_runs.append(c_bench(a.config, recipes, a.steps, a.batch, th))
+        med = {r: statistics.median(v) for r, v in tps.items()}
+        base, ao = med.get("bf16"), med.get("torchao_mxfp8")
+        print(f"### {th} thread{'s' if th > 1 else ''} ({time.perf_counter() - t0:.0f} s)\n")
+        print("| recipe | PyTorch tokens/s | vs torch bf16 | vs torchao_mxfp8 | C trainer "
+              "tokens/s | PyTorch / C |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for r in recipes:
+            cs = [c[r]["tokens_per_s"] for c in c_runs if r in c]
+            cval = statistics.median(cs) if cs else None
+            vb = f"{med[r] / base:.2f}x" if base else "-"
+            va = f"{med[r] / ao:.2f}x" if ao else "-"
+            cc = f"{cval:.0f}" if cval else "-"
+            pc = f"{med[r] / cval:.2f}x" if cval else "-"
+            print(f"| {r} | {med[r]:.0f} | {vb} | {va} | {cc} | {pc} |")
+        print()
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
