@@ -57,7 +57,7 @@ sanitize: venv
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && LOWP_TEST_QUICK=1 ctest --output-on-failure -j $(JOBS)
 
-# ---- fuzz (issue 10 item 15; owner h10): the five libFuzzer targets of tests/fuzz, ASan + UBSan,
+# ---- fuzz: the five libFuzzer targets of tests/fuzz, ASan + UBSan,
 # FUZZ_SECONDS each (default 40), seeded from files `lowp` writes. Needs clang with libFuzzer
 # (Debian: clang-14 and libclang-rt-14-dev; .ci/run installs them) and `make build`.
 FUZZ_BUILD   ?= build-fuzz
@@ -68,7 +68,7 @@ fuzz: build $(PY)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_targets
 	FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_BUILD) $(BUILD)/bin/lowp $(PY)
 
-# ---- bench (issue 10 item 14; owner h10): install the peers `lowp bench gemm` compares with
+# ---- bench: install the peers `lowp bench gemm` compares with
 # (Debian's libdnnl-dev and libopenblas-dev, via apt-get, as root, only when missing),
 # reconfigure so the CLI links them, then run every benchmark. BENCH_QUICK=1: short shapes
 # and few repetitions (a smoke run); the figures in docs/benchmarks.md come from the full run.

@@ -32,7 +32,7 @@ __all__ = [
     "portable",
 ]
 
-# h12: the param swap, recipes, FP8 state, RNG tracker, RMSNorm.
+# The param swap, recipes, FP8 state, RNG tracker, RMSNorm.
 from .param_swap import LowpWeight, ParamSwapConfig, param_swap_filter, wrapped_parameters
 from .recipes import RECIPES, apply_recipe, plan_recipe
 from .fp8_state import DelayedScalingState, fp8_states
