@@ -30,6 +30,9 @@ void ext_buf_release(ext_buf *b);
 /* Raise ValueError unless b holds at least `need` bytes. */
 int ext_buf_need(const ext_buf *b, size_t need, const char *fn, const char *arg);
 
+/* Raise unless b holds the bytes of tensor t (its size from lowp_tensor_nbytes). */
+int ext_tensor_need(const ext_buf *b, const lowp_tensor *t, const char *fn, const char *arg);
+
 /* Raise the Python exception of a failed lowp call, with lowp_last_error() as its message. */
 PyObject *ext_raise(lowp_status st);
 

@@ -37,13 +37,8 @@ static PyObject *run_gemm(int kind, PyObject *a_o, PyObject *b_o, long long grou
     lowp_format f;
     if (ext_format(cfmt, &f) || ext_buf_get(c_o, &cb, 1, 0, fn, "out")) goto done;
     lowp_tensor c = {f, crows, ccols, cb.view.buf, LOWP_DEVICE_HOST};
-    size_t need = 0;
-    lowp_status st = lowp_tensor_nbytes(&c, &need);
-    if (st != LOWP_OK) {
-        ext_raise(st);
-        goto done;
-    }
-    if (ext_buf_need(&cb, need, fn, "out")) goto done;
+    lowp_status st = LOWP_OK;
+    if (ext_tensor_need(&cb, &c, fn, "out")) goto done;
     if (kind == GEMM_SPLIT_M) {
         bs = PyMem_RawMalloc(sizeof *bs * (size_t) groups);
         if (!bs) {

@@ -33,6 +33,16 @@ int ext_buf_need(const ext_buf *b, size_t need, const char *fn, const char *arg)
     return 0;
 }
 
+int ext_tensor_need(const ext_buf *b, const lowp_tensor *t, const char *fn, const char *arg) {
+    size_t need = 0;
+    lowp_status st = lowp_tensor_nbytes(t, &need);
+    if (st != LOWP_OK) {
+        ext_raise(st);
+        return -1;
+    }
+    return ext_buf_need(b, need, fn, arg);
+}
+
 PyObject *ext_raise(lowp_status st) {
     const char *msg = lowp_last_error();
     PyObject *exc = PyExc_RuntimeError;

@@ -168,14 +168,9 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
     memset(&cd, 0, sizeof cd), memset(&cs, 0, sizeof cs);
     PyObject *ret = NULL;
     if (ext_buf_get(x_o, &xb, 0, 0, fn, "x")) return NULL;
-    size_t xbytes = 0;
     x.data = xb.view.buf;
-    lowp_status st = lowp_tensor_nbytes(&x, &xbytes);
-    if (st != LOWP_OK) {
-        ext_raise(st);
-        goto done;
-    }
-    if (ext_buf_need(&xb, xbytes, fn, "x")) goto done;
+    lowp_status st = LOWP_OK;
+    if (ext_tensor_need(&xb, &x, fn, "x")) goto done;
     int have_row = out_copy(rd_o, rs_o, &row, &rd, &rs, fn, "data", "scale");
     if (have_row < 0) goto done;
     int have_col = out_copy(cd_o, cs_o, &col, &cd, &cs, fn, "data_col", "scale_col");
@@ -221,14 +216,9 @@ static PyObject *py_quantize_grouped(PyObject *self, PyObject *args) {
     memset(&ob, 0, sizeof ob), memset(&cd, 0, sizeof cd), memset(&cs, 0, sizeof cs);
     PyObject *ret = NULL;
     if (ext_buf_get(x_o, &xb, 0, 0, fn, "x")) return NULL;
-    size_t xbytes = 0;
     x.data = xb.view.buf;
-    lowp_status st = lowp_tensor_nbytes(&x, &xbytes);
-    if (st != LOWP_OK) {
-        ext_raise(st);
-        goto done;
-    }
-    if (ext_buf_need(&xb, xbytes, fn, "x")) goto done;
+    lowp_status st = LOWP_OK;
+    if (ext_tensor_need(&xb, &x, fn, "x")) goto done;
     if (ext_buf_get(offs_o, &ob, 0, 0, fn, "offs")) goto done;
     if (ob.view.len % 4 != 0) {
         PyErr_Format(PyExc_ValueError, "%s: offs must hold int32 values", fn);
@@ -263,13 +253,8 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     PyObject *ret = NULL;
     if (ext_buf_get(out_o, &ob, 1, 0, fn, "out")) goto done;
     lowp_tensor out = {LOWP_FORMAT_F32, q.q.rows, q.q.cols, ob.view.buf, LOWP_DEVICE_HOST};
-    size_t need = 0;
-    lowp_status st = lowp_tensor_nbytes(&out, &need);
-    if (st != LOWP_OK) {
-        ext_raise(st);
-        goto rel;
-    }
-    if (ext_buf_need(&ob, need, fn, "out")) goto rel;
+    if (ext_tensor_need(&ob, &out, fn, "out")) goto rel;
+    lowp_status st;
     Py_BEGIN_ALLOW_THREADS;
     st = lowp_dequantize(&q.q, &out);
     Py_END_ALLOW_THREADS;

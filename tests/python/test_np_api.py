@@ -469,12 +469,18 @@ def test_gil_released_while_a_kernel_runs():
     held, the main loop would stall for the whole kernel."""
     import time
     n = 768 if SANITIZE else 1536
-    a = lowp.quantize(rng.standard_normal((n, 1024)).astype(np.float32), "e4m3", "mx32")
     lowp.set_threads(1)
     try:
-        t0 = time.perf_counter()
-        lowp.gemm(a, a)
-        kernel = time.perf_counter() - t0
+        # Grow the GEMM until one call takes long enough to tell a stall from scheduling noise
+        # (a quiet machine runs the first size in a few tens of milliseconds).
+        while True:
+            a = lowp.quantize(rng.standard_normal((n, 1024)).astype(np.float32), "e4m3", "mx32")
+            t0 = time.perf_counter()
+            lowp.gemm(a, a)
+            kernel = time.perf_counter() - t0
+            if kernel > 0.2 or n >= 12288:
+                break
+            n *= 2
         inside = threading.Event()
         done = threading.Event()
 
