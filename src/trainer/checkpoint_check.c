@@ -103,14 +103,19 @@ lowp_status lowp_ckpt_verify(const lowp_safetensors *f, const char *path) {
     return LOWP_OK;
 }
 
-lowp_status lowp_ckpt_check_values(const char *path, const char *name, const float *v, int64_t n,
+lowp_status lowp_ckpt_check_values(const char *path, const char *name, const void *v, int64_t n,
                                    int nonneg) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(v[i]) || (nonneg && v[i] < 0.0f))
+    /* A safetensors payload sits at any byte offset after its header: read through memcpy. */
+    const unsigned char *b = v;
+    for (int64_t i = 0; i < n; i++) {
+        float x;
+        memcpy(&x, b + 4 * i, sizeof x);
+        if (!isfinite(x) || (nonneg && x < 0.0f))
             return lowp_fail(LOWP_ERR_CORRUPT,
                              "checkpoint %s: tensor '%s' holds %g at element %lld (%s)", path, name,
-                             (double) v[i], (long long) i,
+                             (double) x, (long long) i,
                              nonneg ? "second moments are finite and >= 0" : "must be finite");
+    }
     return LOWP_OK;
 }
 

@@ -60,8 +60,9 @@ LOWP_HIDDEN uint32_t lowp_ckpt_tensor_crc(const lowp_st_tensor *t);
 LOWP_HIDDEN lowp_status lowp_ckpt_meta_crc(const lowp_st_meta *m, int32_t n, uint32_t *crc);
 /* Every checksum of a file: LOWP_ERR_CORRUPT naming the tensor or the metadata. */
 LOWP_HIDDEN lowp_status lowp_ckpt_verify(const lowp_safetensors *f, const char *path);
-/* v[0 .. n-1] finite (and >= 0 with nonneg), else LOWP_ERR_CORRUPT naming `name`. */
-LOWP_HIDDEN lowp_status lowp_ckpt_check_values(const char *path, const char *name, const float *v,
+/* The n binary32 values at v (any alignment) finite (and >= 0 with nonneg), else
+ * LOWP_ERR_CORRUPT naming `name`. */
+LOWP_HIDDEN lowp_status lowp_ckpt_check_values(const char *path, const char *name, const void *v,
                                                int64_t n, int nonneg);
 /* Every number of info in the range lowp_trainer_create and the loop accept. */
 LOWP_HIDDEN lowp_status lowp_ckpt_check_info(const char *path, const lowp_checkpoint_info *info);
