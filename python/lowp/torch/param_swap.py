@@ -45,6 +45,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
+from ._autocast import autocast_dtype, exact
+
 try:  # torchao's entry point; lowp.torch works without torchao, the param swap needs it.
     from torchao.quantization.qat import QATConfig as _QATBase
     from torchao.quantization.transform_module import register_quantize_module_handler
@@ -378,16 +380,21 @@ def _route_matmul(input, other, *, out=None):
 
 
 def _route_addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    """beta * input + alpha * (mat1 @ mat2): the product in mat1's dtype, the sum, then one
+    rounding to what torch.addmm returns: the autocast dtype of mat1's device type when
+    autocast is enabled there (lowp's autocast rule), else the sum's dtype."""
     if out is not None:
         return NotImplemented
-    y = _route_mm(mat1, mat2)
-    if y is NotImplemented:
-        return NotImplemented
-    if alpha != 1:
-        y = y * alpha
-    if beta == 0:
-        return y
-    return y + (input if beta == 1 else beta * input)
+    dev = mat1.device.type
+    with exact(dev):
+        y = _route_mm(mat1, mat2)
+        if y is NotImplemented:
+            return NotImplemented
+        if alpha != 1:
+            y = y * alpha
+        if beta != 0:
+            y = y + (input if beta == 1 else beta * input)
+    return y.to(autocast_dtype(dev, y.dtype))
 
 
 def _route_bmm(input, mat2, *, out=None):
