@@ -118,14 +118,11 @@ def _threads() -> int:
 
 
 def _buf(t: Optional[Tensor]):
-    """A zero-copy numpy view of a contiguous CPU tensor (bf16 as uint16), or None."""
+    """A zero-copy numpy view of a contiguous CPU tensor (bf16 as its uint16 bits), or None.
+    Not Tensor.numpy(), which would make the storage non-resizable (see lowp/_arrays.py)."""
     if t is None:
         return None
-    if not t.is_contiguous():
-        t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return t.detach().numpy()
+    return _lp._arrays.to_numpy(t.contiguous(), "lowp.torch", "operand")[0]
 
 
 _XFMT = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -430,10 +427,12 @@ def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
 class WeightCache:
     """Quantized copies of weights, made once per weight version.
 
-    Keyed by the weight tensor's data pointer, shape, strides, dtype, device and the recipe;
-    an entry is reused while the tensor's `_version` is unchanged (an optimizer step updates the
-    weight in place and bumps it) and its storage is the one the copies were made from (a weak
-    reference: a new tensor that happens to reuse a freed tensor's memory, at version 0 again,
+    Keyed by the weight tensor's storage (its identity, not its address: FSDP2 frees an
+    unsharded weight's memory at each reshard and gathers into newly allocated memory of the
+    same storage), storage offset, shape, strides, dtype, device and the recipe; an entry is
+    reused while the tensor's `_version` is unchanged (an optimizer step updates the weight in
+    place and bumps it) and its storage is the one the copies were made from (a weak
+    reference: a new tensor whose storage reuses a freed one's address, at version 0 again,
     never hits). Pass the parameter itself or views of it (they share its version counter),
     not `param.data`, whose version counter is a separate one. Counters: `quantizations`
     (copies made), `hits` (reuses).
@@ -451,7 +450,8 @@ class WeightCache:
         self._version_fn = version_fn
 
     def _key(self, w: Tensor, spec: MatmulSpec):
-        return (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, str(w.device),
+        return (w.untyped_storage()._cdata, w.storage_offset(), tuple(w.shape),
+                tuple(w.stride()), w.dtype, str(w.device),
                 spec.weight, spec.fake_quant_mxfp4, spec.input.quantized,
                 spec.grad_output.quantized)
 
