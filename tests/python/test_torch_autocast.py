@@ -6,7 +6,6 @@ lowp:: operators and the portable path stay exact under autocast."""
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import lowp.torch as lt
