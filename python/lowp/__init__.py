@@ -148,7 +148,7 @@ def cast(x, to, saturate=None, round="rne", seed=0, offset=0):
         raise ValueError(f"{fn}: saturate ({saturate!r}) is not None, 'satfinite' or 'nonsat'")
     r = _name(round, fn, "round", ("rne", "sr"))
     seed, offset = _uint64(seed, fn, "seed"), _uint64(offset, fn, "offset")
-    out = np.empty(a.shape, np.uint16 if to in ("bf16", "f16") else np.uint8)
+    out = A.empty(a.shape, np.uint16 if to in ("bf16", "f16") else np.uint8, tor)
     _lowp.cast(a, kind, out, to, a.size, int(nonsat), int(r == "sr"), seed, offset,
                get_threads(), 0)
     return A.out_array(out, tor)
@@ -174,7 +174,7 @@ def decode(codes, fmt):
         raise TypeError(f"{fn}: codes of {fmt} must be {'uint16' if want == 2 else 'uint8'}, "
                         f"got {codes.dtype}")
     a = a.view(np.uint16 if want == 2 else np.uint8)
-    out = np.empty(a.shape, np.float32)
+    out = A.empty(a.shape, np.float32, tor)
     _lowp.cast(a, fmt, out, "f32", a.size, 0, 0, 0, 0, get_threads(), 0)
     return A.out_array(out, tor)
 
@@ -298,11 +298,13 @@ def _check_enum_options(fn, scaling, scale_mode, pow2, eps):
     return None, "default", p
 
 
-def _alloc_copy(fmt, scaling, rows, cols, offs=None):
+def _alloc_copy(fmt, scaling, rows, cols, offs=None, stack=(), as_torch=False):
     db, sb, sr, sc, e8 = _lowp.layout(fmt, scaling, rows, cols, offs)
-    data = np.empty((rows, (cols + 1) // 2 if fmt == "e2m1" else cols), np.uint8)
-    scale = np.empty((sr, sc), np.uint8 if e8 else np.float32)
-    assert data.nbytes == db and scale.nbytes == sb
+    data = A.empty(stack + (rows, (cols + 1) // 2 if fmt == "e2m1" else cols), np.uint8,
+                   as_torch)
+    scale = A.empty(stack + (sr, sc), np.uint8 if e8 else np.float32, as_torch)
+    n = int(np.prod(stack, dtype=np.int64))
+    assert data.nbytes == db * n and scale.nbytes == sb * n
     return data, scale
 
 
@@ -357,12 +359,9 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
     thr = get_threads()
     row = col = (None, None)
     if ax in ("row", "both"):
-        row = _alloc_copy(fmt, kind, R, C)
+        row = _alloc_copy(fmt, kind, R, C, None, stack, tor)
     if ax in ("col", "both"):
-        col = _alloc_copy(fmt, kind, C, R, o)
-    if stack:
-        row = tuple(None if t is None else np.empty(stack + t.shape, t.dtype) for t in row)
-        col = tuple(None if t is None else np.empty(stack + t.shape, t.dtype) for t in col)
+        col = _alloc_copy(fmt, kind, C, R, o, stack, tor)
     amax = []
     grouped = o is not None
     for g in range(stack[0] if stack else 1):
@@ -383,8 +382,8 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
     else:
         amax = None
     if lay != "canonical":
-        row = (row[0], _scales_to_layout(row[1], lay, False, stack))
-        col = (col[0], _scales_to_layout(col[1], lay, True, stack))
+        row = (row[0], _scales_to_layout(row[1], lay, False, stack, tor))
+        col = (col[0], _scales_to_layout(col[1], lay, True, stack, tor))
     w = (lambda t: None if t is None else A.out_array(t, tor))
     return QTensor(w(row[0]), w(row[1]), fmt, kind, a.shape, mode_name, w(col[0]), w(col[1]),
                    offs=None if o is None else A.out_array(o, tor) if tor else o, amax=amax,
@@ -402,12 +401,12 @@ def _layout_shape(layout, is_col, sr, sc):
     return (-(-sc // 2), sr, 2) if is_col else (sr, -(-sc // 2), 2)
 
 
-def _scales_to_layout(canon, layout, is_col, stack):
+def _scales_to_layout(canon, layout, is_col, stack, as_torch=False):
     """Canonical scales [(G,) sr, sc] -> the layout (per matrix of a stack)."""
     if canon is None:
         return None
     sr, sc = canon.shape[-2:]
-    out = np.empty(stack + _layout_shape(layout, is_col, sr, sc), np.uint8)
+    out = A.empty(stack + _layout_shape(layout, is_col, sr, sc), np.uint8, as_torch)
     for g in range(stack[0] if stack else 1):
         _lowp.scale_layout(canon[g] if stack else canon, sr, sc, _layout_name(layout, is_col),
                            False, out[g] if stack else out)
@@ -435,12 +434,15 @@ def dequantize(q, axis="row"):
     R, C = q.shape[-2:]
     stack = q.shape[:-2]
     rows, cols = (R, C) if ax == "row" else (C, R)
-    out = np.empty(stack + (rows, cols), np.float32)
+    tor = q.is_torch
+    out = A.empty(stack + (rows, cols), np.float32, tor and ax == "row")
     for g in range(stack[0] if stack else 1):
         _lowp.dequantize(q._desc(ax, fn, "q", g if stack else None), out[g] if stack else out)
     if ax == "col":
-        out = np.ascontiguousarray(np.swapaxes(out, -1, -2))
-    return A.out_array(out, q.is_torch)
+        t = A.empty(stack + (cols, rows), np.float32, tor)
+        np.copyto(t, np.swapaxes(out, -1, -2))
+        out = t
+    return A.out_array(out, tor)
 
 
 # ---- GEMMs ----
@@ -458,11 +460,11 @@ def _operand(x, fn, arg, which="row", g=None):
     return (kind, "none", m.shape[-2], m.shape[-1], m, None, None), x.shape, tor
 
 
-def _out_arg(out, shape, fn, accumulate):
+def _out_arg(out, shape, fn, accumulate, as_torch=False):
     if out is None:
         if accumulate:
             raise ValueError(f"{fn}: accumulate=True needs out")
-        return np.zeros(shape, np.float32), "f32", None
+        return A.empty(shape, np.float32, as_torch, zero=True), "f32", None
     a, kind, _ = A.float_input(out, fn, "out")
     if tuple(a.shape) != tuple(shape):
         raise ValueError(f"{fn}: out has shape {tuple(a.shape)}, expected {tuple(shape)}")
@@ -484,7 +486,7 @@ def gemm(a, b, out=None, accumulate=False):
         raise ValueError(f"{fn}: a and b must be 2-D, got {tuple(sa)} and {tuple(sb)} "
                          "(lowp.grouped_gemm takes 3-D b)")
     shape = (sa[0], sb[0])
-    c, ckind, given = _out_arg(out, shape, fn, accumulate)
+    c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb)
     _lowp.gemm(da, db, c, ckind, shape[0], shape[1], bool(accumulate), get_threads(), 0)
     return given if given is not None else A.out_array(c, ta or tb)
 
@@ -524,13 +526,13 @@ def grouped_gemm(a, b, offs, out=None, accumulate=False):
         else:
             db = (db0[0], "none", bshape[1], bshape[2], db0[4], None, None)
         shape = (sa[0], bshape[1])
-        c, ckind, given = _out_arg(out, shape, fn, accumulate)
+        c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb or to)
         _lowp.grouped_gemm(da, db, G, o, c, ckind, shape[0], shape[1], bool(accumulate), thr, 0)
         return given if given is not None else A.out_array(c, ta or tb or to)
     da, sa, ta = _wgrad_operand(a, o, fn, "a")
     db, sb, tb = _wgrad_operand(b, o, fn, "b")
     shape = (G, da[2], db[2])
-    c, ckind, given = _out_arg(out, shape, fn, accumulate)
+    c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb or to)
     _lowp.grouped_gemm_wgrad(da, db, o, c, ckind, G * da[2], db[2], bool(accumulate), thr, 0)
     return given if given is not None else A.out_array(c, ta or tb or to)
 

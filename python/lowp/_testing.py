@@ -82,10 +82,10 @@ def train_linear(preset, x, w, dy, bias=None, offs=None, keep_quantized=None, wg
             raise ValueError(f"{fn}: offs needs w [G, N, K] with G = len(offs)")
     elif G:
         raise ValueError(f"{fn}: a 3-D w needs offs")
-    y = np.zeros((M, N), np.float32)
-    dx = np.zeros((M, K), np.float32)
-    dw = np.zeros(wa.shape, np.float32)
-    db = None if ba is None else np.zeros(N, np.float32)
+    y = A.empty((M, N), np.float32, tor, zero=True)
+    dx = A.empty((M, K), np.float32, tor, zero=True)
+    dw = A.empty(wa.shape, np.float32, tor, zero=True)
+    db = None if ba is None else A.empty((N,), np.float32, tor, zero=True)
     tri = (lambda v: -1 if v is None else int(bool(v)))
     _lowp.train_linear(preset, xa, M, K, wa, G, N, dya, ba, oa, y, dx, dw, db,
                        tri(keep_quantized), tri(wgrad_hp), int(bool(fp32_plain)), get_threads())

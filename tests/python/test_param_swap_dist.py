@@ -63,3 +63,43 @@ def test_fsdp2(tmp_path):
         assert r[recipe]["local_shape"] == [64, 64]  # 128 rows over 2 ranks
         assert r[recipe]["quantizations"] > 0
     assert r["all_mxfp8"]["dcp"] is True
+
+
+def test_fsdp2_wraps_the_all_gather_buffer_without_a_copy():
+    """One process (gloo, world 1): the unsharded wrapper holds FSDP2's own all-gather buffer
+    (no clone: lowp's kernels leave its storage resizable), FSDP2 frees it at each reshard, and
+    the weight is still quantized once per optimizer step across micro-batches."""
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import lowp.torch as lt
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(free_port())
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
+        lt.apply_recipe(m, "all_mxfp8")
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in (m[0], m[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        fps = [layer._get_fsdp_state()._fsdp_param_group.fsdp_params[0] for layer in (m[0], m[2])]
+        for step in range(3):
+            for micro in range(2):
+                m(torch.randn(32, 64)).pow(2).mean().backward()
+                for fp in fps:
+                    buf = fp.all_gather_outputs[0]
+                    assert buf.untyped_storage().size() == 0  # freed at the reshard
+                    w = fp._unsharded_param
+                    w = getattr(w, "_local_tensor", w)
+                    assert isinstance(w, lt.LowpWeight)
+                    assert w._root.untyped_storage()._cdata == buf.untyped_storage()._cdata
+                    assert w.cache.quantizations == 1, (step, micro)
+            opt.step()
+            opt.zero_grad()
+    finally:
+        dist.destroy_process_group()

@@ -19,8 +19,7 @@ def test_torch_in_torch_out_zero_copy():
                                                                       qn.scale_col)
     y = lowp.dequantize(q)
     assert isinstance(y, torch.Tensor) and y.dtype == torch.float32
-    # outputs are numpy buffers viewed by torch without a copy; an out= tensor is written in
-    # place
+    # outputs are torch tensors the kernels wrote into; an out= tensor is written in place
     out = torch.zeros(64, 64)
     ptr = out.data_ptr()
     r = lowp.gemm(q, q, out=out)
@@ -71,6 +70,43 @@ def test_qtensor_from_torch_tensors_and_grouped():
     dw = lowp.grouped_gemm(qdy, qx, offs)
     assert isinstance(dw, torch.Tensor) and dw.shape == (4, N, K)
     assert torch.all(dw[1] == 0)
+
+
+def test_tensors_stay_resizable():
+    """Inputs are read through their memory, not Tensor.numpy(), which would make a storage
+    non-resizable (FSDP2 frees its all-gather buffers with untyped_storage().resize_(0));
+    outputs are allocated by torch. Zero-copy both ways."""
+    from lowp import _arrays
+
+    x, w = torch.randn(64, 96), torch.randn(40, 96)
+    xb = torch.randn(64, 96).bfloat16()
+    offs = torch.tensor([10, 10, 64], dtype=torch.int32)
+    w3 = torch.randn(3, 40, 96)
+    f8 = torch.randn(33).to(torch.float8_e4m3fn)
+    out = torch.zeros(64, 40)
+    for t in (x, xb, offs, f8, x[3]):
+        a = _arrays.to_numpy(t, "test", "t")[0]
+        assert a.ctypes.data == t.data_ptr() and a.nbytes == t.numel() * t.element_size()
+    qx = lowp.quantize(x, "e4m3", "mx32", axis="both")
+    qw = lowp.quantize(w, "e4m3", "mx32")
+    qb = lowp.quantize(xb, "e5m2", "block128", axis="col")
+    q3 = lowp.quantize(w3, "e4m3", "mx32")
+    qg = lowp.quantize(x, "e4m3", "mx32", axis="col", offs=offs)
+    qs = lowp.quantize(x, "e4m3", "mx32", layout="cublas")
+    ref = lowp.gemm(qx, qw)
+    outs = [qx.data, qx.scale, qx.data_col, qx.scale_col, qw.data, qw.scale, qb.data_col,
+            qb.scale_col, q3.data, q3.scale, qg.data_col, qg.scale_col, qs.scale, ref,
+            lowp.gemm(xb, w.bfloat16()), lowp.gemm(qx, qw, out=out),
+            lowp.grouped_gemm(qx, q3, offs), lowp.dequantize(qx), lowp.dequantize(qx, "col"),
+            lowp.dequantize(qs), lowp.cast(x, "bf16"), lowp.cast(xb, "e4m3"),
+            lowp.decode(f8, "e4m3")]
+    assert lowp.gemm(qx, qw).equal(ref) and out.equal(ref)
+    # the same values as from numpy (a copy's .numpy(): x's own would pin its storage)
+    assert np.array_equal(lowp.dequantize(qx).clone().numpy(),
+                          lowp.dequantize(lowp.quantize(x.clone().numpy(), "e4m3", "mx32")))
+    for t in [x, xb, offs, w, w3, f8, out] + outs:
+        assert isinstance(t, torch.Tensor)
+        t.untyped_storage().resize_(0)  # raised "not resizable" when read through .numpy()
 
 
 def test_threads_follow_torch():

@@ -2,6 +2,7 @@
 no-CUDA-leak check: with every torch.cuda function made to raise, a CPU model with delayed
 scaling saves and loads its state dict, forks the tracker and runs RMSNorm under CPU autocast."""
 
+import contextlib
 import inspect
 import io
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 import lowp.torch as lt
 from lowp.torch import RMSNorm, RNGStatesTracker
+from lowp.torch.models.moe import RMSNorm as MoERMSNorm
 
 
 # ---- point 8 ----
@@ -140,13 +142,17 @@ def test_no_hard_coded_cuda_in_h12_modules():
     """No "cuda" string and no torch.cuda attribute in the code (docstrings aside)."""
     import ast
 
+    import lowp.torch._autocast as f
     import lowp.torch.fp8_state as a
+    import lowp.torch.models.moe as i
     import lowp.torch.norm as b
+    import lowp.torch.ops as g
     import lowp.torch.param_swap as c
+    import lowp.torch.portable as h
     import lowp.torch.recipes as d
     import lowp.torch.rng as e
 
-    for mod in (a, b, c, d, e):
+    for mod in (a, b, c, d, e, f, g, h, i):
         tree = ast.parse(inspect.getsource(mod))
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -189,6 +195,17 @@ def test_cpu_model_never_calls_torch_cuda(monkeypatch):
         with tracker.fork("tp"):
             y = F.dropout(m(x), 0.1)  # the step's first forward: the delayed update runs
         assert m[1](x).dtype == torch.bfloat16
+        # every lowp op outside a GEMM under CPU autocast: the ops (native and portable),
+        # the param swap's routes, the MoE model's norm
+        w, W3 = torch.randn(16, 32), torch.randn(2, 16, 32)
+        offs = torch.tensor([3, 8], dtype=torch.int32)
+        for ctx in (lt.force_portable, contextlib.nullcontext):
+            with ctx():
+                assert lt.linear(x, w, torch.randn(16)).dtype == torch.bfloat16
+                assert lt.mm(x, w.t(), "block32x32").dtype == torch.bfloat16
+                assert lt.grouped_mm(x, W3.transpose(-2, -1), offs).dtype == torch.bfloat16
+        assert torch.addmm(torch.randn(32), x, m[2].weight.t()).dtype == torch.bfloat16
+        assert MoERMSNorm(32, 1e-5)(x).dtype == torch.bfloat16
     y.float().pow(2).mean().backward()
     assert m[0]._lowp_fp8_state.updates == 2
     buf = io.BytesIO()

@@ -296,6 +296,26 @@ def test_keep_quantized_vs_requantize_differ_only_in_wgrad_for_rowwise():
     assert sqnr(ref[2], h[2]) > sqnr(ref[2], q[2])
 
 
+@native
+@pytest.mark.parametrize("config", ["mxfp8", "block32x32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_native_ops_leave_storages_resizable(config, dtype):
+    """The native path reads CPU tensors without Tensor.numpy() (which pins a storage's size):
+    FSDP2 frees its all-gather buffers with untyped_storage().resize_(0) after the ops read
+    them. Grouped too, with the split-K weight gradient."""
+    x, w, b, dy = linear_case(64, 96, 40, dtype)
+    lt.reset_stats()
+    y, dx, dw, db = run_linear(config, x, w, b, dy, cache=lt.WeightCache())
+    xg = torch.randn(40, 96, dtype=dtype, requires_grad=True)
+    W3 = torch.randn(3, 24, 96, dtype=dtype, requires_grad=True)
+    offs = torch.tensor([7, 7, 40], dtype=torch.int32)
+    yg = lt.grouped_mm(xg, W3.transpose(-2, -1), offs, config)
+    yg.backward(torch.randn_like(yg))
+    assert lt.stats()["portable"] == 0 and lt.stats()["native"] > 0
+    for t in (x, w, b, dy, y, dx, dw, db, xg, W3, offs, yg, xg.grad, W3.grad):
+        t.untyped_storage().resize_(0)
+
+
 def test_weight_cache_counts_once_per_version():
     x, w, b, dy = linear_case(64, 64, 32, torch.float32)
     cache = lt.WeightCache()

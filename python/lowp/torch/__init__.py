@@ -37,7 +37,8 @@ from .param_swap import LowpWeight, ParamSwapConfig, param_swap_filter, wrapped_
 from .recipes import RECIPES, apply_recipe, plan_recipe
 from .fp8_state import DelayedScalingState, fp8_states
 from .rng import RNGStatesTracker
-from .norm import RMSNorm, autocast_dtype, rms_norm
+from .norm import RMSNorm, rms_norm
+from ._autocast import autocast_dtype
 
 __all__ += [
     "LowpWeight",

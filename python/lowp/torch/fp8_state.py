@@ -78,7 +78,9 @@ def _blob_bytes(state):
     if isinstance(state, torch.Tensor):
         if state.dtype != torch.uint8:
             raise TypeError("the extra state must be a uint8 tensor, got dtype %s" % state.dtype)
-        return state.detach().cpu().contiguous().numpy().tobytes()
+        # a copy's numpy view: .numpy() of the caller's tensor would make its storage
+        # non-resizable
+        return state.detach().cpu().clone().numpy().tobytes()
     raise TypeError("the extra state must be a uint8 tensor, bytes or io.BytesIO, got %s" %
                     type(state).__name__)
 

@@ -1,32 +1,24 @@
-"""RMSNorm, and the autocast rule of every lowp op that computes outside a GEMM.
-
-The compute dtype follows the autocast state of the tensor's own device type:
-``torch.is_autocast_enabled(x.device.type)`` and ``torch.get_autocast_dtype(x.device.type)``,
-never a hard-coded ``"cuda"``. RMSNorm computes in float32 and returns the autocast dtype when
-autocast is on for that device type, else the input's dtype.
+"""RMSNorm, computed in float32, in the dtype lowp's autocast rule gives (``_autocast.py``):
+the autocast dtype when autocast is enabled for the input's own device type
+(``torch.is_autocast_enabled(x.device.type)``, ``torch.get_autocast_dtype(x.device.type)``,
+never a hard-coded ``"cuda"``), else the input's dtype.
 """
 
 import torch
 import torch.nn as nn
 
-
-def autocast_dtype(device_type, default):
-    """The dtype an op outside a GEMM returns on ``device_type``: the autocast dtype when
-    autocast is enabled for that device type, else ``default``."""
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return default
+from ._autocast import exact, out_dtype
 
 
 def rms_norm(x, weight=None, eps=1e-6):
     """``x / sqrt(mean(x^2, -1) + eps) * weight`` computed in float32."""
-    out_dtype = autocast_dtype(x.device.type, x.dtype)
-    with torch.autocast(x.device.type, enabled=False):
+    odt = out_dtype(x)
+    with exact(x.device.type):
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         if weight is not None:
             y = y * weight.float()
-    return y.to(out_dtype)
+    return y.to(odt)
 
 
 class RMSNorm(nn.Module):

@@ -24,6 +24,13 @@ multiplies X rowwise by W rowwise, the input-gradient GEMM dY rowwise by W's col
 weight-gradient GEMM dY's columnwise copy by X's columnwise copy (grouped: along each group's
 tokens, no block straddling a group). A GEMM whose two operands are not both quantized runs in
 BF16 (both operands rounded to BF16, binary32 accumulation). Gradients are straight-through.
+
+Autocast (the rule of ``_autocast.py``): linear / mm / grouped_mm return the autocast dtype of
+x's own device type when autocast is enabled there (F.linear and torch.mm do the same under
+autocast), else x's dtype; a bias is added in binary32 to the unrounded GEMM result before that
+one rounding. The gradients come back in the dtypes of x, w and bias. The GEMMs keep the
+recipe's precision whatever autocast says, and the four lowp:: operators are exact: their
+output dtypes are their arguments' (the portable path turns autocast off around its matmuls).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from torch import Tensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import portable as P
+from ._autocast import exact, out_dtype as _autocast_out
 from .config import MatmulSpec, OperandSpec, resolve_config
 
 __all__ = [
@@ -110,14 +118,11 @@ def _threads() -> int:
 
 
 def _buf(t: Optional[Tensor]):
-    """A zero-copy numpy view of a contiguous CPU tensor (bf16 as uint16), or None."""
+    """A zero-copy numpy view of a contiguous CPU tensor (bf16 as its uint16 bits), or None.
+    Not Tensor.numpy(), which would make the storage non-resizable (see lowp/_arrays.py)."""
     if t is None:
         return None
-    if not t.is_contiguous():
-        t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return t.detach().numpy()
+    return _lp._arrays.to_numpy(t.contiguous(), "lowp.torch", "operand")[0]
 
 
 _XFMT = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -422,10 +427,12 @@ def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
 class WeightCache:
     """Quantized copies of weights, made once per weight version.
 
-    Keyed by the weight tensor's data pointer, shape, strides, dtype, device and the recipe;
-    an entry is reused while the tensor's `_version` is unchanged (an optimizer step updates the
-    weight in place and bumps it) and its storage is the one the copies were made from (a weak
-    reference: a new tensor that happens to reuse a freed tensor's memory, at version 0 again,
+    Keyed by the weight tensor's storage (its identity, not its address: FSDP2 frees an
+    unsharded weight's memory at each reshard and gathers into newly allocated memory of the
+    same storage), storage offset, shape, strides, dtype, device and the recipe; an entry is
+    reused while the tensor's `_version` is unchanged (an optimizer step updates the weight in
+    place and bumps it) and its storage is the one the copies were made from (a weak
+    reference: a new tensor whose storage reuses a freed one's address, at version 0 again,
     never hits). Pass the parameter itself or views of it (they share its version counter),
     not `param.data`, whose version counter is a separate one. Counters: `quantizations`
     (copies made), `hits` (reuses).
@@ -443,7 +450,8 @@ class WeightCache:
         self._version_fn = version_fn
 
     def _key(self, w: Tensor, spec: MatmulSpec):
-        return (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, str(w.device),
+        return (w.untyped_storage()._cdata, w.storage_offset(), tuple(w.shape),
+                tuple(w.stride()), w.dtype, str(w.device),
                 spec.weight, spec.fake_quant_mxfp4, spec.input.quantized,
                 spec.grad_output.quantized)
 
@@ -529,6 +537,19 @@ class _LowpMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, W3, bias, offs, spec, keep_quantized, wgrad_hp, cache, fp8_state,
                 grouped):
+        odt = _autocast_out(x2d)  # x's dtype, or the autocast dtype of x's device type
+        with exact(x2d.device.type):  # lowp's own steps: no autocast inside
+            return _LowpMatmul._forward(ctx, odt, x2d, W3, bias, offs, spec, keep_quantized,
+                                        wgrad_hp, cache, fp8_state, grouped)
+
+    @staticmethod
+    def backward(ctx, dy):
+        with exact(dy.device.type):
+            return _LowpMatmul._backward(ctx, dy)
+
+    @staticmethod
+    def _forward(ctx, odt, x2d, W3, bias, offs, spec, keep_quantized, wgrad_hp, cache,
+                 fp8_state, grouped):
         fwd_q, dgrad_q, wgrad_q = _plan(spec, wgrad_hp)
         M, K = x2d.shape
         G, N = W3.shape[0], W3.shape[1]
@@ -563,7 +584,7 @@ class _LowpMatmul(torch.autograd.Function):
             if keep:
                 tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
                 _, xcol = _quant(xs, ispec, "col", iscale, offs if tok else None)
-        yodt = _odt(x2d.dtype) if bias is None else "f32"  # a bias is added in binary32
+        yodt = _odt(odt) if bias is None else "f32"  # a bias is added in binary32
         if grouped:
             y = _grouped_mm(xrow, wf, offs[:G], yodt) if T > 0 else None
             if y is None or y.shape[0] != M:
@@ -587,10 +608,10 @@ class _LowpMatmul(torch.autograd.Function):
         else:
             ctx.xcol_meta = None
             ctx.save_for_backward(x2d, W3, offs)
-        return y.to(x2d.dtype)
+        return y.to(odt)
 
     @staticmethod
-    def backward(ctx, dy):
+    def _backward(ctx, dy):
         saved = ctx.saved_tensors
         x2d, W3, offs = saved[:3]
         spec, T, grouped = ctx.spec, ctx.T, ctx.grouped
@@ -723,7 +744,9 @@ def linear(x: Tensor, w: Tensor, bias: Optional[Tensor] = None, config="mxfp8", 
            keep_quantized: Optional[bool] = None, wgrad_hp: bool = False,
            cache: Optional[WeightCache] = None, fp8_state=None) -> Tensor:
     """`F.linear(x, w, bias)` with low-precision forward, input-gradient and weight-gradient
-    GEMMs. x [..., K] float32/bfloat16, w [N, K], bias [N]; output [..., N] in x's dtype.
+    GEMMs. x [..., K] float32/bfloat16, w [N, K], bias [N]; output [..., N] in x's dtype, or
+    in the autocast dtype when autocast is enabled for x's device type (see the module
+    docstring).
     `keep_quantized` (default: the recipe's) keeps X's columnwise copy from the forward for the
     weight gradient instead of requantizing; `wgrad_hp` runs the weight gradient in BF16;
     `cache` reuses the weight's quantized copies while it is unchanged; `fp8_state` supplies

@@ -33,9 +33,8 @@ changed) and, for delayed scaling, the owning module's FP8 state.
   checkpoint loads with ``torch.load(weights_only=True)`` into a prepared or a plain model.
 - FSDP2: the wrapper is kept on the shards (the sharding ops are in ``_WEIGHT_OPS``) and
   ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` gather the master shards and wrap the
-  unsharded weight again (a copy the wrapper owns; each all-gather writes it and bumps its
-  version, so under FSDP2 a weight is quantized once per all-gather: use
-  ``reshard_after_forward=False`` for once per step).
+  unsharded weight again (FSDP's own all-gather buffer, no copy; the quantized copies are
+  dropped when the sharded master's version moves, i.e. once per optimizer step).
 """
 
 import itertools
@@ -44,6 +43,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
+
+from ._autocast import autocast_dtype, exact
 
 try:  # torchao's entry point; lowp.torch works without torchao, the param swap needs it.
     from torchao.quantization.qat import QATConfig as _QATBase
@@ -229,28 +230,30 @@ class LowpWeight(torch.Tensor):
         return (data,), None
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
-        # The unsharded wrapper owns a copy of the gathered weight, and FSDP is told it holds no
-        # inner tensors: lowp's native kernels read CPU tensors through Tensor.numpy(), which
-        # makes a storage non-resizable, and FSDP2 frees (resizes to 0) the buffers it owns
-        # at every reshard. Costs one unsharded copy per wrapped weight while it is gathered.
-        # The copy goes through .data (no version bump: the backward's re-gather must not
-        # invalidate what the forward saved); the sharded master's version tells whether an
-        # optimizer step changed the weight, and then the quantized copies are dropped.
+        # The unsharded wrapper wraps FSDP's all-gather output itself, no copy: lowp's kernels
+        # read CPU tensors without making their storage non-resizable (lowp/_arrays.py), so
+        # FSDP2 frees that buffer at every reshard (resize to 0) and gathers into it again.
+        # FSDP keeps the buffer's version counter across its copy-out (the backward's re-gather
+        # does not invalidate what the forward saved); the sharded master's version tells
+        # whether an optimizer step changed the weight, and then the quantized copies are
+        # dropped.
         (data,) = all_gather_outputs
         if out is not None:
             target = out._local_tensor if hasattr(out, "_local_tensor") else out
-            target._root.data.copy_(data)
+            root = target._root
+            if not (root.untyped_storage()._cdata == data.untyped_storage()._cdata
+                    and root.data_ptr() == data.data_ptr()):
+                root.data.copy_(data)  # another buffer than the first time: through .data
             v = self._root._version
             if getattr(target, "_gathered_at", None) != v:
                 target._cache = _ops().WeightCache()
                 target._gathered_at = v
             target._version_source = self._root
             return
-        own = data.detach().clone()
-        new = LowpWeight(own, self._config, fp8_state=self._fp8_state, token=self._token)
+        new = LowpWeight(data, self._config, fp8_state=self._fp8_state, token=self._token)
         new._version_source = self._root
         new._gathered_at = self._root._version
-        return new, ()
+        return new, (data,)
 
     # ---- pickling: the master weight alone ----
     def __reduce_ex__(self, proto):
@@ -378,16 +381,21 @@ def _route_matmul(input, other, *, out=None):
 
 
 def _route_addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    """beta * input + alpha * (mat1 @ mat2): the product in mat1's dtype, the sum, then one
+    rounding to what torch.addmm returns: the autocast dtype of mat1's device type when
+    autocast is enabled there (lowp's autocast rule), else the sum's dtype."""
     if out is not None:
         return NotImplemented
-    y = _route_mm(mat1, mat2)
-    if y is NotImplemented:
-        return NotImplemented
-    if alpha != 1:
-        y = y * alpha
-    if beta == 0:
-        return y
-    return y + (input if beta == 1 else beta * input)
+    dev = mat1.device.type
+    with exact(dev):
+        y = _route_mm(mat1, mat2)
+        if y is NotImplemented:
+            return NotImplemented
+        if alpha != 1:
+            y = y * alpha
+        if beta != 0:
+            y = y + (input if beta == 1 else beta * input)
+    return y.to(autocast_dtype(dev, y.dtype))
 
 
 def _route_bmm(input, mat2, *, out=None):

@@ -25,6 +25,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ._autocast import exact
+
 __all__ = [
     "QT",
     "FORMATS",
@@ -489,8 +491,10 @@ def _pow2_int(e: torch.Tensor) -> torch.Tensor:
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [M, k] @ b[N, k]^T in binary32 (products of 8-bit codes are exact)."""
-    return a @ b.t()
+    """a [M, k] @ b[N, k]^T in binary32 (products of 8-bit codes are exact), with autocast off
+    for the tensors' device type (under autocast torch would multiply in the autocast dtype)."""
+    with exact(a.device.type):
+        return a @ b.t()
 
 
 def gemm(a: QT, b: QT) -> torch.Tensor:

@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._autocast import exact, out_dtype
+
 __all__ = ["MoEConfig", "MoETransformer", "PRESETS", "philox_words"]
 
 # name: (dim, layers, heads, seq_len, experts, top_k, expert_hidden, shared_hidden), as
@@ -189,8 +191,9 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, plain_dtype) 
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight, in float32 (the C trainer runs it without
-    autocast)."""
+    """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 (the C trainer runs it
+    without autocast); returned in lowp's autocast dtype (``lowp.torch.autocast_dtype``: the
+    autocast dtype of x's device type when autocast is enabled there, else x's dtype)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -198,7 +201,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        odt = out_dtype(x)
+        with exact(x.device.type):
+            y = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
+        return y.to(odt)
 
 
 class Attention(nn.Module):
