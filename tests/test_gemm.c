@@ -10,16 +10,6 @@
 #include "lowp/gemm.h"
 #include "testutil.h"
 
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static double urand(void) {
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (double) (g_rng >> 11) / 9007199254740992.0;
-}
-static float gauss(void) {
-    double u = urand() + 1e-300, v = urand();
-    return (float) (sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
-
 typedef struct operand {
     lowp_qtensor q;
     float *src; /* the unquantized input [rows, cols] */
@@ -393,6 +383,7 @@ static void test_errors(void) {
 }
 
 int main(void) {
+    tu_seed(0x9E3779B97F4A7C15ull);
     test_reference_accuracy();
     test_sqnr();
     test_grouped();

@@ -20,16 +20,6 @@
 #define LOWP_AMX_EMULATE 1
 #include "cpu/gemm_amx.c"
 
-static uint64_t g_rng = 0x243F6A8885A308D3ull;
-static double urand(void) {
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (double) (g_rng >> 11) / 9007199254740992.0;
-}
-static float gauss(void) {
-    double u = urand() + 1e-300, v = urand();
-    return (float) (sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
-
 /* What to plant in an operand's float input before quantizing it. */
 enum {
     SPICE_NONE = 0,
@@ -660,6 +650,7 @@ static void test_large_c(void) {
 }
 
 int main(void) {
+    tu_seed(0x243F6A8885A308D3ull);
     const uint32_t f = lowp_cpu_caps()->flags;
     g_have_avx512 = (f & LOWP_CAP_AVX512F) && (f & LOWP_CAP_AVX512BW) && (f & LOWP_CAP_AVX512VL);
     g_have_bf16 = (f & LOWP_CAP_AVX512_BF16) != 0;

@@ -25,13 +25,6 @@
 #include "lowp/lowp.h"
 #include "testutil.h"
 
-static uint64_t g_rng = 0x243F6A8885A308D3ull;
-static uint64_t rnd64(void) {
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 /* Roughly Gaussian in [-6, 6). */
 static float rnd_gauss(void) {
     double s = 0;
@@ -702,6 +695,7 @@ static void test_empty(void) {
 }
 
 int main(void) {
+    tu_seed(0x243F6A8885A308D3ull);
     test_sizes();
     test_bad_arguments();
     test_rceil_rule();

@@ -13,15 +13,6 @@
 #include "testutil.h"
 #include "train/train_internal.h"
 
-static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static double urand(void) {
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (double) (g_rng >> 11) / 9007199254740992.0;
-}
-static float gauss(void) {
-    double u = urand() + 1e-300, v = urand();
-    return (float) (sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
 static float *gauss_array(int64_t n, float sigma) {
     float *a = malloc(sizeof(float) * (size_t) (n + 1));
     for (int64_t i = 0; i < n; i++) a[i] = sigma * gauss();
@@ -257,10 +248,10 @@ static void check_fake_quant(int64_t M, int64_t N, int64_t K) {
     const char *names[2] = {"mix", "mix_fp4"};
     const int32_t sizes[3] = {(int32_t) (M / 2), 0, (int32_t) (M / 2)};
     for (int i = 0; i < 2; i++) {
-        uint64_t seed = g_rng;
+        uint64_t seed = tu_rng;
         layer L;
         layer_make(&L, "layers.1.moe.experts.w2", 3, sizes, M, N, K);
-        g_rng = seed;
+        tu_rng = seed;
         lowp_recipe r;
         lowp_recipe_init(&r, names[i]);
         CHECK(lowp_train_prepare(&L.p, 1, &r) == LOWP_OK);
@@ -449,9 +440,9 @@ static void check_delayed(int64_t M, int64_t N, int64_t K) {
 static void check_keep(const char *preset, int32_t G, int64_t M, int64_t N, int64_t K) {
     const int32_t sizes[3] = {(int32_t) (M / 3), 0, (int32_t) (M / 2)};
     layer L[2];
-    const uint64_t seed = g_rng;
+    const uint64_t seed = tu_rng;
     for (int keep = 0; keep < 2; keep++) {
-        g_rng = seed;
+        tu_rng = seed;
         layer_make(&L[keep], G ? "moe.experts.w1" : "mlp.fc1", G, sizes, M, N, K);
         lowp_linear_cfg c;
         lowp_linear_cfg_preset(preset, &c);
@@ -487,9 +478,9 @@ static void check_like_plain(const char *recipe, const char *name, int32_t G, in
                              int64_t M, int64_t N, int64_t K) {
     const int32_t sizes[3] = {(int32_t) (M / 4), 1, (int32_t) (M / 2)};
     layer a, b;
-    const uint64_t seed = g_rng;
+    const uint64_t seed = tu_rng;
     layer_make(&a, name, G, sizes, M, N, K);
-    g_rng = seed;
+    tu_rng = seed;
     layer_make(&b, name, G, sizes, M, N, K);
     lowp_recipe r;
     if (strcmp(recipe, "experts_only") == 0) {
@@ -803,6 +794,7 @@ static void check_empty(void) {
 }
 
 int main(void) {
+    tu_seed(0x2545F4914F6CDD1Dull);
     const int quick = testutil_quick();
     const int64_t M = quick ? 72 : 200, N = quick ? 96 : 160, K = quick ? 160 : 320;
     static const char *const recipes[] = {"bf16",          "fp8_delayed", "fp8_current",
