@@ -91,6 +91,69 @@ static void put_utf8(char *o, size_t *k, uint32_t cp) {
     }
 }
 
+/* The escape after a backslash (the cursor just past it), decoded into o[*k ..] when o is not
+ * NULL: a \u escape takes 6 bytes (12 for a pair) and decodes to at most 4. */
+static lowp_status read_escape(lowp_json *p, char *o, size_t *k) {
+    if (p->i >= p->n) return lowp_json_fail(p, "unterminated escape");
+    unsigned char e = p->s[p->i++];
+    char simple = 0;
+    switch (e) {
+    case '"': simple = '"'; break;
+    case '\\': simple = '\\'; break;
+    case '/': simple = '/'; break;
+    case 'b': simple = '\b'; break;
+    case 'f': simple = '\f'; break;
+    case 'n': simple = '\n'; break;
+    case 'r': simple = '\r'; break;
+    case 't': simple = '\t'; break;
+    case 'u': break;
+    default: return lowp_json_fail(p, "bad escape in a string");
+    }
+    if (simple) {
+        if (o) o[(*k)++] = simple;
+        return LOWP_OK;
+    }
+    uint32_t cp;
+    if (!read_hex4(p, &cp)) return lowp_json_fail(p, "bad \\u escape");
+    if (cp >= 0xDC00 && cp <= 0xDFFF) return lowp_json_fail(p, "lone low surrogate");
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+        uint32_t lo;
+        if (p->n - p->i < 2 || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u')
+            return lowp_json_fail(p, "lone high surrogate");
+        p->i += 2;
+        if (!read_hex4(p, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+            return lowp_json_fail(p, "bad surrogate pair");
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+    }
+    if (cp == 0) return lowp_json_fail(p, "\\u0000 in a string");
+    if (o) put_utf8(o, k, cp);
+    return LOWP_OK;
+}
+
+/* The string's bytes after the opening quote, up to and past the closing one, checked and
+ * decoded into o (when not NULL; *k bytes). */
+static lowp_status read_chars(lowp_json *p, char *o, size_t *k) {
+    for (;;) {
+        if (p->i >= p->n) return lowp_json_fail(p, "unterminated string");
+        unsigned char c = p->s[p->i];
+        if (c == '"') {
+            p->i++;
+            return LOWP_OK;
+        }
+        if (c < 0x20) return lowp_json_fail(p, "control character in a string");
+        if (c == '\\') {
+            p->i++;
+            lowp_status st = read_escape(p, o, k);
+            if (st != LOWP_OK) return st;
+            continue;
+        }
+        size_t len = lowp_json_utf8_seq(p->s + p->i, p->n - p->i);
+        if (!len) return lowp_json_fail(p, "invalid UTF-8");
+        if (o) memcpy(o + *k, p->s + p->i, len), *k += len;
+        p->i += len;
+    }
+}
+
 lowp_status lowp_json_string(lowp_json *p, char **out) {
     if (!lowp_json_eat(p, '"')) return lowp_json_fail(p, "expected a string");
     /* The decoded string is never longer than its encoding. */
@@ -104,81 +167,10 @@ lowp_status lowp_json_string(lowp_json *p, char **out) {
         o = malloc(cap);
         if (!o) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
     }
-    for (;;) {
-        if (p->i >= p->n) {
-            free(o);
-            return lowp_json_fail(p, "unterminated string");
-        }
-        unsigned char c = p->s[p->i];
-        if (c == '"') {
-            p->i++;
-            break;
-        }
-        if (c < 0x20) {
-            free(o);
-            return lowp_json_fail(p, "control character in a string");
-        }
-        if (c == '\\') {
-            p->i++;
-            if (p->i >= p->n) {
-                free(o);
-                return lowp_json_fail(p, "unterminated escape");
-            }
-            unsigned char e = p->s[p->i++];
-            char simple = 0;
-            switch (e) {
-            case '"': simple = '"'; break;
-            case '\\': simple = '\\'; break;
-            case '/': simple = '/'; break;
-            case 'b': simple = '\b'; break;
-            case 'f': simple = '\f'; break;
-            case 'n': simple = '\n'; break;
-            case 'r': simple = '\r'; break;
-            case 't': simple = '\t'; break;
-            case 'u': break;
-            default: free(o); return lowp_json_fail(p, "bad escape in a string");
-            }
-            if (simple) {
-                if (o) o[k++] = simple;
-                continue;
-            }
-            uint32_t cp;
-            if (!read_hex4(p, &cp)) {
-                free(o);
-                return lowp_json_fail(p, "bad \\u escape");
-            }
-            if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                free(o);
-                return lowp_json_fail(p, "lone low surrogate");
-            }
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                uint32_t lo;
-                if (p->n - p->i < 2 || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') {
-                    free(o);
-                    return lowp_json_fail(p, "lone high surrogate");
-                }
-                p->i += 2;
-                if (!read_hex4(p, &lo) || lo < 0xDC00 || lo > 0xDFFF) {
-                    free(o);
-                    return lowp_json_fail(p, "bad surrogate pair");
-                }
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            }
-            if (cp == 0) {
-                free(o);
-                return lowp_json_fail(p, "\\u0000 in a string");
-            }
-            /* A \u escape takes 6 bytes (12 for a pair) and decodes to at most 4. */
-            if (o) put_utf8(o, &k, cp);
-            continue;
-        }
-        size_t len = lowp_json_utf8_seq(p->s + p->i, p->n - p->i);
-        if (!len) {
-            free(o);
-            return lowp_json_fail(p, "invalid UTF-8");
-        }
-        if (o) memcpy(o + k, p->s + p->i, len), k += len;
-        p->i += len;
+    lowp_status st = read_chars(p, o, &k);
+    if (st != LOWP_OK) {
+        free(o);
+        return st;
     }
     if (o) {
         o[k] = '\0';
