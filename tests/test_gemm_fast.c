@@ -15,6 +15,7 @@
 #include "cpu/gemm_blk.h"
 #include "lowp/lowp.h"
 #include "lowp/gemm.h"
+#include "gemm_testutil.h"
 #include "testutil.h"
 
 #define LOWP_AMX_EMULATE 1
@@ -29,11 +30,6 @@ enum {
     SPICE_TINY = 8,      /* every element scaled by 1e-20 (products near the denormals) */
     SPICE_SUBSCALE = 16, /* a few 32-column blocks scaled by 1e-38 (MX scale code 0, nonzero) */
 };
-
-typedef struct operand {
-    lowp_qtensor q;
-    float *src;
-} operand;
 
 static void spice(float *x, int64_t rows, int64_t cols, int how) {
     if (how & SPICE_TINY)
@@ -67,37 +63,10 @@ static void spice(float *x, int64_t rows, int64_t cols, int how) {
 }
 
 static operand make(lowp_format fmt, lowp_scaling sc, int64_t rows, int64_t cols, int how) {
-    operand o;
-    memset(&o, 0, sizeof o);
-    o.src = malloc(sizeof(float) * (size_t) (rows * cols + 1));
-    for (int64_t r = 0; r < rows; r++) {
-        float rs = powf(2.0f, 6.0f * (float) (urand() - 0.5));
-        for (int64_t c = 0; c < cols; c++) o.src[r * cols + c] = gauss() * rs;
-    }
+    operand o = operand_gauss(rows, cols, 6.0f);
     spice(o.src, rows, cols, how);
-    o.q.format = fmt;
-    o.q.scaling = sc;
-    o.q.rows = rows;
-    o.q.cols = cols;
-    o.q.device = LOWP_DEVICE_HOST;
-    size_t db, sb;
-    CHECK(lowp_qtensor_nbytes(&o.q, &db, &sb) == LOWP_OK);
-    o.q.data = malloc(db + 64);
-    o.q.scales = malloc(sb + 64);
-    lowp_tensor x = {LOWP_FORMAT_F32, rows, cols, o.src, LOWP_DEVICE_HOST};
-    if (sc == LOWP_SCALING_NONE) {
-        lowp_tensor dst = {fmt, rows, cols, o.q.data, LOWP_DEVICE_HOST};
-        CHECK(lowp_cast(&x, &dst, NULL) == LOWP_OK);
-    } else {
-        CHECKF(lowp_quantize(&x, &o.q, NULL, NULL) == LOWP_OK, "%s", lowp_last_error());
-    }
+    operand_quantize(&o, fmt, sc, 64, 64);
     return o;
-}
-
-static void drop(operand *o) {
-    free(o->src);
-    free(o->q.data);
-    free(o->q.scales);
 }
 
 /* Plant raw special codes (NaN, and Inf for E5M2) with whatever scale their block has. */
@@ -341,8 +310,8 @@ static void test_pairs(void) {
             const int emu = M * N * K <= (quick ? 300000 : 3000000);
             check_gemm(p->name, &a.q, &b.q, LOWP_FORMAT_F32, s & 1, 1 + (s & 1), emu);
             check_gemm(p->name, &a.q, &b.q, LOWP_FORMAT_BF16, !(s & 1), 2 - (s & 1), 0);
-            drop(&a);
-            drop(&b);
+            operand_drop(&a);
+            operand_drop(&b);
         }
     }
 }
@@ -369,8 +338,8 @@ static void test_specials(void) {
             snprintf(name, sizeof name, "%s specials#%d", p->name, h);
             check_gemm(name, &a.q, &b.q, h & 1 ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32, h & 1,
                        1 + (h & 1), h < 2);
-            drop(&a);
-            drop(&b);
+            operand_drop(&a);
+            operand_drop(&b);
         }
     }
     /* Denormal plain BF16 against Inf: the fast kernels would read the denormal as zero and
@@ -382,8 +351,8 @@ static void test_specials(void) {
         for (int k = 0; k < 64; k++) ad[5 * 64 + k] = 0x0001; /* row 5: all denormal */
         bd[3 * 64 + 10] = 0x7F80;                             /* B[3][10] = +Inf */
         check_gemm("plain bf16 denormal x inf", &a.q, &b.q, LOWP_FORMAT_F32, 0, 1, 1);
-        drop(&a);
-        drop(&b);
+        operand_drop(&a);
+        operand_drop(&b);
     }
 }
 
@@ -442,8 +411,8 @@ static void test_grouped(void) {
             free(ref.data);
             free(fast.data);
         }
-        drop(&a);
-        for (int g = 0; g < G; g++) drop(&b[g]);
+        operand_drop(&a);
+        for (int g = 0; g < G; g++) operand_drop(&b[g]);
     }
 }
 
@@ -629,8 +598,8 @@ static void test_wgrad_jobs(void) {
     free(qa.scales);
     free(qb.data);
     free(qb.scales);
-    drop(&a);
-    drop(&b);
+    operand_drop(&a);
+    operand_drop(&b);
 }
 
 /* A C of 16 MiB or more (F32, no accumulate) is written with streaming stores. */
@@ -644,8 +613,8 @@ static void test_large_c(void) {
         char name[96];
         snprintf(name, sizeof name, "%s large C", p->name);
         check_gemm(name, &a.q, &b.q, LOWP_FORMAT_F32, 0, 2, 0);
-        drop(&a);
-        drop(&b);
+        operand_drop(&a);
+        operand_drop(&b);
     }
 }
 

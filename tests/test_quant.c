@@ -220,23 +220,16 @@ static setup good(lowp_format f, lowp_scaling s) {
     return u;
 }
 
-static void test_bad_arguments(void) {
-    for (int i = 0; i < R * C; i++) g_x[i] = rnd_gauss();
-    reset_outputs();
-    setup u;
-
-    /* Sanity: the good setup works (and does write). */
-    u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32);
-    CHECK(lowp_quantize(&u.x, &u.row, &u.col, &u.cfg) == LOWP_OK);
-    CHECK(!untouched());
-    reset_outputs();
-
+/* A call that must be refused (expect_refused). */
 #define REFUSE(label, call, want, what)                                                            \
     do {                                                                                           \
         lowp_status st_ = (call);                                                                  \
         expect_refused(label, st_, want, what);                                                    \
     } while (0)
 
+/* x, row_out and col_out: shapes, formats, scalings, data, devices. */
+static void test_bad_tensors(void) {
+    setup u;
     u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32);
     u.x.cols = 0;
     u.row.cols = 0;
@@ -306,8 +299,11 @@ static void test_bad_arguments(void) {
     u.row.device = (lowp_device){LOWP_DEVICE_CPU, 3};
     REFUSE("row_out on another device", lowp_quantize(&u.x, &u.row, NULL, &u.cfg),
            LOWP_ERR_INVALID_ARG, "row_out.device");
+}
 
-    /* cfg */
+/* The quantize cfg: scale, eps, scale_mode, pow2_scales, threads, path. */
+static void test_bad_cfg(void) {
+    setup u;
     float scale = 2.0f;
     static const lowp_scaling not_tensor[] = {LOWP_SCALING_ROW, LOWP_SCALING_MX32,
                                               LOWP_SCALING_BLOCK128, LOWP_SCALING_BLOCK128X128,
@@ -350,8 +346,11 @@ static void test_bad_arguments(void) {
     u.cfg.path = (lowp_kernel_path) 7;
     REFUSE("bad cfg.path", lowp_quantize(&u.x, &u.row, NULL, &u.cfg), LOWP_ERR_INVALID_ARG,
            "cfg.path");
+}
 
-    /* grouped */
+/* Grouped quantization: offsets, groups, scalings. */
+static void test_bad_grouped(void) {
+    setup u;
     const int32_t offs_ok[] = {1, 3};
     const int32_t offs_dec[] = {3, 1};
     const int32_t offs_big[] = {1, R + 1};
@@ -394,8 +393,11 @@ static void test_bad_arguments(void) {
     u.col.rows = C + 1;
     REFUSE("grouped shape mismatch", lowp_quantize_grouped(&u.x, &u.col, &u.cfg),
            LOWP_ERR_INVALID_ARG, "col_out shape");
+}
 
-    /* dequantize */
+/* Dequantize: output format and shape, scales, formats; nothing written. */
+static void test_bad_dequantize(void) {
+    setup u;
     float out[R * C + 8];
     for (int i = 0; i < R * C + 8; i++) out[i] = -7.0f;
     u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32);
@@ -415,8 +417,10 @@ static void test_bad_arguments(void) {
     int out_ok = 1;
     for (int i = 0; i < R * C + 8; i++) out_ok &= out[i] == -7.0f;
     CHECKF(out_ok, "a refused lowp_dequantize wrote its output");
+}
 
-    /* amax and the scalar scale functions */
+/* Amax and the scalar scale functions. */
+static void test_bad_scalar(void) {
     float am[R + 1];
     for (int i = 0; i < R + 1; i++) am[i] = -5.0f;
     lowp_tensor x = {LOWP_FORMAT_F32, R, C, g_x, LOWP_DEVICE_HOST};
@@ -431,8 +435,10 @@ static void test_bad_arguments(void) {
            lowp_e8m0_scale(1.0f, LOWP_FORMAT_E4M3, (lowp_scale_mode) 9, &code),
            LOWP_ERR_INVALID_ARG, "mode");
     CHECK(code == 77);
+}
 
-    /* delayed scaling */
+/* Delayed scaling configurations. */
+static void test_bad_delayed(void) {
     float hist[4] = {9, 9, 9, 9};
     lowp_delayed_cfg dc;
     lowp_delayed_state ds;
@@ -454,8 +460,10 @@ static void test_bad_arguments(void) {
     REFUSE("delayed NULL history", lowp_delayed_init(&ds, &dc, NULL), LOWP_ERR_INVALID_ARG,
            "history");
     CHECK(hist[0] == 9 && hist[3] == 9);
+}
 
-    /* layouts */
+/* Scale layout conversions. */
+static void test_bad_layouts(void) {
     uint8_t canon[6] = {1, 2, 3, 4, 5, 6}, swz[512];
     memset(swz, SENT, sizeof swz);
     REFUSE("to_cublas short buffer", lowp_scales_to_cublas(canon, 2, 3, swz, 511),
@@ -465,7 +473,25 @@ static void test_bad_arguments(void) {
     int swz_ok = 1;
     for (int i = 0; i < 512; i++) swz_ok &= swz[i] == SENT;
     CHECKF(swz_ok, "a refused layout conversion wrote its output");
-#undef REFUSE
+}
+
+static void test_bad_arguments(void) {
+    for (int i = 0; i < R * C; i++) g_x[i] = rnd_gauss();
+    reset_outputs();
+    setup u;
+
+    /* Sanity: the good setup works (and does write). */
+    u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32);
+    CHECK(lowp_quantize(&u.x, &u.row, &u.col, &u.cfg) == LOWP_OK);
+    CHECK(!untouched());
+    reset_outputs();
+    test_bad_tensors();
+    test_bad_cfg();
+    test_bad_grouped();
+    test_bad_dequantize();
+    test_bad_scalar();
+    test_bad_delayed();
+    test_bad_layouts();
 }
 
 /* ---- RCEIL rounding of d ---- */
