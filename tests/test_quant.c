@@ -58,27 +58,33 @@ static void expected_scale_shape(lowp_scaling s, int64_t rows, int64_t cols, int
 /* The six quantization kinds (lowp_scaling also has NONE, the unscaled GEMM operand). */
 enum { NKINDS = 6 };
 
-static void test_sizes(void) {
+static const lowp_format k_fmts[] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E5M2, LOWP_FORMAT_E2M1};
+/* Group offsets of sizes 0 1 31 33 100 0 64 5. */
+static const int32_t k_offs[] = {0, 1, 32, 65, 165, 165, 229, 234};
+enum { K_GROUPS = 8 };
+
+/* Data bytes, scale shapes and scale bytes of every scaling and format on awkward shapes. */
+static void check_plain_sizes(void) {
     static const int64_t shapes[][2] = {{1, 1},   {3, 31},   {33, 65},  {129, 257}, {128, 128},
                                         {32, 32}, {1, 1030}, {1000, 1}, {0, 7},     {7, 0}};
-    static const lowp_format fmts[] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E5M2, LOWP_FORMAT_E2M1};
     for (int s = 0; s < NKINDS; s++) {
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
             for (int f = 0; f < 3; f++) {
-                if (fmts[f] == LOWP_FORMAT_E2M1 && s != LOWP_SCALING_MX32) continue;
+                if (k_fmts[f] == LOWP_FORMAT_E2M1 && s != LOWP_SCALING_MX32) continue;
                 int64_t R = shapes[i][0], C = shapes[i][1];
-                lowp_qtensor q = {fmts[f], (lowp_scaling) s, R,    C, NULL,
-                                  NULL,    LOWP_DEVICE_HOST, NULL, 0};
+                lowp_qtensor q = {k_fmts[f], (lowp_scaling) s, R,    C, NULL,
+                                  NULL,      LOWP_DEVICE_HOST, NULL, 0};
                 size_t db = 0, sb = 0;
                 int64_t sr = -1, sc = -1, wr, wc;
                 int e8 = -1;
                 CHECK(lowp_qtensor_nbytes(&q, &db, &sb) == LOWP_OK);
                 CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, &e8) == LOWP_OK);
                 expected_scale_shape((lowp_scaling) s, R, C, &wr, &wc);
-                size_t wdb = (size_t) R * (size_t) (fmts[f] == LOWP_FORMAT_E2M1 ? (C + 1) / 2 : C);
+                size_t wdb =
+                    (size_t) R * (size_t) (k_fmts[f] == LOWP_FORMAT_E2M1 ? (C + 1) / 2 : C);
                 CHECKF(db == wdb, "%s %lldx%lld fmt %d: data bytes %zu != %zu",
                        lowp_scaling_name((lowp_scaling) s), (long long) R, (long long) C,
-                       (int) fmts[f], db, wdb);
+                       (int) k_fmts[f], db, wdb);
                 CHECKF(sr == wr && sc == wc, "%s %lldx%lld: scale shape %lldx%lld != %lldx%lld",
                        lowp_scaling_name((lowp_scaling) s), (long long) R, (long long) C,
                        (long long) sr, (long long) sc, (long long) wr, (long long) wc);
@@ -90,7 +96,10 @@ static void test_sizes(void) {
             }
         }
     }
-    /* Block sizes. */
+}
+
+/* Each scaling's block, names both ways, scale modes by name. */
+static void check_block_sizes(void) {
     static const int64_t blocks[NKINDS][2] = {{0, 0},   {1, 0},     {1, 32},
                                               {1, 128}, {128, 128}, {32, 32}};
     for (int s = 0; s < NKINDS; s++) {
@@ -115,10 +124,12 @@ static void test_sizes(void) {
     }
     lowp_scale_mode mode;
     CHECK(lowp_scale_mode_from_name("round", &mode) == LOWP_ERR_INVALID_ARG);
+}
 
-    /* Grouped: blocks restart at every group boundary. */
-    const int32_t offs[] = {0, 1, 32, 65, 165, 165, 229, 234}; /* sizes 0 1 31 33 100 0 64 5 */
-    const int G = 8;
+/* Grouped: blocks restart at every group boundary. */
+static void check_grouped_sizes(void) {
+    const int32_t *offs = k_offs;
+    const int G = K_GROUPS;
     for (int k = 0; k < 2; k++) {
         lowp_scaling s = k ? LOWP_SCALING_BLOCK128 : LOWP_SCALING_MX32;
         int64_t bs = k ? 128 : 32, want = 0, prev = 0;
@@ -127,8 +138,8 @@ static void test_sizes(void) {
             prev = offs[g];
         }
         for (int f = 0; f < 3; f++) {
-            if (fmts[f] == LOWP_FORMAT_E2M1 && k) continue;
-            lowp_qtensor q = {fmts[f], s, 7, 241, NULL, NULL, LOWP_DEVICE_HOST, offs, G};
+            if (k_fmts[f] == LOWP_FORMAT_E2M1 && k) continue;
+            lowp_qtensor q = {k_fmts[f], s, 7, 241, NULL, NULL, LOWP_DEVICE_HOST, offs, G};
             size_t db, sb;
             int64_t sr, sc;
             int e8;
@@ -136,39 +147,49 @@ static void test_sizes(void) {
             CHECKF(sr == 7 && sc == want, "grouped %s: scale shape %lldx%lld, want 7x%lld",
                    lowp_scaling_name(s), (long long) sr, (long long) sc, (long long) want);
             CHECK(lowp_qtensor_nbytes(&q, &db, &sb) == LOWP_OK);
-            CHECK(db == (size_t) 7 * (fmts[f] == LOWP_FORMAT_E2M1 ? 121u : 241u));
+            CHECK(db == (size_t) 7 * (k_fmts[f] == LOWP_FORMAT_E2M1 ? 121u : 241u));
             CHECK(sb == (size_t) (7 * want) * (k ? 4u : 1u));
         }
     }
-    /* Grouped shapes that are refused. */
-    {
-        const int32_t bad_dec[] = {10, 5, 20};
-        const int32_t bad_big[] = {10, 300};
-        lowp_qtensor q = {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 4, 241, NULL, NULL,
-                          LOWP_DEVICE_HOST, bad_dec,           3};
-        int64_t sr, sc;
-        CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_INVALID_ARG);
-        CHECK(strstr(lowp_last_error(), "group_offs[1]") != NULL);
-        q.group_offs = bad_big;
-        q.groups = 2;
-        CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_INVALID_ARG);
-        CHECK(strstr(lowp_last_error(), "group_offs[1]") != NULL);
-        q.group_offs = offs;
-        q.groups = 0;
-        CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_INVALID_ARG);
-        CHECK(strstr(lowp_last_error(), "groups") != NULL);
-        q.groups = G;
-        q.scaling = LOWP_SCALING_TENSOR;
-        CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_UNSUPPORTED);
-        q.scaling = LOWP_SCALING_BLOCK32X32;
-        CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_UNSUPPORTED);
-        q.scaling = (lowp_scaling) 17;
-        q.group_offs = NULL;
-        CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_INVALID_ARG);
-        q.scaling = LOWP_SCALING_MX32;
-        q.rows = -1;
-        CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_INVALID_ARG);
-    }
+}
+
+/* Grouped shapes that are refused. */
+static void check_grouped_refused(void) {
+    const int32_t *offs = k_offs;
+    const int G = K_GROUPS;
+    const int32_t bad_dec[] = {10, 5, 20};
+    const int32_t bad_big[] = {10, 300};
+    lowp_qtensor q = {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 4, 241, NULL, NULL,
+                      LOWP_DEVICE_HOST, bad_dec,           3};
+    int64_t sr, sc;
+    CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_INVALID_ARG);
+    CHECK(strstr(lowp_last_error(), "group_offs[1]") != NULL);
+    q.group_offs = bad_big;
+    q.groups = 2;
+    CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_INVALID_ARG);
+    CHECK(strstr(lowp_last_error(), "group_offs[1]") != NULL);
+    q.group_offs = offs;
+    q.groups = 0;
+    CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_INVALID_ARG);
+    CHECK(strstr(lowp_last_error(), "groups") != NULL);
+    q.groups = G;
+    q.scaling = LOWP_SCALING_TENSOR;
+    CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_UNSUPPORTED);
+    q.scaling = LOWP_SCALING_BLOCK32X32;
+    CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_UNSUPPORTED);
+    q.scaling = (lowp_scaling) 17;
+    q.group_offs = NULL;
+    CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_INVALID_ARG);
+    q.scaling = LOWP_SCALING_MX32;
+    q.rows = -1;
+    CHECK(lowp_qtensor_scale_shape(&q, &sr, &sc, NULL) == LOWP_ERR_INVALID_ARG);
+}
+
+static void test_sizes(void) {
+    check_plain_sizes();
+    check_block_sizes();
+    check_grouped_sizes();
+    check_grouped_refused();
 }
 
 /* ---- bad arguments: status, message, nothing written ---- */
