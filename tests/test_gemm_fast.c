@@ -418,6 +418,51 @@ static void test_grouped(void) {
 
 /* Split-K grouped GEMM (MoE weight gradient): k0 != 0, block offsets, short last blocks,
  * empty groups, odd group starts (E2M1 nibbles). */
+/* One wgrad operand pair (a = dY^T [N, Mtot], b = X^T [K, Mtot]) on the fast paths against
+ * the reference, into F32 and (accumulating) BF16. */
+static void check_wgrad_pair(const lowp_qtensor *qa, const lowp_qtensor *qb, const int32_t *offs,
+                             int G, int64_t N, int64_t K) {
+    for (int acc = 0; acc < 2; acc++) {
+        const lowp_format cf = acc ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+        const size_t es = acc ? 2 : 4, cn = (size_t) (G * N * K);
+        lowp_tensor ref = {cf, G * N, K, malloc(es * cn), LOWP_DEVICE_HOST};
+        lowp_tensor fast = ref;
+        fast.data = malloc(es * cn);
+        fill_c(&ref);
+        memcpy(fast.data, ref.data, es * cn);
+        lowp_gemm_cfg cfg;
+        lowp_gemm_cfg_init(&cfg);
+        cfg.accumulate = acc;
+        cfg.path = LOWP_KERNEL_PATH_REFERENCE;
+        CHECKF(lowp_cpu_grouped_gemm_wgrad(qa, qb, offs, G, &ref, &cfg) == LOWP_OK, "%s",
+               lowp_last_error());
+        for (int path = 0; path < 2; path++) {
+            if (path == 0 && !g_have_avx512) continue;
+            if (path == 1 && !g_have_amx) continue;
+            lowp_tensor f2 = fast;
+            f2.data = malloc(es * cn);
+            memcpy(f2.data, fast.data, es * cn);
+            cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
+            cfg.threads = 1 + acc;
+            CHECKF(lowp_cpu_grouped_gemm_wgrad(qa, qb, offs, G, &f2, &cfg) == LOWP_OK, "%s",
+                   lowp_last_error());
+            char what[160];
+            snprintf(what, sizeof what, "wgrad %s %s %s acc=%d",
+                     qa->format == LOWP_FORMAT_BF16   ? "bf16"
+                     : qa->format == LOWP_FORMAT_F32  ? "f32"
+                     : qa->format == LOWP_FORMAT_E4M3 ? "e4m3"
+                     : qa->format == LOWP_FORMAT_E5M2 ? "e5m2"
+                                                      : "e2m1",
+                     lowp_scaling_name(qa->scaling), path ? "amx" : "avx512", acc);
+            compare(what, &f2, &ref);
+            free(f2.data);
+            g_cases++;
+        }
+        free(ref.data);
+        free(fast.data);
+    }
+}
+
 static void test_wgrad(void) {
     const int32_t sizes[] = {40, 0, 1, 33, 100, 31};
     const int G = (int) (sizeof sizes / sizeof sizes[0]);
@@ -474,45 +519,7 @@ static void test_wgrad(void) {
             CHECKF(lowp_quantize_grouped(&tdy, &qa, NULL) == LOWP_OK, "%s", lowp_last_error());
             CHECKF(lowp_quantize_grouped(&tx, &qb, NULL) == LOWP_OK, "%s", lowp_last_error());
         }
-        for (int acc = 0; acc < 2; acc++) {
-            const lowp_format cf = acc ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
-            const size_t es = acc ? 2 : 4, cn = (size_t) (G * N * K);
-            lowp_tensor ref = {cf, G * N, K, malloc(es * cn), LOWP_DEVICE_HOST};
-            lowp_tensor fast = ref;
-            fast.data = malloc(es * cn);
-            fill_c(&ref);
-            memcpy(fast.data, ref.data, es * cn);
-            lowp_gemm_cfg cfg;
-            lowp_gemm_cfg_init(&cfg);
-            cfg.accumulate = acc;
-            cfg.path = LOWP_KERNEL_PATH_REFERENCE;
-            CHECKF(lowp_cpu_grouped_gemm_wgrad(&qa, &qb, offs, G, &ref, &cfg) == LOWP_OK, "%s",
-                   lowp_last_error());
-            for (int path = 0; path < 2; path++) {
-                if (path == 0 && !g_have_avx512) continue;
-                if (path == 1 && !g_have_amx) continue;
-                lowp_tensor f2 = fast;
-                f2.data = malloc(es * cn);
-                memcpy(f2.data, fast.data, es * cn);
-                cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
-                cfg.threads = 1 + acc;
-                CHECKF(lowp_cpu_grouped_gemm_wgrad(&qa, &qb, offs, G, &f2, &cfg) == LOWP_OK, "%s",
-                       lowp_last_error());
-                char what[160];
-                snprintf(what, sizeof what, "wgrad %s %s %s acc=%d",
-                         kinds[ki].f == LOWP_FORMAT_BF16   ? "bf16"
-                         : kinds[ki].f == LOWP_FORMAT_F32  ? "f32"
-                         : kinds[ki].f == LOWP_FORMAT_E4M3 ? "e4m3"
-                         : kinds[ki].f == LOWP_FORMAT_E5M2 ? "e5m2"
-                                                           : "e2m1",
-                         lowp_scaling_name(kinds[ki].s), path ? "amx" : "avx512", acc);
-                compare(what, &f2, &ref);
-                free(f2.data);
-                g_cases++;
-            }
-            free(ref.data);
-            free(fast.data);
-        }
+        check_wgrad_pair(&qa, &qb, offs, G, N, K);
         free(qa.data);
         free(qa.scales);
         free(qb.data);

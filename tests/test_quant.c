@@ -591,6 +591,29 @@ static void test_rceil_rule(void) {
 
 /* ---- TENSOR with a given (delayed) scale and amax_out ---- */
 
+/* amax_out with a computed scale, and on every input format. */
+static void check_amax_out(void) {
+    float y[64], amax = -1, s_inv;
+    uint16_t yb[64];
+    uint8_t d[64];
+    for (int i = 0; i < 64; i++) y[i] = (float) (i - 40) * 0.25f;
+    for (int i = 0; i < 64; i++) yb[i] = (uint16_t) (f2u(y[i]) >> 16);
+    lowp_quant_cfg cfg;
+    lowp_quant_cfg_init(&cfg);
+    cfg.amax_out = &amax;
+    lowp_tensor t = {LOWP_FORMAT_F32, 2, 32, y, LOWP_DEVICE_HOST};
+    lowp_qtensor q = {LOWP_FORMAT_E5M2, LOWP_SCALING_TENSOR, 2,    32, d,
+                      &s_inv,           LOWP_DEVICE_HOST,    NULL, 0};
+    CHECK(lowp_quantize(&t, &q, NULL, &cfg) == LOWP_OK);
+    CHECK(amax == 10.0f);
+    CHECK(f2u(s_inv) == f2u(1.0f / (57344.0f / 10.0f)));
+    amax = -1;
+    t.format = LOWP_FORMAT_BF16;
+    t.data = yb;
+    CHECK(lowp_quantize(&t, &q, NULL, &cfg) == LOWP_OK);
+    CHECK(amax == 10.0f);
+}
+
 static void test_delayed_tensor(void) {
     enum { M = 37, N = 53, STEPS = 12 };
     static float x[M * N];
@@ -673,28 +696,7 @@ static void test_delayed_tensor(void) {
         }
         CHECK(f2u(st.scale_inv) == f2u(1.0f / st.scale));
     }
-    /* amax_out with a computed scale, and on every input format. */
-    {
-        float y[64], amax = -1, s_inv;
-        uint16_t yb[64];
-        uint8_t d[64];
-        for (int i = 0; i < 64; i++) y[i] = (float) (i - 40) * 0.25f;
-        for (int i = 0; i < 64; i++) yb[i] = (uint16_t) (f2u(y[i]) >> 16);
-        lowp_quant_cfg cfg;
-        lowp_quant_cfg_init(&cfg);
-        cfg.amax_out = &amax;
-        lowp_tensor t = {LOWP_FORMAT_F32, 2, 32, y, LOWP_DEVICE_HOST};
-        lowp_qtensor q = {LOWP_FORMAT_E5M2, LOWP_SCALING_TENSOR, 2,    32, d,
-                          &s_inv,           LOWP_DEVICE_HOST,    NULL, 0};
-        CHECK(lowp_quantize(&t, &q, NULL, &cfg) == LOWP_OK);
-        CHECK(amax == 10.0f);
-        CHECK(f2u(s_inv) == f2u(1.0f / (57344.0f / 10.0f)));
-        amax = -1;
-        t.format = LOWP_FORMAT_BF16;
-        t.data = yb;
-        CHECK(lowp_quantize(&t, &q, NULL, &cfg) == LOWP_OK);
-        CHECK(amax == 10.0f);
-    }
+    check_amax_out();
 }
 
 /* ---- grouped: tokens past offs[G-1] ---- */
