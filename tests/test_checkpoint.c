@@ -563,6 +563,60 @@ static float blob_at(const unsigned char *b, int32_t L, int r, int i) {
     return u2f(rd32(b + 44 + (size_t) r * 4 * ((size_t) L + 1) + 4 * (size_t) i));
 }
 
+/* Whether the blob holds ref's histories and scales, bit for bit. */
+static int blob_holds(const unsigned char *blob, int32_t L, const lowp_fp8_state *ref) {
+    int ok = 1;
+    for (int r = 0; r < 3; r++) {
+        for (int i = 0; i < L; i++)
+            ok &= f2u(blob_at(blob, L, r, i)) == f2u(ref->roles[r].history[i]);
+        ok &= f2u(blob_at(blob, L, r, L)) == f2u(ref->roles[r].scale);
+    }
+    return ok;
+}
+
+/* Loading the fixture into a state on testdev:1 (device d1, history L): the device memory
+ * holds it, a corrupt blob never reaches the device, and the parameter functions save it. */
+static void check_device_load(testdev_hooks *td, lowp_fp8_state *st, lowp_device d1, int32_t L,
+                              const unsigned char *fix, size_t flen) {
+    unsigned char blob[256];
+    size_t len = 0;
+    /* Load places the state on testdev:1 and returns with nothing queued there. */
+    const int s0 = td->sync_count(0);
+    int s1 = td->sync_count(1);
+    CHECK_OK(lowp_fp8_state_extra_state_load(st, fix, flen));
+    CHECK(td->queued(1) == 0);
+    CHECK(td->sync_count(1) > s1);
+    CHECK(td->sync_count(0) == s0);
+    int dev_ok = 1;
+    for (int r = 0; r < 3; r++) {
+        for (int i = 0; i < L; i++) dev_ok &= st->dev_buf[r * (L + 1) + i] == k_fix_hist[r][i];
+        dev_ok &= st->dev_buf[r * (L + 1) + L] == k_fix_scale[r];
+    }
+    CHECK(dev_ok); /* the device memory itself holds the loaded state */
+
+    /* A corrupt blob never reaches the device: nothing queued, nothing synchronized, no
+     * change. */
+    unsigned char bad[256];
+    memcpy(bad, fix, flen);
+    bad[50] ^= 1;
+    snap s;
+    snap_take(&s, st);
+    s1 = td->sync_count(1);
+    CHECK_FAIL(lowp_fp8_state_extra_state_load(st, bad, flen), LOWP_ERR_CORRUPT, "CRC");
+    CHECK(td->queued(1) == 0 && td->sync_count(1) == s1);
+    CHECK(snap_same(&s, st));
+    snap_free(&s);
+    td->set_delay_us(2000);
+
+    /* A parameter whose state lives on testdev:1, through the parameter functions. */
+    struct lowp_wrap w;
+    memset(&w, 0, sizeof w);
+    w.fp8 = st;
+    lowp_param p = {.name = "dev.w", .rows = 2, .cols = 2, .device = d1, .wrap = &w};
+    CHECK_OK(lowp_param_extra_state_save(&p, blob, sizeof blob, &len));
+    CHECK(len == flen && memcmp(blob, fix, flen) == 0);
+}
+
 static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen) {
     const lowp_device d0 = {td->type, 0}, d1 = {td->type, 1};
     const int32_t L = 4;
@@ -605,13 +659,7 @@ static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen
     pthread_join(th, NULL);
     CHECK(td->sync_count(1) >= s1 + 2);
     CHECK(td->sync_count(0) == s0);
-    int vals_ok = len == blob_len(L);
-    for (int r = 0; r < 3 && vals_ok; r++) {
-        for (int i = 0; i < L; i++)
-            vals_ok &= f2u(blob_at(blob, L, r, i)) == f2u(ref.roles[r].history[i]);
-        vals_ok &= f2u(blob_at(blob, L, r, L)) == f2u(ref.roles[r].scale);
-    }
-    CHECK(vals_ok);
+    CHECK(len == blob_len(L) && blob_holds(blob, L, &ref));
     CHECK(blob_at(blob, L, 0, L) == 112.0f);
 
     /* With a slow queue instead of a hold, and the host mirror clobbered after the push: the
@@ -629,51 +677,12 @@ static void test_device(testdev_hooks *td, const unsigned char *fix, size_t flen
     s0 = td->sync_count(0);
     CHECK_OK(lowp_fp8_state_extra_state_save(&st, blob, sizeof blob, &len));
     CHECK(td->sync_count(0) == s0);
-    vals_ok = 1;
-    for (int r = 0; r < 3; r++) {
-        for (int i = 0; i < L; i++)
-            vals_ok &= f2u(blob_at(blob, L, r, i)) == f2u(ref.roles[r].history[i]);
-        vals_ok &= f2u(blob_at(blob, L, r, L)) == f2u(ref.roles[r].scale);
-        vals_ok &= f2u(st.roles[r].scale) == f2u(ref.roles[r].scale); /* mirror restored */
-    }
-    CHECK(vals_ok);
+    int mirror_ok = 1;
+    for (int r = 0; r < 3; r++)
+        mirror_ok &= f2u(st.roles[r].scale) == f2u(ref.roles[r].scale); /* mirror restored */
+    CHECK(blob_holds(blob, L, &ref) && mirror_ok);
 
-    /* Load places the state on testdev:1 and returns with nothing queued there. */
-    s0 = td->sync_count(0);
-    s1 = td->sync_count(1);
-    CHECK_OK(lowp_fp8_state_extra_state_load(&st, fix, flen));
-    CHECK(td->queued(1) == 0);
-    CHECK(td->sync_count(1) > s1);
-    CHECK(td->sync_count(0) == s0);
-    int dev_ok = 1;
-    for (int r = 0; r < 3; r++) {
-        for (int i = 0; i < L; i++) dev_ok &= st.dev_buf[r * (L + 1) + i] == k_fix_hist[r][i];
-        dev_ok &= st.dev_buf[r * (L + 1) + L] == k_fix_scale[r];
-    }
-    CHECK(dev_ok); /* the device memory itself holds the loaded state */
-
-    /* A corrupt blob never reaches the device: nothing queued, nothing synchronized, no
-     * change. */
-    unsigned char bad[256];
-    memcpy(bad, fix, flen);
-    bad[50] ^= 1;
-    snap s;
-    snap_take(&s, &st);
-    s1 = td->sync_count(1);
-    CHECK_FAIL(lowp_fp8_state_extra_state_load(&st, bad, flen), LOWP_ERR_CORRUPT, "CRC");
-    CHECK(td->queued(1) == 0 && td->sync_count(1) == s1);
-    CHECK(snap_same(&s, &st));
-    snap_free(&s);
-    td->set_delay_us(2000);
-
-    /* A parameter whose state lives on testdev:1, through the parameter functions. */
-    struct lowp_wrap w;
-    memset(&w, 0, sizeof w);
-    w.fp8 = &st;
-    lowp_param p = {.name = "dev.w", .rows = 2, .cols = 2, .device = d1, .wrap = &w};
-    CHECK_OK(lowp_param_extra_state_save(&p, blob, sizeof blob, &len));
-    CHECK(len == flen && memcmp(blob, fix, flen) == 0);
-
+    check_device_load(td, &st, d1, L, fix, flen);
     lowp_fp8_state_free(&st);
     lowp_fp8_state_free(&ref);
 }
