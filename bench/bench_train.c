@@ -94,13 +94,24 @@ static const lowp_phase k_shown[] = {LOWP_PHASE_GEMM,      LOWP_PHASE_QUANT,
                                      LOWP_PHASE_OPTIMIZER, LOWP_PHASE_DATA};
 #define N_SHOWN ((int) (sizeof k_shown / sizeof k_shown[0]))
 
-static int bench_one(const char *config, const char *recipe_name, const lowp_data *data, int steps,
-                     int batch, int threads, int json, int profile, double gemm_rate) {
+/* What one configuration and recipe measured. */
+typedef struct train_result {
+    double med, tps, gflops,
+        mfu;               /* median update (s), tokens/s, GFLOP/s, its share of the GEMM rate */
+    int64_t active, total; /* parameters */
+    double share[LOWP_PHASE_COUNT]; /* of the mean timed update, by phase (with --profile) */
+    float loss;                     /* of the last update */
+} train_result;
+
+/* The model (seed 1234) and a trainer on a flat schedule without evaluation; 2 (with a line on
+ * stderr) when the configuration or recipe is unknown. */
+static int bench_setup(const char *config, const char *recipe_name, const lowp_data *data,
+                       int batch, int threads, lowp_moe_config *mc, lowp_moe **m, lowp_trainer **t,
+                       lowp_status *st) {
     lowp_data_info di;
     lowp_data_get_info(data, &di);
-    lowp_moe_config mc;
     lowp_recipe recipe;
-    if (lowp_moe_config_preset(config, di.vocab, &mc) != LOWP_OK) {
+    if (lowp_moe_config_preset(config, di.vocab, mc) != LOWP_OK) {
         fprintf(stderr, "lowp bench train: --configs: %s\n", lowp_last_error());
         return 2;
     }
@@ -115,85 +126,123 @@ static int bench_one(const char *config, const char *recipe_name, const lowp_dat
     tc.warmup = 0;
     tc.batch = batch;
     tc.threads = threads;
-    lowp_moe *m = NULL;
-    lowp_trainer *t = NULL;
-    lowp_status st = lowp_moe_create(&mc, 1234, &m);
-    if (st == LOWP_OK) st = lowp_trainer_create(m, data, &recipe, &tc, &t);
-    double *secs = calloc((size_t) steps + 1, sizeof *secs);
-    lowp_step_report r;
-    double phase[LOWP_PHASE_COUNT] = {0}, step_sum = 0;
-    for (int i = 0; st == LOWP_OK && secs && i <= steps; i++) {
+    *st = lowp_moe_create(mc, 1234, m);
+    if (*st == LOWP_OK) *st = lowp_trainer_create(*m, data, &recipe, &tc, t);
+    return 0;
+}
+
+/* One untimed update, then `steps` timed ones into secs[0 .. steps-1] (the profile, when on,
+ * covers the timed ones: phase[] and their sum *step_sum). */
+static lowp_status bench_steps(lowp_trainer *t, int steps, int profile, double *secs, double *phase,
+                               double *step_sum, lowp_step_report *r) {
+    lowp_status st = LOWP_OK;
+    for (int i = 0; st == LOWP_OK && i <= steps; i++) {
         if (i == 1 && profile) {
             lowp_profile_enable(1);
             lowp_profile_reset();
         }
-        st = lowp_trainer_step(t, &r);
+        st = lowp_trainer_step(t, r);
         if (i > 0) {
-            secs[i - 1] = r.step_s;
-            step_sum += r.step_s;
+            secs[i - 1] = r->step_s;
+            *step_sum += r->step_s;
         }
     }
     if (profile) {
         lowp_profile_read(phase);
         lowp_profile_enable(0);
     }
+    return st;
+}
+
+/* Rates, MFU and phase shares from the timings. */
+static void bench_summarize(const lowp_moe *m, const lowp_moe_config *mc, int batch, int steps,
+                            double *secs, const double *phase, double step_sum, double gemm_rate,
+                            train_result *res) {
+    double flops = 0;
+    lowp_moe_flops_per_token(m, mc->seq_len, &flops);
+    lowp_moe_active_params(m, &res->active, &res->total);
+    res->med = lowp_bench_median(secs, (size_t) steps);
+    const double tokens = (double) batch * mc->seq_len;
+    res->tps = res->med > 0 ? tokens / res->med : 0;
+    res->gflops = flops * res->tps / 1e9;
+    res->mfu = gemm_rate > 0 ? res->gflops / gemm_rate : 0;
+    /* Phase shares of the mean timed update (the profile sums all of them). */
+    double marked = 0;
+    memset(res->share, 0, sizeof res->share);
+    for (int p = 1; p < LOWP_PHASE_COUNT; p++) {
+        res->share[p] = step_sum > 0 ? phase[p] / step_sum : 0;
+        marked += res->share[p];
+    }
+    res->share[LOWP_PHASE_OTHER] = marked < 1 ? 1 - marked : 0;
+}
+
+static void bench_print_json(const char *config, const char *recipe_name, int threads, int batch,
+                             int seq_len, int steps, int profile, double gemm_rate,
+                             const train_result *res) {
+    lowp_bench_json j;
+    lowp_bench_json_begin(&j);
+    lowp_bench_json_str(&j, "bench", "train");
+    lowp_bench_json_str(&j, "config", config);
+    lowp_bench_json_str(&j, "recipe", recipe_name);
+    lowp_bench_json_int(&j, "threads", threads);
+    lowp_bench_json_int(&j, "batch", batch);
+    lowp_bench_json_int(&j, "seq_len", seq_len);
+    lowp_bench_json_int(&j, "active_params", (long long) res->active);
+    lowp_bench_json_int(&j, "total_params", (long long) res->total);
+    lowp_bench_json_int(&j, "steps", steps);
+    lowp_bench_json_num(&j, "step_s", res->med);
+    lowp_bench_json_num(&j, "tokens_per_s", res->tps);
+    lowp_bench_json_num(&j, "gflops", res->gflops);
+    lowp_bench_json_num(&j, "bf16_gemm_gflops", gemm_rate);
+    lowp_bench_json_num(&j, "mfu", res->mfu);
+    if (profile) {
+        char key[48];
+        for (int p = 0; p < LOWP_PHASE_COUNT; p++) {
+            snprintf(key, sizeof key, "share_%s", lowp_phase_name((lowp_phase) p));
+            lowp_bench_json_num(&j, key, res->share[p]);
+        }
+    }
+    lowp_bench_json_num(&j, "loss", res->loss);
+    lowp_bench_json_end(&j, stdout);
+}
+
+static void bench_print_row(const char *config, const char *recipe_name, int profile,
+                            const train_result *res) {
+    printf("%-8s %-13s %7.1fM %9.2f %9.0f %8.1f %5.1f%%", config, recipe_name,
+           (double) res->active / 1e6, res->med * 1e3, res->tps, res->gflops, 100 * res->mfu);
+    if (profile) {
+        for (int p = 0; p < N_SHOWN; p++) printf(" %5.1f", 100 * res->share[k_shown[p]]);
+        printf(" %5.1f", 100 * res->share[LOWP_PHASE_OTHER]);
+    }
+    printf("\n");
+}
+
+static int bench_one(const char *config, const char *recipe_name, const lowp_data *data, int steps,
+                     int batch, int threads, int json, int profile, double gemm_rate) {
+    lowp_moe_config mc;
+    lowp_moe *m = NULL;
+    lowp_trainer *t = NULL;
+    lowp_status st = LOWP_OK;
+    const int bad = bench_setup(config, recipe_name, data, batch, threads, &mc, &m, &t, &st);
+    if (bad) return bad;
+    double *secs = calloc((size_t) steps + 1, sizeof *secs);
+    lowp_step_report r;
+    double phase[LOWP_PHASE_COUNT] = {0}, step_sum = 0;
+    if (st == LOWP_OK && secs) st = bench_steps(t, steps, profile, secs, phase, &step_sum, &r);
     int rc = 0;
     if (st != LOWP_OK || !secs) {
         fprintf(stderr, "lowp bench train: %s / %s: %s\n", config, recipe_name,
                 secs ? lowp_last_error() : "out of memory");
         rc = 1;
     } else {
-        double flops = 0;
-        int64_t active = 0, total = 0;
-        lowp_moe_flops_per_token(m, mc.seq_len, &flops);
-        lowp_moe_active_params(m, &active, &total);
-        const double med = lowp_bench_median(secs, (size_t) steps);
-        const double tokens = (double) batch * mc.seq_len;
-        const double tps = med > 0 ? tokens / med : 0;
-        const double gflops = flops * tps / 1e9;
-        const double mfu = gemm_rate > 0 ? gflops / gemm_rate : 0;
-        /* Phase shares of the mean timed update (the profile sums all of them). */
-        double share[LOWP_PHASE_COUNT] = {0}, marked = 0;
-        for (int p = 1; p < LOWP_PHASE_COUNT; p++) {
-            share[p] = step_sum > 0 ? phase[p] / step_sum : 0;
-            marked += share[p];
-        }
-        share[LOWP_PHASE_OTHER] = marked < 1 ? 1 - marked : 0;
-        if (json) {
-            lowp_bench_json j;
-            lowp_bench_json_begin(&j);
-            lowp_bench_json_str(&j, "bench", "train");
-            lowp_bench_json_str(&j, "config", config);
-            lowp_bench_json_str(&j, "recipe", recipe_name);
-            lowp_bench_json_int(&j, "threads", threads);
-            lowp_bench_json_int(&j, "batch", batch);
-            lowp_bench_json_int(&j, "seq_len", mc.seq_len);
-            lowp_bench_json_int(&j, "active_params", (long long) active);
-            lowp_bench_json_int(&j, "total_params", (long long) total);
-            lowp_bench_json_int(&j, "steps", steps);
-            lowp_bench_json_num(&j, "step_s", med);
-            lowp_bench_json_num(&j, "tokens_per_s", tps);
-            lowp_bench_json_num(&j, "gflops", gflops);
-            lowp_bench_json_num(&j, "bf16_gemm_gflops", gemm_rate);
-            lowp_bench_json_num(&j, "mfu", mfu);
-            if (profile) {
-                char key[48];
-                for (int p = 0; p < LOWP_PHASE_COUNT; p++) {
-                    snprintf(key, sizeof key, "share_%s", lowp_phase_name((lowp_phase) p));
-                    lowp_bench_json_num(&j, key, share[p]);
-                }
-            }
-            lowp_bench_json_num(&j, "loss", r.loss);
-            lowp_bench_json_end(&j, stdout);
-        } else {
-            printf("%-8s %-13s %7.1fM %9.2f %9.0f %8.1f %5.1f%%", config, recipe_name,
-                   (double) active / 1e6, med * 1e3, tps, gflops, 100 * mfu);
-            if (profile) {
-                for (int p = 0; p < N_SHOWN; p++) printf(" %5.1f", 100 * share[k_shown[p]]);
-                printf(" %5.1f", 100 * share[LOWP_PHASE_OTHER]);
-            }
-            printf("\n");
-        }
+        train_result res;
+        bench_summarize(m, &mc, batch, steps, secs, phase, step_sum, gemm_rate, &res);
+        res.loss = r.loss;
+        if (json)
+            bench_print_json(config, recipe_name, threads, batch, mc.seq_len, steps, profile,
+                             gemm_rate, &res);
+        else
+            bench_print_row(config, recipe_name, profile, &res);
         fflush(stdout);
     }
     free(secs);

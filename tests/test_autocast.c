@@ -97,6 +97,46 @@ static void test_policy(void) {
     CHECK_FAIL(lowp_autocast_dtype(NULL, LOWP_DEVICE_HOST, &f), LOWP_ERR_INVALID_ARG, "ac is NULL");
 }
 
+/* lowp_rmsnorm_forward's refusals, on the inputs of test_forward. */
+static void check_forward_errors(float *x, const float *w, float *y) {
+    const float eps = 1e-6f;
+    lowp_tensor tx = {LOWP_FORMAT_F32, M, D, x, LOWP_DEVICE_HOST};
+    lowp_tensor ty = {LOWP_FORMAT_F32, M, D, y, LOWP_DEVICE_HOST};
+    lowp_tensor bad = tx;
+    bad.format = LOWP_FORMAT_BF16;
+    CHECK_FAIL(lowp_rmsnorm_forward(&bad, w, eps, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
+               "x.format (1) is not f32");
+    bad = ty;
+    bad.cols = D - 1;
+    CHECK_FAIL(lowp_rmsnorm_forward(&tx, w, eps, &bad, NULL, NULL), LOWP_ERR_INVALID_ARG,
+               "y shape (7 x 95) != x shape (7 x 96)");
+    bad = tx;
+    bad.device = (lowp_device){LOWP_DEVICE_CUDA, 0};
+    CHECK_FAIL(lowp_rmsnorm_forward(&bad, w, eps, &ty, NULL, NULL), LOWP_ERR_UNSUPPORTED,
+               "x.device.type (1) is not the CPU");
+    bad = ty;
+    bad.device = (lowp_device){LOWP_DEVICE_CPU, 1};
+    CHECK_FAIL(lowp_rmsnorm_forward(&tx, w, eps, &bad, NULL, NULL), LOWP_ERR_INVALID_ARG,
+               "y.device.index (1)");
+    CHECK_FAIL(lowp_rmsnorm_forward(&tx, w, -1.0f, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
+               "eps (-1)");
+    CHECK_FAIL(lowp_rmsnorm_forward(&tx, w, NAN, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
+               "eps (nan)");
+    CHECK_FAIL(lowp_rmsnorm_forward(&tx, NULL, eps, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
+               "weight is NULL");
+    CHECK_FAIL(lowp_rmsnorm_forward(NULL, w, eps, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
+               "x is NULL");
+    bad = tx;
+    bad.data = NULL;
+    CHECK_FAIL(lowp_rmsnorm_forward(&bad, w, eps, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
+               "x.data is NULL");
+    lowp_tensor empty_cols = {LOWP_FORMAT_F32, 2, 0, x, LOWP_DEVICE_HOST};
+    CHECK_FAIL(lowp_rmsnorm_forward(&empty_cols, w, eps, &empty_cols, NULL, NULL),
+               LOWP_ERR_INVALID_ARG, "x.cols is 0");
+    lowp_tensor no_rows = {LOWP_FORMAT_F32, 0, D, NULL, LOWP_DEVICE_HOST};
+    CHECK_OK(lowp_rmsnorm_forward(&no_rows, NULL, eps, &no_rows, NULL, NULL));
+}
+
 static void test_forward(void) {
     static float x[M * D], w[D], y[M * D], ref[M * D], y_off[M * D];
     float rstd[M], rref[M];
@@ -176,40 +216,7 @@ static void test_forward(void) {
     CHECK_OK(lowp_rmsnorm_forward(&tz, w, 1e-5f, &tzy, NULL, NULL));
     CHECK(zy[0] == 0.0f && zy[D - 1] == 0.0f);
 
-    /* Errors. */
-    lowp_tensor bad = tx;
-    bad.format = LOWP_FORMAT_BF16;
-    CHECK_FAIL(lowp_rmsnorm_forward(&bad, w, eps, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
-               "x.format (1) is not f32");
-    bad = ty;
-    bad.cols = D - 1;
-    CHECK_FAIL(lowp_rmsnorm_forward(&tx, w, eps, &bad, NULL, NULL), LOWP_ERR_INVALID_ARG,
-               "y shape (7 x 95) != x shape (7 x 96)");
-    bad = tx;
-    bad.device = (lowp_device){LOWP_DEVICE_CUDA, 0};
-    CHECK_FAIL(lowp_rmsnorm_forward(&bad, w, eps, &ty, NULL, NULL), LOWP_ERR_UNSUPPORTED,
-               "x.device.type (1) is not the CPU");
-    bad = ty;
-    bad.device = (lowp_device){LOWP_DEVICE_CPU, 1};
-    CHECK_FAIL(lowp_rmsnorm_forward(&tx, w, eps, &bad, NULL, NULL), LOWP_ERR_INVALID_ARG,
-               "y.device.index (1)");
-    CHECK_FAIL(lowp_rmsnorm_forward(&tx, w, -1.0f, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
-               "eps (-1)");
-    CHECK_FAIL(lowp_rmsnorm_forward(&tx, w, NAN, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
-               "eps (nan)");
-    CHECK_FAIL(lowp_rmsnorm_forward(&tx, NULL, eps, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
-               "weight is NULL");
-    CHECK_FAIL(lowp_rmsnorm_forward(NULL, w, eps, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
-               "x is NULL");
-    bad = tx;
-    bad.data = NULL;
-    CHECK_FAIL(lowp_rmsnorm_forward(&bad, w, eps, &ty, NULL, NULL), LOWP_ERR_INVALID_ARG,
-               "x.data is NULL");
-    lowp_tensor empty_cols = {LOWP_FORMAT_F32, 2, 0, x, LOWP_DEVICE_HOST};
-    CHECK_FAIL(lowp_rmsnorm_forward(&empty_cols, w, eps, &empty_cols, NULL, NULL),
-               LOWP_ERR_INVALID_ARG, "x.cols is 0");
-    lowp_tensor no_rows = {LOWP_FORMAT_F32, 0, D, NULL, LOWP_DEVICE_HOST};
-    CHECK_OK(lowp_rmsnorm_forward(&no_rows, NULL, eps, &no_rows, NULL, NULL));
+    check_forward_errors(x, w, y);
 }
 
 /* Loss = sum(y * g) for a fixed g; the backward's dx and dweight against binary64 central

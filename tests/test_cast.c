@@ -22,27 +22,6 @@
 
 /* ---- helpers ---- */
 
-/* splitmix64: a small, well-mixed deterministic generator for test inputs. */
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd64(void) {
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static uint32_t rnd32(void) {
-    return (uint32_t) (rnd64() >> 32);
-}
-static uint32_t rnd_below(uint32_t n) {
-    return (uint32_t) (((rnd64() >> 32) * n) >> 32);
-}
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double) t.tv_sec + 1e-9 * (double) t.tv_nsec;
-}
-
 static int g_quick;
 static int g_have512 = -1; /* -1 unknown, 0 the CPU lacks AVX-512F/BW, 1 usable */
 
@@ -557,6 +536,7 @@ static void test_e4m3_sweep(uint32_t stride) {
 }
 
 int main(void) {
+    tu_seed(0x9E3779B97F4A7C15ull);
     g_quick = testutil_quick();
     size_t scale = g_quick ? 10 : 1;
     double t0 = now_s();

@@ -17,23 +17,6 @@
 static const lowp_format k_hybrid[LOWP_ROLE_COUNT] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3,
                                                       LOWP_FORMAT_E5M2};
 
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t) (g_rng >> 16);
-}
-
-static lowp_delayed_cfg make_cfg(int32_t len, float margin, lowp_amax_algo algo) {
-    lowp_delayed_cfg c;
-    lowp_delayed_cfg_init(&c, LOWP_FORMAT_E4M3);
-    c.history_len = len;
-    c.margin = margin;
-    c.algo = algo;
-    return c;
-}
-
 /* Bitwise equality of everything a state holds, the device image included (host memory for
  * the CPU and for testdev). */
 static int same_state(const lowp_fp8_state *a, const lowp_fp8_state *b_copy, const float *b_image) {
@@ -56,7 +39,7 @@ static int same_state(const lowp_fp8_state *a, const lowp_fp8_state *b_copy, con
 /* ---- init, record ------------------------------------------------------------------------ */
 
 static void test_init(void) {
-    lowp_delayed_cfg c = make_cfg(8, 0.0f, LOWP_AMAX_ALGO_MAX);
+    lowp_delayed_cfg c = delayed_cfg(8, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK(st.history_len == 8);
@@ -86,13 +69,13 @@ static void test_init(void) {
                "cfg is NULL");
     CHECK_FAIL(lowp_fp8_state_init(&st, &c, NULL, LOWP_DEVICE_HOST), LOWP_ERR_INVALID_ARG,
                "formats is NULL");
-    lowp_delayed_cfg z = make_cfg(0, 0.0f, LOWP_AMAX_ALGO_MAX);
+    lowp_delayed_cfg z = delayed_cfg(0, 0.0f, LOWP_AMAX_ALGO_MAX);
     CHECK_FAIL(lowp_fp8_state_init(&st, &z, k_hybrid, LOWP_DEVICE_HOST), LOWP_ERR_INVALID_ARG,
                "cfg.history_len (0) < 1");
-    z = make_cfg(4, NAN, LOWP_AMAX_ALGO_MAX);
+    z = delayed_cfg(4, NAN, LOWP_AMAX_ALGO_MAX);
     CHECK_FAIL(lowp_fp8_state_init(&st, &z, k_hybrid, LOWP_DEVICE_HOST), LOWP_ERR_INVALID_ARG,
                "cfg.margin");
-    z = make_cfg(4, 0.0f, (lowp_amax_algo) 7);
+    z = delayed_cfg(4, 0.0f, (lowp_amax_algo) 7);
     CHECK_FAIL(lowp_fp8_state_init(&st, &z, k_hybrid, LOWP_DEVICE_HOST), LOWP_ERR_INVALID_ARG,
                "cfg.algo (7)");
     CHECK_FAIL(lowp_fp8_state_init(&st, &c, k_hybrid, (lowp_device){LOWP_DEVICE_CPU, 1}),
@@ -112,7 +95,7 @@ static void test_init(void) {
 }
 
 static void test_record(void) {
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
+    lowp_delayed_cfg c = delayed_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_record(&st, LOWP_ROLE_INPUT, 2.0f));
@@ -134,7 +117,7 @@ static void test_record(void) {
  * state and through three plain lowp_delayed_state references; everything must agree bit for
  * bit after every step, the device image included. */
 static void run_update_vs_reference(int32_t len, float margin, lowp_amax_algo algo, int steps) {
-    lowp_delayed_cfg c = make_cfg(len, margin, algo);
+    lowp_delayed_cfg c = delayed_cfg(len, margin, algo);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     lowp_delayed_state ref[LOWP_ROLE_COUNT];
@@ -147,10 +130,11 @@ static void run_update_vs_reference(int32_t len, float margin, lowp_amax_algo al
     int mismatches = 0;
     for (int s = 0; s < steps; s++) {
         for (int r = 0; r < LOWP_ROLE_COUNT; r++) {
-            uint32_t k = rnd() % 16;
-            int records = k == 0 ? 0 : 1 + (int) (rnd() % 3); /* 0: unused this step */
+            uint32_t k = xorshift32() % 16;
+            int records = k == 0 ? 0 : 1 + (int) (xorshift32() % 3); /* 0: unused this step */
             for (int i = 0; i < records; i++) {
-                float a = ldexpf((float) (rnd() % 1000 + 1) / 1000.0f, (int) (rnd() % 40) - 20);
+                float a = ldexpf((float) (xorshift32() % 1000 + 1) / 1000.0f,
+                                 (int) (xorshift32() % 40) - 20);
                 if (k == 1) a = 1e-30f; /* scale overflows binary32: FLT_MAX */
                 CHECK_OK(lowp_fp8_state_record(&st, (lowp_role) r, a));
                 lowp_delayed_record(&ref[r], a);
@@ -180,7 +164,7 @@ static void test_update(void) {
     run_update_vs_reference(1024, 2.0f, LOWP_AMAX_ALGO_MAX, 60);
 
     /* A worked example: E4M3 input, amax 4 -> scale 112; E5M2 grad amax 2 -> 28672. */
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
+    lowp_delayed_cfg c = delayed_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_record(&st, LOWP_ROLE_INPUT, 4.0f));
@@ -229,7 +213,7 @@ static void snapshot(const lowp_fp8_state *st, lowp_fp8_state *copy, float *imag
 }
 
 static void test_reduce_hook(void) {
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
+    lowp_delayed_cfg c = delayed_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state a, b;
     CHECK_OK(lowp_fp8_state_init(&a, &c, k_hybrid, LOWP_DEVICE_HOST));
     CHECK_OK(lowp_fp8_state_init(&b, &c, k_hybrid, LOWP_DEVICE_HOST));
@@ -286,23 +270,10 @@ static void test_reduce_hook(void) {
 
 /* ---- an asynchronous device -------------------------------------------------------------- */
 
-typedef struct release_arg {
-    testdev_hooks *td;
-    int index;
-    int after_us;
-} release_arg;
-
-static void *release_later(void *p) {
-    release_arg *a = p;
-    usleep((useconds_t) a->after_us);
-    a->td->hold(a->index, 0);
-    return NULL;
-}
-
 static void test_device(testdev_hooks *td) {
     const lowp_device d1 = {td->type, 1};
     long allocs = td->live_allocs(1);
-    lowp_delayed_cfg c = make_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
+    lowp_delayed_cfg c = delayed_cfg(4, 0.0f, LOWP_AMAX_ALGO_MAX);
     lowp_fp8_state st;
     CHECK_OK(lowp_fp8_state_init(&st, &c, k_hybrid, d1));
     CHECK(td->live_allocs(1) == allocs + 1);
@@ -360,8 +331,8 @@ static void test_device(testdev_hooks *td) {
     float want = st.roles[2].scale;
     st.roles[2].scale = 12345.0f; /* clobber the mirror: the value must come from the device */
     pthread_t th;
-    release_arg ra = {td, 1, 30000};
-    CHECK(pthread_create(&th, NULL, release_later, &ra) == 0);
+    testdev_release_arg ra = {td, 1, 30000};
+    CHECK(pthread_create(&th, NULL, testdev_release_later, &ra) == 0);
     CHECK_OK(lowp_fp8_state_pull(&st));
     pthread_join(th, NULL);
     CHECK(st.roles[2].scale == want && want == 57344.0f / 0.5f);
@@ -376,6 +347,7 @@ static void test_device(testdev_hooks *td) {
 }
 
 int main(void) {
+    tu_seed(0x9E3779B97F4A7C15ull);
     testdev_hooks td;
     int have_td = testdev_open(&td);
     CHECK(have_td);

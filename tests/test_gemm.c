@@ -8,55 +8,14 @@
 
 #include "lowp/lowp.h"
 #include "lowp/gemm.h"
+#include "gemm_testutil.h"
 #include "testutil.h"
-
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static double urand(void) {
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (double) (g_rng >> 11) / 9007199254740992.0;
-}
-static float gauss(void) {
-    double u = urand() + 1e-300, v = urand();
-    return (float) (sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
-
-typedef struct operand {
-    lowp_qtensor q;
-    float *src; /* the unquantized input [rows, cols] */
-} operand;
 
 /* Quantize a random Gaussian [rows, cols] (per-row scale variation so rows differ). */
 static operand make(lowp_format fmt, lowp_scaling sc, int64_t rows, int64_t cols, float spread) {
-    operand o;
-    memset(&o, 0, sizeof o);
-    o.src = malloc(sizeof(float) * (size_t) (rows * cols + 1));
-    for (int64_t r = 0; r < rows; r++) {
-        float rs = powf(2.0f, spread * (float) (urand() - 0.5));
-        for (int64_t c = 0; c < cols; c++) o.src[r * cols + c] = gauss() * rs;
-    }
-    o.q.format = fmt;
-    o.q.scaling = sc;
-    o.q.rows = rows;
-    o.q.cols = cols;
-    o.q.device = LOWP_DEVICE_HOST;
-    size_t db, sb;
-    CHECK(lowp_qtensor_nbytes(&o.q, &db, &sb) == LOWP_OK);
-    o.q.data = malloc(db + 1);
-    o.q.scales = sb ? malloc(sb) : NULL;
-    lowp_tensor x = {LOWP_FORMAT_F32, rows, cols, o.src, LOWP_DEVICE_HOST};
-    if (sc == LOWP_SCALING_NONE) {
-        lowp_tensor dst = {fmt, rows, cols, o.q.data, LOWP_DEVICE_HOST};
-        CHECK(lowp_cast(&x, &dst, NULL) == LOWP_OK);
-    } else {
-        CHECKF(lowp_quantize(&x, &o.q, NULL, NULL) == LOWP_OK, "%s", lowp_last_error());
-    }
+    operand o = operand_gauss(rows, cols, spread);
+    operand_quantize(&o, fmt, sc, 1, 0);
     return o;
-}
-
-static void drop(operand *o) {
-    free(o->src);
-    free(o->q.data);
-    free(o->q.scales);
 }
 
 /* Dequantized operand as doubles. */
@@ -179,8 +138,8 @@ static void test_reference_accuracy(void) {
             free(ref);
             free(da);
             free(db);
-            drop(&a);
-            drop(&b);
+            operand_drop(&a);
+            operand_drop(&b);
             cases++;
         }
     }
@@ -211,8 +170,8 @@ static void test_sqnr(void) {
         free(ref);
         free(sa);
         free(sb);
-        drop(&a);
-        drop(&b);
+        operand_drop(&a);
+        operand_drop(&b);
     }
 }
 
@@ -267,8 +226,8 @@ static void test_grouped(void) {
         for (int64_t i = M * N; i < Mtot * N; i++) ok &= c[i] == -7.0f;
         CHECKF(ok, "%s: grouped != per-group GEMMs", PAIRS[p].name);
         free(c);
-        drop(&a);
-        for (int g = 0; g < G; g++) drop(&b[g]);
+        operand_drop(&a);
+        for (int g = 0; g < G; g++) operand_drop(&b[g]);
     }
 }
 
@@ -389,10 +348,11 @@ static void test_errors(void) {
     lowp_gemm_cfg_init(&cfg);
     cfg.path = (lowp_kernel_path) 9;
     CHECK(lowp_gemm(&a.q, &b.q, &ct, &cfg) == LOWP_ERR_INVALID_ARG);
-    drop(&a), drop(&b), drop(&bt), drop(&bk);
+    operand_drop(&a), operand_drop(&b), operand_drop(&bt), operand_drop(&bk);
 }
 
 int main(void) {
+    tu_seed(0x9E3779B97F4A7C15ull);
     test_reference_accuracy();
     test_sqnr();
     test_grouped();

@@ -15,20 +15,11 @@
 #include "cpu/gemm_blk.h"
 #include "lowp/lowp.h"
 #include "lowp/gemm.h"
+#include "gemm_testutil.h"
 #include "testutil.h"
 
 #define LOWP_AMX_EMULATE 1
 #include "cpu/gemm_amx.c"
-
-static uint64_t g_rng = 0x243F6A8885A308D3ull;
-static double urand(void) {
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (double) (g_rng >> 11) / 9007199254740992.0;
-}
-static float gauss(void) {
-    double u = urand() + 1e-300, v = urand();
-    return (float) (sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
 
 /* What to plant in an operand's float input before quantizing it. */
 enum {
@@ -39,11 +30,6 @@ enum {
     SPICE_TINY = 8,      /* every element scaled by 1e-20 (products near the denormals) */
     SPICE_SUBSCALE = 16, /* a few 32-column blocks scaled by 1e-38 (MX scale code 0, nonzero) */
 };
-
-typedef struct operand {
-    lowp_qtensor q;
-    float *src;
-} operand;
 
 static void spice(float *x, int64_t rows, int64_t cols, int how) {
     if (how & SPICE_TINY)
@@ -77,37 +63,10 @@ static void spice(float *x, int64_t rows, int64_t cols, int how) {
 }
 
 static operand make(lowp_format fmt, lowp_scaling sc, int64_t rows, int64_t cols, int how) {
-    operand o;
-    memset(&o, 0, sizeof o);
-    o.src = malloc(sizeof(float) * (size_t) (rows * cols + 1));
-    for (int64_t r = 0; r < rows; r++) {
-        float rs = powf(2.0f, 6.0f * (float) (urand() - 0.5));
-        for (int64_t c = 0; c < cols; c++) o.src[r * cols + c] = gauss() * rs;
-    }
+    operand o = operand_gauss(rows, cols, 6.0f);
     spice(o.src, rows, cols, how);
-    o.q.format = fmt;
-    o.q.scaling = sc;
-    o.q.rows = rows;
-    o.q.cols = cols;
-    o.q.device = LOWP_DEVICE_HOST;
-    size_t db, sb;
-    CHECK(lowp_qtensor_nbytes(&o.q, &db, &sb) == LOWP_OK);
-    o.q.data = malloc(db + 64);
-    o.q.scales = malloc(sb + 64);
-    lowp_tensor x = {LOWP_FORMAT_F32, rows, cols, o.src, LOWP_DEVICE_HOST};
-    if (sc == LOWP_SCALING_NONE) {
-        lowp_tensor dst = {fmt, rows, cols, o.q.data, LOWP_DEVICE_HOST};
-        CHECK(lowp_cast(&x, &dst, NULL) == LOWP_OK);
-    } else {
-        CHECKF(lowp_quantize(&x, &o.q, NULL, NULL) == LOWP_OK, "%s", lowp_last_error());
-    }
+    operand_quantize(&o, fmt, sc, 64, 64);
     return o;
-}
-
-static void drop(operand *o) {
-    free(o->src);
-    free(o->q.data);
-    free(o->q.scales);
 }
 
 /* Plant raw special codes (NaN, and Inf for E5M2) with whatever scale their block has. */
@@ -351,8 +310,8 @@ static void test_pairs(void) {
             const int emu = M * N * K <= (quick ? 300000 : 3000000);
             check_gemm(p->name, &a.q, &b.q, LOWP_FORMAT_F32, s & 1, 1 + (s & 1), emu);
             check_gemm(p->name, &a.q, &b.q, LOWP_FORMAT_BF16, !(s & 1), 2 - (s & 1), 0);
-            drop(&a);
-            drop(&b);
+            operand_drop(&a);
+            operand_drop(&b);
         }
     }
 }
@@ -379,8 +338,8 @@ static void test_specials(void) {
             snprintf(name, sizeof name, "%s specials#%d", p->name, h);
             check_gemm(name, &a.q, &b.q, h & 1 ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32, h & 1,
                        1 + (h & 1), h < 2);
-            drop(&a);
-            drop(&b);
+            operand_drop(&a);
+            operand_drop(&b);
         }
     }
     /* Denormal plain BF16 against Inf: the fast kernels would read the denormal as zero and
@@ -392,8 +351,8 @@ static void test_specials(void) {
         for (int k = 0; k < 64; k++) ad[5 * 64 + k] = 0x0001; /* row 5: all denormal */
         bd[3 * 64 + 10] = 0x7F80;                             /* B[3][10] = +Inf */
         check_gemm("plain bf16 denormal x inf", &a.q, &b.q, LOWP_FORMAT_F32, 0, 1, 1);
-        drop(&a);
-        drop(&b);
+        operand_drop(&a);
+        operand_drop(&b);
     }
 }
 
@@ -452,13 +411,58 @@ static void test_grouped(void) {
             free(ref.data);
             free(fast.data);
         }
-        drop(&a);
-        for (int g = 0; g < G; g++) drop(&b[g]);
+        operand_drop(&a);
+        for (int g = 0; g < G; g++) operand_drop(&b[g]);
     }
 }
 
 /* Split-K grouped GEMM (MoE weight gradient): k0 != 0, block offsets, short last blocks,
  * empty groups, odd group starts (E2M1 nibbles). */
+/* One wgrad operand pair (a = dY^T [N, Mtot], b = X^T [K, Mtot]) on the fast paths against
+ * the reference, into F32 and (accumulating) BF16. */
+static void check_wgrad_pair(const lowp_qtensor *qa, const lowp_qtensor *qb, const int32_t *offs,
+                             int G, int64_t N, int64_t K) {
+    for (int acc = 0; acc < 2; acc++) {
+        const lowp_format cf = acc ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+        const size_t es = acc ? 2 : 4, cn = (size_t) (G * N * K);
+        lowp_tensor ref = {cf, G * N, K, malloc(es * cn), LOWP_DEVICE_HOST};
+        lowp_tensor fast = ref;
+        fast.data = malloc(es * cn);
+        fill_c(&ref);
+        memcpy(fast.data, ref.data, es * cn);
+        lowp_gemm_cfg cfg;
+        lowp_gemm_cfg_init(&cfg);
+        cfg.accumulate = acc;
+        cfg.path = LOWP_KERNEL_PATH_REFERENCE;
+        CHECKF(lowp_cpu_grouped_gemm_wgrad(qa, qb, offs, G, &ref, &cfg) == LOWP_OK, "%s",
+               lowp_last_error());
+        for (int path = 0; path < 2; path++) {
+            if (path == 0 && !g_have_avx512) continue;
+            if (path == 1 && !g_have_amx) continue;
+            lowp_tensor f2 = fast;
+            f2.data = malloc(es * cn);
+            memcpy(f2.data, fast.data, es * cn);
+            cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
+            cfg.threads = 1 + acc;
+            CHECKF(lowp_cpu_grouped_gemm_wgrad(qa, qb, offs, G, &f2, &cfg) == LOWP_OK, "%s",
+                   lowp_last_error());
+            char what[160];
+            snprintf(what, sizeof what, "wgrad %s %s %s acc=%d",
+                     qa->format == LOWP_FORMAT_BF16   ? "bf16"
+                     : qa->format == LOWP_FORMAT_F32  ? "f32"
+                     : qa->format == LOWP_FORMAT_E4M3 ? "e4m3"
+                     : qa->format == LOWP_FORMAT_E5M2 ? "e5m2"
+                                                      : "e2m1",
+                     lowp_scaling_name(qa->scaling), path ? "amx" : "avx512", acc);
+            compare(what, &f2, &ref);
+            free(f2.data);
+            g_cases++;
+        }
+        free(ref.data);
+        free(fast.data);
+    }
+}
+
 static void test_wgrad(void) {
     const int32_t sizes[] = {40, 0, 1, 33, 100, 31};
     const int G = (int) (sizeof sizes / sizeof sizes[0]);
@@ -515,45 +519,7 @@ static void test_wgrad(void) {
             CHECKF(lowp_quantize_grouped(&tdy, &qa, NULL) == LOWP_OK, "%s", lowp_last_error());
             CHECKF(lowp_quantize_grouped(&tx, &qb, NULL) == LOWP_OK, "%s", lowp_last_error());
         }
-        for (int acc = 0; acc < 2; acc++) {
-            const lowp_format cf = acc ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
-            const size_t es = acc ? 2 : 4, cn = (size_t) (G * N * K);
-            lowp_tensor ref = {cf, G * N, K, malloc(es * cn), LOWP_DEVICE_HOST};
-            lowp_tensor fast = ref;
-            fast.data = malloc(es * cn);
-            fill_c(&ref);
-            memcpy(fast.data, ref.data, es * cn);
-            lowp_gemm_cfg cfg;
-            lowp_gemm_cfg_init(&cfg);
-            cfg.accumulate = acc;
-            cfg.path = LOWP_KERNEL_PATH_REFERENCE;
-            CHECKF(lowp_cpu_grouped_gemm_wgrad(&qa, &qb, offs, G, &ref, &cfg) == LOWP_OK, "%s",
-                   lowp_last_error());
-            for (int path = 0; path < 2; path++) {
-                if (path == 0 && !g_have_avx512) continue;
-                if (path == 1 && !g_have_amx) continue;
-                lowp_tensor f2 = fast;
-                f2.data = malloc(es * cn);
-                memcpy(f2.data, fast.data, es * cn);
-                cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
-                cfg.threads = 1 + acc;
-                CHECKF(lowp_cpu_grouped_gemm_wgrad(&qa, &qb, offs, G, &f2, &cfg) == LOWP_OK, "%s",
-                       lowp_last_error());
-                char what[160];
-                snprintf(what, sizeof what, "wgrad %s %s %s acc=%d",
-                         kinds[ki].f == LOWP_FORMAT_BF16   ? "bf16"
-                         : kinds[ki].f == LOWP_FORMAT_F32  ? "f32"
-                         : kinds[ki].f == LOWP_FORMAT_E4M3 ? "e4m3"
-                         : kinds[ki].f == LOWP_FORMAT_E5M2 ? "e5m2"
-                                                           : "e2m1",
-                         lowp_scaling_name(kinds[ki].s), path ? "amx" : "avx512", acc);
-                compare(what, &f2, &ref);
-                free(f2.data);
-                g_cases++;
-            }
-            free(ref.data);
-            free(fast.data);
-        }
+        check_wgrad_pair(&qa, &qb, offs, G, N, K);
         free(qa.data);
         free(qa.scales);
         free(qb.data);
@@ -639,8 +605,8 @@ static void test_wgrad_jobs(void) {
     free(qa.scales);
     free(qb.data);
     free(qb.scales);
-    drop(&a);
-    drop(&b);
+    operand_drop(&a);
+    operand_drop(&b);
 }
 
 /* A C of 16 MiB or more (F32, no accumulate) is written with streaming stores. */
@@ -654,12 +620,13 @@ static void test_large_c(void) {
         char name[96];
         snprintf(name, sizeof name, "%s large C", p->name);
         check_gemm(name, &a.q, &b.q, LOWP_FORMAT_F32, 0, 2, 0);
-        drop(&a);
-        drop(&b);
+        operand_drop(&a);
+        operand_drop(&b);
     }
 }
 
 int main(void) {
+    tu_seed(0x243F6A8885A308D3ull);
     const uint32_t f = lowp_cpu_caps()->flags;
     g_have_avx512 = (f & LOWP_CAP_AVX512F) && (f & LOWP_CAP_AVX512BW) && (f & LOWP_CAP_AVX512VL);
     g_have_bf16 = (f & LOWP_CAP_AVX512_BF16) != 0;

@@ -9,12 +9,6 @@
 #include "lowp/lowp.h"
 #include "testutil.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
-}
-
 /* Waits until `secs` of wall time have passed. */
 static void wait_s(double secs) {
     const double t0 = now_s();

@@ -21,17 +21,6 @@
 #include "lowp/quant.h"
 #include "testutil.h"
 
-/* splitmix64: deterministic test inputs. */
-static uint64_t g_rng = 0x243F6A8885A308D3ull;
-static uint64_t rnd64(void) {
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static uint32_t rnd_below(uint32_t n) {
-    return (uint32_t) (((rnd64() >> 32) * n) >> 32);
-}
 static int g_quick;
 static int g_runs; /* quantize calls compared */
 
@@ -500,6 +489,7 @@ static int avx512_available(void) {
 }
 
 int main(void) {
+    tu_seed(0x243F6A8885A308D3ull);
     g_quick = testutil_quick();
     if (!avx512_available()) return testutil_finish();
     test_e8m0_sweep();

@@ -26,6 +26,81 @@ static int same_tracker(const lowp_rng_tracker *a, const lowp_rng_tracker *b) {
     return 1;
 }
 
+/* get_states and set_states on the tracker test_draw_and_states built (three states); *tp
+ * ends as it was when every check passes. */
+static void check_get_set(lowp_rng_tracker *tp) {
+    lowp_rng_tracker t = *tp;
+    /* get: all, or a truncated copy with the full count. */
+    lowp_rng_state st[LOWP_RNG_MAX_STATES];
+    int32_t n = 0;
+    CHECK_OK(lowp_rng_tracker_get_states(&t, st, LOWP_RNG_MAX_STATES, &n));
+    CHECK(n == 3 && strcmp(st[1].name, "model-parallel") == 0 && st[1].offset == 6);
+    CHECK(st[0].offset == 38 && st[0].seed == 1234);
+    lowp_rng_state one[1];
+    CHECK_OK(lowp_rng_tracker_get_states(&t, one, 1, &n));
+    CHECK(n == 3 && strcmp(one[0].name, "default") == 0);
+    CHECK_OK(lowp_rng_tracker_get_states(&t, NULL, 0, &n));
+    CHECK(n == 3);
+    CHECK_FAIL(lowp_rng_tracker_get_states(&t, st, -1, &n), LOWP_ERR_INVALID_ARG, "cap (-1)");
+    CHECK_FAIL(lowp_rng_tracker_get_states(&t, st, 4, NULL), LOWP_ERR_INVALID_ARG, "n is NULL");
+
+    /* set: by name, in any order; a refused set changes nothing. */
+    lowp_rng_tracker before = t;
+    lowp_rng_state in[3] = {st[2], st[0], st[1]};
+    in[1].offset = 1000;
+    CHECK_OK(lowp_rng_tracker_set_states(&t, in, 3));
+    CHECK(t.states[0].offset == 1000 && t.states[1].offset == 6 && t.states[2].seed == 7);
+    t = before;
+    CHECK_FAIL(lowp_rng_tracker_set_states(&t, in, 2), LOWP_ERR_INVALID_ARG,
+               "n (2) != the tracker's state count (3)");
+    lowp_rng_state badname[3] = {st[0], st[1], st[2]};
+    strcpy(badname[2].name, "unknown");
+    badname[0].offset = 5;
+    CHECK_FAIL(lowp_rng_tracker_set_states(&t, badname, 3), LOWP_ERR_INVALID_ARG,
+               "in[2].name (\"unknown\")");
+    CHECK(same_tracker(&t, &before));
+    lowp_rng_state twice[3] = {st[0], st[1], st[1]};
+    CHECK_FAIL(lowp_rng_tracker_set_states(&t, twice, 3), LOWP_ERR_INVALID_ARG, "appears twice");
+    lowp_rng_state dupseed[3] = {st[0], st[1], st[2]};
+    dupseed[2].seed = dupseed[0].seed;
+    CHECK_FAIL(lowp_rng_tracker_set_states(&t, dupseed, 3), LOWP_ERR_INVALID_ARG,
+               "in[2].seed (1234)");
+    lowp_rng_state unterminated[3] = {st[0], st[1], st[2]};
+    memset(unterminated[1].name, 'x', LOWP_RNG_NAME_MAX);
+    CHECK_FAIL(lowp_rng_tracker_set_states(&t, unterminated, 3), LOWP_ERR_INVALID_ARG,
+               "in[1].name");
+    CHECK(same_tracker(&t, &before));
+    *tp = t;
+}
+
+/* A full tracker, uninitialized ones, NULLs and an offset at the end, with t from
+ * test_draw_and_states. */
+static void check_refusals(lowp_rng_tracker *tp) {
+    lowp_rng_tracker t = *tp;
+    uint32_t got[4];
+    /* A full tracker. */
+    lowp_rng_tracker f;
+    CHECK_OK(lowp_rng_tracker_init(&f, 0));
+    char name[16];
+    for (int i = 1; i < LOWP_RNG_MAX_STATES; i++) {
+        snprintf(name, sizeof name, "s%d", i);
+        CHECK_OK(lowp_rng_tracker_add(&f, name, (uint64_t) i));
+    }
+    CHECK_FAIL(lowp_rng_tracker_add(&f, "one-more", 500), LOWP_ERR_INVALID_ARG, "full (16 states)");
+
+    /* Uninitialized trackers and NULLs. */
+    lowp_rng_tracker z;
+    memset(&z, 0, sizeof z);
+    CHECK_FAIL(lowp_rng_tracker_draw(&z, got, 1), LOWP_ERR_INVALID_ARG, "not an initialized");
+    CHECK_FAIL(lowp_rng_tracker_add(NULL, "x", 1), LOWP_ERR_INVALID_ARG, "t is NULL");
+    CHECK_FAIL(lowp_rng_tracker_init(NULL, 1), LOWP_ERR_INVALID_ARG, "t is NULL");
+    CHECK_FAIL(lowp_rng_tracker_draw(&t, NULL, 4), LOWP_ERR_INVALID_ARG, "out is NULL");
+    /* An offset that would pass 2^64. */
+    t.states[t.current].offset = UINT64_MAX - 2;
+    CHECK_FAIL(lowp_rng_tracker_draw(&t, got, 4), LOWP_ERR_INVALID_ARG, "pass 2^64");
+    CHECK(t.states[t.current].offset == UINT64_MAX - 2);
+}
+
 static void test_draw_and_states(void) {
     lowp_rng_tracker t;
     CHECK_OK(lowp_rng_tracker_init(&t, 1234));
@@ -80,69 +155,8 @@ static void test_draw_and_states(void) {
     CHECK_FAIL(lowp_rng_tracker_fork(&t, "default", NULL), LOWP_ERR_INVALID_ARG, "prev is NULL");
     CHECK_FAIL(lowp_rng_tracker_restore(&t, 3), LOWP_ERR_INVALID_ARG, "prev (3) is not in [0, 3)");
     CHECK_FAIL(lowp_rng_tracker_restore(&t, -1), LOWP_ERR_INVALID_ARG, "prev (-1)");
-
-    /* get: all, or a truncated copy with the full count. */
-    lowp_rng_state st[LOWP_RNG_MAX_STATES];
-    int32_t n = 0;
-    CHECK_OK(lowp_rng_tracker_get_states(&t, st, LOWP_RNG_MAX_STATES, &n));
-    CHECK(n == 3 && strcmp(st[1].name, "model-parallel") == 0 && st[1].offset == 6);
-    CHECK(st[0].offset == 38 && st[0].seed == 1234);
-    lowp_rng_state one[1];
-    CHECK_OK(lowp_rng_tracker_get_states(&t, one, 1, &n));
-    CHECK(n == 3 && strcmp(one[0].name, "default") == 0);
-    CHECK_OK(lowp_rng_tracker_get_states(&t, NULL, 0, &n));
-    CHECK(n == 3);
-    CHECK_FAIL(lowp_rng_tracker_get_states(&t, st, -1, &n), LOWP_ERR_INVALID_ARG, "cap (-1)");
-    CHECK_FAIL(lowp_rng_tracker_get_states(&t, st, 4, NULL), LOWP_ERR_INVALID_ARG, "n is NULL");
-
-    /* set: by name, in any order; a refused set changes nothing. */
-    lowp_rng_tracker before = t;
-    lowp_rng_state in[3] = {st[2], st[0], st[1]};
-    in[1].offset = 1000;
-    CHECK_OK(lowp_rng_tracker_set_states(&t, in, 3));
-    CHECK(t.states[0].offset == 1000 && t.states[1].offset == 6 && t.states[2].seed == 7);
-    t = before;
-    CHECK_FAIL(lowp_rng_tracker_set_states(&t, in, 2), LOWP_ERR_INVALID_ARG,
-               "n (2) != the tracker's state count (3)");
-    lowp_rng_state badname[3] = {st[0], st[1], st[2]};
-    strcpy(badname[2].name, "unknown");
-    badname[0].offset = 5;
-    CHECK_FAIL(lowp_rng_tracker_set_states(&t, badname, 3), LOWP_ERR_INVALID_ARG,
-               "in[2].name (\"unknown\")");
-    CHECK(same_tracker(&t, &before));
-    lowp_rng_state twice[3] = {st[0], st[1], st[1]};
-    CHECK_FAIL(lowp_rng_tracker_set_states(&t, twice, 3), LOWP_ERR_INVALID_ARG, "appears twice");
-    lowp_rng_state dupseed[3] = {st[0], st[1], st[2]};
-    dupseed[2].seed = dupseed[0].seed;
-    CHECK_FAIL(lowp_rng_tracker_set_states(&t, dupseed, 3), LOWP_ERR_INVALID_ARG,
-               "in[2].seed (1234)");
-    lowp_rng_state unterminated[3] = {st[0], st[1], st[2]};
-    memset(unterminated[1].name, 'x', LOWP_RNG_NAME_MAX);
-    CHECK_FAIL(lowp_rng_tracker_set_states(&t, unterminated, 3), LOWP_ERR_INVALID_ARG,
-               "in[1].name");
-    CHECK(same_tracker(&t, &before));
-
-    /* A full tracker. */
-    lowp_rng_tracker f;
-    CHECK_OK(lowp_rng_tracker_init(&f, 0));
-    char name[16];
-    for (int i = 1; i < LOWP_RNG_MAX_STATES; i++) {
-        snprintf(name, sizeof name, "s%d", i);
-        CHECK_OK(lowp_rng_tracker_add(&f, name, (uint64_t) i));
-    }
-    CHECK_FAIL(lowp_rng_tracker_add(&f, "one-more", 500), LOWP_ERR_INVALID_ARG, "full (16 states)");
-
-    /* Uninitialized trackers and NULLs. */
-    lowp_rng_tracker z;
-    memset(&z, 0, sizeof z);
-    CHECK_FAIL(lowp_rng_tracker_draw(&z, got, 1), LOWP_ERR_INVALID_ARG, "not an initialized");
-    CHECK_FAIL(lowp_rng_tracker_add(NULL, "x", 1), LOWP_ERR_INVALID_ARG, "t is NULL");
-    CHECK_FAIL(lowp_rng_tracker_init(NULL, 1), LOWP_ERR_INVALID_ARG, "t is NULL");
-    CHECK_FAIL(lowp_rng_tracker_draw(&t, NULL, 4), LOWP_ERR_INVALID_ARG, "out is NULL");
-    /* An offset that would pass 2^64. */
-    t.states[t.current].offset = UINT64_MAX - 2;
-    CHECK_FAIL(lowp_rng_tracker_draw(&t, got, 4), LOWP_ERR_INVALID_ARG, "pass 2^64");
-    CHECK(t.states[t.current].offset == UINT64_MAX - 2);
+    check_get_set(&t);
+    check_refusals(&t);
 }
 
 /* ---- dropout ----------------------------------------------------------------------------- */

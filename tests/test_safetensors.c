@@ -342,14 +342,6 @@ static void test_write_errors(void) {
     CHECK(strstr(lowp_last_error(), "no/such/dir") != NULL);
 }
 
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-
 static void test_fuzz(void) {
     float w[24];
     uint8_t u[7] = {1, 2, 3, 4, 5, 6, 7};
@@ -370,15 +362,17 @@ static void test_fuzz(void) {
     for (int it = 0; it < iters; it++) {
         memcpy(buf, raw, len);
         size_t n = len;
-        int muts = 1 + (int) (rnd() % 4);
+        int muts = 1 + (int) (xorshift64() % 4);
         for (int k = 0; k < muts; k++) {
-            size_t at = (size_t) (rnd() % n);
-            switch (rnd() % 6) {
-            case 0: buf[at] ^= (unsigned char) (1u << (rnd() % 8)); break;
-            case 1: buf[at] = (unsigned char) interesting[rnd() % (sizeof interesting - 1)]; break;
+            size_t at = (size_t) (xorshift64() % n);
+            switch (xorshift64() % 6) {
+            case 0: buf[at] ^= (unsigned char) (1u << (xorshift64() % 8)); break;
+            case 1:
+                buf[at] = (unsigned char) interesting[xorshift64() % (sizeof interesting - 1)];
+                break;
             case 2: /* a header byte: mostly the JSON */
-                at = 8 + (size_t) (rnd() % (n > 8 ? n - 8 : 1));
-                if (at < n) buf[at] = (unsigned char) (rnd() & 0xff);
+                at = 8 + (size_t) (xorshift64() % (n > 8 ? n - 8 : 1));
+                if (at < n) buf[at] = (unsigned char) (xorshift64() & 0xff);
                 break;
             case 3: /* delete a byte */
                 if (n > 1) {
@@ -389,11 +383,13 @@ static void test_fuzz(void) {
             case 4: /* insert a byte */
                 if (n < len + 60) {
                     memmove(buf + at + 1, buf + at, n - at);
-                    buf[at] = (unsigned char) interesting[rnd() % (sizeof interesting - 1)];
+                    buf[at] = (unsigned char) interesting[xorshift64() % (sizeof interesting - 1)];
                     n++;
                 }
                 break;
-            default: /* the length field */ buf[rnd() % 8] = (unsigned char) (rnd() & 0xff); break;
+            default: /* the length field */
+                buf[xorshift64() % 8] = (unsigned char) (xorshift64() & 0xff);
+                break;
             }
         }
         lowp_safetensors *f = NULL;
@@ -486,6 +482,7 @@ static void test_kill_during_write(void) {
 }
 
 int main(void) {
+    tu_seed(0x9E3779B97F4A7C15ull);
     snprintf(g_dir, sizeof g_dir, "/tmp/lowp_st_XXXXXX");
     if (!mkdtemp(g_dir)) {
         perror("mkdtemp");

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lowp/device.h"
 
@@ -59,6 +60,21 @@ static inline int testdev_open(testdev_hooks *h) {
     TESTDEV_HOOK(set_delay_us, "testdev_set_delay_us");
 #undef TESTDEV_HOOK
     return 1; /* the handle stays open, like the library's */
+}
+
+/* A thread body (pthread_create) that releases testdev queue `index` after `after_us`
+ * microseconds: the caller holds the queue, starts this, then makes the call that must wait. */
+typedef struct testdev_release_arg {
+    testdev_hooks *td;
+    int index;
+    int after_us;
+} testdev_release_arg;
+
+static inline void *testdev_release_later(void *p) {
+    testdev_release_arg *a = p;
+    usleep((useconds_t) a->after_us);
+    a->td->hold(a->index, 0);
+    return NULL;
 }
 
 #endif

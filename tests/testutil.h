@@ -3,12 +3,15 @@
 #ifndef LOWP_TESTUTIL_H
 #define LOWP_TESTUTIL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/internal.h"
+#include "lowp/delayed.h"
 #include "lowp/status.h"
 
 static int tu_passed, tu_failed;
@@ -66,6 +69,68 @@ static inline float u2f(uint32_t u) {
 static inline int testutil_quick(void) {
     const char *q = getenv("LOWP_TEST_QUICK");
     return q && q[0] == '1';
+}
+
+/* ---- pseudo-random numbers ----------------------------------------------------------------
+ * One state per test program (each test file is its own program), set by tu_seed() at the
+ * start of main; each file keeps the seed it always had, so its data are unchanged. Two
+ * generators share the state: a file uses one of them. */
+static uint64_t tu_rng = 0x9E3779B97F4A7C15ull;
+
+static inline void tu_seed(uint64_t seed) {
+    tu_rng = seed;
+}
+
+/* Marsaglia's xorshift64 (13, 7, 17): the next state, and numbers made from it. */
+static inline uint64_t xorshift64(void) {
+    tu_rng ^= tu_rng << 13;
+    tu_rng ^= tu_rng >> 7;
+    tu_rng ^= tu_rng << 17;
+    return tu_rng;
+}
+static inline uint32_t xorshift32(void) {
+    return (uint32_t) (xorshift64() >> 16);
+}
+/* Uniform in [0, 1), 53 bits. */
+static inline double urand(void) {
+    return (double) (xorshift64() >> 11) / 9007199254740992.0;
+}
+/* Standard normal (Box-Muller, the cosine half). */
+static inline float gauss(void) {
+    double u = urand() + 1e-300, v = urand();
+    return (float) (sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* SplitMix64, and numbers made from it. */
+static inline uint64_t rnd64(void) {
+    uint64_t z = (tu_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline uint32_t rnd32(void) {
+    return (uint32_t) (rnd64() >> 32);
+}
+/* Uniform in [0, n). */
+static inline uint32_t rnd_below(uint32_t n) {
+    return (uint32_t) (((rnd64() >> 32) * n) >> 32);
+}
+
+/* A delayed-scaling configuration for E4M3 with the given history, margin and algorithm. */
+static inline lowp_delayed_cfg delayed_cfg(int32_t len, float margin, lowp_amax_algo algo) {
+    lowp_delayed_cfg c;
+    lowp_delayed_cfg_init(&c, LOWP_FORMAT_E4M3);
+    c.history_len = len;
+    c.margin = margin;
+    c.algo = algo;
+    return c;
+}
+
+/* ---- time ---- */
+static inline double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double) t.tv_sec + 1e-9 * (double) t.tv_nsec;
 }
 
 #endif

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "io/json.h"
 #include "lowp/lowp.h"
 
 static void verror(const char *cmd, const char *fmt, va_list ap) {
@@ -169,69 +170,12 @@ int lowp_cli_given(const lowp_cli_args *a, const char *name) {
     return 0;
 }
 
-/* ---- Flat JSON ---- */
-
-static const char *skip_ws(const char *p) {
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-    return p;
-}
-
-/* A key must be a whole string token at the top level: "rows" does not match "nrows" or a
- * value that happens to read "rows". Walks the object key by key. */
-int lowp_cli_json_value(const char *text, const char *key, char *out, size_t size) {
-    if (size == 0) return 0;
-    const char *p = skip_ws(text);
-    if (*p++ != '{') return 0;
-    const size_t klen = strlen(key);
-    for (;;) {
-        p = skip_ws(p);
-        if (*p == '}' || *p != '"') return 0;
-        const char *k = ++p;
-        while (*p && *p != '"' && *p != '\\') p++;
-        if (*p != '"') return 0;
-        const int match = (size_t) (p - k) == klen && strncmp(k, key, klen) == 0;
-        p = skip_ws(p + 1);
-        if (*p++ != ':') return 0;
-        p = skip_ws(p);
-        size_t n = 0;
-        int fits = 1;
-        if (*p == '"') {
-            p++;
-            while (*p && *p != '"' && *p != '\\') {
-                if (n + 1 < size)
-                    out[n++] = *p;
-                else
-                    fits = 0;
-                p++;
-            }
-            if (*p != '"') return 0;
-            p++;
-        } else {
-            while (*p && *p != ',' && *p != '}' && *p != ' ' && *p != '\n' && *p != '\r' &&
-                   *p != '\t' && *p != '"') {
-                if (n + 1 < size)
-                    out[n++] = *p;
-                else
-                    fits = 0;
-                p++;
-            }
-            if (n == 0) return 0;
-        }
-        out[n] = '\0';
-        if (match) return fits;
-        p = skip_ws(p);
-        if (*p == ',') {
-            p++;
-            continue;
-        }
-        return 0;
-    }
-}
+/* ---- Flat JSON (the io layer's reader, src/io/json.c) ---- */
 
 int lowp_cli_json_int(const char *text, const char *key, int64_t *out) {
     char v[32];
     long long x;
-    if (!lowp_cli_json_value(text, key, v, sizeof v) || !parse_int(v, 0, INT64_MAX, &x)) return 0;
+    if (!lowp_json_find(text, key, v, sizeof v) || !parse_int(v, 0, INT64_MAX, &x)) return 0;
     *out = (int64_t) x;
     return 1;
 }

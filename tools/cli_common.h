@@ -1,6 +1,6 @@
 /* What every `lowp` subcommand shares: one option parser, one way to print an error, one map
- * from a library status to the exit status, and one reader for the small flat JSON files the
- * tool writes (`lowp quantize`'s OUT.json).
+ * from a library status to the exit status, and the integers of the small flat JSON files the
+ * tool writes (`lowp quantize`'s OUT.json; their strings: lowp_json_find in src/io/json.h).
  *
  *   typedef struct my_opts { int64_t steps; const char *out; int verbose; } my_opts;
  *   static const lowp_cli_opt OPTS[] = {
@@ -97,11 +97,9 @@ int lowp_cli_given(const lowp_cli_args *a, const char *name);
 /* A decimal or 0x-hexadecimal unsigned integer, the whole string: 1 on success. */
 int lowp_cli_parse_u64(const char *s, uint64_t *out);
 
-/* The flat JSON object files the tool writes: the value of "key" at the top level, as a string
- * without its quotes (escapes are not supported) or a bare token (number, true, false, null).
- * Returns 0 if the key is absent or the value malformed. */
-int lowp_cli_json_value(const char *text, const char *key, char *out, size_t size);
-/* The value of "key" as a non-negative decimal integer: 1 on success. */
+/* The flat JSON object files the tool writes (OUT.json, the training log's lines): the value
+ * of "key" at the top level as a non-negative decimal integer: 1 on success. For other values,
+ * lowp_json_find (src/io/json.h). */
 int lowp_cli_json_int(const char *text, const char *key, int64_t *out);
 /* The whole text file at `path` (at most max_bytes), NUL-terminated and malloc'd; NULL with one
  * line in err on failure. */

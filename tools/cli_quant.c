@@ -25,6 +25,7 @@
 
 #include "cli.h"
 #include "cli_common.h"
+#include "io/json.h"
 #include "lowp/lowp.h"
 #include "npy.h"
 
@@ -394,7 +395,7 @@ typedef struct deq_meta {
 
 static int json_hash(const char *text, const char *key, uint64_t *out) {
     char v[24], *end;
-    if (!lowp_cli_json_value(text, key, v, sizeof v) || strlen(v) != 16) return 0;
+    if (!lowp_json_find(text, key, v, sizeof v) || strlen(v) != 16) return 0;
     *out = (uint64_t) strtoull(v, &end, 16);
     return *end == '\0';
 }
@@ -408,9 +409,9 @@ static int read_meta(const char *prefix, int axis, deq_meta *m) {
     if (!text) return lowp_cli_fail(DCMD, 2, "%s", err);
     char fname[32] = "", sname[32] = "", aname[16] = "";
     int rc = -1;
-    if (!lowp_cli_json_value(text, "format", fname, sizeof fname) ||
-        !lowp_cli_json_value(text, "scaling", sname, sizeof sname) ||
-        !lowp_cli_json_value(text, "axis", aname, sizeof aname) ||
+    if (!lowp_json_find(text, "format", fname, sizeof fname) ||
+        !lowp_json_find(text, "scaling", sname, sizeof sname) ||
+        !lowp_json_find(text, "axis", aname, sizeof aname) ||
         !lowp_cli_json_int(text, "rows", &m->R) || !lowp_cli_json_int(text, "cols", &m->C)) {
         rc = lowp_cli_fail(DCMD, 2,
                            "%s: not a lowp quantize metadata file (format, scaling, axis, rows or "

@@ -252,10 +252,9 @@ static int parse_shape(cursor *c, lowp_npy *out, const char *name, char *err, si
     }
 }
 
-lowp_status lowp_npy_parse_header(const uint8_t *buf, size_t len, const char *name,
-                                  lowp_npy_dtype want, lowp_npy *out, size_t *header_bytes,
-                                  char *err, size_t err_size) {
-    memset(out, 0, sizeof *out);
+/* The magic, the version and the header's length: *pre, the preamble's bytes, and *hlen. */
+static lowp_status read_preamble(const uint8_t *buf, size_t len, const char *name, size_t *pre_out,
+                                 size_t *hlen_out, char *err, size_t err_size) {
     if (!buf || len < NPY_MAGIC_LEN || memcmp(buf, NPY_MAGIC, NPY_MAGIC_LEN) != 0)
         return fail(LOWP_ERR_CORRUPT, err, err_size, "%s: not an .npy file (no \\x93NUMPY magic)",
                     name);
@@ -267,13 +266,13 @@ lowp_status lowp_npy_parse_header(const uint8_t *buf, size_t len, const char *na
         return fail(LOWP_ERR_CORRUPT, err, err_size,
                     "%s: unsupported .npy format version %u.%u (1.0, 2.0 and 3.0 are read)", name,
                     major, minor);
-    size_t pre = major == 1 ? 10 : 12;
+    const size_t pre = major == 1 ? 10 : 12;
     if (len < pre)
         return fail(LOWP_ERR_CORRUPT, err, err_size, "%s: truncated .npy preamble (%zu bytes)",
                     name, len);
-    size_t hlen = major == 1 ? (size_t) buf[8] | (size_t) buf[9] << 8
-                             : (size_t) buf[8] | (size_t) buf[9] << 8 | (size_t) buf[10] << 16 |
-                                   (size_t) buf[11] << 24;
+    const size_t hlen = major == 1 ? (size_t) buf[8] | (size_t) buf[9] << 8
+                                   : (size_t) buf[8] | (size_t) buf[9] << 8 |
+                                         (size_t) buf[10] << 16 | (size_t) buf[11] << 24;
     if (hlen > NPY_MAX_HEADER)
         return fail(LOWP_ERR_CORRUPT, err, err_size,
                     "%s: .npy header length %zu is larger than the %u bytes allowed", name, hlen,
@@ -283,9 +282,17 @@ lowp_status lowp_npy_parse_header(const uint8_t *buf, size_t len, const char *na
                     "%s: truncated .npy header: it needs %zu bytes, the file has %zu", name,
                     pre + hlen, len);
 
-    cursor c = {(const char *) buf + pre, (const char *) buf + pre + hlen};
-    int have_descr = 0, have_fortran = 0, have_shape = 0, fortran = 0;
-    char descr[64] = "", shown[256];
+    *pre_out = pre;
+    *hlen_out = hlen;
+    return LOWP_OK;
+}
+
+/* The header's dict: 'descr' into descr[0 .. descr_size-1], 'fortran_order' into *fortran,
+ * 'shape' into out, each exactly once, nothing else, nothing after the closing '}'. */
+static lowp_status parse_dict(cursor c, const char *name, char *descr, size_t descr_size,
+                              int *fortran, lowp_npy *out, char *err, size_t err_size) {
+    int have_descr = 0, have_fortran = 0, have_shape = 0;
+    char shown[256];
     lowp_status st = LOWP_OK;
     if (!accept(&c, '{'))
         return fail(LOWP_ERR_CORRUPT, err, err_size, "%s: malformed .npy header: no '{'", name);
@@ -296,7 +303,7 @@ lowp_status lowp_npy_parse_header(const uint8_t *buf, size_t len, const char *na
             return fail(LOWP_ERR_CORRUPT, err, err_size,
                         "%s: malformed .npy header: expected 'key': value", name);
         if (strcmp(key, "descr") == 0 && !have_descr) {
-            if (!parse_string(&c, descr, sizeof descr)) {
+            if (!parse_string(&c, descr, descr_size)) {
                 skip_ws(&c);
                 if (c.p < c.end && *c.p == '[')
                     return fail(LOWP_ERR_UNSUPPORTED, err, err_size,
@@ -308,9 +315,9 @@ lowp_status lowp_npy_parse_header(const uint8_t *buf, size_t len, const char *na
             have_descr = 1;
         } else if (strcmp(key, "fortran_order") == 0 && !have_fortran) {
             if (accept_word(&c, "True"))
-                fortran = 1;
+                *fortran = 1;
             else if (accept_word(&c, "False"))
-                fortran = 0;
+                *fortran = 0;
             else
                 return fail(LOWP_ERR_CORRUPT, err, err_size,
                             "%s: malformed .npy header: 'fortran_order' is not True or False",
@@ -339,7 +346,13 @@ lowp_status lowp_npy_parse_header(const uint8_t *buf, size_t len, const char *na
                     !have_descr     ? "descr"
                     : !have_fortran ? "fortran_order"
                                     : "shape");
+    return LOWP_OK;
+}
 
+/* The dtype of descr, if it is one read (and the one wanted), in C order. */
+static lowp_status check_dtype(const char *descr, int fortran, lowp_npy_dtype want,
+                               const char *name, lowp_npy *out, char *err, size_t err_size) {
+    char shown[256];
     int d = match_descr(descr);
     if (d < 0 || (want != LOWP_NPY_ANY && d != (int) want)) {
         char what[64], expected[128];
@@ -362,6 +375,22 @@ lowp_status lowp_npy_parse_header(const uint8_t *buf, size_t len, const char *na
         return fail(LOWP_ERR_CORRUPT, err, err_size,
                     "%s: the .npy shape has more elements than fit in memory", name);
     out->nbytes = out->count * g_dtypes[d].itemsize;
+    return LOWP_OK;
+}
+
+lowp_status lowp_npy_parse_header(const uint8_t *buf, size_t len, const char *name,
+                                  lowp_npy_dtype want, lowp_npy *out, size_t *header_bytes,
+                                  char *err, size_t err_size) {
+    memset(out, 0, sizeof *out);
+    size_t pre = 0, hlen = 0;
+    lowp_status st = read_preamble(buf, len, name, &pre, &hlen, err, err_size);
+    if (st != LOWP_OK) return st;
+    cursor c = {(const char *) buf + pre, (const char *) buf + pre + hlen};
+    char descr[64] = "";
+    int fortran = 0;
+    if ((st = parse_dict(c, name, descr, sizeof descr, &fortran, out, err, err_size)) != LOWP_OK)
+        return st;
+    if ((st = check_dtype(descr, fortran, want, name, out, err, err_size)) != LOWP_OK) return st;
     *header_bytes = pre + hlen;
     return LOWP_OK;
 }

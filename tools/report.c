@@ -53,7 +53,21 @@ static void fmt_tick(char *buf, size_t n, double v, double step) {
     snprintf(buf, n, "%.*f", dec, fabs(v) < step * 1e-9 ? 0.0 : v);
 }
 
-void report_svg(FILE *f, const report_run *runs, int nruns) {
+/* The plot's axes: x from 0 to x1, y from y0 to y1, ticks every xstep and ystep; pw x ph
+ * pixels. */
+typedef struct svg_axes {
+    double x1, y0, y1, xstep, ystep, pw, ph;
+} svg_axes;
+
+static double px(const svg_axes *ax, double x) {
+    return PLOT_LEFT + x / ax->x1 * ax->pw;
+}
+static double py(const svg_axes *ax, double y) {
+    return PLOT_BOT - (y - ax->y0) / (ax->y1 - ax->y0) * ax->ph;
+}
+
+/* Axes that hold every step and every finite loss, on round ticks. */
+static void svg_scale(const report_run *runs, int nruns, svg_axes *ax) {
     double xmax = 1, ymin = INFINITY, ymax = -INFINITY;
     for (int r = 0; r < nruns; r++)
         for (int i = 0; i < runs[r].points; i++) {
@@ -66,14 +80,15 @@ void report_svg(FILE *f, const report_run *runs, int nruns) {
         }
     if (!(ymin <= ymax)) ymin = 0, ymax = 1;
     if (ymax - ymin < 1e-6) ymin -= 0.5, ymax += 0.5;
-    double ystep = nice_step(ymax - ymin, 6);
-    double y0 = floor(ymin / ystep) * ystep, y1 = ceil(ymax / ystep) * ystep;
-    double xstep = nice_step(xmax, 8);
-    double x1 = ceil(xmax / xstep) * xstep;
-    const double pw = PLOT_RIGHT - PLOT_LEFT, ph = PLOT_BOT - PLOT_TOP;
-#define PX(x) (PLOT_LEFT + (x) / x1 * pw)
-#define PY(y) (PLOT_BOT - ((y) -y0) / (y1 - y0) * ph)
+    ax->ystep = nice_step(ymax - ymin, 6);
+    ax->y0 = floor(ymin / ax->ystep) * ax->ystep, ax->y1 = ceil(ymax / ax->ystep) * ax->ystep;
+    ax->xstep = nice_step(xmax, 8);
+    ax->x1 = ceil(xmax / ax->xstep) * ax->xstep;
+    ax->pw = PLOT_RIGHT - PLOT_LEFT, ax->ph = PLOT_BOT - PLOT_TOP;
+}
 
+/* The header, the grid, the tick labels, the axis titles and the frame. */
+static void svg_frame(FILE *f, const svg_axes *ax) {
     fprintf(f,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
@@ -84,22 +99,22 @@ void report_svg(FILE *f, const report_run *runs, int nruns) {
             SVG_W, SVG_H, SVG_W, SVG_H, SVG_W, SVG_H, (PLOT_LEFT + PLOT_RIGHT) / 2);
     /* Grid and ticks. */
     fprintf(f, "<g stroke=\"#dddddd\" stroke-width=\"1\">\n");
-    for (double y = y0; y <= y1 + ystep * 1e-6; y += ystep)
-        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\"/>\n", PLOT_LEFT, PY(y),
-                PLOT_RIGHT, PY(y));
-    for (double x = 0; x <= x1 + xstep * 1e-6; x += xstep)
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\"/>\n", PX(x), PLOT_TOP, PX(x),
-                PLOT_BOT);
+    for (double y = ax->y0; y <= ax->y1 + ax->ystep * 1e-6; y += ax->ystep)
+        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\"/>\n", PLOT_LEFT, py(ax, y),
+                PLOT_RIGHT, py(ax, y));
+    for (double x = 0; x <= ax->x1 + ax->xstep * 1e-6; x += ax->xstep)
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\"/>\n", px(ax, x), PLOT_TOP,
+                px(ax, x), PLOT_BOT);
     fprintf(f, "</g>\n<g fill=\"#333333\">\n");
     char lab[32];
-    for (double y = y0; y <= y1 + ystep * 1e-6; y += ystep) {
-        fmt_tick(lab, sizeof lab, y, ystep);
+    for (double y = ax->y0; y <= ax->y1 + ax->ystep * 1e-6; y += ax->ystep) {
+        fmt_tick(lab, sizeof lab, y, ax->ystep);
         fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", PLOT_LEFT - 8,
-                PY(y) + 4, lab);
+                py(ax, y) + 4, lab);
     }
-    for (double x = 0; x <= x1 + xstep * 1e-6; x += xstep) {
-        fmt_tick(lab, sizeof lab, x, xstep);
-        fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", PX(x),
+    for (double x = 0; x <= ax->x1 + ax->xstep * 1e-6; x += ax->xstep) {
+        fmt_tick(lab, sizeof lab, x, ax->xstep);
+        fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", px(ax, x),
                 PLOT_BOT + 18, lab);
     }
     fprintf(f,
@@ -112,7 +127,10 @@ void report_svg(FILE *f, const report_run *runs, int nruns) {
         f,
         "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333333\"/>\n",
         PLOT_LEFT, PLOT_TOP, PLOT_RIGHT - PLOT_LEFT, PLOT_BOT - PLOT_TOP);
-    /* One line per recipe, broken at non-finite points. */
+}
+
+/* One line per recipe, broken at non-finite points, with a dot at each point. */
+static void svg_lines(FILE *f, const report_run *runs, int nruns, const svg_axes *ax) {
     for (int r = 0; r < nruns; r++) {
         const char *col = COLORS[r % NCOLORS];
         fprintf(f, "<g class=\"recipe\" data-recipe=\"");
@@ -129,7 +147,8 @@ void report_svg(FILE *f, const report_run *runs, int nruns) {
             if (!open)
                 fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"",
                         col);
-            fprintf(f, "%s%.1f,%.1f", open ? " " : "", PX((double) runs[r].steps[i]), PY(y));
+            fprintf(f, "%s%.1f,%.1f", open ? " " : "", px(ax, (double) runs[r].steps[i]),
+                    py(ax, y));
             open = 1;
         }
         if (open) fprintf(f, "\"/>\n");
@@ -137,11 +156,14 @@ void report_svg(FILE *f, const report_run *runs, int nruns) {
             double y = runs[r].val_loss[i];
             if (isfinite(y))
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n",
-                        PX((double) runs[r].steps[i]), PY(y), col);
+                        px(ax, (double) runs[r].steps[i]), py(ax, y), col);
         }
         fprintf(f, "</g>\n");
     }
-    /* Legend: colour, recipe, last validation loss and tokens/s. */
+}
+
+/* Legend: colour, recipe, last validation loss and tokens/s. */
+static void svg_legend(FILE *f, const report_run *runs, int nruns) {
     const int lx = PLOT_RIGHT + 20;
     fprintf(f, "<g font-size=\"12\">\n<text x=\"%d\" y=\"%d\" font-weight=\"bold\">recipe</text>\n",
             lx, PLOT_TOP + 4);
@@ -158,9 +180,16 @@ void report_svg(FILE *f, const report_run *runs, int nruns) {
         if (isfinite(last)) fprintf(f, "val %.3f, ", (double) last);
         fprintf(f, "%.0f tok/s</text>\n", runs[r].tokens_per_s);
     }
-    fprintf(f, "</g>\n</svg>\n");
-#undef PX
-#undef PY
+    fprintf(f, "</g>\n");
+}
+
+void report_svg(FILE *f, const report_run *runs, int nruns) {
+    svg_axes ax;
+    svg_scale(runs, nruns, &ax);
+    svg_frame(f, &ax);
+    svg_lines(f, runs, nruns, &ax);
+    svg_legend(f, runs, nruns);
+    fprintf(f, "</svg>\n");
 }
 
 /* mkdir -p. */

@@ -851,18 +851,12 @@ AI void tile64_cols(const lowp_quant_job *j, const char *tile, int64_t r0, int64
         }
 }
 
-/* A full 64x64 tile with a columnwise copy (r0 a multiple of 64, all present): the maxima
- * pass copies it to a buffer and prefetches the next tile to the right (64 rows a page apart
- * are more streams than the hardware prefetchers follow). Every output line is written by
- * one store: 64 row codes per row, 64 column codes per column. */
-AI void mx_tile64(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format xf, lowp_format ef,
-                  int want_row, int em_ok, int nt_row, int nt_col) {
-    const int64_t C = j->cols, R = j->rows;
-    const size_t es = xsize(xf), stride = (size_t) C * es, pitch = 64 * es;
-    const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * es;
-    _Alignas(64) char tile[64 * 64 * 4];
-    __m512i rm[2][64]; /* row maxima of block k (columns 32k..) of row i */
-    __m512i cm[2][4];  /* column maxima of band b (rows 32b..): F32 per 16 columns, BF16 u16 */
+/* mx_tile64's first pass: copies the tile's 64 rows to `tile` (pitch 64 elements),
+ * prefetching the next tile to the right, and takes the row maxima rm[k][i] of block k of row i
+ * (when want_row) and the column maxima cm[b][q] of band b (rows 32b..): F32 per 16 columns,
+ * BF16 widened to the same ld32 halves. */
+AI void tile64_maxima(const char *base, size_t stride, size_t pitch, lowp_format xf, int want_row,
+                      char *tile, __m512i rm[2][64], __m512i cm[2][4]) {
     for (int b = 0; b < 2; b++) {
         for (int q = 0; q < 4; q++) cm[b][q] = _mm512_setzero_si512();
         for (int i = 32 * b; i < 32 * b + 32; i++) {
@@ -896,76 +890,101 @@ AI void mx_tile64(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format x
             }
         }
     }
-    if (want_row) {
-        const int64_t nbc = (C + 31) / 32;
-        uint8_t *sc = (uint8_t *) j->row->scales + (size_t) r0 * (size_t) nbc + (size_t) (c0 / 32);
-        _Alignas(64) float f[2][64];
-        _Alignas(64) uint8_t code[2][64];
-        __m512i cv[2][4];
-        int em = EM_SUB;
-        for (int k = 0; k < 2; k++)
-            for (int q = 0; q < 4; q++) {
-                cv[k][q] = e8m0_codes(tree16(rm[k] + 16 * q, xf != F32), j->et, j->mode);
-                if (e8_em(cv[k][q], 0xFFFF, ef, em_ok) != EM_SUB) em = EM_E8;
-                _mm_storeu_si128((__m128i *) (code[k] + 16 * q), _mm512_cvtepi32_epi8(cv[k][q]));
-            }
-        for (int k = 0; k < 2; k++)
-            for (int q = 0; q < 4; q++)
-                _mm512_storeu_ps(f[k] + 16 * q, e8m0_factors(cv[k][q], ef, em));
-        for (int i = 0; i < 64; i++) { /* the row's two scales, one 16-bit store */
-            const uint16_t pair = (uint16_t) (code[0][i] | code[1][i] << 8);
-            memcpy(sc + (size_t) i * (size_t) nbc, &pair, 2);
+}
+
+/* mx_tile64's row-wise copy: the scales of each row's two blocks from rm, then the codes. */
+AI void tile64_row_side(const lowp_quant_job *j, const char *tile, __m512i rm[2][64], int64_t r0,
+                        int64_t c0, lowp_format xf, lowp_format ef, int em_ok, int nt_row) {
+    const int64_t C = j->cols;
+    const int64_t nbc = (C + 31) / 32;
+    uint8_t *sc = (uint8_t *) j->row->scales + (size_t) r0 * (size_t) nbc + (size_t) (c0 / 32);
+    _Alignas(64) float f[2][64];
+    _Alignas(64) uint8_t code[2][64];
+    __m512i cv[2][4];
+    int em = EM_SUB;
+    for (int k = 0; k < 2; k++)
+        for (int q = 0; q < 4; q++) {
+            cv[k][q] = e8m0_codes(tree16(rm[k] + 16 * q, xf != F32), j->et, j->mode);
+            if (e8_em(cv[k][q], 0xFFFF, ef, em_ok) != EM_SUB) em = EM_E8;
+            _mm_storeu_si128((__m128i *) (code[k] + 16 * q), _mm512_cvtepi32_epi8(cv[k][q]));
         }
-        if (em == EM_SUB)
-            tile64_rows(j, tile, r0, c0, f[0], f[1], code[0], code[1], xf, ef, EM_SUB, clip_of(j),
-                        nt_row);
-        else
-            tile64_rows(j, tile, r0, c0, f[0], f[1], code[0], code[1], xf, ef, EM_E8, 0, nt_row);
+    for (int k = 0; k < 2; k++)
+        for (int q = 0; q < 4; q++) _mm512_storeu_ps(f[k] + 16 * q, e8m0_factors(cv[k][q], ef, em));
+    for (int i = 0; i < 64; i++) { /* the row's two scales, one 16-bit store */
+        const uint16_t pair = (uint16_t) (code[0][i] | code[1][i] << 8);
+        memcpy(sc + (size_t) i * (size_t) nbc, &pair, 2);
     }
-    {
-        const int64_t nbr = (R + 31) / 32;
-        uint8_t *sc = (uint8_t *) j->col->scales + (size_t) (r0 / 32);
-        __m512i cv[2][4];
-        __m512 f[2][4];
-        unsigned nan[2][4];
-        __m128i cb[2][4]; /* the codes as bytes, lane order */
-        int em = EM_SUB;
-        for (int b = 0; b < 2; b++)
-            for (int q = 0; q < 4; q++) {
-                cv[b][q] = e8m0_codes(cm[b][q], j->et, j->mode);
-                if (e8_em(cv[b][q], 0xFFFF, ef, em_ok) != EM_SUB) em = EM_E8;
-                nan[b][q] = _mm512_cmpeq_epi32_mask(cv[b][q], V32(0xFF));
-                cb[b][q] = _mm512_cvtepi32_epi8(cv[b][q]);
-            }
-        for (int b = 0; b < 2; b++)
-            for (int q = 0; q < 4; q++) f[b][q] = e8m0_factors(cv[b][q], ef, em);
-        /* Each column's scales of both blocks, one 16-bit store, columns in order: the halves
-         * of a segment in column order (BF16 lanes interleave groups of four), then bytes of
-         * the two blocks paired. */
-        _Alignas(64) uint16_t pair[64];
-        for (int s = 0; s < 2; s++) {
-            __m128i nat[2][2]; /* [block][columns 0-15, 16-31] */
-            for (int b = 0; b < 2; b++) {
-                const __m128i lo = cb[b][2 * s], hi = cb[b][2 * s + 1];
-                nat[b][0] = xf == F32 ? lo : _mm_unpacklo_epi32(lo, hi);
-                nat[b][1] = xf == F32 ? hi : _mm_unpackhi_epi32(lo, hi);
-            }
-            for (int g = 0; g < 2; g++) {
-                _mm_store_si128((__m128i *) (pair + 32 * s + 16 * g),
-                                _mm_unpacklo_epi8(nat[0][g], nat[1][g]));
-                _mm_store_si128((__m128i *) (pair + 32 * s + 16 * g + 8),
-                                _mm_unpackhi_epi8(nat[0][g], nat[1][g]));
-            }
+    if (em == EM_SUB)
+        tile64_rows(j, tile, r0, c0, f[0], f[1], code[0], code[1], xf, ef, EM_SUB, clip_of(j),
+                    nt_row);
+    else
+        tile64_rows(j, tile, r0, c0, f[0], f[1], code[0], code[1], xf, ef, EM_E8, 0, nt_row);
+}
+
+/* mx_tile64's column-wise copy: the scales of each column's two blocks from cm, then the
+ * codes. */
+AI void tile64_col_side(const lowp_quant_job *j, const char *tile, __m512i cm[2][4], int64_t r0,
+                        int64_t c0, lowp_format xf, lowp_format ef, int em_ok, int nt_col) {
+    const int64_t R = j->rows;
+    const int64_t nbr = (R + 31) / 32;
+    uint8_t *sc = (uint8_t *) j->col->scales + (size_t) (r0 / 32);
+    __m512i cv[2][4];
+    __m512 f[2][4];
+    unsigned nan[2][4];
+    __m128i cb[2][4]; /* the codes as bytes, lane order */
+    int em = EM_SUB;
+    for (int b = 0; b < 2; b++)
+        for (int q = 0; q < 4; q++) {
+            cv[b][q] = e8m0_codes(cm[b][q], j->et, j->mode);
+            if (e8_em(cv[b][q], 0xFFFF, ef, em_ok) != EM_SUB) em = EM_E8;
+            nan[b][q] = _mm512_cmpeq_epi32_mask(cv[b][q], V32(0xFF));
+            cb[b][q] = _mm512_cvtepi32_epi8(cv[b][q]);
         }
-        uint8_t *d = sc + (size_t) c0 * (size_t) nbr;
-        for (int c = 0; c < 64; c++, d += nbr) memcpy(d, &pair[c], 2);
-        if (em == EM_SUB)
-            tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, (const unsigned(*)[4]) nan, xf, ef,
-                        EM_SUB, clip_of(j), nt_col);
-        else
-            tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, (const unsigned(*)[4]) nan, xf, ef,
-                        EM_E8, 0, nt_col);
+    for (int b = 0; b < 2; b++)
+        for (int q = 0; q < 4; q++) f[b][q] = e8m0_factors(cv[b][q], ef, em);
+    /* Each column's scales of both blocks, one 16-bit store, columns in order: the halves
+     * of a segment in column order (BF16 lanes interleave groups of four), then bytes of
+     * the two blocks paired. */
+    _Alignas(64) uint16_t pair[64];
+    for (int s = 0; s < 2; s++) {
+        __m128i nat[2][2]; /* [block][columns 0-15, 16-31] */
+        for (int b = 0; b < 2; b++) {
+            const __m128i lo = cb[b][2 * s], hi = cb[b][2 * s + 1];
+            nat[b][0] = xf == F32 ? lo : _mm_unpacklo_epi32(lo, hi);
+            nat[b][1] = xf == F32 ? hi : _mm_unpackhi_epi32(lo, hi);
+        }
+        for (int g = 0; g < 2; g++) {
+            _mm_store_si128((__m128i *) (pair + 32 * s + 16 * g),
+                            _mm_unpacklo_epi8(nat[0][g], nat[1][g]));
+            _mm_store_si128((__m128i *) (pair + 32 * s + 16 * g + 8),
+                            _mm_unpackhi_epi8(nat[0][g], nat[1][g]));
+        }
     }
+    uint8_t *d = sc + (size_t) c0 * (size_t) nbr;
+    for (int c = 0; c < 64; c++, d += nbr) memcpy(d, &pair[c], 2);
+    if (em == EM_SUB)
+        tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, (const unsigned(*)[4]) nan, xf, ef,
+                    EM_SUB, clip_of(j), nt_col);
+    else
+        tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, (const unsigned(*)[4]) nan, xf, ef,
+                    EM_E8, 0, nt_col);
+}
+
+/* A full 64x64 tile with a columnwise copy (r0 a multiple of 64, all present): the maxima
+ * pass copies it to a buffer and prefetches the next tile to the right (64 rows a page apart
+ * are more streams than the hardware prefetchers follow). Every output line is written by
+ * one store: 64 row codes per row, 64 column codes per column. */
+AI void mx_tile64(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format xf, lowp_format ef,
+                  int want_row, int em_ok, int nt_row, int nt_col) {
+    const int64_t C = j->cols;
+    const size_t es = xsize(xf), stride = (size_t) C * es, pitch = 64 * es;
+    const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * es;
+    _Alignas(64) char tile[64 * 64 * 4];
+    __m512i rm[2][64]; /* row maxima of block k (columns 32k..) of row i */
+    __m512i cm[2][4];  /* column maxima of band b (rows 32b..): F32 per 16 columns, BF16 u16 */
+    tile64_maxima(base, stride, pitch, xf, want_row, tile, rm, cm);
+    if (want_row) tile64_row_side(j, tile, rm, r0, c0, xf, ef, em_ok, nt_row);
+    tile64_col_side(j, tile, cm, r0, c0, xf, ef, em_ok, nt_col);
 }
 
 /* MX32 with a columnwise copy over rows [r0, r1) (r0 a multiple of 32). 256-row super-bands,

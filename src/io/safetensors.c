@@ -17,6 +17,7 @@
 
 #include "core/internal.h"
 #include "io/fileio.h"
+#include "io/json.h"
 #include "lowp/safetensors.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -25,7 +26,6 @@
 
 /* The reference implementation refuses headers above 100 MB; so do we. */
 #define ST_HEADER_MAX 100000000ull
-#define ST_JSON_DEPTH 64
 #define ST_ALIGN      8
 
 static const struct {
@@ -83,35 +83,11 @@ lowp_status lowp_st_tensor_nbytes(const lowp_st_tensor *t, size_t *out) {
 
 /* ---- UTF-8 ---- */
 
-/* Length of the valid UTF-8 sequence at s[0 .. n-1], or 0 when it is not one (overlong forms,
- * surrogates and code points above U+10FFFF are invalid, as RFC 3629 says). */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    size_t len;
-    uint32_t cp, min;
-    if ((c & 0xE0) == 0xC0)
-        len = 2, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0)
-        len = 3, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0)
-        len = 4, cp = c & 0x07, min = 0x10000;
-    else
-        return 0;
-    if (n < len) return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    return len;
-}
-
 static int utf8_valid(const char *s) {
     const unsigned char *p = (const unsigned char *) s;
     size_t n = strlen(s);
     while (n) {
-        size_t k = utf8_seq(p, n);
+        size_t k = lowp_json_utf8_seq(p, n);
         if (!k) return 0;
         p += k;
         n -= k;
@@ -365,244 +341,26 @@ struct lowp_safetensors {
     int seen_meta;
 };
 
+/* The header's JSON cursor (io/json.h) and the file it fills. */
 typedef struct jparser {
-    const unsigned char *s;
-    size_t n, i;
-    const char *src; /* the path (or "<memory>") for messages */
+    lowp_json j;
     lowp_safetensors *f;
 } jparser;
 
 static lowp_status jfail(jparser *p, const char *what) {
-    return lowp_fail(LOWP_ERR_CORRUPT,
-                     "lowp_safetensors_read: %s: malformed header: %s at byte %zu", p->src, what,
-                     p->i);
+    return lowp_json_fail(&p->j, what);
 }
-
 static void jws(jparser *p) {
-    while (p->i < p->n &&
-           (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r'))
-        p->i++;
+    lowp_json_ws(&p->j);
 }
-
 static int jpeek(jparser *p, unsigned char c) {
-    jws(p);
-    return p->i < p->n && p->s[p->i] == c;
+    return lowp_json_peek(&p->j, c);
 }
-
 static int jeat(jparser *p, unsigned char c) {
-    if (!jpeek(p, c)) return 0;
-    p->i++;
-    return 1;
+    return lowp_json_eat(&p->j, c);
 }
-
-static int hexval(unsigned char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-static int read_hex4(jparser *p, uint32_t *out) {
-    if (p->n - p->i < 4) return 0;
-    uint32_t v = 0;
-    for (int k = 0; k < 4; k++) {
-        int h = hexval(p->s[p->i + (size_t) k]);
-        if (h < 0) return 0;
-        v = (v << 4) | (uint32_t) h;
-    }
-    p->i += 4;
-    *out = v;
-    return 1;
-}
-
-static void put_utf8(char *o, size_t *k, uint32_t cp) {
-    if (cp < 0x80) {
-        o[(*k)++] = (char) cp;
-    } else if (cp < 0x800) {
-        o[(*k)++] = (char) (0xC0 | (cp >> 6));
-        o[(*k)++] = (char) (0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        o[(*k)++] = (char) (0xE0 | (cp >> 12));
-        o[(*k)++] = (char) (0x80 | ((cp >> 6) & 0x3F));
-        o[(*k)++] = (char) (0x80 | (cp & 0x3F));
-    } else {
-        o[(*k)++] = (char) (0xF0 | (cp >> 18));
-        o[(*k)++] = (char) (0x80 | ((cp >> 12) & 0x3F));
-        o[(*k)++] = (char) (0x80 | ((cp >> 6) & 0x3F));
-        o[(*k)++] = (char) (0x80 | (cp & 0x3F));
-    }
-}
-
-/* A JSON string; *out (malloc'd, NUL-terminated) when out is not NULL. A string holding
- * "\u0000" is refused: names and metadata are C strings here. */
 static lowp_status jstring(jparser *p, char **out) {
-    if (!jeat(p, '"')) return jfail(p, "expected a string");
-    /* The decoded string is never longer than its encoding. */
-    size_t start = p->i;
-    char *o = NULL;
-    size_t k = 0;
-    if (out) {
-        size_t end = start;
-        while (end < p->n && p->s[end] != '"') end += (p->s[end] == '\\') ? 2 : 1;
-        size_t cap = (end > p->n ? p->n : end) - start + 1;
-        o = malloc(cap);
-        if (!o) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_safetensors_read: out of memory");
-    }
-    for (;;) {
-        if (p->i >= p->n) {
-            free(o);
-            return jfail(p, "unterminated string");
-        }
-        unsigned char c = p->s[p->i];
-        if (c == '"') {
-            p->i++;
-            break;
-        }
-        if (c < 0x20) {
-            free(o);
-            return jfail(p, "control character in a string");
-        }
-        if (c == '\\') {
-            p->i++;
-            if (p->i >= p->n) {
-                free(o);
-                return jfail(p, "unterminated escape");
-            }
-            unsigned char e = p->s[p->i++];
-            char simple = 0;
-            switch (e) {
-            case '"': simple = '"'; break;
-            case '\\': simple = '\\'; break;
-            case '/': simple = '/'; break;
-            case 'b': simple = '\b'; break;
-            case 'f': simple = '\f'; break;
-            case 'n': simple = '\n'; break;
-            case 'r': simple = '\r'; break;
-            case 't': simple = '\t'; break;
-            case 'u': break;
-            default: free(o); return jfail(p, "bad escape in a string");
-            }
-            if (simple) {
-                if (o) o[k++] = simple;
-                continue;
-            }
-            uint32_t cp;
-            if (!read_hex4(p, &cp)) {
-                free(o);
-                return jfail(p, "bad \\u escape");
-            }
-            if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                free(o);
-                return jfail(p, "lone low surrogate");
-            }
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                uint32_t lo;
-                if (p->n - p->i < 2 || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') {
-                    free(o);
-                    return jfail(p, "lone high surrogate");
-                }
-                p->i += 2;
-                if (!read_hex4(p, &lo) || lo < 0xDC00 || lo > 0xDFFF) {
-                    free(o);
-                    return jfail(p, "bad surrogate pair");
-                }
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            }
-            if (cp == 0) {
-                free(o);
-                return jfail(p, "\\u0000 in a string");
-            }
-            /* A \u escape takes 6 bytes (12 for a pair) and decodes to at most 4. */
-            if (o) put_utf8(o, &k, cp);
-            continue;
-        }
-        size_t len = utf8_seq(p->s + p->i, p->n - p->i);
-        if (!len) {
-            free(o);
-            return jfail(p, "invalid UTF-8");
-        }
-        if (o) memcpy(o + k, p->s + p->i, len), k += len;
-        p->i += len;
-    }
-    if (o) {
-        o[k] = '\0';
-        *out = o;
-    }
-    return LOWP_OK;
-}
-
-/* A non-negative integer without sign, fraction or exponent (what shapes and offsets are). */
-static lowp_status juint(jparser *p, uint64_t *out) {
-    jws(p);
-    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
-        return jfail(p, "expected a non-negative integer");
-    if (p->s[p->i] == '0' && p->i + 1 < p->n && p->s[p->i + 1] >= '0' && p->s[p->i + 1] <= '9')
-        return jfail(p, "leading zero in a number");
-    uint64_t v = 0;
-    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-        unsigned d = p->s[p->i] - '0';
-        if (v > (UINT64_MAX - d) / 10) return jfail(p, "integer too large");
-        v = v * 10 + d;
-        p->i++;
-    }
-    if (p->i < p->n && (p->s[p->i] == '.' || p->s[p->i] == 'e' || p->s[p->i] == 'E'))
-        return jfail(p, "expected an integer");
-    *out = v;
-    return LOWP_OK;
-}
-
-/* Any JSON value, checked and skipped (unknown fields of a tensor entry). */
-static lowp_status jskip(jparser *p, int depth) {
-    if (depth > ST_JSON_DEPTH) return jfail(p, "nesting too deep");
-    jws(p);
-    if (p->i >= p->n) return jfail(p, "expected a value");
-    unsigned char c = p->s[p->i];
-    lowp_status st;
-    if (c == '"') return jstring(p, NULL);
-    if (c == '{' || c == '[') {
-        unsigned char close = c == '{' ? '}' : ']';
-        p->i++;
-        if (jeat(p, close)) return LOWP_OK;
-        for (;;) {
-            if (c == '{') {
-                if ((st = jstring(p, NULL)) != LOWP_OK) return st;
-                if (!jeat(p, ':')) return jfail(p, "expected ':'");
-            }
-            if ((st = jskip(p, depth + 1)) != LOWP_OK) return st;
-            if (jeat(p, ',')) continue;
-            if (jeat(p, close)) return LOWP_OK;
-            return jfail(p, c == '{' ? "expected ',' or '}'" : "expected ',' or ']'");
-        }
-    }
-    static const char *const words[] = {"true", "false", "null"};
-    for (int w = 0; w < 3; w++) {
-        size_t wl = strlen(words[w]);
-        if (p->n - p->i >= wl && memcmp(p->s + p->i, words[w], wl) == 0) {
-            p->i += wl;
-            return LOWP_OK;
-        }
-    }
-    /* A number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
-    size_t i = p->i;
-    if (i < p->n && p->s[i] == '-') i++;
-    if (i >= p->n || p->s[i] < '0' || p->s[i] > '9') return jfail(p, "expected a value");
-    if (p->s[i] == '0')
-        i++;
-    else
-        while (i < p->n && p->s[i] >= '0' && p->s[i] <= '9') i++;
-    if (i < p->n && p->s[i] == '.') {
-        i++;
-        if (i >= p->n || p->s[i] < '0' || p->s[i] > '9') return jfail(p, "bad number");
-        while (i < p->n && p->s[i] >= '0' && p->s[i] <= '9') i++;
-    }
-    if (i < p->n && (p->s[i] == 'e' || p->s[i] == 'E')) {
-        i++;
-        if (i < p->n && (p->s[i] == '+' || p->s[i] == '-')) i++;
-        if (i >= p->n || p->s[i] < '0' || p->s[i] > '9') return jfail(p, "bad number");
-        while (i < p->n && p->s[i] >= '0' && p->s[i] <= '9') i++;
-    }
-    p->i = i;
-    return LOWP_OK;
+    return lowp_json_string(&p->j, out);
 }
 
 static lowp_status parse_metadata(jparser *p) {
@@ -673,7 +431,7 @@ static lowp_status parse_entry(jparser *p, st_entry *e) {
             if (found < 0) {
                 st = lowp_fail(LOWP_ERR_CORRUPT,
                                "lowp_safetensors_read: %s: tensor '%s' has unknown dtype '%.32s'",
-                               p->src, e->name, name);
+                               p->j.src, e->name, name);
                 free(name);
                 return st;
             }
@@ -687,12 +445,12 @@ static lowp_status parse_entry(jparser *p, st_entry *e) {
             if (!jeat(p, ']')) {
                 for (;;) {
                     uint64_t d;
-                    if ((st = juint(p, &d)) != LOWP_OK) return st;
+                    if ((st = lowp_json_uint(&p->j, &d)) != LOWP_OK) return st;
                     if (e->ndim == LOWP_ST_MAX_DIMS)
                         return lowp_fail(LOWP_ERR_CORRUPT,
                                          "lowp_safetensors_read: %s: tensor '%s' has more than "
                                          "%d dimensions",
-                                         p->src, e->name, LOWP_ST_MAX_DIMS);
+                                         p->j.src, e->name, LOWP_ST_MAX_DIMS);
                     if (d > (uint64_t) INT64_MAX) return jfail(p, "dimension too large");
                     e->shape[e->ndim++] = (int64_t) d;
                     if (jeat(p, ',')) continue;
@@ -705,13 +463,13 @@ static lowp_status parse_entry(jparser *p, st_entry *e) {
             if (e->seen_offsets) return jfail(p, "\"data_offsets\" appears twice");
             e->seen_offsets = 1;
             if (!jeat(p, '[')) return jfail(p, "\"data_offsets\" is not an array");
-            if ((st = juint(p, &e->begin)) != LOWP_OK) return st;
+            if ((st = lowp_json_uint(&p->j, &e->begin)) != LOWP_OK) return st;
             if (!jeat(p, ',')) return jfail(p, "\"data_offsets\" needs two integers");
-            if ((st = juint(p, &e->end)) != LOWP_OK) return st;
+            if ((st = lowp_json_uint(&p->j, &e->end)) != LOWP_OK) return st;
             if (!jeat(p, ']')) return jfail(p, "\"data_offsets\" needs exactly two integers");
         } else {
             free(key);
-            if ((st = jskip(p, 1)) != LOWP_OK) return st;
+            if ((st = lowp_json_skip(&p->j, 1)) != LOWP_OK) return st;
         }
         if (jeat(p, ',')) continue;
         if (jeat(p, '}')) break;
@@ -719,7 +477,7 @@ static lowp_status parse_entry(jparser *p, st_entry *e) {
     }
     if (!e->seen_dtype || !e->seen_shape || !e->seen_offsets)
         return lowp_fail(LOWP_ERR_CORRUPT, "lowp_safetensors_read: %s: tensor '%s' lacks \"%s\"",
-                         p->src, e->name,
+                         p->j.src, e->name,
                          !e->seen_dtype   ? "dtype"
                          : !e->seen_shape ? "shape"
                                           : "data_offsets");
@@ -729,7 +487,7 @@ static lowp_status parse_entry(jparser *p, st_entry *e) {
 static lowp_status parse_header(jparser *p) {
     lowp_safetensors *f = p->f;
     jws(p);
-    if (p->i != 0 || !jeat(p, '{')) return jfail(p, "the header does not start with '{'");
+    if (p->j.i != 0 || !jeat(p, '{')) return jfail(p, "the header does not start with '{'");
     if (!jeat(p, '}')) {
         for (;;) {
             char *name = NULL;
@@ -769,7 +527,7 @@ static lowp_status parse_header(jparser *p) {
         }
     }
     jws(p);
-    if (p->i != p->n) return jfail(p, "bytes after the JSON object");
+    if (p->j.i != p->j.n) return jfail(p, "bytes after the JSON object");
     return LOWP_OK;
 }
 
@@ -894,7 +652,7 @@ static lowp_status parse_owned(unsigned char *buf, size_t len, const char *src,
                          "%llu allowed): truncated or not a safetensors file",
                          fn, src, (unsigned long long) hlen, len, ST_HEADER_MAX);
     }
-    jparser p = {buf + 8, (size_t) hlen, 0, src, f};
+    jparser p = {{buf + 8, (size_t) hlen, 0, "lowp_safetensors_read", src, "header"}, f};
     lowp_status st = parse_header(&p);
     if (st == LOWP_OK) {
         f->data = buf + 8 + hlen;

@@ -266,18 +266,10 @@ static lowp_param *layer_params(lowp_moe *m, int64_t l) {
     return m->params + 1 + l * MOE_LAYER_PARAMS;
 }
 
-lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe **out) {
-    LOWP_CHECK_PTR("lowp_moe_create", cfg);
-    LOWP_CHECK_PTR("lowp_moe_create", out);
-    *out = NULL;
-    lowp_status st = config_check(cfg, "lowp_moe_create");
-    if (st != LOWP_OK) return st;
-
-    lowp_moe *m = calloc(1, sizeof *m);
-    if (m == NULL) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: model struct");
-    m->cfg = *cfg;
-    const int32_t L = cfg->layers;
-    const int dense = cfg->experts == 0;
+/* The parameter tables and the per-layer state, sized for the configuration. */
+static lowp_status alloc_tables(lowp_moe *m) {
+    const int32_t L = m->cfg.layers;
+    const int dense = m->cfg.experts == 0;
     m->nparams = dense ? 3 + L * DENSE_LAYER_PARAMS : 3 + L * MOE_LAYER_PARAMS;
     m->params = calloc((size_t) m->nparams, sizeof *m->params);
     m->names = calloc((size_t) m->nparams, sizeof *m->names);
@@ -285,23 +277,22 @@ lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe 
     m->attn = calloc((size_t) L, sizeof *m->attn);
     m->ffn = calloc((size_t) L, sizeof *m->ffn);
     m->rng_states = calloc((size_t) L + 1, sizeof *m->rng_states);
-    if (!m->params || !m->names || !m->x_mid || !m->attn || !m->ffn || !m->rng_states) {
-        lowp_moe_free(m);
+    if (!m->params || !m->names || !m->x_mid || !m->attn || !m->ffn || !m->rng_states)
         return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: parameter tables");
-    }
+    return LOWP_OK;
+}
 
-    /* Names, shapes and initial scales, in the order lowp_moe_params reports. Linears and the
-     * embedding draw N(0, 0.02); the projections that write into the residual stream (wo, w2)
-     * are scaled down by sqrt(2 L) so the stream's variance does not grow with depth; norm
-     * weights start at 1. */
+/* Names, shapes and initial scales, in the order lowp_moe_params reports. Linears and the
+ * embedding draw N(0, 0.02); the projections that write into the residual stream (wo, w2)
+ * are scaled down by sqrt(2 L) so the stream's variance does not grow with depth; norm
+ * weights start at 1 (init_std < 0). */
+static void describe_params(lowp_moe *m, float *init_std) {
+    const lowp_moe_config *cfg = &m->cfg;
+    const int32_t L = cfg->layers;
+    const int dense = cfg->experts == 0;
     const int64_t D = cfg->dim, V = cfg->vocab, E = cfg->experts;
     const int64_t H = cfg->expert_hidden, Hs = cfg->shared_hidden;
     const float std = 0.02f, std_out = 0.02f / sqrtf(2.0f * (float) L);
-    float *init_std = calloc((size_t) m->nparams, sizeof *init_std); /* < 0: ones */
-    if (init_std == NULL) {
-        lowp_moe_free(m);
-        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: parameter tables");
-    }
     int32_t np = 0;
     add_param(m, init_std, &np, 0, V, D, std, "embed");
     if (dense) {
@@ -337,22 +328,23 @@ lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe 
         add_param(m, init_std, &np, 0, V, D, std, "head");
     }
     m->nparams = np;
+}
 
-    /* One arena: all data, then all grads (same offsets), then the RoPE tables. */
+/* One arena: all data, then all grads (same offsets), then the RoPE tables; the data drawn
+ * from the seed's Philox streams (each parameter's stream follows the last). */
+static lowp_status alloc_arena(lowp_moe *m, const float *init_std, uint64_t seed) {
+    const int32_t np = m->nparams;
     int64_t data_floats = 0;
     for (int32_t i = 0; i < np; i++) data_floats += padded(param_numel(&m->params[i]));
-    const int64_t half = D / cfg->heads / 2;
-    const int64_t rope_floats = padded((int64_t) cfg->seq_len * half);
+    const int64_t half = m->cfg.dim / m->cfg.heads / 2;
+    const int64_t rope_floats = padded((int64_t) m->cfg.seq_len * half);
     const size_t bytes = (size_t) (2 * data_floats + 2 * rope_floats) * sizeof(float);
     m->param_arena = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (m->param_arena == NULL) {
-        free(init_std);
-        lowp_moe_free(m);
+    if (m->param_arena == NULL)
         return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: %zu bytes of parameters", bytes);
-    }
     memset(m->param_arena, 0, bytes);
     int64_t off = 0;
-    uint64_t word = 0; /* Philox words used so far: each parameter's stream follows the last */
+    uint64_t word = 0; /* Philox words used so far */
     const int nthreads = lowp_thread_count(0);
     for (int32_t i = 0; i < np; i++) {
         lowp_param *p = &m->params[i];
@@ -368,19 +360,51 @@ lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe 
         word += (uint64_t) padded(n);
         off += padded(n);
     }
-    free(init_std);
-
-    /* RoPE: position t, pair i turns by t * theta^(-2i / hd), computed in binary64. */
     m->rope_cos = m->param_arena + 2 * data_floats;
     m->rope_sin = m->rope_cos + rope_floats;
-    for (int64_t t = 0; t < cfg->seq_len; t++)
+    return LOWP_OK;
+}
+
+/* RoPE: position t, pair i turns by t * theta^(-2i / hd), computed in binary64. */
+static void fill_rope(lowp_moe *m) {
+    const int64_t half = m->cfg.dim / m->cfg.heads / 2;
+    for (int64_t t = 0; t < m->cfg.seq_len; t++)
         for (int64_t i = 0; i < half; i++) {
             const double angle =
-                (double) t * pow((double) cfg->rope_theta, -(double) i / (double) half);
+                (double) t * pow((double) m->cfg.rope_theta, -(double) i / (double) half);
             m->rope_cos[t * half + i] = (float) cos(angle);
             m->rope_sin[t * half + i] = (float) sin(angle);
         }
-    if (dense && (st = dense_state_create(cfg, &m->dense)) != LOWP_OK) {
+}
+
+/* The steps of lowp_moe_create after the checks, on a zeroed model holding its cfg (the
+ * caller frees it on failure). */
+static lowp_status build(lowp_moe *m, uint64_t seed) {
+    lowp_status st = alloc_tables(m);
+    if (st != LOWP_OK) return st;
+    float *init_std = calloc((size_t) m->nparams, sizeof *init_std);
+    if (init_std == NULL)
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: parameter tables");
+    describe_params(m, init_std);
+    st = alloc_arena(m, init_std, seed);
+    free(init_std);
+    if (st != LOWP_OK) return st;
+    fill_rope(m);
+    if (m->cfg.experts == 0) return dense_state_create(&m->cfg, &m->dense);
+    return LOWP_OK;
+}
+
+lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe **out) {
+    LOWP_CHECK_PTR("lowp_moe_create", cfg);
+    LOWP_CHECK_PTR("lowp_moe_create", out);
+    *out = NULL;
+    lowp_status st = config_check(cfg, "lowp_moe_create");
+    if (st != LOWP_OK) return st;
+
+    lowp_moe *m = calloc(1, sizeof *m);
+    if (m == NULL) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: model struct");
+    m->cfg = *cfg;
+    if ((st = build(m, seed)) != LOWP_OK) {
         lowp_moe_free(m);
         return st;
     }

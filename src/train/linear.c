@@ -577,23 +577,15 @@ static lowp_status check_saved(const char *fn, const lowp_linear_saved *s, const
     return LOWP_OK;
 }
 
-/* Consumes `saved` on every path, so that a failed backward leaks nothing. */
-static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lowp_tensor *x,
-                            const int32_t *offs, const lowp_tensor *dy, lowp_tensor *dx,
-                            float *dbias, const lowp_linear_opts *opts, lowp_linear_saved *saved) {
+/* Every argument of a backward, before any work. */
+static lowp_status check_backward(const char *fn, int grouped, const lowp_param *w,
+                                  const lowp_tensor *x, const int32_t *offs, const lowp_tensor *dy,
+                                  const lowp_tensor *dx, const lowp_linear_opts *opts,
+                                  const lowp_linear_saved *saved) {
     lowp_status st = check_param(fn, w, grouped);
-    lowp_qtensor dyrow, dycol, xcol;
-    memset(&dyrow, 0, sizeof dyrow);
-    memset(&dycol, 0, sizeof dycol);
-    memset(&xcol, 0, sizeof xcol);
-    struct lowp_weight_cache *wc = NULL;
-    int owned = 0;
-    if (st != LOWP_OK) goto out;
+    if (st != LOWP_OK) return st;
     const int64_t N = w->rows, K = w->cols;
-    if (!x) {
-        st = lowp_fail(LOWP_ERR_INVALID_ARG, "%s: x is NULL", fn);
-        goto out;
-    }
+    if (!x) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: x is NULL", fn);
     const int64_t M = x->rows;
     const int32_t G = grouped ? w->groups : 1;
     if ((st = check_tensor(fn, "x", x, M, K)) != LOWP_OK ||
@@ -602,12 +594,87 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
         (st = check_opts(fn, opts)) != LOWP_OK ||
         (grouped && (st = lowp_check_offs(fn, offs, G, M, "x.rows")) != LOWP_OK) ||
         (st = check_saved(fn, saved, w, grouped, M, K, offs)) != LOWP_OK)
-        goto out;
-    if (!w->grad) {
-        st = lowp_fail(LOWP_ERR_INVALID_ARG, "%s: w (\"%s\").grad is NULL", fn,
-                       w->name ? w->name : "?");
-        goto out;
+        return st;
+    if (!w->grad)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: w (\"%s\").grad is NULL", fn,
+                         w->name ? w->name : "?");
+    return LOWP_OK;
+}
+
+/* dY's copies for the backward's two GEMMs: row-wise for dgrad (when dyrow is not NULL),
+ * column-wise per group for wgrad; records dY's amax in the delayed-scaling state (not when
+ * recomputing). T rows of N. */
+static lowp_status grad_output_copies(const char *fn, const plan *p, const lowp_tensor *dy,
+                                      int64_t T, int64_t N, const int32_t *go, int32_t G,
+                                      int recompute, int32_t threads, lowp_qtensor *dyrow,
+                                      lowp_qtensor *dycol) {
+    const lowp_operand_spec *gs = &p->cfg.grad_output;
+    lowp_status st;
+    if (dyrow &&
+        (st = qt_alloc(fn, dyrow, gs, p->dgrad_q ? COPY_Q : p->hp, T, N, NULL, 0)) != LOWP_OK)
+        return st;
+    if ((st = qt_alloc(fn, dycol, gs, p->wgrad_q ? COPY_Q : p->hp, N, T, go, G)) != LOWP_OK)
+        return st;
+    const float *scale = delayed_scale(p, gs, LOWP_ROLE_GRAD_OUTPUT);
+    float amax = 0.0f;
+    lowp_tensor dyv = {LOWP_FORMAT_F32, T, N, dy->data, LOWP_DEVICE_HOST};
+    st = fill_copies(fn, &dyv, gs, dyrow, dycol, scale, scale ? &amax : NULL, threads);
+    if (st != LOWP_OK) return st;
+    if (scale && !recompute) return lowp_fp8_state_record(p->fp8, LOWP_ROLE_GRAD_OUTPUT, amax);
+    return LOWP_OK;
+}
+
+/* X column-wise for wgrad, into *xc: the forward's saved copy, the transpose of its saved BF16
+ * copy, or X requantized from high precision into xcol with the same scale the forward used
+ * (the role's scale moves only at the end of the step; its amax is already recorded). */
+static lowp_status input_columns(const char *fn, const plan *p, const lowp_tensor *x,
+                                 const lowp_linear_saved *saved, int64_t T, int64_t K,
+                                 const int32_t *go, int32_t G, int32_t threads, lowp_qtensor *xcol,
+                                 const lowp_qtensor **xc) {
+    const lowp_operand_spec *is = &p->cfg.input;
+    lowp_status st;
+    *xc = xcol;
+    if (saved && saved->has_xcol) {
+        *xc = &saved->xcol;
+    } else if (saved && saved->has_xbf16 && !p->wgrad_q && p->hp == COPY_BF16) {
+        if ((st = qt_alloc(fn, xcol, is, COPY_BF16, K, T, NULL, 0)) != LOWP_OK) return st;
+        lowp_prof_push(LOWP_PHASE_QUANT);
+        transpose_u16(saved->xbf16.data, T, K, xcol->data);
+        lowp_prof_pop();
+    } else {
+        if ((st = qt_alloc(fn, xcol, is, p->wgrad_q ? COPY_Q : p->hp, K, T, go, G)) != LOWP_OK)
+            return st;
+        lowp_tensor xv = {LOWP_FORMAT_F32, T, K, x->data, LOWP_DEVICE_HOST};
+        return fill_copies(fn, &xv, is, NULL, xcol, delayed_scale(p, is, LOWP_ROLE_INPUT), NULL,
+                           threads);
     }
+    return LOWP_OK;
+}
+
+/* dbias[n] += the sum over the M rows of dY's column n (in binary64). */
+static void add_dbias(const lowp_tensor *dy, int64_t M, int64_t N, float *dbias) {
+    const float *d = dy->data;
+    for (int64_t n = 0; n < N; n++) {
+        double sum = 0.0;
+        for (int64_t m = 0; m < M; m++) sum += d[m * N + n];
+        dbias[n] += (float) sum;
+    }
+}
+
+/* Consumes `saved` on every path, so that a failed backward leaks nothing. */
+static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lowp_tensor *x,
+                            const int32_t *offs, const lowp_tensor *dy, lowp_tensor *dx,
+                            float *dbias, const lowp_linear_opts *opts, lowp_linear_saved *saved) {
+    lowp_qtensor dyrow, dycol, xcol;
+    memset(&dyrow, 0, sizeof dyrow);
+    memset(&dycol, 0, sizeof dycol);
+    memset(&xcol, 0, sizeof xcol);
+    struct lowp_weight_cache *wc = NULL;
+    int owned = 0;
+    lowp_status st = check_backward(fn, grouped, w, x, offs, dy, dx, opts, saved);
+    if (st != LOWP_OK) goto out;
+    const int64_t N = w->rows, K = w->cols, M = x->rows;
+    const int32_t G = grouped ? w->groups : 1;
     const int32_t threads = opts ? opts->threads : 0;
     const int recompute = opts ? opts->recompute : 0;
     const int64_t T = grouped ? offs[G - 1] : M;
@@ -616,22 +683,10 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
     if (T > 0) {
         if ((st = weight_operands(fn, w, &p, 0, dx != NULL, threads, &wc, &owned)) != LOWP_OK)
             goto out;
-        const lowp_operand_spec *gs = &p.cfg.grad_output, *is = &p.cfg.input;
         const int32_t *go = grouped ? offs : NULL;
-        if (dx &&
-            (st = qt_alloc(fn, &dyrow, gs, p.dgrad_q ? COPY_Q : p.hp, T, N, NULL, 0)) != LOWP_OK)
-            goto out;
-        if ((st = qt_alloc(fn, &dycol, gs, p.wgrad_q ? COPY_Q : p.hp, N, T, go, G)) != LOWP_OK)
-            goto out;
-        const float *scale = delayed_scale(&p, gs, LOWP_ROLE_GRAD_OUTPUT);
-        float amax = 0.0f;
-        lowp_tensor dyv = {LOWP_FORMAT_F32, T, N, dy->data, LOWP_DEVICE_HOST};
-        st = fill_copies(fn, &dyv, gs, dx ? &dyrow : NULL, &dycol, scale, scale ? &amax : NULL,
-                         threads);
+        st = grad_output_copies(fn, &p, dy, T, N, go, G, recompute, threads, dx ? &dyrow : NULL,
+                                &dycol);
         if (st != LOWP_OK) goto out;
-        if (scale && !recompute &&
-            (st = lowp_fp8_state_record(p.fp8, LOWP_ROLE_GRAD_OUTPUT, amax)) != LOWP_OK)
-            goto out;
         lowp_gemm_cfg gc;
         lowp_gemm_cfg_init(&gc);
         gc.threads = threads;
@@ -640,38 +695,16 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
             st = gemm_timed(&dyrow, wc->dgr, grouped ? offs : NULL, G, 0, &dxv, &gc);
             if (st != LOWP_OK) goto out;
         }
-        const lowp_qtensor *xc = &xcol;
-        if (saved && saved->has_xcol) {
-            xc = &saved->xcol;
-        } else if (saved && saved->has_xbf16 && !p.wgrad_q && p.hp == COPY_BF16) {
-            if ((st = qt_alloc(fn, &xcol, is, COPY_BF16, K, T, NULL, 0)) != LOWP_OK) goto out;
-            lowp_prof_push(LOWP_PHASE_QUANT);
-            transpose_u16(saved->xbf16.data, T, K, xcol.data);
-            lowp_prof_pop();
-        } else {
-            /* Requantize X from high precision with the same scale the forward used (the
-             * role's scale moves only at the end of the step); its amax is already recorded. */
-            if ((st = qt_alloc(fn, &xcol, is, p.wgrad_q ? COPY_Q : p.hp, K, T, go, G)) != LOWP_OK)
-                goto out;
-            lowp_tensor xv = {LOWP_FORMAT_F32, T, K, x->data, LOWP_DEVICE_HOST};
-            st = fill_copies(fn, &xv, is, NULL, &xcol, delayed_scale(&p, is, LOWP_ROLE_INPUT), NULL,
-                             threads);
-            if (st != LOWP_OK) goto out;
-        }
+        const lowp_qtensor *xc = NULL;
+        st = input_columns(fn, &p, x, saved, T, K, go, G, threads, &xcol, &xc);
+        if (st != LOWP_OK) goto out;
         gc.accumulate = 1; /* dW adds into the FP32 gradient: micro-batches add up */
         lowp_tensor gt = {LOWP_FORMAT_F32, (int64_t) G * N, K, w->grad, LOWP_DEVICE_HOST};
         st = gemm_timed(&dycol, xc, grouped ? offs : NULL, G, 1, &gt, &gc);
         if (st != LOWP_OK) goto out;
     }
     if (dx && grouped) zero_rows(dx, T);
-    if (dbias) {
-        const float *d = dy->data;
-        for (int64_t n = 0; n < N; n++) {
-            double sum = 0.0;
-            for (int64_t m = 0; m < M; m++) sum += d[m * N + n];
-            dbias[n] += (float) sum;
-        }
-    }
+    if (dbias) add_dbias(dy, M, N, dbias);
     if (w->wrap) w->wrap->stats.backward_calls++;
 out:
     qt_free(&dyrow);

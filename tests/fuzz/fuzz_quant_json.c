@@ -1,4 +1,5 @@
-/* libFuzzer target: the flat JSON reader of the `lowp` tool (tools/cli_common.c), which
+/* libFuzzer target: the flat-object lookup of the io layer's JSON reader (src/io/json.c) and
+ * the integer reader of the `lowp` tool built on it (tools/cli_common.c), which
  * `lowp dequantize` uses on OUT.json, for every key OUT.json holds and for keys that are
  * prefixes or extensions of them. Values must fit the buffer and be NUL-terminated. */
 #include <stddef.h>
@@ -7,6 +8,7 @@
 #include <string.h>
 
 #include "cli_common.h"
+#include "io/json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *text = malloc(size + 1);
@@ -19,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         char v[64];
         memset(v, 'x', sizeof v);
-        if (lowp_cli_json_value(text, keys[k], v, sizeof v) && strlen(v) >= sizeof v) abort();
+        if (lowp_json_find(text, keys[k], v, sizeof v) && strlen(v) >= sizeof v) abort();
         int64_t n;
         if (lowp_cli_json_int(text, keys[k], &n) && n < 0) abort();
     }
