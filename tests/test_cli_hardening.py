@@ -10,6 +10,7 @@
 - item 8: --seq-len 20000000 is refused from the corpus length before the model is built, and
   --experts 100000 from the memory estimate; both exit 2 at once, under a 2 GB address-space
   limit (before: an allocation of 1.26 GB or 160 GB, then exit 1 or a long wait).
+- item 6: `lowp compare --steps 2147483647` starts training (its records were sized in int32).
 - item 9: after a run logged steps 1-6 and is resumed from its step-3 checkpoint, every step
   appears once in --log; a corpus of 200 distinct bytes keeps all 400 hex digits of data.vocab;
   an .npy from a pipe whose header declares 4 TiB is truncated data (exit 2), not exit 1.
@@ -126,6 +127,26 @@ def test_cheap_checks_first():
     rc, out, err = run(*BASE, "--steps", "2", "--experts", "100000", cap=True)
     rep.check("--experts 100000: exit 2 from the memory estimate",
               rc == 2 and one_line(err) and "physical memory" in err, [f"exit {rc}", err[-300:]])
+
+
+def test_compare_huge_steps():
+    # item 6: the per-update records of `lowp compare` were sized in int32 (steps + 2 overflowed
+    # for 2^31-1: undefined behaviour, in practice "out of memory"); now in size_t, so the run
+    # starts training. It is stopped after a few seconds.
+    out_dir = tempfile.mkdtemp(prefix="lowp_cmp_")
+    e = dict(os.environ)
+    e.setdefault("OMP_WAIT_POLICY", "passive")
+    p = subprocess.Popen([CLI, "compare", "--recipes", "bf16", "--config", "tiny", "--steps",
+                          "2147483647", "--threads", "1", "--out", out_dir],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    try:
+        p.wait(timeout=6)
+    except subprocess.TimeoutExpired:
+        p.kill()
+    err = p.communicate()[1]
+    rep.check("compare --steps 2147483647: trains, no overflow",
+              p.returncode in (-9, None) and "out of memory" not in err and
+              "runtime error" not in err, [f"exit {p.returncode}", err[-300:]])
 
 
 def test_log_after_resume():
@@ -331,6 +352,7 @@ def main():
     test_cheap_checks_first()
     test_divergence()
     test_log_after_resume()
+    test_compare_huge_steps()
     rep.finish()
 
 
