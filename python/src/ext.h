@@ -35,6 +35,8 @@ int ext_tensor_need(const ext_buf *b, const lowp_tensor *t, const char *fn, cons
 
 /* Raise the Python exception of a failed lowp call, with lowp_last_error() as its message. */
 PyObject *ext_raise(lowp_status st);
+/* Py_None (a new reference) when st is LOWP_OK, else ext_raise(st) (NULL). */
+PyObject *ext_none_or_raise(lowp_status st);
 
 /* Parse names with the library's own parsers (errors carry the C message). */
 int ext_format(const char *name, lowp_format *out);

@@ -65,11 +65,7 @@ static PyObject *run_gemm(int kind, PyObject *a_o, PyObject *b_o, long long grou
     else
         st = lowp_grouped_gemm_wgrad(&a.q, &b.q, offs, (int32_t) groups, &c, &cfg);
     Py_END_ALLOW_THREADS;
-    if (st != LOWP_OK) {
-        ext_raise(st);
-        goto done;
-    }
-    ret = Py_NewRef(Py_None);
+    ret = ext_none_or_raise(st);
 done:
     PyMem_RawFree(bs);
     ext_buf_release(&cb);

@@ -33,6 +33,10 @@ int ext_buf_need(const ext_buf *b, size_t need, const char *fn, const char *arg)
     return 0;
 }
 
+PyObject *ext_none_or_raise(lowp_status st) {
+    return st == LOWP_OK ? Py_NewRef(Py_None) : ext_raise(st);
+}
+
 int ext_tensor_need(const ext_buf *b, const lowp_tensor *t, const char *fn, const char *arg) {
     size_t need = 0;
     lowp_status st = lowp_tensor_nbytes(t, &need);

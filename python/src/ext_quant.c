@@ -59,11 +59,7 @@ static PyObject *py_cast(PyObject *self, PyObject *args) {
     if (st == LOWP_OK) st = lowp_cast(&s, &d, &cfg);
     if (st == LOWP_OK && dst4) st = lowp_fp4_unpack(packed, (size_t) n, dst.view.buf);
     Py_END_ALLOW_THREADS;
-    if (st != LOWP_OK) {
-        ext_raise(st);
-        goto done;
-    }
-    ret = Py_NewRef(Py_None);
+    ret = ext_none_or_raise(st);
 done:
     PyMem_RawFree(packed);
     ext_buf_release(&src);
@@ -230,11 +226,7 @@ static PyObject *py_quantize_grouped(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     st = lowp_quantize_grouped(&x, &col, &cfg);
     Py_END_ALLOW_THREADS;
-    if (st != LOWP_OK) {
-        ext_raise(st);
-        goto done;
-    }
-    ret = Py_NewRef(Py_None);
+    ret = ext_none_or_raise(st);
 done:
     ext_buf_release(&xb), ext_buf_release(&ob);
     ext_buf_release(&cd), ext_buf_release(&cs);
@@ -335,11 +327,7 @@ static PyObject *py_scale_layout(PyObject *self, PyObject *args) {
     else
         st = back ? lowp_scales_from_npu(src.view.buf, lay, srows, scols, axis, dst.view.buf)
                   : lowp_scales_to_npu(src.view.buf, srows, scols, axis, dst.view.buf, lay);
-    if (st != LOWP_OK) {
-        ext_raise(st);
-        goto done;
-    }
-    ret = Py_NewRef(Py_None);
+    ret = ext_none_or_raise(st);
 done:
     ext_buf_release(&dst);
 done_src:
