@@ -137,7 +137,8 @@ static void micro_amx(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0,
 }
 
 /* 1 MiB of packed B per column block: half the L2 of the cores that have AMX. */
-static const lowp_gemm_blk_kernel k_amx = {micro_amx, lowp_gemm_micro_f32x, 32, (size_t) 1 << 20};
+static const lowp_gemm_blk_kernel k_amx = {micro_amx, lowp_gemm_micro_f32x, 32, (size_t) 1 << 20,
+                                           0 /* min_cols: not measured on AMX hardware */};
 
 AMX_API int AMX_NAME(lowp_cpu_gemm_amx_supports)(const lowp_gemm_job *j) {
 #ifndef LOWP_AMX_EMULATE

@@ -61,7 +61,8 @@ static int64_t rup32(int64_t x) {
 static int64_t nc_cols(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k) {
     const int64_t kp = rup32(j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 1);
     int64_t nc = (int64_t) (k->b_budget_bytes / (2 * (size_t) kp)) / 32 * 32;
-    if (nc < 32) nc = 32;
+    const int64_t lo = k->min_cols > 32 ? k->min_cols / 32 * 32 : 32;
+    if (nc < lo) nc = lo;
     const int64_t ncap = rup32(j->n1 - j->n0 > 0 ? j->n1 - j->n0 : 1);
     return nc < ncap ? nc : ncap;
 }

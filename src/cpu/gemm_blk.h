@@ -44,10 +44,15 @@ typedef struct lowp_gemm_blk_kernel {
     lowp_gemm_micro_fn micro_exact; /* the reference's sequence, for tiles micro could miss */
     int rows_align;                 /* micro's row granularity: 32 (AMX: whole tiles) or 4 */
     size_t b_budget_bytes;          /* bytes of packed B per column block */
+    /* Columns of a B block at least (0: 32), above the budget when K is large: every B block
+     * decodes each A strip again, so a narrow block (128 columns at K = 4096 on a 1 MiB
+     * budget) spends an eighth of the GEMM decoding A. */
+    int64_t min_cols;
 } lowp_gemm_blk_kernel;
 
 /* Workspace (floats) of a job on kernel k, with Kp = K rounded up to 32 and NC = the columns of
- * a B block (b_budget_bytes / (2 Kp), rounded down to 32, at least 32, at most N rounded up):
+ * a B block (b_budget_bytes / (2 Kp), rounded down to 32, at least
+ * min_cols, at most N rounded up):
  *   NC * Kp / 2                  the packed B block (BF16)
  *   16 * Kp                      the decoded A strip (32 rows of Kp BF16)
  *   3 * 1024                     P tile, accumulator tile, packing scratch
