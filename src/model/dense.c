@@ -52,7 +52,6 @@ struct dense_state {
     float *dres, *dh, *dtmp;   /* [N, D] */
     float *dqkv;               /* [N, 3 D] */
     float *dq, *dk, *dv, *do_; /* [N, D] */
-    float *datt;               /* [B * nh, T] */
     float *dg;                 /* [N, H] */
     lowp_linear_saved *head_saved;
     double ce;
@@ -145,7 +144,6 @@ static void layout(dense_state *s, int grads, moe_carver *c) {
     s->dk = carve_f(c, N * D);
     s->dv = carve_f(c, N * D);
     s->do_ = carve_f(c, N * D);
-    s->datt = carve_f(c, d->B * d->nh * d->T);
     s->dg = carve_f(c, N * H);
 }
 
@@ -282,8 +280,9 @@ static lowp_status layer_forward(dense_state *s, lowp_param *params, int64_t l, 
     copy_cols(a->qkv, 3 * D, 0, a->q, N, D, 0);
     copy_cols(a->qkv, 3 * D, D, a->k, N, D, 0);
     copy_cols(a->qkv, 3 * D, 2 * D, a->v, N, D, 0);
-    moe_attention_core_forward(d, a->q, a->k, a->v, a->att, a->o, ex->nthreads);
+    st = moe_attention_core_forward(d, a->q, a->k, a->v, a->att, a->o, ex->nthreads);
     lowp_prof_pop();
+    if (st != LOWP_OK) return st;
 
     /* x_mid = x + o Wo^T (the branch output lands in x_mid, then x is added) */
     st = moe_linear_fwd(&lp[DENSE_WO], a->o, N, a->x_mid, ex, keep ? &a->saved[1] : NULL);
@@ -326,12 +325,15 @@ static lowp_status layer_backward(dense_state *s, lowp_param *params, int64_t l)
     st = moe_linear_bwd(&lp[DENSE_WO], a->o, N, s->dres, s->do_, ex, &a->saved[1]);
     if (st != LOWP_OK) return st;
     lowp_prof_push(LOWP_PHASE_ATTENTION);
-    moe_attention_core_backward(d, a->q, a->k, a->v, a->att, s->do_, s->dq, s->dk, s->dv, s->datt,
-                                ex->nthreads);
-    copy_cols(s->dqkv, 3 * D, 0, s->dq, N, D, 1);
-    copy_cols(s->dqkv, 3 * D, D, s->dk, N, D, 1);
-    copy_cols(s->dqkv, 3 * D, 2 * D, s->dv, N, D, 1);
+    st = moe_attention_core_backward(d, a->q, a->k, a->v, a->att, s->do_, s->dq, s->dk, s->dv,
+                                     ex->nthreads);
+    if (st == LOWP_OK) {
+        copy_cols(s->dqkv, 3 * D, 0, s->dq, N, D, 1);
+        copy_cols(s->dqkv, 3 * D, D, s->dk, N, D, 1);
+        copy_cols(s->dqkv, 3 * D, 2 * D, s->dv, N, D, 1);
+    }
     lowp_prof_pop();
+    if (st != LOWP_OK) return st;
     st = moe_linear_bwd(&lp[DENSE_WQKV], a->h1, N, s->dqkv, s->dh, ex, &a->saved[0]);
     if (st != LOWP_OK) return st;
     layernorm_backward(x, lp[DENSE_ATTN_NORM].data, a->mean1, a->rstd1, s->dh, N, D, s->dtmp,

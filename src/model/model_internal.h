@@ -94,7 +94,6 @@ typedef struct moe_grads {
     float *dh;                 /* [N, D]   dLoss/d(norm output) */
     float *dtmp;               /* [N, D] */
     float *dq, *dk, *dv, *do_; /* [N, D] */
-    float *datt;               /* [B * nh, T] one row of dLoss/dprobabilities per task */
     float *dgate;              /* [N, K] */
     float *dprobs;             /* [N, E] */
     float *deo;                /* [S, D] */
@@ -187,13 +186,15 @@ LOWP_HIDDEN lowp_status moe_attention_backward(lowp_param *lp, const moe_dims *d
 
 /* The causal attention core (no projections, no RoPE): q, k, v, o [N, D] with head h in
  * columns [h * hd, (h + 1) * hd); att [B, nh, T, T] the probabilities, kept for the backward,
- * which overwrites dq, dk, dv [N, D] from do_ [N, D] (datt [B * nh, T] scratch). */
-LOWP_HIDDEN void moe_attention_core_forward(const moe_dims *d, const float *q, const float *k,
-                                            const float *v, float *att, float *o, int nthreads);
-LOWP_HIDDEN void moe_attention_core_backward(const moe_dims *d, const float *q, const float *k,
-                                             const float *v, const float *att, const float *do_,
-                                             float *dq, float *dk, float *dv, float *datt,
-                                             int nthreads);
+ * which overwrites dq, dk, dv [N, D] from do_ [N, D]. Each thread allocates its scratch
+ * (LOWP_ERR_OUT_OF_MEMORY when it cannot). */
+LOWP_HIDDEN lowp_status moe_attention_core_forward(const moe_dims *d, const float *q,
+                                                   const float *k, const float *v, float *att,
+                                                   float *o, int nthreads);
+LOWP_HIDDEN lowp_status moe_attention_core_backward(const moe_dims *d, const float *q,
+                                                    const float *k, const float *v,
+                                                    const float *att, const float *do_, float *dq,
+                                                    float *dk, float *dv, int nthreads);
 
 /* MoE half: a->y and a->aux from x [N, D]. */
 LOWP_HIDDEN lowp_status moe_ffn_forward(lowp_param *lp, const moe_dims *d, const moe_exec *ex,

@@ -571,7 +571,6 @@ static void act_layout(lowp_moe *m, const moe_dims *d, int shared, int grads, in
     g->dk = carve_f(c, N * D);
     g->dv = carve_f(c, N * D);
     g->do_ = carve_f(c, N * D);
-    g->datt = carve_f(c, d->B * d->nh * d->T);
     g->dgate = carve_f(c, S);
     g->dprobs = carve_f(c, N * d->E);
     g->deo = carve_f(c, S * D);

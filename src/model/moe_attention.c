@@ -6,11 +6,10 @@
  *   o[t] = sum_{j<=t} softmax_j(q[t] . k[j] / sqrt(hd)) v[j]     per head, binary32
  *   y = o Wo^T
  *
- * The attention core is plain C parallelized over (sequence, head) tasks: each task owns its
- * rows and head columns of every output and gradient, so no sum depends on the thread count.
- * The softmax probabilities are kept ([B, nh, T, T]) for the backward. `omp simd` marks the
- * elementwise inner loops, whose rows never overlap, so they vectorize at -O2 without alias
- * checks (elementwise, so the bits do not change). */
+ * The attention core runs per (sequence, head) task on lowp_gemm's binary32 GEMMs, one thread
+ * per task: each task owns its rows and head columns of every output and gradient, so no sum
+ * depends on the thread count. The softmax probabilities are kept ([B, nh, T, T]) for the
+ * backward. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,138 +38,175 @@ static void rope_rotate(float *x, const moe_dims *d, const float *cosv, const fl
     }
 }
 
-/* a . b in eight interleaved partial sums: the compiler can keep them in one vector register
- * (a single running sum would serialize), and the order is fixed, so every machine and thread
- * count gets the same bits. */
-static float dot(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
-    float tail = 0.0f;
-    for (; i < n; i++) tail += a[i] * b[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
-}
+/* The attention core runs per task (sequence b, head h) on lowp_gemm's binary32 GEMMs (one
+ * thread per task, so no sum depends on the thread count): the head's rows are copied into
+ * contiguous [T, hd] (or transposed [hd, T]) scratch, the scores and probabilities of a task
+ * are a contiguous [T, T] block of att. The GEMMs run over the whole square (the masked half
+ * is multiplied by zero probabilities): at hd = 64 that is still several times the rate of
+ * the row-by-row loops it replaced (docs/benchmarks.md). */
 
-/* xt [hd, T] = the T rows of one head's columns of x (row stride D), transposed. */
-static void head_transpose(const float *x, int64_t D, int64_t T, int64_t hd, float *xt) {
-    for (int64_t j = 0; j < T; j++)
-        for (int64_t i = 0; i < hd; i++) xt[i * T + j] = x[j * D + i];
-}
-
-/* p[j] = a . b_j for j <= t, with bt [hd, T] the b rows transposed: the sums run over i in
- * order for every j at once, so the loop vectorizes across j with no horizontal sums (the
- * row-by-row dot products of short heads spent most of their time reducing). */
-static void row_dots(const float *a, const float *bt, int64_t T, int64_t hd, int64_t t, float *p) {
-    for (int64_t j = 0; j <= t; j++) p[j] = 0.0f;
-    for (int64_t i = 0; i < hd; i++) {
-        const float ai = a[i];
-        const float *br = bt + i * T;
-#pragma omp simd
-        for (int64_t j = 0; j <= t; j++) p[j] += ai * br[j];
+/* xs [T, hd] = the T rows of one head's columns of x (row stride D); xt [hd, T] its
+ * transpose (either may be NULL). */
+static void head_gather(const float *x, int64_t D, int64_t T, int64_t hd, float *xs, float *xt) {
+    for (int64_t j = 0; j < T; j++) {
+        const float *r = x + j * D;
+        if (xs) memcpy(xs + j * hd, r, (size_t) hd * sizeof(float));
+        if (xt)
+            for (int64_t i = 0; i < hd; i++) xt[i * T + j] = r[i];
     }
+}
+
+/* The head's columns of y (row stride D) = ys [T, hd]. */
+static void head_scatter(const float *ys, int64_t D, int64_t T, int64_t hd, float *y) {
+    for (int64_t j = 0; j < T; j++) memcpy(y + j * D, ys + j * hd, (size_t) hd * sizeof(float));
+}
+
+/* dst [n, n] = src^T, in 16 x 16 blocks. */
+static void square_transpose(const float *src, int64_t n, float *dst) {
+    for (int64_t i0 = 0; i0 < n; i0 += 16)
+        for (int64_t j0 = 0; j0 < n; j0 += 16)
+            for (int64_t i = i0; i < i0 + 16 && i < n; i++)
+                for (int64_t j = j0; j < j0 + 16 && j < n; j++) dst[j * n + i] = src[i * n + j];
+}
+
+/* c [m, n] = a [m, k] . b [n, k]^T on one thread (binary32, plain operands). */
+static lowp_status mm_f32(const float *a, const float *b, float *c, int64_t m, int64_t n,
+                          int64_t k) {
+    lowp_qtensor qa = {0}, qb = {0};
+    qa.format = qb.format = LOWP_FORMAT_F32;
+    qa.scaling = qb.scaling = LOWP_SCALING_NONE;
+    qa.device = qb.device = LOWP_DEVICE_HOST;
+    qa.rows = m, qa.cols = k, qa.data = (void *) a;
+    qb.rows = n, qb.cols = k, qb.data = (void *) b;
+    lowp_tensor ct = moe_tensor(c, m, n);
+    lowp_gemm_cfg cfg;
+    lowp_gemm_cfg_init(&cfg);
+    cfg.threads = 1;
+    return lowp_gemm(&qa, &qb, &ct, &cfg);
+}
+
+/* Row t of the scores s [T] -> causal softmax probabilities of s * scale (0 past t). */
+static void softmax_row(float *s, int64_t T, int64_t t, float scale) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= t; j++) {
+        s[j] *= scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j <= t; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j <= t; j++) s[j] *= inv;
+    for (int64_t j = t + 1; j < T; j++) s[j] = 0.0f;
+}
+
+/* The first failure of a parallel loop's tasks (the others are skipped). */
+static void keep_first(lowp_status *all, lowp_status st) {
+    if (st == LOWP_OK) return;
+#pragma omp critical(moe_attention_status)
+    if (*all == LOWP_OK) *all = st;
+}
+
+static int failed(const lowp_status *all) {
+    lowp_status v;
+#pragma omp atomic read
+    v = *all;
+    return v != LOWP_OK;
 }
 
 /* Causal attention. q, k, v, o: [N, D] with head h in columns [h * hd, (h + 1) * hd);
- * att: [B, nh, T, T]. Task (b, h) covers rows b * T .. b * T + T - 1 of head h. Each thread
- * transposes its task's keys once into scratch (without scratch: row-by-row dot products,
- * which give other bits). */
-void moe_attention_core_forward(const moe_dims *d, const float *q, const float *k, const float *v,
-                                float *att, float *o, int nthreads) {
+ * att: [B, nh, T, T]. Task (b, h) covers rows b * T .. b * T + T - 1 of head h:
+ *   S = Q K^T (GEMM), P = softmax(S / sqrt(hd)) row by row (causal), O = P V (GEMM). */
+lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const float *k,
+                                       const float *v, float *att, float *o, int nthreads) {
     const int64_t T = d->T, D = d->D, hd = d->hd;
     const float scale = 1.0f / sqrtf((float) hd);
     const int64_t work = d->N * d->T * d->D; /* ~ twice the multiply-adds */
+    lowp_status all = LOWP_OK;
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
-        float *kt = malloc((size_t) (T * hd) * sizeof(float));
+        float *buf = malloc((size_t) (4 * T * hd) * sizeof(float));
+        float *qs = buf, *ks = buf + T * hd, *vt = buf + 2 * T * hd, *os = buf + 3 * T * hd;
+        if (!buf) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
+            if (failed(&all)) continue;
             const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
-            if (kt) head_transpose(k + base, D, T, hd, kt);
-            for (int64_t t = 0; t < T; t++) {
-                const float *qt = q + base + t * D;
-                float *p = att + (task * T + t) * T; /* [T]: scores, then probabilities */
-                float mx = -INFINITY;
-                if (kt) row_dots(qt, kt, T, hd, t, p);
-                for (int64_t j = 0; j <= t; j++) {
-                    p[j] = (kt ? p[j] : dot(qt, k + base + j * D, hd)) * scale;
-                    if (p[j] > mx) mx = p[j];
-                }
-                float sum = 0.0f;
-                for (int64_t j = 0; j <= t; j++) {
-                    p[j] = expf(p[j] - mx);
-                    sum += p[j];
-                }
-                const float inv = 1.0f / sum;
-                for (int64_t j = 0; j <= t; j++) p[j] *= inv;
-                for (int64_t j = t + 1; j < T; j++)
-                    p[j] = 0.0f; /* masked: the buffer stays defined */
-
-                float *ot = o + base + t * D;
-                memset(ot, 0, (size_t) hd * sizeof(float));
-                for (int64_t j = 0; j <= t; j++) {
-                    const float *vj = v + base + j * D;
-#pragma omp simd
-                    for (int64_t i = 0; i < hd; i++) ot[i] += p[j] * vj[i];
-                }
+            float *p = att + task * T * T; /* [T, T]: scores, then probabilities */
+            head_gather(q + base, D, T, hd, qs, NULL);
+            head_gather(k + base, D, T, hd, ks, NULL);
+            head_gather(v + base, D, T, hd, NULL, vt);
+            lowp_status st = mm_f32(qs, ks, p, T, T, hd);
+            if (st == LOWP_OK) {
+                for (int64_t t = 0; t < T; t++) softmax_row(p + t * T, T, t, scale);
+                st = mm_f32(p, vt, os, T, hd, T);
             }
+            if (st == LOWP_OK) head_scatter(os, D, T, hd, o + base);
+            keep_first(&all, st);
         }
-        free(kt);
+        free(buf);
     }
+    return all;
 }
 
 /* Backward of moe_attention_core_forward: from do_ [N, D], dq, dk, dv [N, D] (overwritten).
- * With P the probabilities of row t and dP[j] = do[t] . v[j]:
- *   dv[j] += P[j] do[t];   dS[j] = P[j] (dP[j] - sum_i P[i] dP[i]);
- *   dq[t] += scale sum_j dS[j] k[j];   dk[j] += scale dS[j] q[t].
- * datt: [B * nh, T], one row of dP per task. */
-void moe_attention_core_backward(const moe_dims *d, const float *q, const float *k, const float *v,
-                                 const float *att, const float *do_, float *dq, float *dk,
-                                 float *dv, float *datt, int nthreads) {
+ * Per task, with P the probabilities [T, T]:
+ *   dP = dO V^T;  dS = P * (dP - rowsum(P * dP)) / sqrt(hd);
+ *   dQ = dS K;  dK = dS^T Q;  dV = P^T dO   (five GEMMs' worth, as four GEMMs). */
+lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const float *k,
+                                        const float *v, const float *att, const float *do_,
+                                        float *dq, float *dk, float *dv, int nthreads) {
     const int64_t T = d->T, D = d->D, hd = d->hd;
     const float scale = 1.0f / sqrtf((float) hd);
     const int64_t work = d->N * d->T * d->D; /* ~ twice the multiply-adds */
+    lowp_status all = LOWP_OK;
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
-        float *vt = malloc((size_t) (T * hd) * sizeof(float));
+        const int64_t th = T * hd;
+        float *buf = malloc((size_t) (6 * th + 2 * T * T) * sizeof(float));
+        float *dos = buf, *dot = buf + th, *vs = buf + 2 * th, *kt = buf + 3 * th;
+        float *qt = buf + 4 * th, *gs = buf + 5 * th; /* gs: a [T, hd] result */
+        float *ds = buf + 6 * th, *tr = ds + T * T;   /* dP then dS; a transposed square */
+        if (!buf) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
+            if (failed(&all)) continue;
             const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
-            float *dp = datt + task * T;
-            if (vt) head_transpose(v + base, D, T, hd, vt);
-            for (int64_t t = 0; t < T; t++) {
-                memset(dq + base + t * D, 0, (size_t) hd * sizeof(float));
-                memset(dk + base + t * D, 0, (size_t) hd * sizeof(float));
-                memset(dv + base + t * D, 0, (size_t) hd * sizeof(float));
-            }
-            for (int64_t t = 0; t < T; t++) {
-                const float *p = att + (task * T + t) * T;
-                const float *dot_ = do_ + base + t * D;
-                float pdp = 0.0f; /* sum_j P[j] dP[j] */
-                if (vt) row_dots(dot_, vt, T, hd, t, dp);
-                for (int64_t j = 0; j <= t; j++) {
-                    if (!vt) dp[j] = dot(dot_, v + base + j * D, hd);
-                    pdp += p[j] * dp[j];
-                    float *dvj = dv + base + j * D;
-#pragma omp simd
-                    for (int64_t i = 0; i < hd; i++) dvj[i] += p[j] * dot_[i];
+            const float *p = att + task * T * T;
+            head_gather(do_ + base, D, T, hd, dos, dot);
+            head_gather(v + base, D, T, hd, vs, NULL);
+            head_gather(k + base, D, T, hd, NULL, kt);
+            head_gather(q + base, D, T, hd, NULL, qt);
+            lowp_status st = mm_f32(dos, vs, ds, T, T, hd); /* dP */
+            if (st == LOWP_OK) {
+                for (int64_t t = 0; t < T; t++) {
+                    const float *pr = p + t * T;
+                    float *r = ds + t * T;
+                    float pdp = 0.0f; /* sum_j P[j] dP[j] */
+                    for (int64_t j = 0; j <= t; j++) pdp += pr[j] * r[j];
+                    for (int64_t j = 0; j <= t; j++) r[j] = pr[j] * (r[j] - pdp) * scale;
+                    for (int64_t j = t + 1; j < T; j++) r[j] = 0.0f;
                 }
-                const float *qt = q + base + t * D;
-                float *dqt = dq + base + t * D;
-                for (int64_t j = 0; j <= t; j++) {
-                    const float ds = p[j] * (dp[j] - pdp) * scale;
-                    const float *kj = k + base + j * D;
-                    float *dkj = dk + base + j * D;
-#pragma omp simd
-                    for (int64_t i = 0; i < hd; i++) {
-                        dqt[i] += ds * kj[i];
-                        dkj[i] += ds * qt[i];
-                    }
-                }
+                st = mm_f32(ds, kt, gs, T, hd, T); /* dQ */
             }
+            if (st == LOWP_OK) {
+                head_scatter(gs, D, T, hd, dq + base);
+                square_transpose(ds, T, tr);
+                st = mm_f32(tr, qt, gs, T, hd, T); /* dK */
+            }
+            if (st == LOWP_OK) {
+                head_scatter(gs, D, T, hd, dk + base);
+                square_transpose(p, T, tr);
+                st = mm_f32(tr, dot, gs, T, hd, T); /* dV */
+            }
+            if (st == LOWP_OK) head_scatter(gs, D, T, hd, dv + base);
+            keep_first(&all, st);
         }
-        free(vt);
+        free(buf);
     }
+    return all;
 }
 
 lowp_status moe_attention_forward(lowp_param *lp, const moe_dims *d, const moe_exec *ex,
@@ -196,8 +232,9 @@ lowp_status moe_attention_forward(lowp_param *lp, const moe_dims *d, const moe_e
     rope_rotate(a->k, d, rope_cos, rope_sin, 1.0f, ex->nthreads);
 
     /* o [N, D] = causal softmax attention; att [B, nh, T, T] kept */
-    moe_attention_core_forward(d, a->q, a->k, a->v, a->att, a->o, ex->nthreads);
+    st = moe_attention_core_forward(d, a->q, a->k, a->v, a->att, a->o, ex->nthreads);
     lowp_prof_pop();
+    if (st != LOWP_OK) return st;
 
     /* y [N, D] = o Wo^T */
     return moe_linear_fwd(&lp[MOE_WO], a->o, N, a->y, ex, keep ? &a->saved[3] : NULL);
@@ -215,11 +252,14 @@ lowp_status moe_attention_backward(lowp_param *lp, const moe_dims *d, const moe_
 
     /* attention core: dq, dk, dv [N, D]; then RoPE's transpose on dq and dk */
     lowp_prof_push(LOWP_PHASE_ATTENTION);
-    moe_attention_core_backward(d, a->q, a->k, a->v, a->att, g->do_, g->dq, g->dk, g->dv, g->datt,
-                                ex->nthreads);
-    rope_rotate(g->dq, d, rope_cos, rope_sin, -1.0f, ex->nthreads);
-    rope_rotate(g->dk, d, rope_cos, rope_sin, -1.0f, ex->nthreads);
+    st = moe_attention_core_backward(d, a->q, a->k, a->v, a->att, g->do_, g->dq, g->dk, g->dv,
+                                     ex->nthreads);
+    if (st == LOWP_OK) {
+        rope_rotate(g->dq, d, rope_cos, rope_sin, -1.0f, ex->nthreads);
+        rope_rotate(g->dk, d, rope_cos, rope_sin, -1.0f, ex->nthreads);
+    }
     lowp_prof_pop();
+    if (st != LOWP_OK) return st;
 
     /* q, k, v = h W^T:  dh [N, D] = dq Wq + dk Wk + dv Wv */
     st = moe_linear_bwd(&lp[MOE_WQ], a->h, N, g->dq, g->dh, ex, &a->saved[0]);
