@@ -15,14 +15,18 @@
 
 #include "lowp/lowp.h"
 
-/* A buffer argument: `held` says whether `view` must be released. */
+/* A buffer argument: `held` says whether one was given (view.buf, view.len), `raw` that it
+ * is raw memory (nothing to release) rather than a Py_buffer. */
 typedef struct ext_buf {
     Py_buffer view;
-    int held;
+    int held, raw;
 } ext_buf;
 
 /* Acquire `obj` (None allowed when `optional`) as a C-contiguous buffer, writable when asked.
- * Raises TypeError naming `fn` and `arg`. */
+ * Raises TypeError naming `fn` and `arg`. `obj` may also be raw memory, the tuple
+ * (address, nbytes) of two ints: lowp.torch passes a contiguous CPU tensor's memory so
+ * (data_ptr(), its byte count), without a numpy view per argument, and holds the tensor for
+ * the call. */
 int ext_buf_get(PyObject *obj, ext_buf *out, int writable, int optional, const char *fn,
                 const char *arg);
 void ext_buf_release(ext_buf *b);

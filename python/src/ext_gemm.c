@@ -114,8 +114,11 @@ static PyObject *py_grouped_gemm_wgrad(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOsLLpii", &a_o, &b_o, &offs_o, &c_o, &cfmt, &crows, &ccols,
                           &accumulate, &threads, &path))
         return NULL;
-    Py_ssize_t n = PyObject_Length(offs_o);
-    if (n < 0) return NULL;
+    /* groups: the int32 values of offs (a buffer or raw memory) */
+    ext_buf ob;
+    if (ext_buf_get(offs_o, &ob, 0, 0, "lowp.grouped_gemm", "offs")) return NULL;
+    Py_ssize_t n = ob.view.len / 4;
+    ext_buf_release(&ob);
     return run_gemm(GEMM_SPLIT_K, a_o, b_o, (long long) n, offs_o, c_o, cfmt, crows, ccols,
                     accumulate, threads, path);
 }

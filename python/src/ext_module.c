@@ -8,6 +8,20 @@ int ext_buf_get(PyObject *obj, ext_buf *out, int writable, int optional, const c
                 const char *arg) {
     memset(out, 0, sizeof *out);
     if (obj == Py_None && optional) return 0;
+    if (PyTuple_CheckExact(obj) && PyTuple_GET_SIZE(obj) == 2) {
+        void *p = PyLong_AsVoidPtr(PyTuple_GET_ITEM(obj, 0));
+        Py_ssize_t n = PyErr_Occurred() ? -1 : PyLong_AsSsize_t(PyTuple_GET_ITEM(obj, 1));
+        if (n < 0 || (!p && n > 0)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: %s as raw memory must be (address, nbytes >= 0)",
+                         fn, arg);
+            return -1;
+        }
+        out->view.buf = p;
+        out->view.len = n;
+        out->held = out->raw = 1;
+        return 0;
+    }
     int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (!PyObject_CheckBuffer(obj) || PyObject_GetBuffer(obj, &out->view, flags) != 0) {
         PyErr_Clear();
@@ -20,8 +34,8 @@ int ext_buf_get(PyObject *obj, ext_buf *out, int writable, int optional, const c
 }
 
 void ext_buf_release(ext_buf *b) {
-    if (b->held) PyBuffer_Release(&b->view);
-    b->held = 0;
+    if (b->held && !b->raw) PyBuffer_Release(&b->view);
+    b->held = b->raw = 0;
 }
 
 int ext_buf_need(const ext_buf *b, size_t need, const char *fn, const char *arg) {

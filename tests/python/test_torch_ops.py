@@ -530,3 +530,26 @@ def test_bad_grouped_arguments():
         lt.grouped_mm(x, w, [0, 3, 9])
     with pytest.raises(ValueError, match="w must have 3"):
         lt.grouped_mm(x, w[0], offs)
+
+
+def test_raw_memory_buffers():
+    """lowp.torch hands contiguous CPU tensors to the extension as (address, nbytes); other
+    layouts go through a numpy view of a contiguous copy. Both give the same bytes, and a bad
+    raw descriptor is refused with a TypeError naming the argument."""
+    import lowp
+    from lowp import _lowp as ext
+    from lowp.torch import ops as O
+    x = torch.randn(96, 64)
+    xt = x.t()  # not contiguous
+    assert isinstance(O._buf(x), tuple) and not isinstance(O._buf(xt), tuple)
+    got = torch.ops.lowp.quantize(xt, "e4m3", "mx32", "", -1, 0.0, "both")
+    want = torch.ops.lowp.quantize(xt.contiguous(), "e4m3", "mx32", "", -1, 0.0, "both")
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    row = lowp.quantize(xt.contiguous(), "e4m3", "mx32")  # the numpy API, as the oracle here
+    assert torch.equal(got[0], row.data) and torch.equal(got[1], row.scale)
+    out = torch.empty(64, 64)
+    for bad in ((0, 16), (x.data_ptr(), -1)):
+        with pytest.raises(TypeError, match="x as raw memory"):
+            ext.quantize(bad, "f32", 4, 4, "e4m3", "mx32", O._buf(out), None, None, None,
+                         "default", -1, 0.0, 1, 0, None, False)

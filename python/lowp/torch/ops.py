@@ -118,10 +118,15 @@ def _threads() -> int:
 
 
 def _buf(t: Optional[Tensor]):
-    """A zero-copy numpy view of a contiguous CPU tensor (bf16 as its uint16 bits), or None.
-    Not Tensor.numpy(), which would make the storage non-resizable (see lowp/_arrays.py)."""
+    """A CPU tensor's memory for the extension, or None: a contiguous tensor as raw memory,
+    (data_ptr, nbytes), which the caller keeps alive for the call (a numpy view per argument
+    cost tens of microseconds, a large share of a small MoE layer's time); any other as a
+    zero-copy numpy view of a contiguous copy, which holds the copy. Not Tensor.numpy(), which
+    would make the storage non-resizable (see lowp/_arrays.py)."""
     if t is None:
         return None
+    if t.is_contiguous():
+        return (t.data_ptr(), t.numel() * t.element_size())
     return _lp._arrays.to_numpy(t.contiguous(), "lowp.torch", "operand")[0]
 
 
@@ -186,6 +191,8 @@ def quantize_op(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int
     dev = x.device
     native = _native(x)
     _count("quantize", native)
+    if native and x.dtype in _XFMT:
+        return _quantize_native(x.contiguous(), format, scaling, mode, p2, eps, axis, offs, scale)
     if offs is not None:
         G = offs.numel()
         bound = _grouped_scale_bound(scaling, R, G)
@@ -210,6 +217,46 @@ def quantize_op(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int
     row, col = P.quantize(x, format, scaling, mode, axis, eps, p2, scale)
     return (row.data if row else _empty(dev), row.scale if row else _empty(dev),
             col.data if col else _empty(dev), col.scale if col else _empty(dev))
+
+
+def _layout(fmt: str, scaling: str, rows: int, cols: int, offs=None):
+    """(data shape, scale shape, scale dtype) of one copy, from the C library's layout."""
+    _, _, sr, sc, e8 = _ext.layout(fmt, scaling, rows, cols, offs)
+    return _data_shape(fmt, rows, cols), (sr, sc), torch.uint8 if e8 else torch.float32
+
+
+def _quantize_native(x, fmt, scaling, mode, p2, eps, axis, offs, scale):
+    """quantize_op on lowp's kernels, straight into torch tensors (x contiguous, 2-D)."""
+    R, C = x.shape
+    e8 = scaling in P.E8M0_KINDS
+    mode_arg = mode if e8 else "default"
+    pow2 = -1 if (e8 or p2 is None) else int(p2)
+    thr = _threads()
+    xb = _buf(x)
+    xf = _XFMT[x.dtype]
+
+    def alloc(rows, cols, o=None):
+        ds, ss, sdt = _layout(fmt, scaling, rows, cols, o)
+        return torch.empty(ds, dtype=torch.uint8), torch.empty(ss, dtype=sdt)
+
+    if offs is not None:
+        o32 = offs.to(torch.int32).contiguous()
+        ob = _buf(o32)
+        cd, cs = alloc(C, R, ob)
+        _ext.quantize_grouped(xb, xf, R, C, fmt, scaling, ob, _buf(cd), _buf(cs), mode_arg, pow2,
+                              float(eps), thr, 0)
+        sc_out = torch.zeros((C, _grouped_scale_bound(scaling, R, o32.numel())), dtype=cs.dtype)
+        sc_out[:, : cs.shape[1]] = cs
+        return _empty(x.device), _empty(x.device), cd, sc_out
+    rd = rs = cd = cs = None
+    if axis in ("row", "both"):
+        rd, rs = alloc(R, C)
+    if axis in ("col", "both"):
+        cd, cs = alloc(C, R)
+    s = None if scale is None else float(scale.reshape(()).item())
+    _ext.quantize(xb, xf, R, C, fmt, scaling, _buf(rd), _buf(rs), _buf(cd), _buf(cs), mode_arg,
+                  pow2, float(eps), thr, 0, s, False)
+    return tuple(_empty(x.device) if t is None else t for t in (rd, rs, cd, cs))
 
 
 @quantize_op.register_fake
@@ -280,8 +327,10 @@ def scaled_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: T
     _count("scaled_mm", native)
     if native:
         out = torch.empty((M, N), dtype=_OUT_DTYPES[out_dtype])
-        return _lp.gemm(_qt(a, a_scale, a_format, a_scaling, (M, k)),
-                        _qt(b, b_scale, b_format, b_scaling, (N, k)), out=out)
+        _ext.gemm(_desc(a, a_scale, a_format, a_scaling, M, k),
+                  _desc(b, b_scale, b_format, b_scaling, N, k), _buf(out), out_dtype, M, N,
+                  False, _threads(), 0)
+        return out
     qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, M, k)
     qb = P.QT(b, b_scale if b_scaling != "none" else None, b_format, b_scaling, N, k)
     return P.gemm(qa, qb).to(_OUT_DTYPES[out_dtype])
@@ -316,9 +365,11 @@ def scaled_grouped_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: s
             # those are zeroed (a zero-filled output cost 5% of a medium MoE step).
             out = torch.empty((T, N), dtype=odt)
             out[(ol[-1] if ol else 0):].zero_()
-            return _lp.grouped_gemm(_qt(a, a_scale, a_format, a_scaling, (T, k)),
-                                    _qt(b, b_scale, b_format, b_scaling, (G, N, k)),
-                                    offs.to(torch.int32), out=out)
+            o32 = offs.to(torch.int32).contiguous()
+            _ext.grouped_gemm(_desc(a, a_scale, a_format, a_scaling, T, k),
+                              _desc(b, b_scale, b_format, b_scaling, N, k), G, _buf(o32),
+                              _buf(out), out_dtype, T, N, False, _threads(), 0)
+            return out
         qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, T, k)
         qb = [P.QT(b[g], b_scale[g] if b_scaling != "none" else None, b_format, b_scaling, N, k)
               for g in range(G)]
