@@ -13,8 +13,8 @@ int ext_buf_get(PyObject *obj, ext_buf *out, int writable, int optional, const c
         Py_ssize_t n = PyErr_Occurred() ? -1 : PyLong_AsSsize_t(PyTuple_GET_ITEM(obj, 1));
         if (n < 0 || (!p && n > 0)) {
             PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "%s: %s as raw memory must be (address, nbytes >= 0)",
-                         fn, arg);
+            PyErr_Format(PyExc_TypeError, "%s: %s as raw memory must be (address, nbytes >= 0)", fn,
+                         arg);
             return -1;
         }
         out->view.buf = p;
