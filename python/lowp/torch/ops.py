@@ -179,8 +179,7 @@ def _qt(data: Tensor, scale: Tensor, fmt: str, scaling: str, shape):
     return _lp.QTensor(data, scale, fmt, scaling, shape)
 
 
-@torch.library.custom_op("lowp::quantize", mutates_args=())
-def quantize_op(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int, eps: float,
+def _quantize_impl(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int, eps: float,
                 axis: str, offs: Optional[Tensor] = None,
                 scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Quantize 2-D x; see the module docstring. scale_mode "" and pow2 -1 take the defaults;
@@ -259,6 +258,9 @@ def _quantize_native(x, fmt, scaling, mode, p2, eps, axis, offs, scale):
     return tuple(_empty(x.device) if t is None else t for t in (rd, rs, cd, cs))
 
 
+quantize_op = torch.library.custom_op("lowp::quantize", mutates_args=())(_quantize_impl)
+
+
 @quantize_op.register_fake
 def _quantize_fake(x, format, scaling, scale_mode, pow2, eps, axis, offs=None, scale=None):
     R, C = x.shape
@@ -289,8 +291,7 @@ def _trim_scale(scale: Tensor, scaling: str, rows: int, cols: int, offs) -> Tens
     return scale[:, :nb].contiguous()
 
 
-@torch.library.custom_op("lowp::dequantize", mutates_args=())
-def dequantize_op(data: Tensor, scale: Tensor, format: str, scaling: str, rows: int, cols: int,
+def _dequantize_impl(data: Tensor, scale: Tensor, format: str, scaling: str, rows: int, cols: int,
                   offs: Optional[Tensor] = None) -> Tensor:
     """float32 [rows, cols] values of a quantized copy."""
     native = _native(data)
@@ -306,6 +307,9 @@ def dequantize_op(data: Tensor, scale: Tensor, format: str, scaling: str, rows: 
     return P.dequantize(P.QT(data, sc, format, scaling, rows, cols, ol))
 
 
+dequantize_op = torch.library.custom_op("lowp::dequantize", mutates_args=())(_dequantize_impl)
+
+
 @dequantize_op.register_fake
 def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
     return data.new_empty((rows, cols), dtype=torch.float32)
@@ -316,8 +320,7 @@ def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
 _OUT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
-@torch.library.custom_op("lowp::scaled_mm", mutates_args=())
-def scaled_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
+def _scaled_mm_impl(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
                  b_scale: Tensor, b_format: str, b_scaling: str, k: int,
                  out_dtype: str = "f32") -> Tensor:
     """C[M, N] = A[M, k] . B[N, k]^T, accumulated in binary32 and returned as float32 or
@@ -336,6 +339,9 @@ def scaled_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: T
     return P.gemm(qa, qb).to(_OUT_DTYPES[out_dtype])
 
 
+scaled_mm_op = torch.library.custom_op("lowp::scaled_mm", mutates_args=())(_scaled_mm_impl)
+
+
 @scaled_mm_op.register_fake
 def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
                     out_dtype="f32"):
@@ -345,8 +351,7 @@ def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_sca
 # ---- lowp::scaled_grouped_mm ----
 
 
-@torch.library.custom_op("lowp::scaled_grouped_mm", mutates_args=())
-def scaled_grouped_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
+def _scaled_grouped_mm_impl(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
                          b_scale: Tensor, b_format: str, b_scaling: str, offs: Tensor, k: int,
                          wgrad: bool, out_dtype: str = "f32") -> Tensor:
     """Split-M (wgrad False): a [T, k] rowwise, b [G, N, k] (scales [G, ...]), out [T, N] with
@@ -391,6 +396,10 @@ def scaled_grouped_mm_op(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: s
     return P.grouped_gemm_wgrad(qa, qb, ol).to(odt)
 
 
+scaled_grouped_mm_op = torch.library.custom_op("lowp::scaled_grouped_mm",
+                                               mutates_args=())(_scaled_grouped_mm_impl)
+
+
 @scaled_grouped_mm_op.register_fake
 def _scaled_grouped_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling,
                             offs, k, wgrad, out_dtype="f32"):
@@ -419,14 +428,26 @@ def _plain(x: Tensor) -> _Op:
     return _Op(b, _empty(x.device), "bf16", "none", b.shape[0], b.shape[1])
 
 
+def _direct(*ts) -> bool:
+    """Whether to call an op's implementation directly rather than through torch.ops.lowp: in
+    eager mode on plain tensors. The dispatcher's Python path (schema checks, redispatch) cost
+    about as much as a small MoE GEMM; torch.compile, FakeTensor and other subclasses still
+    see the registered ops."""
+    return not torch.compiler.is_compiling() and all(
+        t is None or type(t) in _PLAIN_TYPES for t in ts)
+
+
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
+
+
 def _quant(x: Tensor, s: OperandSpec, axis: str, scale: Optional[Tensor] = None,
            offs: Optional[Tensor] = None):
     """(row _Op or None, col _Op or None) of x [R, C] per spec s."""
     R, C = x.shape
     mode = s.scale_mode or ""
     pow2 = -1 if s.pow2 is None else int(s.pow2)
-    rd, rs, cd, cs = torch.ops.lowp.quantize(x, s.format, s.scaling, mode, pow2, 0.0, axis, offs,
-                                             scale)
+    op = _quantize_impl if _direct(x, offs, scale) else torch.ops.lowp.quantize
+    rd, rs, cd, cs = op(x, s.format, s.scaling, mode, pow2, 0.0, axis, offs, scale)
     row = _Op(rd, rs, s.format, s.scaling, R, C) if axis in ("row", "both") else None
     col = (_Op(cd, cs, s.format, s.scaling, C, R, offs is not None)
            if axis in ("col", "both") else None)
@@ -453,8 +474,9 @@ def _odt(dtype) -> str:
 
 
 def _mm(a: _Op, b: _Op, out_dtype: str = "f32") -> Tensor:
-    return torch.ops.lowp.scaled_mm(a.data, a.scale, a.format, a.scaling, b.data, b.scale,
-                                    b.format, b.scaling, a.cols, out_dtype)
+    op = _scaled_mm_impl if _direct(a.data, b.data) else torch.ops.lowp.scaled_mm
+    return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, a.cols,
+              out_dtype)
 
 
 def _stack(ops: List[_Op]) -> _Op:
@@ -465,15 +487,17 @@ def _stack(ops: List[_Op]) -> _Op:
 
 
 def _grouped_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
-    return torch.ops.lowp.scaled_grouped_mm(a.data, a.scale, a.format, a.scaling, b.data,
-                                            b.scale, b.format, b.scaling, offs, a.cols, False,
-                                            out_dtype)
+    direct = _direct(a.data, b.data, offs)
+    op = _scaled_grouped_mm_impl if direct else torch.ops.lowp.scaled_grouped_mm
+    return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, offs,
+              a.cols, False, out_dtype)
 
 
 def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
-    return torch.ops.lowp.scaled_grouped_mm(a.data, a.scale, a.format, a.scaling, b.data,
-                                            b.scale, b.format, b.scaling, offs, a.cols, True,
-                                            out_dtype)
+    direct = _direct(a.data, b.data, offs)
+    op = _scaled_grouped_mm_impl if direct else torch.ops.lowp.scaled_grouped_mm
+    return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, offs,
+              a.cols, True, out_dtype)
 
 
 # ---- the weight's copies ----
