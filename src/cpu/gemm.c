@@ -66,15 +66,26 @@ static int threads_for(int32_t want, int64_t m, int64_t n, int64_t k) {
     return lowp_cpu_threads(want, 0);
 }
 
-/* Split a job's m range (or n range when m is short) into about 4 pieces per thread. The fast
- * kernels pack all of the job's B and decode its A once per block of B columns: pieces along m
- * pack B once each, pieces along n decode A once each (pieces of 256 columns or more, no more
- * often than one job would). So they split n when M < N (pieces of 64 columns or more), or
- * when the pieces are 256 columns or more. */
+/* Split a job's m range (or n range when m is short) into about 2 pieces per thread, fewer
+ * when `share` jobs (the groups of a grouped GEMM) run on the same threads, and pieces of at
+ * least MIN_PIECE rows or columns (but `threads` pieces for a single job, where it has as many
+ * tiles). The fast kernels pack all of the job's B and decode its A once per block of B
+ * columns: pieces along m pack B once each, pieces along n decode A once each, so a 64-row
+ * piece spends about as long packing B as multiplying (4 pieces per thread ran an MoE
+ * layer's GEMMs at 250-370 GFLOP/s on 2 Zen 4 cores, these pieces at 375-400). They split n
+ * when M < N (pieces of 64 columns or more), or when the pieces are 256 columns or more. */
+#define PIECES_PER_THREAD 2
+#define MIN_PIECE         512
 static int64_t split(const lowp_gemm_job *j, int threads, gemm_kernel k, lowp_gemm_job *out,
-                     int64_t cap) {
+                     int64_t cap, int64_t share) {
     const int64_t M = j->m1 - j->m0, N = j->n1 - j->n0;
-    int64_t want = threads > 1 ? (int64_t) threads * 4 : 1;
+    int64_t want = threads > 1 ? ((int64_t) threads * PIECES_PER_THREAD + share - 1) / share : 1;
+    if (threads > 1 && k != lowp_cpu_gemm_ref) {
+        const int64_t most = (M >= N ? M : N) / MIN_PIECE, tiles = ((M >= N ? M : N) + 31) / 32;
+        if (want > most) want = most;
+        if (share == 1 && want < threads) want = threads < tiles ? threads : tiles;
+        if (want < 1) want = 1;
+    }
     if (want > cap) want = cap;
     const int fast_by_n = k != lowp_cpu_gemm_ref && N >= want * (M < N ? 64 : 256);
     const int by_m = !fast_by_n && (M >= N || M >= want * 32);
@@ -119,7 +130,7 @@ lowp_status lowp_cpu_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_ten
     if (!k) return st;
     const int threads = threads_for(cfg->threads, j.m1, j.n1, j.k1);
     lowp_gemm_job pieces[LOWP_MAX_PIECES];
-    return run_jobs(pieces, split(&j, threads, k, pieces, LOWP_MAX_PIECES), k, threads);
+    return run_jobs(pieces, split(&j, threads, k, pieces, LOWP_MAX_PIECES, 1), k, threads);
 }
 
 /* The groups' pieces are queued and run together, one parallel region (and barrier) per
@@ -130,6 +141,7 @@ typedef struct job_queue {
     int64_t count;
     gemm_kernel kernel;
     int threads;
+    int64_t share; /* jobs (groups) that share the threads */
 } job_queue;
 
 static lowp_status queue_flush(job_queue *q) {
@@ -139,13 +151,13 @@ static lowp_status queue_flush(job_queue *q) {
 }
 
 static lowp_status queue_add(job_queue *q, const lowp_gemm_job *j, gemm_kernel k) {
-    const int64_t need = q->threads > 1 ? (int64_t) q->threads * 4 : 1;
+    const int64_t need = q->threads > 1 ? (int64_t) q->threads * PIECES_PER_THREAD : 1;
     if (q->count > 0 && (k != q->kernel || q->count + need > LOWP_MAX_PIECES)) {
         lowp_status st = queue_flush(q);
         if (st != LOWP_OK) return st;
     }
     q->kernel = k;
-    q->count += split(j, q->threads, k, q->pieces + q->count, LOWP_MAX_PIECES - q->count);
+    q->count += split(j, q->threads, k, q->pieces + q->count, LOWP_MAX_PIECES - q->count, q->share);
     return LOWP_OK;
 }
 
@@ -156,6 +168,7 @@ lowp_status lowp_cpu_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, 
     q.kernel = NULL;
     /* The whole grouped GEMM's work decides whether it is worth a second thread. */
     q.threads = threads_for(cfg->threads, offs[groups - 1], b[0].rows, a->cols);
+    q.share = groups;
     int64_t start = 0;
     for (int32_t g = 0; g < groups; g++) {
         const int64_t end = offs[g];
@@ -183,6 +196,7 @@ lowp_status lowp_cpu_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtenso
     q.count = 0;
     q.kernel = NULL;
     q.threads = threads_for(cfg->threads, a->rows * groups, b->rows, offs[groups - 1] / groups);
+    q.share = groups;
     int64_t start = 0, blk = 0;
     for (int32_t g = 0; g < groups; g++) {
         const int64_t end = offs[g];
