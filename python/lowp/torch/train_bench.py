@@ -3,10 +3,11 @@
     python -m lowp.torch.train_bench --config medium --threads 1,2 --steps 3
     python -m lowp.torch.train_bench --config medium --threads 2 --profile all_mxfp8
 
-For each thread count, recipes are measured in interleaved rounds (every recipe once per
-round, so a change in the machine's load touches all of them alike); a measurement is one
-untimed update, then --steps timed updates on the same batches for every recipe; tokens/s is
-the median over the timed updates of all rounds. The C trainer (`lowp bench train`, env
+For each thread count, recipes are measured in rounds: a round builds every recipe's trainer
+from the same initialization, runs one untimed update of each, then --steps timed updates
+stepping the recipes in turn (one update each, round robin, so that a change in the machine's
+load touches all of them alike), on the same batches for every recipe; tokens/s is the median
+over the timed updates of all rounds. The C trainer (`lowp bench train`, env
 LOWP_CLI or build/bin/lowp) runs the same configuration, batch and thread count between the
 rounds. Prints a markdown table with the ratios to torch's bf16 and to torchao_mxfp8.
 --profile runs torch.profiler over --steps updates of one recipe and prints where the time
@@ -47,10 +48,17 @@ def _trainer(recipe, mcfg, data, batch, steps):
     return Trainer(MoETransformer(mcfg, 1234), data, recipe, cfg)
 
 
-def measure(recipe, mcfg, data, batch, steps) -> list[float]:
-    t = _trainer(recipe, mcfg, data, batch, steps)
-    t.step()  # untimed: first-touch allocations, weight caches
-    return [t.step()["tokens_per_s"] for _ in range(steps)]
+def measure(recipes, mcfg, data, batch, steps) -> dict:
+    """Tokens/s of `steps` updates per recipe, the recipes' trainers stepped in turn (one
+    update each, round robin) so that a change in the machine's load falls on all of them."""
+    trainers = {r: _trainer(r, mcfg, data, batch, steps) for r in recipes}
+    for t in trainers.values():
+        t.step()  # untimed: first-touch allocations, weight caches
+    out = {r: [] for r in recipes}
+    for _ in range(steps):
+        for r, t in trainers.items():
+            out[r].append(t.step()["tokens_per_s"])
+    return out
 
 
 def c_bench(cfg_name, recipes, steps, batch, threads) -> dict:
@@ -110,8 +118,8 @@ def main(argv=None) -> int:
         c_runs = []
         t0 = time.perf_counter()
         for rnd in range(a.rounds):
-            for r in recipes:
-                tps[r] += measure(r, mcfg, data, a.batch, a.steps)
+            for r, v in measure(recipes, mcfg, data, a.batch, a.steps).items():
+                tps[r] += v
             c_runs.append(c_bench(a.config, recipes, a.steps, a.batch, th))
         med = {r: statistics.median(v) for r, v in tps.items()}
         base, ao = med.get("bf16"), med.get("torchao_mxfp8")
