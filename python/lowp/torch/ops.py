@@ -12,7 +12,11 @@ fake (meta) kernels so that FakeTensor tracing and `torch.compile` see ordinary 
 
 Each op runs lowp's native kernels (the C extension `lowp._lowp`) for CPU tensors, and the
 portable torch implementation (`lowp.torch.portable`, same bytes) for tensors on any other
-device, or on the CPU inside `force_portable()`. `stats()` counts which path ran.
+device, or on the CPU inside `force_portable()`. `stats()` counts which path ran. The
+autograd functions below call the ops' implementations directly in eager mode on plain
+tensors (the dispatcher's Python path cost as much as a small expert GEMM) and through
+`torch.ops.lowp` when compiling, tracing or on tensor subclasses. The native path passes CPU
+tensors to the extension as raw memory, (data_ptr, nbytes), without numpy views.
 
 A grouped columnwise copy (quantized along tokens with `offs`) has a data-dependent number of
 scale blocks; the op returns its scales zero-padded to a static bound, [K, ceil(T/bs) + G]
