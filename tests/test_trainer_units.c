@@ -232,6 +232,40 @@ static void test_adamw(void) {
     free(res[1]);
     free_param(&q[0]);
     free_param(&q[1]);
+
+    /* The (vectorized) update gives the bits of the scalar formula, element by element, over
+     * a length that is not a multiple of the lanes or of the parallel spans, with decay. */
+    lowp_param r;
+    const int rows = 3, cols = 4099, n = rows * cols;
+    make_param(&r, "odd", rows, cols);
+    float *w = malloc(sizeof(float) * (size_t) n), *m = calloc((size_t) n, sizeof(float)),
+          *v = calloc((size_t) n, sizeof(float));
+    lowp_adamw_cfg_init(&cfg);
+    cfg.threads = 2;
+    for (int i = 0; i < n; i++) w[i] = r.data[i] = (float) ((i * 29) % 83 - 41) * 0.013f;
+    CHECK(lowp_adamw_create(&r, 1, &cfg, &o) == LOWP_OK);
+    for (int s = 1; s <= 3; s++) {
+        for (int i = 0; i < n; i++)
+            r.grad[i] = (float) ((i * 11 + s * 5) % 89 - 44) * 1e-3f * (i % 5 == 0 ? 1e-6f : 1.0f);
+        const float lr = 2e-3f * (float) s, b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
+        const float c1 = (float) (1.0 / (1.0 - pow((double) b1, (double) s)));
+        const float c2 = (float) (1.0 / (1.0 - pow((double) b2, (double) s)));
+        for (int i = 0; i < n; i++) {
+            const float g = r.grad[i];
+            m[i] = b1 * m[i] + (1.0f - b1) * g;
+            v[i] = b2 * v[i] + (1.0f - b2) * (g * g);
+            const float upd = (m[i] * c1) / (sqrtf(v[i] * c2) + eps) + cfg.weight_decay * w[i];
+            w[i] = w[i] - lr * upd;
+        }
+        CHECK(lowp_adamw_step(o, &r, 1, lr) == LOWP_OK);
+    }
+    CHECKF(memcmp(w, r.data, sizeof(float) * (size_t) n) == 0,
+           "AdamW differs from the scalar "
+           "formula in %s",
+           "some element");
+    lowp_adamw_free(o);
+    free(w), free(m), free(v);
+    free_param(&r);
 }
 
 static void test_clip(void) {
