@@ -222,12 +222,6 @@ def _quantize_impl(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: 
             col.data if col else _empty(dev), col.scale if col else _empty(dev))
 
 
-def _layout(fmt: str, scaling: str, rows: int, cols: int, offs=None):
-    """(data shape, scale shape, scale dtype) of one copy, from the C library's layout."""
-    _, _, sr, sc, e8 = _ext.layout(fmt, scaling, rows, cols, offs)
-    return _data_shape(fmt, rows, cols), (sr, sc), torch.uint8 if e8 else torch.float32
-
-
 def _quantize_native(x, fmt, scaling, mode, p2, eps, axis, offs, scale):
     """quantize_op on lowp's kernels, straight into torch tensors (x contiguous, 2-D)."""
     R, C = x.shape
@@ -238,9 +232,10 @@ def _quantize_native(x, fmt, scaling, mode, p2, eps, axis, offs, scale):
     xb = _buf(x)
     xf = _XFMT[x.dtype]
 
-    def alloc(rows, cols, o=None):
-        ds, ss, sdt = _layout(fmt, scaling, rows, cols, o)
-        return torch.empty(ds, dtype=torch.uint8), torch.empty(ss, dtype=sdt)
+    def alloc(rows, cols, o=None):  # one copy's codes and scales, shaped by the C layout
+        _, _, sr, sc, _ = _ext.layout(fmt, scaling, rows, cols, o)
+        return (torch.empty(_data_shape(fmt, rows, cols), dtype=torch.uint8),
+                torch.empty((sr, sc), dtype=_scale_dtype(scaling)))
 
     if offs is not None:
         o32 = offs.to(torch.int32).contiguous()
