@@ -199,6 +199,21 @@ def _set_threads(n: int) -> None:
             pass
 
 
+def _adamw_impl(params) -> dict:
+    """torch's fused AdamW where every parameter's device has the kernel (CPU does): on CPU
+    the default is the per-tensor loop, a few element-wise ops per parameter, each through the
+    param-swap wrapper's dispatch on a wrapped weight (medium, 2 threads: 54 ms an update in
+    bf16 and 67 ms in all_mxfp8, against 24 and 26 fused). The same for every recipe."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices  # noqa
+        ok = set(_get_fused_kernels_supported_devices())
+    except ImportError:
+        return {}
+    if params and all(p.device.type in ok and p.is_floating_point() for p in params):
+        return {"fused": True}
+    return {}
+
+
 class Trainer:
     """One run: ``model`` (prepared here by ``recipe``), ``data``, ``cfg``."""
 
@@ -225,7 +240,8 @@ class Trainer:
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay},
              {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+            **_adamw_impl(decay + no_decay))
         self._fp8_update = None
         try:
             from .fp8_state import fp8_states, update_all  # noqa: PLC0415
