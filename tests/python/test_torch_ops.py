@@ -329,6 +329,53 @@ def test_weight_cache_counts_once_per_version():
     assert all(torch.equal(u, v) for u, v in zip(out, run_linear("mxfp8", x, w, b, dy)))
 
 
+@native
+@pytest.mark.parametrize("grouped", [False, True], ids=["linear", "grouped"])
+def test_shared_input_quantized_once(grouped):
+    """Matmuls in a row on one input (q, k, v; w1, w3) quantize it once; the results and
+    gradients are those of separate inputs; an in-place change of the input, a new input
+    (even at a reused address) or another recipe quantizes afresh."""
+    torch.manual_seed(0)
+    K, N = 64, 40
+    offs = torch.tensor([9, 9, 50], dtype=torch.int32)
+    ws = [torch.randn((3, N, K) if grouped else (N, K), requires_grad=True) for _ in range(3)]
+
+    def mm(x, w, config="mxfp8"):
+        if grouped:
+            return lt.grouped_mm(x, w.transpose(-2, -1), offs, config)
+        return lt.linear(x, w, None, config)
+
+    def run(shared):
+        x = torch.randn(50, K, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        xs = [x] * 3 if shared else [x.detach().clone().requires_grad_() for _ in range(3)]
+        lt.reset_stats()
+        ys = [mm(xi, w) for xi, w in zip(xs, ws)]
+        n = lt.stats().get("quantize.native", 0)
+        sum((y * (i + 1)).sum() for i, y in enumerate(ys)).backward()
+        dx = sum(xi.grad for xi in xs) if not shared else x.grad
+        grads = [w.grad.clone() for w in ws]
+        for w in ws:
+            w.grad = None
+        return ys, dx, grads, n
+
+    ys1, dx1, g1, n1 = run(True)
+    ys2, dx2, g2, n2 = run(False)
+    assert n1 == n2 - 2 * (2 if grouped else 1)  # weights: one quantization each; inputs
+    assert all(torch.equal(a, b) for a, b in zip(ys1, ys2))
+    assert torch.equal(dx1, dx2) and all(torch.equal(a, b) for a, b in zip(g1, g2))
+    x = torch.randn(50, K)
+    y1 = mm(x, ws[0])
+    with torch.no_grad():
+        x.mul_(2)  # in place: a new version
+    assert torch.equal(mm(x, ws[0]), mm(x.clone(), ws[0]))
+    assert not torch.equal(mm(x, ws[0]), y1)
+    assert torch.equal(mm(x, ws[1], "block32x32"), mm(x.clone(), ws[1], "block32x32"))
+    for step in range(3):  # fresh inputs, possibly at a freed one's address, version 0
+        xt = torch.randn(50, K)
+        assert torch.equal(mm(xt, ws[0]), mm(xt.clone(), ws[0])), step
+        del xt
+
+
 def test_weight_cache_never_hits_a_new_tensor_at_a_reused_address():
     x, w, b, dy = linear_case(64, 64, 32, torch.float32)
     cache = lt.WeightCache()

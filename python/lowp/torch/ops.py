@@ -222,8 +222,10 @@ def _quantize_impl(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: 
             col.data if col else _empty(dev), col.scale if col else _empty(dev))
 
 
-def _quantize_native(x, fmt, scaling, mode, p2, eps, axis, offs, scale):
-    """quantize_op on lowp's kernels, straight into torch tensors (x contiguous, 2-D)."""
+def _quantize_native(x, fmt, scaling, mode, p2, eps, axis, offs, scale, out=None):
+    """quantize_op on lowp's kernels, straight into torch tensors (x contiguous, 2-D); `out`
+    (row axes only): the (row data, row scales, col data, col scales) to write, contiguous
+    and shaped by the C layout (None for an axis not wanted)."""
     R, C = x.shape
     e8 = scaling in P.E8M0_KINDS
     mode_arg = mode if e8 else "default"
@@ -247,10 +249,13 @@ def _quantize_native(x, fmt, scaling, mode, p2, eps, axis, offs, scale):
         sc_out[:, : cs.shape[1]] = cs
         return _empty(x.device), _empty(x.device), cd, sc_out
     rd = rs = cd = cs = None
-    if axis in ("row", "both"):
-        rd, rs = alloc(R, C)
-    if axis in ("col", "both"):
-        cd, cs = alloc(C, R)
+    if out is not None:
+        rd, rs, cd, cs = out
+    else:
+        if axis in ("row", "both"):
+            rd, rs = alloc(R, C)
+        if axis in ("col", "both"):
+            cd, cs = alloc(C, R)
     s = None if scale is None else float(scale.reshape(()).item())
     _ext.quantize(xb, xf, R, C, fmt, scaling, _buf(rd), _buf(rs), _buf(cd), _buf(cs), mode_arg,
                   pow2, float(eps), thr, 0, s, False)
@@ -575,6 +580,9 @@ def _weight_copies(W3: Tensor, spec: MatmulSpec, fwd_q: bool, dgrad_q: bool, wan
     scale = None
     if ws.delayed and fp8_state is not None:
         scale = fp8_state.scale("weight")
+    if (want_fwd or want_dgr) and (fwd_q or not want_fwd) and (dgrad_q or not want_dgr) \
+            and _native(W3) and _direct(W3) and not spec.fake_quant_mxfp4:
+        return _weight_copies_native(W3, ws, want_fwd, want_dgr, fp8_state, record, scale)
     fwd, dgr = [], []
     for g in range(W3.shape[0]):
         src = _weight_source(W3[g], spec)
@@ -593,7 +601,72 @@ def _weight_copies(W3: Tensor, spec: MatmulSpec, fwd_q: bool, dgrad_q: bool, wan
     return (_stack(fwd) if want_fwd else None), (_stack(dgr) if want_dgr else None)
 
 
+def _weight_copies_native(W3, ws, want_fwd, want_dgr, fp8_state, record, scale):
+    """_weight_copies when every wanted copy is quantized on lowp's kernels: each expert's
+    copies are written into slices of one stacked tensor per copy (no torch.stack, which
+    copied every code and scale once more)."""
+    G, N, K = W3.shape
+    fmt, scaling = ws.format, ws.scaling
+    mode = P.default_mode(scaling, ws.scale_mode)
+
+    def stacked(rows, cols):
+        _, _, sr, sc, _ = _ext.layout(fmt, scaling, rows, cols, None)
+        return (torch.empty((G,) + _data_shape(fmt, rows, cols), dtype=torch.uint8),
+                torch.empty((G, sr, sc), dtype=_scale_dtype(scaling)))
+
+    fd, fs = stacked(N, K) if want_fwd else (None, None)
+    dd, ds = stacked(K, N) if want_dgr else (None, None)
+    axis = "both" if want_fwd and want_dgr else ("row" if want_fwd else "col")
+    for g in range(G):
+        src = _x32(W3[g].detach())
+        if record and ws.delayed and fp8_state is not None:
+            fp8_state.record("weight", _amax(src))
+        _count("quantize", True)
+        out = tuple(None if t is None else t[g] for t in (fd, fs, dd, ds))
+        _quantize_native(src, fmt, scaling, mode, ws.pow2, 0.0, axis, None, scale, out)
+    return ((_Op(fd, fs, fmt, scaling, N, K) if want_fwd else None),
+            (_Op(dd, ds, fmt, scaling, K, N) if want_dgr else None))
+
+
 # ---- the autograd function ----
+
+
+class _InputMemo:
+    """The quantized copies of the last forward input, for the next matmul on the same input:
+    the model's q, k and v projections (and w1, w3 of a SwiGLU, dense or routed) read one
+    tensor, which was quantized once per projection. A hit needs the same storage (alive: a
+    weak reference, as WeightCache), offset, shape, strides, dtype and version of the input
+    and of `offs`, and the same operand spec and axes. Per thread; cleared by every backward,
+    so that it holds no copies past the forward."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    @staticmethod
+    def _key(t: Optional[Tensor]):
+        if t is None:
+            return None
+        st = t.untyped_storage()
+        return (st._cdata, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
+                t.device, t._version)
+
+    def get(self, x: Tensor, offs: Optional[Tensor], what, make):
+        key = (self._key(x), self._key(offs), what)
+        e = getattr(self._local, "entry", None)
+        if e is not None and e[0] == key and not e[1].expired() and \
+                (e[2] is None or not e[2].expired()):
+            return e[3]
+        value = make()
+        self._local.entry = (key, StorageWeakRef(x.untyped_storage()),
+                             None if offs is None else StorageWeakRef(offs.untyped_storage()),
+                             value)
+        return value
+
+    def clear(self):
+        self._local.entry = None
+
+
+_INPUTS = _InputMemo()
 
 
 def _plan(spec: MatmulSpec, wgrad_hp: bool):
@@ -654,9 +727,16 @@ class _LowpMatmul(torch.autograd.Function):
         if fwd_q:
             tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
             axis = "both" if keep and not tok else "row"
-            xrow, xcol = _quant(xs, ispec, axis, iscale)
-            if keep and tok:
-                _, xcol = _quant(xs, ispec, "col", None, offs)
+
+            def quantize_input():
+                r, c = _quant(xs, ispec, axis, iscale)
+                if keep and tok:
+                    _, c = _quant(xs, ispec, "col", None, offs)
+                return r, c
+
+            memo = iscale is None and _direct(xs, offs)
+            xrow, xcol = (_INPUTS.get(xs, offs, (ispec, axis, keep and tok), quantize_input)
+                          if memo else quantize_input())
         else:
             xrow = _plain(xs)
             if keep:
@@ -690,6 +770,7 @@ class _LowpMatmul(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, dy):
+        _INPUTS.clear()
         saved = ctx.saved_tensors
         x2d, W3, offs = saved[:3]
         spec, T, grouped = ctx.spec, ctx.T, ctx.grouped
