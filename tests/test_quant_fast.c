@@ -326,6 +326,56 @@ static void test_e8m0_sweep(void) {
     free(f);
 }
 
+/* The vectorized binary32 rule of BLOCK128 rowwise (16 blocks of a row per vector): one amax
+ * pattern per 1x128 block, rows of 19 blocks (a full group of 16 and a tail of 3), swept over
+ * every exponent with a few mantissas, subnormals, 0, Inf, NaN and random patterns, with pow2
+ * on and off and an eps below and above many of the maxima. */
+static void test_fp32_rule_sweep(void) {
+    static const uint32_t mant[] = {0x000000, 0x000001, 0x3FFFFF, 0x400000, 0x7FFFFF};
+    const int nm = (int) (sizeof mant / sizeof mant[0]);
+    const int64_t nrand = g_quick ? 1024 : 8192, per = 19, C = 128 * per;
+    const int64_t nblk = 255 * nm + nrand + 3, R = (nblk + per - 1) / per;
+    float *a = calloc((size_t) (R * per), sizeof *a);
+    int64_t n = 0;
+    for (uint32_t e = 0; e < 255; e++)
+        for (int k = 0; k < nm; k++) a[n++] = u2f(e << 23 | mant[k]);
+    for (int64_t i = 0; i < nrand; i++) a[n++] = u2f((uint32_t) (rnd64() >> 33) % 0x7F800000u);
+    a[n++] = INFINITY;
+    a[n++] = NAN;
+    a[n++] = 0.0f; /* the rest of the last row: zero blocks too */
+    float *f = malloc((size_t) (R * C) * sizeof *f);
+    for (int64_t b = 0; b < R * per; b++) {
+        float *blk = f + b * 128;
+        const float v = a[b];
+        for (int c = 0; c < 128; c++) /* smaller magnitudes, never above |v| */
+            blk[c] = isfinite(v) ? v * ((float) rnd_below(1u << 20) * 0x1p-20f) : 1.0f;
+        blk[rnd_below(128)] = rnd_below(2) ? -v : v;
+    }
+    static const struct {
+        int pow2;
+        float eps;
+    } fp[] = {{0, 0.0f}, {1, 0.0f}, {0, 1e-30f}, {1, 1e-3f}};
+    for (int xi = 0; xi < 2; xi++) {
+        const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+        void *data = as_format(f, (size_t) (R * C), xf);
+        lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
+        for (int fi = 0; fi < 2; fi++)
+            for (int k = 0; k < 4; k++) {
+                qcase q = {LOWP_SCALING_BLOCK128,
+                           fi ? LOWP_FORMAT_E5M2 : LOWP_FORMAT_E4M3,
+                           LOWP_SCALE_MODE_DEFAULT,
+                           fp[k].pow2,
+                           fp[k].eps,
+                           0.0f,
+                           1};
+                check_case(&x, &q);
+            }
+        free(data);
+    }
+    free(a);
+    free(f);
+}
+
 /* Outputs of 8 MiB and more, 64-byte aligned, are written with non-temporal stores; the same
  * shape misaligned by one byte takes the ordinary stores. The common training kinds only. */
 static void test_large(void) {
@@ -493,6 +543,7 @@ int main(void) {
     g_quick = testutil_quick();
     if (!avx512_available()) return testutil_finish();
     test_e8m0_sweep();
+    test_fp32_rule_sweep();
     printf("e8m0 sweep done (%d comparisons)\n", g_runs);
     test_shapes();
     test_grouped();

@@ -1014,31 +1014,68 @@ AI void mx_bands(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf
 
 /* ---- BLOCK128 ---- */
 
-/* Rowwise copy: per row, per 128 columns: maximum, the scalar binary32 rule, codes. */
+/* lowp_rule_fp32_scale of 16 amax patterns (|x| bits, NaN patterns above Inf), lane by lane:
+ * the same compares and the same IEEE division, so the same scales. */
+AI __m512 fp32_scales16(__m512i am, float fmax, float eps, int pow2) {
+    const __m512 a0 = _mm512_castsi512_ps(am), e = _mm512_set1_ps(eps);
+    const __mmask16 nan = _mm512_cmp_ps_mask(a0, a0, _CMP_UNORD_Q);
+    const __mmask16 keep = nan | _mm512_cmp_ps_mask(a0, e, _CMP_GT_OQ);
+    const __m512 a = _mm512_mask_mov_ps(e, keep, a0); /* amax > eps ? amax : eps (NaN kept) */
+    const __mmask16 one = nan | _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_EQ_OQ) |
+                          _mm512_cmp_ps_mask(a, _mm512_set1_ps(INFINITY), _CMP_EQ_OQ);
+    __m512 s = _mm512_div_ps(_mm512_set1_ps(fmax), a);
+    s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(s, _mm512_set1_ps(INFINITY), _CMP_EQ_OQ),
+                           _mm512_set1_ps(FLT_MAX));
+    if (pow2) s = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(s), V32(0xFF800000)));
+    return _mm512_mask_mov_ps(s, one, _mm512_set1_ps(1.0f));
+}
+
+/* Rowwise copy, 16 blocks of one row from block b0: the 16 maxima first (loads only), their
+ * scales in one vector rule, then the codes of each block. Per block, a horizontal maximum,
+ * the scalar rule and two divisions made a dependency chain the next block's loads waited on
+ * (8192x4096 BF16, one thread: 0.54 of memcpy; see docs/benchmarks.md). */
+AI void b128_group(const lowp_quant_job *j, const char *xr, uint8_t *orow, float *sc, int64_t b0,
+                   lowp_format xf, lowp_format ef, int nt) {
+    const int64_t C = j->cols, nb = (C + 127) / 128;
+    const int g = nb - b0 < 16 ? (int) (nb - b0) : 16;
+    const size_t es = xsize(xf);
+    __m512i m[16];
+    for (int k = 0; k < 16; k++) {
+        const int64_t p = 128 * (b0 + k), n = k < g ? min64(C - p, 128) : 0;
+        __m512i v = _mm512_setzero_si512();
+        if (n == 128) {
+            for (int q = 0; q < 4; q++)
+                v = _mm512_max_epu32(v, amax32(xr + (size_t) (p + 32 * q) * es, xf, 32, 1));
+        } else {
+            for (int q = 0; 32 * q < n; q++)
+                v = _mm512_max_epu32(
+                    v, amax32(xr + (size_t) (p + 32 * q) * es, xf, n - 32 * q, 0));
+        }
+        m[k] = v;
+    }
+    const __m512i am = tree16(m, 0);
+    const __m512 s = fp32_scales16(am, j->et->fmax, j->eps, j->pow2);
+    _mm512_mask_storeu_ps(sc + b0, mask16(g), _mm512_div_ps(_mm512_set1_ps(1.0f), s));
+    _Alignas(64) float sv[16];
+    _Alignas(64) uint32_t av[16];
+    _mm512_store_ps(sv, s);
+    _mm512_store_si512(av, am);
+    for (int k = 0; k < g; k++) {
+        const int64_t p = 128 * (b0 + k);
+        enc_run_a(xr, orow, p, min64(C - p, 128), _mm512_set1_ps(sv[k]), av[k], xf, ef, nt);
+    }
+}
+
+/* Rowwise copy: per row, groups of 16 blocks of 128 columns. */
 AI void b128_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
                   int nt) {
     const int64_t C = j->cols, nb = (C + 127) / 128;
-    const size_t es = xsize(xf), ob = code_bytes(ef, C);
+    const size_t ob = code_bytes(ef, C);
     for (int64_t r = r0; r < r1; r++) {
         const char *xr = xrow(j, xf, r);
         uint8_t *orow = (uint8_t *) j->row->data + (size_t) r * ob;
         float *sc = (float *) j->row->scales + (size_t) r * (size_t) nb;
-        for (int64_t b = 0; b < nb; b++) {
-            const int64_t p = 128 * b, n = min64(C - p, 128);
-            __m512i m = _mm512_setzero_si512();
-            if (n == 128) {
-                for (int k = 0; k < 4; k++)
-                    m = _mm512_max_epu32(m, amax32(xr + (size_t) (p + 32 * k) * es, xf, 32, 1));
-            } else {
-                for (int k = 0; 32 * k < n; k++)
-                    m = _mm512_max_epu32(
-                        m, amax32(xr + (size_t) (p + 32 * k) * es, xf, n - 32 * k, 0));
-            }
-            const uint32_t am = _mm512_reduce_max_epu32(m);
-            const float s = lowp_rule_fp32_scale(lowp_u2f(am), j->et->fmax, j->eps, j->pow2);
-            sc[b] = 1.0f / s;
-            enc_run_a(xr, orow, p, n, _mm512_set1_ps(s), am, xf, ef, nt);
-        }
+        for (int64_t b0 = 0; b0 < nb; b0 += 16) b128_group(j, xr, orow, sc, b0, xf, ef, nt);
     }
 }
 
