@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "lowp/lowp.h"
+#include "cpu/cpu.h"
 #include "model/model_internal.h"
 #include "testutil.h"
 #include "model_testutil.h"
@@ -218,7 +219,79 @@ static void test_threads_and_preset(void) {
     }
 }
 
+#if LOWP_HAVE_LIBMVEC
+/* |got - want| in units of (ulp(want) + abs_ulp): the formula's own rounding bound, where
+ * abs_ulp covers 1 + erf(...) and its cancellation for negative x. */
+static double err_units(float got, double want, double abs_ulp) {
+    const double a = fabs(want) > 0x1p-126 ? fabs(want) : 0x1p-126;
+    return fabs((double) got - want) / (ldexp(1.0, ilogb(a) - 23) + abs_ulp);
+}
+
+/* The vector GELU (libmvec's erff and expf) against binary64: g and gd over a sweep of
+ * magnitudes (and zero, the tails where Phi saturates, a length that ends mid-vector), within a
+ * few units of the formula's binary32 rounding; the same value wherever an element sits. The
+ * scalar libm path meets the same bound (checked here too). */
+static void test_vector_gelu(void) {
+    if (!lowp_cpu_has_avx512()) {
+        printf("vector GELU: no AVX-512 here, skipped\n");
+        return;
+    }
+    enum { N = 20003 };
+    static float u[N], g[N], gd[N], g2[N];
+    for (int i = 0; i < N; i++) {
+        const double t = (double) i / (N - 1); /* -12 .. 12, denser near 0 */
+        const double v = 12.0 * (2 * t - 1) * fabs(2 * t - 1);
+        u[i] = (float) v;
+    }
+    u[0] = 0.0f;
+    u[1] = -0.0f;
+    u[2] = 1e-30f;
+    u[3] = -20.0f;
+    u[4] = 20.0f;
+    lowp_cpu_gelu_avx512(u, g, gd, N);
+    double worst_g = 0, worst_d = 0, worst_sg = 0, worst_sd = 0;
+    for (int i = 0; i < N; i++) {
+        const double x = u[i], cdf = 0.5 * (1.0 + erf(x * 0.70710678118654752440));
+        const double wg = x * cdf, wd = cdf + x * 0.39894228040143267794 * exp(-0.5 * x * x);
+        /* cdf = 0.5 (1 + erf) carries an absolute error of a few 2^-25 (1 + erf cancels for
+         * negative x, in any binary32 evaluation of the formula, scalar or vector) */
+        const double eg = err_units(g[i], wg, fabs(x) * 0x1p-24);
+        const double ed = err_units(gd[i], wd, 0x1p-24);
+        if (eg > worst_g) worst_g = eg;
+        if (ed > worst_d) worst_d = ed;
+        const float sc = 0.5f * (1.0f + erff(u[i] * 0.70710678118654752f)); /* dense.c's */
+        const float sg = u[i] * sc;
+        const float sd = sc + u[i] * (0.39894228040143268f * expf(-0.5f * u[i] * u[i]));
+        const double es = err_units(sg, wg, fabs(x) * 0x1p-24);
+        const double esd = err_units(sd, wd, 0x1p-24);
+        if (es > worst_sg) worst_sg = es;
+        if (esd > worst_sd) worst_sd = esd;
+    }
+    printf("scalar GELU (libm): worst error g %.2f, gelu' %.2f units\n", worst_sg, worst_sd);
+    CHECKF(worst_sg <= 4.0 && worst_sd <= 4.0, "the bound is not the formula's: scalar %.2f %.2f",
+           worst_sg, worst_sd);
+    printf("vector GELU: worst error g %.2f, gelu' %.2f units over %d values\n", worst_g, worst_d,
+           N);
+    CHECKF(worst_g <= 4.0, "g: %.2f units", worst_g);
+    CHECKF(worst_d <= 4.0, "gelu': %.2f units", worst_d);
+    /* position: the same inputs shifted by 5 elements, without gd */
+    static float us[N + 5];
+    memcpy(us + 5, u, sizeof u);
+    for (int i = 0; i < 5; i++) us[i] = 1.0f;
+    static float gs[N + 5];
+    lowp_cpu_gelu_avx512(us, gs, NULL, N + 5);
+    lowp_cpu_gelu_avx512(u, g2, NULL, 7); /* a short call: one partial vector */
+    CHECK(memcmp(gs + 5, g, sizeof g) == 0);
+    CHECK(memcmp(g2, g, 7 * sizeof *g) == 0);
+}
+#else
+static void test_vector_gelu(void) {
+    printf("vector GELU: built without libmvec, skipped\n");
+}
+#endif
+
 int main(void) {
+    test_vector_gelu();
     test_gradient_check();
     test_threads_and_preset();
     test_recipes_train();

@@ -21,6 +21,10 @@ static inline int lowp_cpu_has_avx512(void) {
     return (lowp_cpu_caps()->flags & LOWP_CAPS_AVX512_KERNELS) == LOWP_CAPS_AVX512_KERNELS;
 }
 
+/* GELU of n elements (g = u Phi(u); gd = gelu'(u) when not NULL) on libmvec's AVX-512 erff
+ * and expf (vmath_avx512.c); only where LOWP_HAVE_LIBMVEC and lowp_cpu_has_avx512(). */
+LOWP_HIDDEN void lowp_cpu_gelu_avx512(const float *u, float *g, float *gd, int64_t n);
+
 /* The kernel a CPU dispatcher runs. */
 typedef enum lowp_cpu_kernel {
     LOWP_CPU_KERNEL_REFERENCE = 0,

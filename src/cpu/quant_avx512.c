@@ -1048,8 +1048,7 @@ AI void b128_group(const lowp_quant_job *j, const char *xr, uint8_t *orow, float
                 v = _mm512_max_epu32(v, amax32(xr + (size_t) (p + 32 * q) * es, xf, 32, 1));
         } else {
             for (int q = 0; 32 * q < n; q++)
-                v = _mm512_max_epu32(
-                    v, amax32(xr + (size_t) (p + 32 * q) * es, xf, n - 32 * q, 0));
+                v = _mm512_max_epu32(v, amax32(xr + (size_t) (p + 32 * q) * es, xf, n - 32 * q, 0));
         }
         m[k] = v;
     }
