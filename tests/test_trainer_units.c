@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu/cpu.h"
 #include "lowp/trainer.h"
 #include "testutil.h"
 
@@ -303,7 +304,70 @@ static void test_clip(void) {
     free_param(&p[1]);
 }
 
+#if LOWP_HAVE_LIBMVEC
+/* |got - want| in units of (ulp(want) + abs_ulp). */
+static double err_units(float got, double want, double abs_ulp) {
+    const double a = fabs(want) > 0x1p-126 ? fabs(want) : 0x1p-126;
+    return fabs((double) got - want) / (ldexp(1.0, ilogb(a) - 23) + abs_ulp);
+}
+
+/* The vector SwiGLU (sigmoid on libmvec's expf) against binary64, beside moe_ffn.c's scalar
+ * formula on libm's expf: u1 swept over -30 .. 30 (sigmoid saturating both ways), u3 and ds
+ * random; s, du1, du3 within a few units of the formula's rounding (du1's 1 - sigmoid(u1)
+ * cancels for large u1: an absolute |u1| 2^-24 of its factor); a length ending mid-vector. */
+static void test_vector_swiglu(void) {
+    if (!lowp_cpu_has_avx512()) {
+        printf("vector SwiGLU: no AVX-512 here, skipped\n");
+        return;
+    }
+    enum { N = 30011 };
+    static float u1[N], u3[N], ds[N], s[N], du1[N], du3[N];
+    uint64_t r = 12345;
+    for (int i = 0; i < N; i++) {
+        const double t = (double) i / (N - 1);
+        u1[i] = (float) (30.0 * (2 * t - 1) * fabs(2 * t - 1));
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        u3[i] = (float) ((double) (r >> 40) / (1 << 24) * 4.0 - 2.0);
+        ds[i] = (float) ((double) ((r >> 16) & 0xFFFFFF) / (1 << 24) * 2.0 - 1.0);
+    }
+    u1[0] = 0.0f;
+    u1[1] = -0.0f;
+    lowp_cpu_swiglu_fwd_avx512(u1, u3, s, N);
+    lowp_cpu_swiglu_bwd_avx512(u1, u3, ds, du1, du3, N);
+    double worst[2][3] = {{0}};
+    for (int i = 0; i < N; i++) {
+        const double a = u1[i], b = u3[i], d = ds[i], sg = 1.0 / (1.0 + exp(-a));
+        const double ws = a * sg * b, w1 = d * b * sg * (1.0 + a * (1.0 - sg)), w3 = d * a * sg;
+        const double cancel = fabs(d * b * sg) * (1.0 + fabs(a)) * 0x1p-24;
+        const float fs = 1.0f / (1.0f + expf(-u1[i])); /* moe_ffn.c's scalar formula */
+        const float got[2][3] = {{s[i], du1[i], du3[i]},
+                                 {u1[i] * fs * u3[i],
+                                  ds[i] * u3[i] * fs * (1.0f + u1[i] * (1.0f - fs)),
+                                  ds[i] * u1[i] * fs}};
+        for (int k = 0; k < 2; k++) {
+            const double e[3] = {err_units(got[k][0], ws, 0), err_units(got[k][1], w1, cancel),
+                                 err_units(got[k][2], w3, 0)};
+            for (int q = 0; q < 3; q++)
+                if (e[q] > worst[k][q]) worst[k][q] = e[q];
+        }
+    }
+    printf("SwiGLU worst error units (s, du1, du3): vector %.2f %.2f %.2f, scalar %.2f %.2f %.2f\n",
+           worst[0][0], worst[0][1], worst[0][2], worst[1][0], worst[1][1], worst[1][2]);
+    for (int k = 0; k < 2; k++)
+        for (int q = 0; q < 3; q++)
+            CHECKF(worst[k][q] <= 6.0, "%s %d: %.2f", k ? "scalar" : "vector", q, worst[k][q]);
+    static float s2[N];
+    lowp_cpu_swiglu_fwd_avx512(u1 + 3, u3 + 3, s2, 21); /* shifted, short: same values */
+    CHECK(memcmp(s2, s + 3, 21 * sizeof *s) == 0);
+}
+#else
+static void test_vector_swiglu(void) {
+    printf("vector SwiGLU: built without libmvec, skipped\n");
+}
+#endif
+
 int main(void) {
+    test_vector_swiglu();
     test_data();
     test_schedule();
     test_adamw();

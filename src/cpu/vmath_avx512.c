@@ -1,10 +1,11 @@
-/* Element-wise transcendental kernels of the models on glibc's libmvec (its AVX-512 erff and
- * expf, 16 lanes a call), compiled with the AVX-512 flags and called only when the CPU has
- * AVX-512 (cpu.h) and the build found libmvec (LOWP_HAVE_LIBMVEC). Every element goes through
- * the same vector call, the last partial vector included (masked loads, zero lanes), so a
+/* Element-wise transcendental kernels of the models (GELU, SwiGLU) on glibc's libmvec (its
+ * AVX-512 erff and expf, 16 lanes a call), compiled with the AVX-512 flags and called only when the
+ * CPU has AVX-512 (cpu.h) and the build found libmvec (LOWP_HAVE_LIBMVEC). Every element goes
+ * through the same vector call, the last partial vector included (masked loads, zero lanes), so a
  * value never depends on its position, on the thread count or on n. libmvec's erff and expf
  * are within 4 ulp (glibc's manual); the scalar libm functions they replace within 1-2
- * (tests/test_dense.c bounds the GELU against binary64). */
+ * (tests/test_dense.c bounds the GELU, tests/test_trainer_units.c the SwiGLU, against
+ * binary64). */
 #include "cpu.h"
 
 #if LOWP_HAVE_LIBMVEC
@@ -13,12 +14,43 @@
 extern __m512 _ZGVeN16v_erff(__m512 x);
 extern __m512 _ZGVeN16v_expf(__m512 x);
 
+static inline __mmask16 tail16(int64_t left) {
+    return left >= 16 ? (__mmask16) 0xFFFF : (__mmask16) ((1u << left) - 1);
+}
+
+/* sigmoid(u) = 1 / (1 + expf(-u)), moe_ffn.c's formula */
+static inline __m512 sigmoid16(__m512 u) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    return _mm512_div_ps(
+        one, _mm512_add_ps(one, _ZGVeN16v_expf(_mm512_xor_ps(u, _mm512_set1_ps(-0.0f)))));
+}
+
+void lowp_cpu_swiglu_fwd_avx512(const float *u1, const float *u3, float *s, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail16(n - i);
+        const __m512 a = _mm512_maskz_loadu_ps(m, u1 + i), b = _mm512_maskz_loadu_ps(m, u3 + i);
+        _mm512_mask_storeu_ps(s + i, m, _mm512_mul_ps(_mm512_mul_ps(a, sigmoid16(a)), b));
+    }
+}
+
+void lowp_cpu_swiglu_bwd_avx512(const float *u1, const float *u3, const float *ds, float *du1,
+                                float *du3, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail16(n - i);
+        const __m512 a = _mm512_maskz_loadu_ps(m, u1 + i), b = _mm512_maskz_loadu_ps(m, u3 + i);
+        const __m512 d = _mm512_maskz_loadu_ps(m, ds + i), sg = sigmoid16(a);
+        const __m512 t = _mm512_add_ps(one, _mm512_mul_ps(a, _mm512_sub_ps(one, sg)));
+        _mm512_mask_storeu_ps(du1 + i, m, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(d, b), sg), t));
+        _mm512_mask_storeu_ps(du3 + i, m, _mm512_mul_ps(_mm512_mul_ps(d, a), sg));
+    }
+}
 void lowp_cpu_gelu_avx512(const float *u, float *g, float *gd, int64_t n) {
     const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     const __m512 r2 = _mm512_set1_ps(0.70710678118654752f);
     const __m512 ir2pi = _mm512_set1_ps(0.39894228040143268f), mhalf = _mm512_set1_ps(-0.5f);
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? (__mmask16) 0xFFFF : (__mmask16) ((1u << (n - i)) - 1);
+        const __mmask16 m = tail16(n - i);
         const __m512 x = _mm512_maskz_loadu_ps(m, u + i);
         /* cdf = 0.5 (1 + erf(x / sqrt 2)), the scalar code's operations in its order */
         const __m512 cdf =
