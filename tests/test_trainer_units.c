@@ -359,6 +359,20 @@ static void test_vector_swiglu(void) {
     static float s2[N];
     lowp_cpu_swiglu_fwd_avx512(u1 + 3, u3 + 3, s2, 21); /* shifted, short: same values */
     CHECK(memcmp(s2, s + 3, 21 * sizeof *s) == 0);
+    /* the attention softmax's exponentials: x - max <= 0, down to where expf underflows */
+    static float x[N];
+    for (int i = 0; i < N; i++) x[i] = (float) (-110.0 * i / (N - 1));
+    x[N - 1] = -INFINITY; /* a masked-out score gives 0 */
+    memcpy(s2, x, sizeof x);
+    lowp_cpu_expf_avx512(x, N);
+    double we = 0;
+    for (int i = 0; i < N - 1; i++) {
+        const double e = err_units(x[i], exp((double) s2[i]), 0x1p-149);
+        if (e > we) we = e;
+    }
+    printf("vector expf: worst %.2f ulp over [-110, 0]\n", we);
+    CHECKF(we <= 4.0, "expf: %.2f ulp", we);
+    CHECK(x[N - 1] == 0.0f);
 }
 #else
 static void test_vector_swiglu(void) {

@@ -24,6 +24,8 @@ static inline int lowp_cpu_has_avx512(void) {
 /* GELU of n elements (g = u Phi(u); gd = gelu'(u) when not NULL) on libmvec's AVX-512 erff
  * and expf (vmath_avx512.c); only where LOWP_HAVE_LIBMVEC and lowp_cpu_has_avx512(). */
 LOWP_HIDDEN void lowp_cpu_gelu_avx512(const float *u, float *g, float *gd, int64_t n);
+/* x[i] = expf(x[i]) in place, the same way. */
+LOWP_HIDDEN void lowp_cpu_expf_avx512(float *x, int64_t n);
 /* SwiGLU's s = silu(u1) u3, and its backward du1, du3 from ds (moe_ffn.c's formulas), the same
  * way (sigmoid on libmvec's expf). */
 LOWP_HIDDEN void lowp_cpu_swiglu_fwd_avx512(const float *u1, const float *u3, float *s, int64_t n);

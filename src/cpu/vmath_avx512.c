@@ -1,11 +1,11 @@
-/* Element-wise transcendental kernels of the models (GELU, SwiGLU) on glibc's libmvec (its
- * AVX-512 erff and expf, 16 lanes a call), compiled with the AVX-512 flags and called only when the
- * CPU has AVX-512 (cpu.h) and the build found libmvec (LOWP_HAVE_LIBMVEC). Every element goes
- * through the same vector call, the last partial vector included (masked loads, zero lanes), so a
- * value never depends on its position, on the thread count or on n. libmvec's erff and expf
- * are within 4 ulp (glibc's manual); the scalar libm functions they replace within 1-2
- * (tests/test_dense.c bounds the GELU, tests/test_trainer_units.c the SwiGLU, against
- * binary64). */
+/* Element-wise transcendental kernels of the models (GELU, SwiGLU, the attention softmax's
+ * exponentials) on glibc's libmvec (its AVX-512 erff and expf, 16 lanes a call), compiled with the
+ * AVX-512 flags and called only when the CPU has AVX-512 (cpu.h) and the build found libmvec
+ * (LOWP_HAVE_LIBMVEC). Every element goes through the same vector call, the last partial vector
+ * included (masked loads, zero lanes), so a value never depends on its position, on the thread
+ * count or on n. libmvec's erff and expf are within 4 ulp (glibc's manual); the scalar libm
+ * functions they replace within 1-2 (tests/test_dense.c bounds the GELU, tests/test_trainer_units.c
+ * the SwiGLU, against binary64). */
 #include "cpu.h"
 
 #if LOWP_HAVE_LIBMVEC
@@ -23,6 +23,13 @@ static inline __m512 sigmoid16(__m512 u) {
     const __m512 one = _mm512_set1_ps(1.0f);
     return _mm512_div_ps(
         one, _mm512_add_ps(one, _ZGVeN16v_expf(_mm512_xor_ps(u, _mm512_set1_ps(-0.0f)))));
+}
+
+void lowp_cpu_expf_avx512(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail16(n - i);
+        _mm512_mask_storeu_ps(x + i, m, _ZGVeN16v_expf(_mm512_maskz_loadu_ps(m, x + i)));
+    }
 }
 
 void lowp_cpu_swiglu_fwd_avx512(const float *u1, const float *u3, float *s, int64_t n) {
