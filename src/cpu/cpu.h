@@ -21,6 +21,11 @@ static inline int lowp_cpu_has_avx512(void) {
     return (lowp_cpu_caps()->flags & LOWP_CAPS_AVX512_KERNELS) == LOWP_CAPS_AVX512_KERNELS;
 }
 
+/* dst [cols, rows] (row stride ldd) = src [rows, cols] (row stride lds) transposed, binary32
+ * bits moved unchanged, in 16x16 register blocks (vmath_avx512.c; lowp_cpu_has_avx512()). */
+LOWP_HIDDEN void lowp_cpu_transpose_f32_avx512(const float *src, int64_t rows, int64_t cols,
+                                               int64_t lds, float *dst, int64_t ldd);
+
 /* GELU of n elements (g = u Phi(u); gd = gelu'(u) when not NULL) on libmvec's AVX-512 erff
  * and expf (vmath_avx512.c); only where LOWP_HAVE_LIBMVEC and lowp_cpu_has_avx512(). */
 LOWP_HIDDEN void lowp_cpu_gelu_avx512(const float *u, float *g, float *gd, int64_t n);

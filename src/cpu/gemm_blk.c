@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "gemm_blk.h"
+#include "transpose_avx512.h"
 
 /* MX scales fold into the elements while every block exponent of a strip (panel) lies within
  * FOLD_SPAN of the strip's centre r. Then a folded FP8 value is a * 2^d with |d| <= 37: the
@@ -251,33 +252,6 @@ static int max_exp(__m512i maxmag) {
     return e;
 }
 
-/* 16x16 transpose of 32-bit elements: dst row p = column p of src (row strides 16). */
-static void transpose16(const uint32_t *src, uint32_t *dst) {
-    __m512i r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(src + 16 * i);
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    /* r[4i + j], 128-bit lane L: column 4L + j of rows 4i..4i+3. */
-    for (int jj = 0; jj < 4; jj++) {
-        __m512i a = _mm512_shuffle_i32x4(r[jj], r[4 + jj], 0x88);
-        __m512i b = _mm512_shuffle_i32x4(r[jj], r[4 + jj], 0xDD);
-        __m512i c = _mm512_shuffle_i32x4(r[8 + jj], r[12 + jj], 0x88);
-        __m512i d = _mm512_shuffle_i32x4(r[8 + jj], r[12 + jj], 0xDD);
-        _mm512_storeu_si512(dst + 16 * jj, _mm512_shuffle_i32x4(a, c, 0x88));
-        _mm512_storeu_si512(dst + 16 * (8 + jj), _mm512_shuffle_i32x4(a, c, 0xDD));
-        _mm512_storeu_si512(dst + 16 * (4 + jj), _mm512_shuffle_i32x4(b, d, 0x88));
-        _mm512_storeu_si512(dst + 16 * (12 + jj), _mm512_shuffle_i32x4(b, d, 0xDD));
-    }
-}
-
 /* Pack rows [n0, n0 + w) of b (w <= 32) into a panel at dst. */
 static void pack_panel(blk_ctx *x, int64_t n0, int w, uint16_t *dst, tile_facts *f) {
     const lowp_gemm_job *j = x->j;
@@ -300,8 +274,9 @@ static void pack_panel(blk_ctx *x, int64_t n0, int w, uint16_t *dst, tile_facts 
             _mm512_store_si512(x->tmp + 32 * i, v);
         }
         uint16_t *o = dst + kt * LOWP_BLK_TILE_U16;
-        transpose16((const uint32_t *) x->tmp, (uint32_t *) o);
-        transpose16((const uint32_t *) (x->tmp + 16 * 32), (uint32_t *) (o + 512));
+        lowp_transpose16x16_u32((const uint32_t *) x->tmp, 16, (uint32_t *) o, 16);
+        lowp_transpose16x16_u32((const uint32_t *) (x->tmp + 16 * 32), 16, (uint32_t *) (o + 512),
+                                16);
     }
     if (!mx) {
         f->exact = denorm != 0;

@@ -1,12 +1,29 @@
-/* Element-wise transcendental kernels of the models (GELU, SwiGLU, the attention softmax's
- * exponentials) on glibc's libmvec (its AVX-512 erff and expf, 16 lanes a call), compiled with the
- * AVX-512 flags and called only when the CPU has AVX-512 (cpu.h) and the build found libmvec
+/* Helpers of the models compiled with the AVX-512 flags and called only where the CPU has
+ * AVX-512 (cpu.h): a strided binary32 transpose (bits moved unchanged), and element-wise
+ * transcendental kernels (GELU, SwiGLU, the attention softmax's exponentials) on glibc's
+ * libmvec (its AVX-512 erff and expf, 16 lanes a call) where the build found it
  * (LOWP_HAVE_LIBMVEC). Every element goes through the same vector call, the last partial vector
  * included (masked loads, zero lanes), so a value never depends on its position, on the thread
- * count or on n. libmvec's erff and expf are within 4 ulp (glibc's manual); the scalar libm
- * functions they replace within 1-2 (tests/test_dense.c bounds the GELU, tests/test_trainer_units.c
- * the SwiGLU, against binary64). */
+ * count or on n. libmvec's erff and expf are within 4 ulp (glibc's manual), the scalar libm
+ * functions they replace within 1-2 (tests/test_dense.c bounds the GELU,
+ * tests/test_trainer_units.c the SwiGLU and expf, against binary64). */
 #include "cpu.h"
+#include "transpose_avx512.h"
+
+void lowp_cpu_transpose_f32_avx512(const float *src, int64_t rows, int64_t cols, int64_t lds,
+                                   float *dst, int64_t ldd) {
+    int64_t r0 = 0;
+    for (; r0 + 16 <= rows; r0 += 16) {
+        int64_t c0 = 0;
+        for (; c0 + 16 <= cols; c0 += 16)
+            lowp_transpose16x16_u32((const uint32_t *) (src + r0 * lds + c0), (size_t) lds,
+                                    (uint32_t *) (dst + c0 * ldd + r0), (size_t) ldd);
+        for (; c0 < cols; c0++)
+            for (int64_t r = r0; r < r0 + 16; r++) dst[c0 * ldd + r] = src[r * lds + c0];
+    }
+    for (; r0 < rows; r0++)
+        for (int64_t c = 0; c < cols; c++) dst[c * ldd + r0] = src[r0 * lds + c];
+}
 
 #if LOWP_HAVE_LIBMVEC
 #include <immintrin.h>

@@ -49,6 +49,10 @@ static void rope_rotate(float *x, const moe_dims *d, const float *cosv, const fl
 /* xs [T, hd] = the T rows of one head's columns of x (row stride D); xt [hd, T] its
  * transpose (either may be NULL). */
 static void head_gather(const float *x, int64_t D, int64_t T, int64_t hd, float *xs, float *xt) {
+    if (xt && lowp_cpu_has_avx512()) { /* the same bits, 16x16 blocks in registers */
+        lowp_cpu_transpose_f32_avx512(x, T, hd, D, xt, T);
+        xt = NULL;
+    }
     for (int64_t j = 0; j < T; j++) {
         const float *r = x + j * D;
         if (xs) memcpy(xs + j * hd, r, (size_t) hd * sizeof(float));
@@ -64,6 +68,10 @@ static void head_scatter(const float *ys, int64_t D, int64_t T, int64_t hd, floa
 
 /* dst [n, n] = src^T, in 16 x 16 blocks. */
 static void square_transpose(const float *src, int64_t n, float *dst) {
+    if (lowp_cpu_has_avx512()) {
+        lowp_cpu_transpose_f32_avx512(src, n, n, n, dst, n);
+        return;
+    }
     for (int64_t i0 = 0; i0 < n; i0 += 16)
         for (int64_t j0 = 0; j0 < n; j0 += 16)
             for (int64_t i = i0; i < i0 + 16 && i < n; i++)
