@@ -380,8 +380,9 @@ static void test_vector_swiglu(void) {
 }
 #endif
 
-/* The AVX-512 strided transpose against the scalar one, bit for bit (NaN payloads, -0,
- * subnormals), on shapes with and without whole 16x16 blocks and with padded strides. */
+/* The AVX-512 strided transposes (32- and 16-bit) against the scalar one, bit for bit (NaN
+ * payloads, -0, subnormals), on shapes with and without whole 16x16 blocks and with padded strides.
+ */
 static void test_transpose(void) {
     if (!lowp_cpu_has_avx512()) {
         printf("AVX-512 transpose: not here, skipped\n");
@@ -404,6 +405,20 @@ static void test_transpose(void) {
         lowp_cpu_transpose_f32_avx512((const float *) src, R, C, lds, (float *) got, ldd);
         CHECKF(memcmp(got, want, (size_t) (C * ldd) * 4) == 0, "transpose %lldx%lld differs",
                (long long) R, (long long) C);
+        /* 16-bit elements: the low halves of the same patterns */
+        uint16_t *s16 = malloc((size_t) (R * lds) * 2), *g16 = malloc((size_t) (C * ldd) * 2);
+        uint16_t *w16 = malloc((size_t) (C * ldd) * 2);
+        for (int64_t i = 0; i < R * lds; i++) s16[i] = (uint16_t) (src[i] >> (i % 3 ? 16 : 0));
+        memset(g16, 0x5A, (size_t) (C * ldd) * 2);
+        memcpy(w16, g16, (size_t) (C * ldd) * 2);
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) w16[j * ldd + i] = s16[i * lds + j];
+        lowp_cpu_transpose_u16_avx512(s16, R, C, lds, g16, ldd);
+        CHECKF(memcmp(g16, w16, (size_t) (C * ldd) * 2) == 0, "u16 transpose %lldx%lld differs",
+               (long long) R, (long long) C);
+        free(s16);
+        free(g16);
+        free(w16);
         free(src);
         free(got);
         free(want);

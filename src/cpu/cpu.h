@@ -26,6 +26,10 @@ static inline int lowp_cpu_has_avx512(void) {
 LOWP_HIDDEN void lowp_cpu_transpose_f32_avx512(const float *src, int64_t rows, int64_t cols,
                                                int64_t lds, float *dst, int64_t ldd);
 
+/* The same for 16-bit elements (BF16 bits). */
+LOWP_HIDDEN void lowp_cpu_transpose_u16_avx512(const uint16_t *src, int64_t rows, int64_t cols,
+                                               int64_t lds, uint16_t *dst, int64_t ldd);
+
 /* GELU of n elements (g = u Phi(u); gd = gelu'(u) when not NULL) on libmvec's AVX-512 erff
  * and expf (vmath_avx512.c); only where LOWP_HAVE_LIBMVEC and lowp_cpu_has_avx512(). */
 LOWP_HIDDEN void lowp_cpu_gelu_avx512(const float *u, float *g, float *gd, int64_t n);

@@ -1,7 +1,7 @@
 /* Helpers of the models compiled with the AVX-512 flags and called only where the CPU has
- * AVX-512 (cpu.h): a strided binary32 transpose (bits moved unchanged), and element-wise
- * transcendental kernels (GELU, SwiGLU, the attention softmax's exponentials) on glibc's
- * libmvec (its AVX-512 erff and expf, 16 lanes a call) where the build found it
+ * AVX-512 (cpu.h): strided transposes of 32- and 16-bit elements (bits moved unchanged), and
+ * element-wise transcendental kernels (GELU, SwiGLU, the attention softmax's exponentials) on
+ * glibc's libmvec (its AVX-512 erff and expf, 16 lanes a call) where the build found it
  * (LOWP_HAVE_LIBMVEC). Every element goes through the same vector call, the last partial vector
  * included (masked loads, zero lanes), so a value never depends on its position, on the thread
  * count or on n. libmvec's erff and expf are within 4 ulp (glibc's manual), the scalar libm
@@ -18,6 +18,28 @@ void lowp_cpu_transpose_f32_avx512(const float *src, int64_t rows, int64_t cols,
         for (; c0 + 16 <= cols; c0 += 16)
             lowp_transpose16x16_u32((const uint32_t *) (src + r0 * lds + c0), (size_t) lds,
                                     (uint32_t *) (dst + c0 * ldd + r0), (size_t) ldd);
+        for (; c0 < cols; c0++)
+            for (int64_t r = r0; r < r0 + 16; r++) dst[c0 * ldd + r] = src[r * lds + c0];
+    }
+    for (; r0 < rows; r0++)
+        for (int64_t c = 0; c < cols; c++) dst[c * ldd + r0] = src[r0 * lds + c];
+}
+
+void lowp_cpu_transpose_u16_avx512(const uint16_t *src, int64_t rows, int64_t cols, int64_t lds,
+                                   uint16_t *dst, int64_t ldd) {
+    _Alignas(64) uint32_t a[256], b[256]; /* a 16x16 block widened to 32 bits, and transposed */
+    int64_t r0 = 0;
+    for (; r0 + 16 <= rows; r0 += 16) {
+        int64_t c0 = 0;
+        for (; c0 + 16 <= cols; c0 += 16) {
+            for (int i = 0; i < 16; i++)
+                _mm512_store_si512(a + 16 * i, _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                                   (const __m256i *) (src + (r0 + i) * lds + c0))));
+            lowp_transpose16x16_u32(a, 16, b, 16);
+            for (int p = 0; p < 16; p++)
+                _mm256_storeu_si256((__m256i *) (dst + (c0 + p) * ldd + r0),
+                                    _mm512_cvtepi32_epi16(_mm512_load_si512(b + 16 * p)));
+        }
         for (; c0 < cols; c0++)
             for (int64_t r = r0; r < r0 + 16; r++) dst[c0 * ldd + r] = src[r * lds + c0];
     }
