@@ -324,8 +324,11 @@ static void decode_strip(blk_ctx *x, int64_t m0, int rows, tile_facts *f) {
 
 /* ---- epilogues ---- */
 
-void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int w,
-                          const float *v) {
+/* lowp_gemm_store_tile, with v scaled by 2^e on the way (scaled) as the folded MX tiles want:
+ * the same scalef the tile applied in place before, one pass over the tile fewer. */
+static inline __attribute__((always_inline)) void store_tile(const lowp_gemm_job *j, int64_t m0,
+                                                             int64_t m1, int64_t n0, int w,
+                                                             const float *v, int scaled, __m512 e) {
     const int64_t ldc = j->c->cols;
     const int bf16 = j->c->format == LOWP_FORMAT_BF16;
     /* A C much larger than the caches is written with streaming stores (no read for
@@ -336,8 +339,11 @@ void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_
     if (nt) {
         for (int64_t m = m0; m < m1; m++) {
             float *c = (float *) j->c->data + (size_t) (j->c_row_base + m) * (size_t) ldc + n0;
-            _mm512_stream_ps(c, _mm512_loadu_ps(v + (m - m0) * 32));
-            _mm512_stream_ps(c + 16, _mm512_loadu_ps(v + (m - m0) * 32 + 16));
+            __m512 lo = _mm512_loadu_ps(v + (m - m0) * 32),
+                   hi = _mm512_loadu_ps(v + (m - m0) * 32 + 16);
+            if (scaled) lo = _mm512_scalef_ps(lo, e), hi = _mm512_scalef_ps(hi, e);
+            _mm512_stream_ps(c, lo);
+            _mm512_stream_ps(c + 16, hi);
         }
         return;
     }
@@ -347,6 +353,7 @@ void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_
         for (int h = 0; h < 2 && 16 * h < w; h++) {
             const __mmask16 mk = len_mask16(w - 16 * h);
             __m512 s = _mm512_loadu_ps(src + 16 * h);
+            if (scaled) s = _mm512_scalef_ps(s, e);
             if (!bf16) {
                 float *c = (float *) j->c->data + row + 16 * h;
                 if (j->accumulate) s = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, c), s);
@@ -377,6 +384,11 @@ void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_
                 _mm256_mask_storeu_epi16(c, mk, _mm512_cvtepi32_epi16(r));
         }
     }
+}
+
+void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int w,
+                          const float *v) {
+    store_tile(j, m0, m1, n0, w, v, 0, _mm512_setzero_ps());
 }
 
 /* Column scales of the panel at n0 (w columns) for K block `blk`, binary32 kinds. */
@@ -463,13 +475,7 @@ static void tile(blk_ctx *x, int64_t m0, int rows, const tile_facts *sf, int64_t
     case LOWP_PAIR_MX_B32: {
         if (sf->folded && pf->folded) {
             kern->micro(a, panel, x->nkt, 0, mr, P);
-            const __m512 e = _mm512_set1_ps((float) (sf->r + pf->r));
-            for (int r = 0; r < rows; r++) {
-                float *p = P + 32 * r;
-                _mm512_storeu_ps(p, _mm512_scalef_ps(_mm512_loadu_ps(p), e));
-                _mm512_storeu_ps(p + 16, _mm512_scalef_ps(_mm512_loadu_ps(p + 16), e));
-            }
-            lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, P);
+            store_tile(j, m0, m0 + rows, n0, w, P, 1, _mm512_set1_ps((float) (sf->r + pf->r)));
             return;
         }
         /* Block by block: each 32-K partial sum gets its own power of two. */
