@@ -220,13 +220,6 @@ static void test_threads_and_preset(void) {
 }
 
 #if LOWP_HAVE_LIBMVEC
-/* |got - want| in units of (ulp(want) + abs_ulp): the formula's own rounding bound, where
- * abs_ulp covers 1 + erf(...) and its cancellation for negative x. */
-static double err_units(float got, double want, double abs_ulp) {
-    const double a = fabs(want) > 0x1p-126 ? fabs(want) : 0x1p-126;
-    return fabs((double) got - want) / (ldexp(1.0, ilogb(a) - 23) + abs_ulp);
-}
-
 /* The vector GELU (libmvec's erff and expf) against binary64: g and gd over a sweep of
  * magnitudes (and zero, the tails where Phi saturates, a length that ends mid-vector), within a
  * few units of the formula's binary32 rounding; the same value wherever an element sits. The
@@ -255,15 +248,15 @@ static void test_vector_gelu(void) {
         const double wg = x * cdf, wd = cdf + x * 0.39894228040143267794 * exp(-0.5 * x * x);
         /* cdf = 0.5 (1 + erf) carries an absolute error of a few 2^-25 (1 + erf cancels for
          * negative x, in any binary32 evaluation of the formula, scalar or vector) */
-        const double eg = err_units(g[i], wg, fabs(x) * 0x1p-24);
-        const double ed = err_units(gd[i], wd, 0x1p-24);
+        const double eg = testutil_err_units(g[i], wg, fabs(x) * 0x1p-24);
+        const double ed = testutil_err_units(gd[i], wd, 0x1p-24);
         if (eg > worst_g) worst_g = eg;
         if (ed > worst_d) worst_d = ed;
         const float sc = 0.5f * (1.0f + erff(u[i] * 0.70710678118654752f)); /* dense.c's */
         const float sg = u[i] * sc;
         const float sd = sc + u[i] * (0.39894228040143268f * expf(-0.5f * u[i] * u[i]));
-        const double es = err_units(sg, wg, fabs(x) * 0x1p-24);
-        const double esd = err_units(sd, wd, 0x1p-24);
+        const double es = testutil_err_units(sg, wg, fabs(x) * 0x1p-24);
+        const double esd = testutil_err_units(sd, wd, 0x1p-24);
         if (es > worst_sg) worst_sg = es;
         if (esd > worst_sd) worst_sd = esd;
     }

@@ -305,12 +305,6 @@ static void test_clip(void) {
 }
 
 #if LOWP_HAVE_LIBMVEC
-/* |got - want| in units of (ulp(want) + abs_ulp). */
-static double err_units(float got, double want, double abs_ulp) {
-    const double a = fabs(want) > 0x1p-126 ? fabs(want) : 0x1p-126;
-    return fabs((double) got - want) / (ldexp(1.0, ilogb(a) - 23) + abs_ulp);
-}
-
 /* The vector SwiGLU (sigmoid on libmvec's expf) against binary64, beside moe_ffn.c's scalar
  * formula on libm's expf: u1 swept over -30 .. 30 (sigmoid saturating both ways), u3 and ds
  * random; s, du1, du3 within a few units of the formula's rounding (du1's 1 - sigmoid(u1)
@@ -345,8 +339,9 @@ static void test_vector_swiglu(void) {
                                   ds[i] * u3[i] * fs * (1.0f + u1[i] * (1.0f - fs)),
                                   ds[i] * u1[i] * fs}};
         for (int k = 0; k < 2; k++) {
-            const double e[3] = {err_units(got[k][0], ws, 0), err_units(got[k][1], w1, cancel),
-                                 err_units(got[k][2], w3, 0)};
+            const double e[3] = {testutil_err_units(got[k][0], ws, 0),
+                                 testutil_err_units(got[k][1], w1, cancel),
+                                 testutil_err_units(got[k][2], w3, 0)};
             for (int q = 0; q < 3; q++)
                 if (e[q] > worst[k][q]) worst[k][q] = e[q];
         }
@@ -367,7 +362,7 @@ static void test_vector_swiglu(void) {
     lowp_cpu_expf_avx512(x, N);
     double we = 0;
     for (int i = 0; i < N - 1; i++) {
-        const double e = err_units(x[i], exp((double) s2[i]), 0x1p-149);
+        const double e = testutil_err_units(x[i], exp((double) s2[i]), 0x1p-149);
         if (e > we) we = e;
     }
     printf("vector expf: worst %.2f ulp over [-110, 0]\n", we);

@@ -133,4 +133,11 @@ static inline double now_s(void) {
     return (double) t.tv_sec + 1e-9 * (double) t.tv_nsec;
 }
 
+/* |got - want| in units of (ulp(want) + abs_ulp): a binary32 result against the binary64 value
+ * it approximates, abs_ulp covering a formula's own absolute rounding (a cancellation). */
+static inline double testutil_err_units(float got, double want, double abs_ulp) {
+    const double a = fabs(want) > 0x1p-126 ? fabs(want) : 0x1p-126;
+    return fabs((double) got - want) / (ldexp(1.0, ilogb(a) - 23) + abs_ulp);
+}
+
 #endif
