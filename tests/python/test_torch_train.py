@@ -334,3 +334,34 @@ def test_evaluation_leaves_no_trace(recipe):
         return t
 
     _assert_same_state(run(1), run(0))
+
+
+def test_fused_adamw_updates_wrapped_weights_and_expires_their_copies():
+    """On CPU the trainer runs torch's fused AdamW; its in-place update of a param-swapped
+    weight must bump the version the weight cache keys on (else the next forward would reuse
+    the old quantized copies), and it is AdamW: the same update as torch's per-tensor loop to
+    rounding."""
+    from lowp.torch.param_swap import LowpWeight
+
+    t = _trainer("all_mxfp8", 4)
+    assert t.opt.defaults.get("fused") is True
+    wrapped = [p for p in t.model.parameters() if isinstance(p, LowpWeight)]
+    assert wrapped
+    ref = _trainer("all_mxfp8", 4)
+    ref_opt = torch.optim.AdamW(
+        [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in
+         ref.opt.param_groups], lr=ref.opt.defaults["lr"], betas=ref.opt.defaults["betas"],
+        eps=ref.opt.defaults["eps"], foreach=False)
+    ref.opt = ref_opt
+    t.step()
+    before = [w._root._version for w in wrapped]
+    masters = [w._data.detach().clone() for w in wrapped]
+    t.step()
+    assert all(w._root._version > v for w, v in zip(wrapped, before))
+    assert all(not torch.equal(w._data, m) for w, m in zip(wrapped, masters))
+    ref.step()
+    ref.step()
+    for (n, a), (_, b) in zip(t.model.named_parameters(), ref.model.named_parameters()):
+        a = a._data if isinstance(a, LowpWeight) else a
+        b = b._data if isinstance(b, LowpWeight) else b
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), n
