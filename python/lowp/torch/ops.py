@@ -636,8 +636,9 @@ class _InputMemo:
     the model's q, k and v projections (and w1, w3 of a SwiGLU, dense or routed) read one
     tensor, which was quantized once per projection. A hit needs the same storage (alive: a
     weak reference, as WeightCache), offset, shape, strides, dtype and version of the input
-    and of `offs`, and the same operand spec and axes. Per thread; cleared by every backward,
-    so that it holds no copies past the forward."""
+    and of `offs`, and the same operand spec and axes. Per thread, one entry; cleared by every
+    backward (a forward without one, as in evaluation, leaves its last input's copies here until
+    the next input or backward replaces them)."""
 
     def __init__(self):
         self._local = threading.local()
