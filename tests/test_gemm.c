@@ -351,6 +351,82 @@ static void test_errors(void) {
     operand_drop(&a), operand_drop(&b), operand_drop(&bt), operand_drop(&bk);
 }
 
+/* lowp_gemm_kn and lowp_grouped_gemm_kn through the ops layer (default path and threads): the
+ * bits of lowp_gemm and lowp_grouped_gemm on the library's columnwise copies of the same
+ * inputs, and the errors that name what is wrong. */
+static lowp_qtensor col_copy(const operand *o) {
+    lowp_qtensor col = o->q;
+    col.rows = o->q.cols;
+    col.cols = o->q.rows;
+    size_t db, sb;
+    CHECK(lowp_qtensor_nbytes(&col, &db, &sb) == LOWP_OK);
+    col.data = malloc(db);
+    col.scales = malloc(sb);
+    lowp_tensor x = {LOWP_FORMAT_F32, o->q.rows, o->q.cols, o->src, LOWP_DEVICE_HOST};
+    CHECKF(lowp_quantize(&x, NULL, &col, NULL) == LOWP_OK, "%s", lowp_last_error());
+    return col;
+}
+
+static void test_kn(void) {
+    const struct {
+        lowp_format fa;
+        lowp_scaling sa, sb;
+    } kinds[] = {{LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128, LOWP_SCALING_BLOCK128X128},
+                 {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, LOWP_SCALING_BLOCK32X32},
+                 {LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR, LOWP_SCALING_TENSOR}};
+    enum { G = 3 };
+    const int32_t offs[G] = {40, 40, 300};
+    const int64_t M = 300, K = 260, N = 150;
+    for (int ki = 0; ki < 3; ki++) {
+        operand a = make(kinds[ki].fa, kinds[ki].sa, M, K, 4.0f);
+        operand b[G];
+        lowp_qtensor bs[G], bc[G];
+        for (int g = 0; g < G; g++) {
+            b[g] = make(LOWP_FORMAT_E4M3, kinds[ki].sb, K, N, 4.0f); /* stored [K, N] */
+            bs[g] = b[g].q;
+            bc[g] = col_copy(&b[g]);
+        }
+        float *c1 = malloc(sizeof(float) * (size_t) (M * N)),
+              *c2 = malloc(sizeof(float) * (size_t) (M * N));
+        lowp_tensor t1 = {LOWP_FORMAT_F32, M, N, c1, LOWP_DEVICE_HOST}, t2 = t1;
+        t2.data = c2;
+        const char *name = lowp_scaling_name(kinds[ki].sb);
+        CHECK_OK(lowp_gemm(&a.q, &bc[0], &t1, NULL));
+        CHECK_OK(lowp_gemm_kn(&a.q, &bs[0], &t2, NULL));
+        CHECKF(memcmp(c1, c2, sizeof(float) * (size_t) (M * N)) == 0,
+               "lowp_gemm_kn %s != lowp_gemm on the columnwise copy", name);
+        CHECK_OK(lowp_grouped_gemm(&a.q, bc, offs, G, &t1, NULL));
+        CHECK_OK(lowp_grouped_gemm_kn(&a.q, bs, offs, G, &t2, NULL));
+        CHECKF(memcmp(c1, c2, sizeof(float) * (size_t) (M * N)) == 0,
+               "lowp_grouped_gemm_kn %s != lowp_grouped_gemm on the columnwise copies", name);
+        if (ki == 0) { /* errors, on these operands */
+            lowp_tensor bad = {LOWP_FORMAT_F32, M, K, c1, LOWP_DEVICE_HOST};
+            CHECK_FAIL(lowp_gemm_kn(&a.q, &bs[0], &bad, NULL), LOWP_ERR_INVALID_ARG, "c shape");
+            /* the [N, K] copy given as [K, N]: K does not match */
+            CHECK_FAIL(lowp_gemm_kn(&a.q, &bc[0], &t2, NULL), LOWP_ERR_INVALID_ARG,
+                       "a.cols (260) != b.rows (150)");
+            lowp_qtensor other[G] = {bs[0], bc[1], bs[2]};
+            CHECK_FAIL(lowp_grouped_gemm_kn(&a.q, other, offs, G, &t2, NULL), LOWP_ERR_INVALID_ARG,
+                       "b[1] shape (150 x 260)");
+            operand brow = make(LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128, K, N, 4.0f);
+            CHECK_FAIL(lowp_gemm_kn(&a.q, &brow.q, &t2, NULL), LOWP_ERR_UNSUPPORTED,
+                       "b.scaling (block128) runs along one axis");
+            lowp_qtensor rows3[G] = {bs[0], bs[1], brow.q};
+            CHECK_FAIL(lowp_grouped_gemm_kn(&a.q, rows3, offs, G, &t2, NULL), LOWP_ERR_UNSUPPORTED,
+                       "b[2].scaling (block128)");
+            operand_drop(&brow);
+        }
+        free(c1);
+        free(c2);
+        operand_drop(&a);
+        for (int g = 0; g < G; g++) {
+            operand_drop(&b[g]);
+            free(bc[g].data);
+            free(bc[g].scales);
+        }
+    }
+}
+
 int main(void) {
     tu_seed(0x9E3779B97F4A7C15ull);
     test_reference_accuracy();
@@ -358,5 +434,6 @@ int main(void) {
     test_grouped();
     test_wgrad();
     test_errors();
+    test_kn();
     return testutil_finish();
 }

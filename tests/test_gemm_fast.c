@@ -148,16 +148,18 @@ static const char *runner_name(runner r) {
 
 static int g_have_avx512, g_have_amx, g_have_bf16;
 
-static void job_of(lowp_gemm_job *j, const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
-                   int accumulate) {
+/* b_kn: b is given [K, N] (lowp_gemm_kn). */
+static void job_of(lowp_gemm_job *j, const lowp_qtensor *a, const lowp_qtensor *b, int b_kn,
+                   lowp_tensor *c, int accumulate) {
     memset(j, 0, sizeof *j);
     j->a = a;
     j->b = b;
+    j->b_kn = b_kn;
     j->c = c;
     j->accumulate = accumulate;
     lowp_gemm_classify("test", a, b, &j->pair, &j->bk);
     j->m1 = a->rows;
-    j->n1 = b->rows;
+    j->n1 = b_kn ? b->cols : b->rows;
     j->k1 = a->cols;
 }
 
@@ -165,18 +167,18 @@ static float *ws_alloc(size_t floats) {
     return aligned_alloc(64, ((floats + 16) * sizeof(float) + 63) / 64 * 64);
 }
 
-static lowp_status run(runner r, const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
-                       int accumulate, int threads) {
+static lowp_status run_kn(runner r, const lowp_qtensor *a, const lowp_qtensor *b, int b_kn,
+                          lowp_tensor *c, int accumulate, int threads) {
     lowp_gemm_cfg cfg;
     lowp_gemm_cfg_init(&cfg);
     cfg.accumulate = accumulate;
     cfg.threads = threads;
     if (r == RUN_AVX512 || r == RUN_AMX) {
         cfg.path = r == RUN_AVX512 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
-        return lowp_cpu_gemm(a, b, c, &cfg);
+        return lowp_cpu_gemm(a, b, b_kn, c, &cfg);
     }
     lowp_gemm_job j;
-    job_of(&j, a, b, c, accumulate);
+    job_of(&j, a, b, b_kn, c, accumulate);
     if (r == RUN_AMX_EMU) {
         if (!lowp_cpu_gemm_amx_supports_emu(&j)) return LOWP_ERR_UNSUPPORTED;
         j.ws = ws_alloc(lowp_cpu_gemm_amx_ws_floats_emu(&j));
@@ -191,6 +193,11 @@ static lowp_status run(runner r, const lowp_qtensor *a, const lowp_qtensor *b, l
     }
     free(j.ws);
     return LOWP_OK;
+}
+
+static lowp_status run(runner r, const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                       int accumulate, int threads) {
+    return run_kn(r, a, b, 0, c, accumulate, threads);
 }
 
 static int runner_ok(runner r, const lowp_qtensor *a) {
@@ -231,7 +238,7 @@ static void check_gemm(const char *name, const lowp_qtensor *a, const lowp_qtens
     lowp_gemm_cfg_init(&cfg);
     cfg.accumulate = accumulate;
     cfg.path = LOWP_KERNEL_PATH_REFERENCE;
-    CHECK(lowp_cpu_gemm(a, b, &ref, &cfg) == LOWP_OK);
+    CHECK(lowp_cpu_gemm(a, b, 0, &ref, &cfg) == LOWP_OK);
     for (runner r = RUN_AVX512; r <= RUN_DP_SMALL; r++) {
         if (!runner_ok(r, a)) continue;
         if (r == RUN_AMX_EMU && !emu) continue;
@@ -393,10 +400,10 @@ static void test_grouped(void) {
                 memcpy(r2.data, ref.data, es * (size_t) (Mtot * N));
                 cfg.path = LOWP_KERNEL_PATH_REFERENCE;
                 cfg.threads = 1;
-                CHECK(lowp_cpu_grouped_gemm(&a.q, bq, offs, G, &r2, &cfg) == LOWP_OK);
+                CHECK(lowp_cpu_grouped_gemm(&a.q, bq, 0, offs, G, &r2, &cfg) == LOWP_OK);
                 cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
                 cfg.threads = 2 - acc;
-                CHECK(lowp_cpu_grouped_gemm(&a.q, bq, offs, G, &fast, &cfg) == LOWP_OK);
+                CHECK(lowp_cpu_grouped_gemm(&a.q, bq, 0, offs, G, &fast, &cfg) == LOWP_OK);
                 char what[160];
                 snprintf(what, sizeof what, "grouped %s %s acc=%d", p->name,
                          path ? "amx" : "avx512", acc);
@@ -569,7 +576,7 @@ static void test_wgrad_jobs(void) {
         for (runner r = RUN_AMX_EMU; r <= RUN_DP_SMALL; r++) {
             if (!runner_ok(r, &qa)) continue;
             lowp_gemm_job j;
-            job_of(&j, &qa, &qb, &ref, 0);
+            job_of(&j, &qa, &qb, 0, &ref, 0);
             j.k0 = start;
             j.k1 = end;
             j.a_blk = j.b_blk = blk;
@@ -625,6 +632,121 @@ static void test_large_c(void) {
     }
 }
 
+/* ---- b given [K, N] (lowp_gemm_kn) ---- */
+
+/* The transpose of copy s ([K, N]) as a [N, K] copy, built here element by element: codes (or
+ * plain elements) transposed, and the tile grid of the scales transposed. */
+static lowp_qtensor transposed_copy(const lowp_qtensor *s) {
+    lowp_qtensor t = *s;
+    t.rows = s->cols;
+    t.cols = s->rows;
+    size_t db, sb;
+    CHECK(lowp_qtensor_nbytes(&t, &db, &sb) == LOWP_OK);
+    t.data = malloc(db + 64);
+    t.scales = sb ? malloc(sb + 64) : NULL;
+    const size_t es = s->format == LOWP_FORMAT_F32 ? 4 : s->format == LOWP_FORMAT_BF16 ? 2 : 1;
+    for (int64_t k = 0; k < s->rows; k++)
+        for (int64_t n = 0; n < s->cols; n++)
+            memcpy((char *) t.data + es * (size_t) (n * s->rows + k),
+                   (const char *) s->data + es * (size_t) (k * s->cols + n), es);
+    if (s->scaling == LOWP_SCALING_TENSOR) memcpy(t.scales, s->scales, 4);
+    if (s->scaling == LOWP_SCALING_BLOCK128X128 || s->scaling == LOWP_SCALING_BLOCK32X32) {
+        int64_t sr, sc;
+        int e8;
+        CHECK(lowp_qtensor_scale_shape(s, &sr, &sc, &e8) == LOWP_OK);
+        const size_t ss = e8 ? 1 : 4;
+        for (int64_t i = 0; i < sr; i++)
+            for (int64_t jj = 0; jj < sc; jj++)
+                memcpy((char *) t.scales + ss * (size_t) (jj * sr + i),
+                       (const char *) s->scales + ss * (size_t) (i * sc + jj), ss);
+    }
+    return t;
+}
+
+/* lowp_gemm_kn reads the stored copy where lowp_gemm reads a transposed one: on every runner
+ * (the reference included) the two give the same bits, for every kind whose transposed copy
+ * is the transpose of its copy (and that copy is what lowp_quantize's columnwise output is). */
+static void test_kn(void) {
+    const int quick = testutil_quick();
+    const int picks[] = {0, 1, 2, 4, 12, 13, 14, 15};
+    const int64_t shapes[][3] = {{33, 77, 300}, {1, 129, 161}, {70, 300, 33}, {129, 33, 129}};
+    const int nshapes = quick ? 2 : 4;
+    for (int pi = 0; pi < (int) (sizeof picks / sizeof picks[0]); pi++) {
+        const pair_spec *p = &PAIRS[picks[pi]];
+        const int plain = p->sb == LOWP_SCALING_NONE;
+        for (int s = 0; s < nshapes; s++) {
+            const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            const int how = s == 0   ? SPICE_NONE
+                            : s == 1 ? SPICE_NANINF | SPICE_EXTREME
+                            : s == 2 ? (plain ? SPICE_DENORM : SPICE_SUBSCALE)
+                                     : SPICE_NONE;
+            operand a = make(p->fa, p->sa, M, K, how);
+            operand b = make(p->fb, p->sb, K, N, how); /* stored [K, N] */
+            if (s == 3) { /* all-zero 32x32 tiles (scale code 0 that does not count) */
+                for (int64_t k = 32; k < 64; k++)
+                    for (int64_t n = 0; n < 32; n++) b.src[k * N + n] = 0.0f;
+                free(b.q.data);
+                free(b.q.scales);
+                operand_quantize(&b, p->fb, p->sb, 64, 64);
+            }
+            lowp_qtensor bt = transposed_copy(&b.q);
+            if (!plain) { /* the library's columnwise copy of the same input is that transpose */
+                lowp_qtensor col = bt;
+                size_t db, sb;
+                CHECK(lowp_qtensor_nbytes(&col, &db, &sb) == LOWP_OK);
+                col.data = malloc(db);
+                col.scales = malloc(sb);
+                lowp_tensor x = {LOWP_FORMAT_F32, K, N, b.src, LOWP_DEVICE_HOST};
+                CHECKF(lowp_quantize(&x, NULL, &col, NULL) == LOWP_OK, "%s", lowp_last_error());
+                CHECKF(memcmp(col.data, bt.data, db) == 0 && memcmp(col.scales, bt.scales, sb) == 0,
+                       "kn %s K=%lld N=%lld: the columnwise copy is not the transposed copy",
+                       p->name, (long long) K, (long long) N);
+                free(col.data);
+                free(col.scales);
+            }
+            for (int out = 0; out < 2; out++) {
+                const lowp_format cf = out ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+                const size_t es = out ? 2 : 4, cb = es * (size_t) (M * N);
+                lowp_tensor c0 = {cf, M, N, malloc(cb), LOWP_DEVICE_HOST}, c1 = c0, c2 = c0;
+                c1.data = malloc(cb);
+                c2.data = malloc(cb);
+                fill_c(&c0);
+                for (int r = -1; r <= RUN_DP_SMALL; r++) { /* -1: the reference */
+                    if (r >= 0 && !runner_ok((runner) r, &a.q)) continue;
+                    memcpy(c1.data, c0.data, cb);
+                    memcpy(c2.data, c0.data, cb);
+                    lowp_status s1, s2;
+                    if (r < 0) {
+                        lowp_gemm_cfg cfg;
+                        lowp_gemm_cfg_init(&cfg);
+                        cfg.accumulate = out;
+                        cfg.path = LOWP_KERNEL_PATH_REFERENCE;
+                        s1 = lowp_cpu_gemm(&a.q, &bt, 0, &c1, &cfg);
+                        s2 = lowp_cpu_gemm(&a.q, &b.q, 1, &c2, &cfg);
+                    } else {
+                        s1 = run_kn((runner) r, &a.q, &bt, 0, &c1, out, 1 + out);
+                        s2 = run_kn((runner) r, &a.q, &b.q, 1, &c2, out, 1 + out);
+                    }
+                    CHECKF(s1 == LOWP_OK && s2 == LOWP_OK, "kn %s: %s", p->name, lowp_last_error());
+                    CHECKF(memcmp(c1.data, c2.data, cb) == 0,
+                           "kn %s %s M=%lld N=%lld K=%lld out=%s spice=%d: lowp_gemm_kn's bits "
+                           "differ from lowp_gemm on the transposed copy",
+                           p->name, r < 0 ? "reference" : runner_name((runner) r), (long long) M,
+                           (long long) N, (long long) K, out ? "bf16" : "f32", how);
+                    g_cases++;
+                }
+                free(c0.data);
+                free(c1.data);
+                free(c2.data);
+            }
+            free(bt.data);
+            free(bt.scales);
+            operand_drop(&a);
+            operand_drop(&b);
+        }
+    }
+}
+
 int main(void) {
     tu_seed(0x243F6A8885A308D3ull);
     const uint32_t f = lowp_cpu_caps()->flags;
@@ -647,6 +769,7 @@ int main(void) {
     test_wgrad();
     test_wgrad_jobs();
     test_large_c();
+    test_kn();
     printf("test_gemm_fast: %d GEMM comparisons\n", g_cases);
     return testutil_finish();
 }

@@ -16,6 +16,9 @@
  *   BLOCK128 x BLOCK128       DeepSeek-V3 wgrad
  *   MX32 x BLOCK32X32      NPU Block FP8 weights with MX activations
  *
+ * lowp_gemm_kn and lowp_grouped_gemm_kn take B in its stored [K, N] orientation instead (the
+ * kinds whose scales do not depend on the orientation).
+ *
  * Any other pair is LOWP_ERR_UNSUPPORTED, never a silent fallback. C may not overlap the data
  * or scales of any operand (LOWP_ERR_INVALID_ARG); with accumulate, C is read and written.
  *
@@ -62,6 +65,22 @@ LOWP_API lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor
 LOWP_API lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
                                              const int32_t *offs, int32_t groups, lowp_tensor *c,
                                              const lowp_gemm_cfg *cfg);
+
+/* C = A . B with B given in the orientation it is stored, [K, N] (its rows run along K): the
+ * dgrad dX = dY . W of a weight W [N, K] reads W's forward copy itself, so that a weight whose
+ * scales tile both axes needs no second, transposed copy. b's scaling must be one whose copy
+ * of W^T is the transpose of W's copy: NONE (F32 or BF16), TENSOR, BLOCK128X128 or BLOCK32X32
+ * (other kinds: LOWP_ERR_UNSUPPORTED; quantize a columnwise copy and call lowp_gemm). The
+ * result has the bits of lowp_gemm(a, b^T) where b^T is that transposed copy. a: [M, K],
+ * b: [K, N], c: [M, N]. */
+LOWP_API lowp_status lowp_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                                  const lowp_gemm_cfg *cfg);
+
+/* lowp_grouped_gemm with every b[g] given [K, N] as in lowp_gemm_kn (MoE dgrad from the
+ * experts' forward copies). */
+LOWP_API lowp_status lowp_grouped_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b,
+                                          const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                          const lowp_gemm_cfg *cfg);
 
 #ifdef __cplusplus
 }

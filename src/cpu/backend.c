@@ -110,7 +110,14 @@ static lowp_status cpu_gemm(void *ctx, int32_t index, const lowp_qtensor *a, con
                             lowp_tensor *c, const lowp_gemm_cfg *cfg) {
     (void) ctx;
     lowp_status st = check_index("lowp_gemm", index);
-    return st == LOWP_OK ? lowp_cpu_gemm(a, b, c, cfg) : st;
+    return st == LOWP_OK ? lowp_cpu_gemm(a, b, 0, c, cfg) : st;
+}
+
+static lowp_status cpu_gemm_kn(void *ctx, int32_t index, const lowp_qtensor *a,
+                               const lowp_qtensor *b, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
+    (void) ctx;
+    lowp_status st = check_index("lowp_gemm_kn", index);
+    return st == LOWP_OK ? lowp_cpu_gemm(a, b, 1, c, cfg) : st;
 }
 
 static lowp_status cpu_grouped_gemm(void *ctx, int32_t index, const lowp_qtensor *a,
@@ -118,7 +125,15 @@ static lowp_status cpu_grouped_gemm(void *ctx, int32_t index, const lowp_qtensor
                                     lowp_tensor *c, const lowp_gemm_cfg *cfg) {
     (void) ctx;
     lowp_status st = check_index("lowp_grouped_gemm", index);
-    return st == LOWP_OK ? lowp_cpu_grouped_gemm(a, b, offs, groups, c, cfg) : st;
+    return st == LOWP_OK ? lowp_cpu_grouped_gemm(a, b, 0, offs, groups, c, cfg) : st;
+}
+
+static lowp_status cpu_grouped_gemm_kn(void *ctx, int32_t index, const lowp_qtensor *a,
+                                       const lowp_qtensor *b, const int32_t *offs, int32_t groups,
+                                       lowp_tensor *c, const lowp_gemm_cfg *cfg) {
+    (void) ctx;
+    lowp_status st = check_index("lowp_grouped_gemm_kn", index);
+    return st == LOWP_OK ? lowp_cpu_grouped_gemm(a, b, 1, offs, groups, c, cfg) : st;
 }
 
 static lowp_status cpu_grouped_gemm_wgrad(void *ctx, int32_t index, const lowp_qtensor *a,
@@ -156,6 +171,8 @@ static const lowp_backend_iface k_cpu_iface = {
     .grouped_gemm_wgrad = cpu_grouped_gemm_wgrad,
     .destroy = NULL,
     .amax = cpu_amax,
+    .gemm_kn = cpu_gemm_kn,
+    .grouped_gemm_kn = cpu_grouped_gemm_kn,
 };
 
 lowp_status lowp_cpu_backend_entry(lowp_backend_reg *reg) {

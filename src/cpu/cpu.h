@@ -97,13 +97,14 @@ LOWP_HIDDEN lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, struct l
 LOWP_HIDDEN lowp_status lowp_cpu_dequantize(const struct lowp_qtensor *q, lowp_tensor *out);
 LOWP_HIDDEN lowp_status lowp_cpu_amax(const lowp_tensor *x, int scaling, float *out);
 
-/* GEMM entry points (src/cpu/gemm.c), arguments validated by src/ops/gemm.c. */
+/* GEMM entry points (src/cpu/gemm.c), arguments validated by src/ops/gemm.c. b_kn: b is given
+ * [K, N] (lowp_gemm_kn, lowp_grouped_gemm_kn), else [N, K]. */
 struct lowp_gemm_cfg;
 LOWP_HIDDEN lowp_status lowp_cpu_gemm(const struct lowp_qtensor *a, const struct lowp_qtensor *b,
-                                      lowp_tensor *c, const struct lowp_gemm_cfg *cfg);
+                                      int b_kn, lowp_tensor *c, const struct lowp_gemm_cfg *cfg);
 LOWP_HIDDEN lowp_status lowp_cpu_grouped_gemm(const struct lowp_qtensor *a,
-                                              const struct lowp_qtensor *b, const int32_t *offs,
-                                              int32_t groups, lowp_tensor *c,
+                                              const struct lowp_qtensor *b, int b_kn,
+                                              const int32_t *offs, int32_t groups, lowp_tensor *c,
                                               const struct lowp_gemm_cfg *cfg);
 LOWP_HIDDEN lowp_status lowp_cpu_grouped_gemm_wgrad(const struct lowp_qtensor *a,
                                                     const struct lowp_qtensor *b,

@@ -109,22 +109,23 @@ static int64_t split(const lowp_gemm_job *j, int threads, gemm_kernel k, lowp_ge
 #define LOWP_MAX_PIECES 256
 
 static lowp_status base_job(lowp_gemm_job *j, const lowp_qtensor *a, const lowp_qtensor *b,
-                            lowp_tensor *c, const lowp_gemm_cfg *cfg) {
+                            int b_kn, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
     memset(j, 0, sizeof *j);
     j->a = a;
     j->b = b;
+    j->b_kn = b_kn;
     j->c = c;
     j->accumulate = cfg->accumulate;
     return lowp_gemm_classify("lowp_gemm", a, b, &j->pair, &j->bk);
 }
 
-lowp_status lowp_cpu_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+lowp_status lowp_cpu_gemm(const lowp_qtensor *a, const lowp_qtensor *b, int b_kn, lowp_tensor *c,
                           const lowp_gemm_cfg *cfg) {
     lowp_gemm_job j;
-    lowp_status st = base_job(&j, a, b, c, cfg);
+    lowp_status st = base_job(&j, a, b, b_kn, c, cfg);
     if (st != LOWP_OK) return st;
     j.m1 = a->rows;
-    j.n1 = b->rows;
+    j.n1 = b_kn ? b->cols : b->rows;
     j.k1 = a->cols;
     gemm_kernel k = pick(&j, cfg->path, &st);
     if (!k) return st;
@@ -161,24 +162,26 @@ static lowp_status queue_add(job_queue *q, const lowp_gemm_job *j, gemm_kernel k
     return LOWP_OK;
 }
 
-lowp_status lowp_cpu_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
-                                  int32_t groups, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
+lowp_status lowp_cpu_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, int b_kn,
+                                  const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                  const lowp_gemm_cfg *cfg) {
+    const int64_t N = b_kn ? b[0].cols : b[0].rows;
     job_queue q;
     q.count = 0;
     q.kernel = NULL;
     /* The whole grouped GEMM's work decides whether it is worth a second thread. */
-    q.threads = threads_for(cfg->threads, offs[groups - 1], b[0].rows, a->cols);
+    q.threads = threads_for(cfg->threads, offs[groups - 1], N, a->cols);
     q.share = groups;
     int64_t start = 0;
     for (int32_t g = 0; g < groups; g++) {
         const int64_t end = offs[g];
         if (end > start) {
             lowp_gemm_job j;
-            lowp_status st = base_job(&j, a, &b[g], c, cfg);
+            lowp_status st = base_job(&j, a, &b[g], b_kn, c, cfg);
             if (st != LOWP_OK) return st;
             j.m0 = start;
             j.m1 = end;
-            j.n1 = b[g].rows;
+            j.n1 = N;
             j.k1 = a->cols;
             gemm_kernel k = pick(&j, cfg->path, &st);
             if (!k) return st;
@@ -201,7 +204,7 @@ lowp_status lowp_cpu_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtenso
     for (int32_t g = 0; g < groups; g++) {
         const int64_t end = offs[g];
         lowp_gemm_job j;
-        lowp_status st = base_job(&j, a, b, c, cfg);
+        lowp_status st = base_job(&j, a, b, 0, c, cfg);
         if (st != LOWP_OK) return st;
         j.m1 = a->rows;
         j.n1 = b->rows;

@@ -206,6 +206,21 @@ static void tr16(const float *src, float *dst, int64_t dst_stride) {
 static void sg_pack(const lowp_gemm_job *j, int64_t n0, int w, float *dst, float *tmp) {
     const float *B = (const float *) j->b->data;
     const int64_t K = j->k1 - j->k0, ldb = j->b->cols;
+    if (j->b_kn) { /* stored [K, N]: each k's 32 columns are one stretch of row k */
+        const __mmask16 m0 = (__mmask16) (w >= 16 ? 0xFFFF : (1u << w) - 1),
+                        m1 = (__mmask16) (w >= 32  ? 0xFFFF
+                                          : w > 16 ? (1u << (w - 16)) - 1
+                                                   : 0);
+        const int64_t kp = (K + 15) / 16 * 16;
+        for (int64_t k = 0; k < kp; k++) {
+            const float *src = B + (j->k0 + k) * ldb + n0;
+            _mm512_storeu_ps(dst + k * SG_NR,
+                             k < K ? _mm512_maskz_loadu_ps(m0, src) : _mm512_setzero_ps());
+            _mm512_storeu_ps(dst + k * SG_NR + 16,
+                             k < K ? _mm512_maskz_loadu_ps(m1, src + 16) : _mm512_setzero_ps());
+        }
+        return;
+    }
     for (int64_t k = 0; k < K; k += 16) {
         const int len = (int) (K - k < 16 ? K - k : 16);
         const __mmask16 mk = (__mmask16) (len >= 16 ? 0xFFFF : (1u << len) - 1);

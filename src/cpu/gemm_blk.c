@@ -108,6 +108,29 @@ static __mmask16 len_mask16(int len) {
     return (__mmask16) (len >= 16 ? 0xFFFFu : (1u << len) - 1u);
 }
 
+/* len (1 <= len <= 32) consecutive BF16, E4M3 or E5M2 elements at p as 32 BF16 (zeros past
+ * len). */
+static inline __m512i dec_run(lowp_format f, const dec_table *t, const void *p, int len) {
+    if (f == LOWP_FORMAT_BF16) return _mm512_maskz_loadu_epi16(len_mask32(len), p);
+    /* 7-bit magnitude through the table, sign from bit 7 */
+    __m512i c = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(len_mask32(len), p));
+    __m512i lo = _mm512_permutex2var_epi16(t->t0, c, t->t1);
+    __m512i hi = _mm512_permutex2var_epi16(t->t2, c, t->t3);
+    __m512i v = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40)), lo, hi);
+    return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 8), _mm512_set1_epi16((short) 0x8000),
+                                     0xF8);
+}
+
+/* v with 2^d folded into every nonzero finite value, d per 16-bit lane as d * 128 (the
+ * exponent field's unit; |d| <= FOLD_SPAN). Adding it to the exponent field is exact, since
+ * the result stays normal. */
+static inline __m512i fold_add(__m512i v, __m512i d128) {
+    __m512i x = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
+    __mmask32 fin = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(x, _mm512_set1_epi16(1)),
+                                            _mm512_set1_epi16(0x7F7F));
+    return _mm512_mask_add_epi16(v, fin, v, d128);
+}
+
 /* Columns [k, k + len) (1 <= len <= 32) of row r of q as 32 BF16 (zeros past len), with the
  * power of two 2^d folded into every nonzero finite value (|d| <= FOLD_SPAN). */
 static inline __m512i dec_block(const lowp_qtensor *q, const dec_table *t, int64_t r, int64_t k,
@@ -116,7 +139,7 @@ static inline __m512i dec_block(const lowp_qtensor *q, const dec_table *t, int64
     switch (q->format) {
     case LOWP_FORMAT_BF16: {
         const uint16_t *p = (const uint16_t *) q->data + (size_t) r * (size_t) q->cols + k;
-        return _mm512_maskz_loadu_epi16(len_mask32(len), p);
+        return dec_run(LOWP_FORMAT_BF16, t, p, len);
     }
     case LOWP_FORMAT_E2M1: {
         const uint8_t *p = (const uint8_t *) q->data + (size_t) r * (size_t) ((q->cols + 1) / 2);
@@ -139,26 +162,13 @@ static inline __m512i dec_block(const lowp_qtensor *q, const dec_table *t, int64
         v = _mm512_maskz_permutexvar_epi16(len_mask32(len), idx, t->t0);
         break;
     }
-    default: { /* E4M3, E5M2: 7-bit magnitude through the table, sign from bit 7 */
+    default: { /* E4M3, E5M2 */
         const uint8_t *p = (const uint8_t *) q->data + (size_t) r * (size_t) q->cols + k;
-        __m512i c = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(len_mask32(len), p));
-        __m512i lo = _mm512_permutex2var_epi16(t->t0, c, t->t1);
-        __m512i hi = _mm512_permutex2var_epi16(t->t2, c, t->t3);
-        v = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40)), lo, hi);
-        v = _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 8), _mm512_set1_epi16((short) 0x8000),
-                                      0xF8);
+        v = dec_run(q->format, t, p, len);
         break;
     }
     }
-    if (d != 0) {
-        /* Nonzero finite values only: |x| - 1 < 0x7F7F. Adding d to the exponent field is
-         * exact, since the result stays normal (FOLD_SPAN). */
-        __m512i x = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
-        __mmask32 fin = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(x, _mm512_set1_epi16(1)),
-                                                _mm512_set1_epi16(0x7F7F));
-        v = _mm512_mask_add_epi16(v, fin, v, _mm512_set1_epi16((short) (d * 128)));
-    }
-    return v;
+    return d != 0 ? fold_add(v, _mm512_set1_epi16((short) (d * 128))) : v;
 }
 
 /* ---- MX scale facts ---- */
@@ -172,11 +182,20 @@ static const uint8_t *mx_codes(const lowp_qtensor *q, int64_t r, int64_t blk0, i
     return (const uint8_t *) q->scales + (size_t) (srow * nbq + blk0);
 }
 
-/* Whether columns [k, k + len) of row r hold only zeros (codes of +-0). */
-static int block_all_zero(const lowp_qtensor *q, int64_t r, int64_t k, int64_t len) {
+/* The E8M0 code of row r's K block blk (kn: q is a BLOCK32X32 copy given [K, N] and r is its
+ * column, so the tile is found with the indices' roles swapped). */
+static int mx_code(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nbq) {
+    if (kn) return ((const uint8_t *) q->scales)[(size_t) (blk * nbq + r / 32)];
+    return mx_codes(q, r, blk, nbq)[0];
+}
+
+/* Whether columns [k, k + len) of row r hold only zeros (codes of +-0); kn as in mx_code. */
+static int block_all_zero(const lowp_qtensor *q, int kn, int64_t r, int64_t k, int64_t len) {
     for (int64_t i = k; i < k + len; i++) {
         uint8_t c;
-        if (q->format == LOWP_FORMAT_E2M1) {
+        if (kn) {
+            c = ((const uint8_t *) q->data)[(size_t) i * (size_t) q->cols + (size_t) r] & 0x7F;
+        } else if (q->format == LOWP_FORMAT_E2M1) {
             const uint8_t *p =
                 (const uint8_t *) q->data + (size_t) r * (size_t) ((q->cols + 1) / 2);
             c = (uint8_t) ((p[i >> 1] >> (4 * (i & 1))) & 0x7);
@@ -188,21 +207,20 @@ static int block_all_zero(const lowp_qtensor *q, int64_t r, int64_t k, int64_t l
     return 1;
 }
 
-/* Fold decision for rows [r0, r1) of MX operand q over the job's K blocks. */
-static void mx_facts(const blk_ctx *x, const lowp_qtensor *q, int64_t r0, int64_t r1, int64_t blk0,
-                     int64_t nbq, tile_facts *f) {
+/* Fold decision for rows [r0, r1) of MX operand q over the job's K blocks (kn as in mx_code). */
+static void mx_facts(const blk_ctx *x, const lowp_qtensor *q, int kn, int64_t r0, int64_t r1,
+                     int64_t blk0, int64_t nbq, tile_facts *f) {
     const lowp_gemm_job *j = x->j;
     int lo = 255, hi = -1, nan = 0;
     for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *c = mx_codes(q, r, blk0, nbq);
         for (int64_t b = 0; b < x->nkt; b++) {
-            int v = c[b];
+            int v = mx_code(q, kn, r, blk0 + b, nbq);
             if (v == 0xFF) {
                 nan = 1;
             } else if (v == 0) {
                 /* Scale 2^-127 of an all-zero block (amax 0) does not matter. */
                 int64_t k = j->k0 + 32 * b, len = j->k1 - k < 32 ? j->k1 - k : 32;
-                if (!block_all_zero(q, r, k, len)) lo = 0;
+                if (!block_all_zero(q, kn, r, k, len)) lo = 0;
             } else {
                 if (v < lo) lo = v;
                 if (v > hi) hi = v;
@@ -217,21 +235,22 @@ static void mx_facts(const blk_ctx *x, const lowp_qtensor *q, int64_t r0, int64_
 }
 
 /* The shift folded into row r's block b (0 for all-zero blocks outside the window). */
-static int fold_shift(const lowp_qtensor *q, int64_t r, int64_t b, int64_t blk0, int64_t nbq,
-                      const tile_facts *f) {
+static int fold_shift(const lowp_qtensor *q, int kn, int64_t r, int64_t b, int64_t blk0,
+                      int64_t nbq, const tile_facts *f) {
     if (!f->folded) return 0;
-    int d = (int) mx_codes(q, r, blk0, nbq)[b] - 127 - f->r;
+    int d = mx_code(q, kn, r, blk0 + b, nbq) - 127 - f->r;
     return d < -FOLD_SPAN || d > FOLD_SPAN ? 0 : d;
 }
 
 /* ---- packing ---- */
 
-static float fp32_scale(const lowp_qtensor *q, int64_t r, int64_t blk, int64_t nb) {
+/* The binary32 scale_inv of row r's K block blk (kn as in mx_code). */
+static float fp32_scale(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
     const float *s = (const float *) q->scales;
     switch (q->scaling) {
     case LOWP_SCALING_TENSOR: return s[0];
     case LOWP_SCALING_ROW: return s[r];
-    case LOWP_SCALING_BLOCK128X128: return s[(r / 128) * nb + blk];
+    case LOWP_SCALING_BLOCK128X128: return kn ? s[blk * nb + r / 128] : s[(r / 128) * nb + blk];
     default: return s[r * nb + blk]; /* BLOCK128 */
     }
 }
@@ -252,22 +271,62 @@ static int max_exp(__m512i maxmag) {
     return e;
 }
 
-/* Pack rows [n0, n0 + w) of b (w <= 32) into a panel at dst. */
+/* pack_panel's codes for b given [K, N] (b_kn): rows k and k + 1 of the stored copy, 32
+ * columns each, interleave into the VNNI pairs directly (unpacks, then one permute per half of
+ * the panel to put the 16 columns of each half in order): no transpose. */
+static void pack_panel_kn(blk_ctx *x, int64_t n0, int w, uint16_t *dst, const tile_facts *f, int mx,
+                          __mmask32 *denorm, __m512i *maxmag) {
+    const lowp_gemm_job *j = x->j;
+    const lowp_qtensor *b = j->b;
+    const size_t es = b->format == LOWP_FORMAT_BF16 ? 2 : 1;
+    const __m512i h0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    const __m512i h1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    for (int64_t kt = 0; kt < x->nkt; kt++) {
+        /* the fold shift of each column (its 32x32 tile's code), as exponent-field units */
+        int16_t d[32] = {0};
+        for (int i = 0; i < w && mx && f->folded; i++)
+            d[i] = (int16_t) (128 * fold_shift(b, 1, n0 + i, kt, j->b_blk, x->nbb, f));
+        const __m512i d128 = _mm512_loadu_si512(d);
+        uint16_t *o = dst + kt * LOWP_BLK_TILE_U16;
+        for (int p = 0; p < 16; p++) {
+            __m512i r[2];
+            for (int h = 0; h < 2; h++) {
+                const int64_t k = j->k0 + 32 * kt + 2 * p + h;
+                r[h] = _mm512_setzero_si512();
+                if (k >= j->k1) continue;
+                const char *src =
+                    (const char *) b->data + es * ((size_t) k * (size_t) b->cols + (size_t) n0);
+                r[h] = dec_run(b->format, &x->tb, src, w);
+                if (mx)
+                    r[h] = fold_add(r[h], d128);
+                else
+                    plain_stats(r[h], denorm, maxmag);
+            }
+            const __m512i lo = _mm512_unpacklo_epi16(r[0], r[1]);
+            const __m512i hi = _mm512_unpackhi_epi16(r[0], r[1]);
+            _mm512_store_si512(o + 32 * p, _mm512_permutex2var_epi64(lo, h0, hi));
+            _mm512_store_si512(o + 512 + 32 * p, _mm512_permutex2var_epi64(lo, h1, hi));
+        }
+    }
+}
+
+/* Pack rows [n0, n0 + w) of b (w <= 32; b_kn: columns) into a panel at dst. */
 static void pack_panel(blk_ctx *x, int64_t n0, int w, uint16_t *dst, tile_facts *f) {
     const lowp_gemm_job *j = x->j;
     const lowp_qtensor *b = j->b;
     const int mx = j->pair == LOWP_PAIR_MX || j->pair == LOWP_PAIR_MX_B32;
     memset(f, 0, sizeof *f);
-    if (mx) mx_facts(x, b, n0, n0 + w, j->b_blk, x->nbb, f);
+    if (mx) mx_facts(x, b, j->b_kn, n0, n0 + w, j->b_blk, x->nbb, f);
     __mmask32 denorm = 0;
     __m512i maxmag = _mm512_setzero_si512();
-    for (int64_t kt = 0; kt < x->nkt; kt++) {
+    if (j->b_kn) pack_panel_kn(x, n0, w, dst, f, mx, &denorm, &maxmag);
+    for (int64_t kt = 0; kt < x->nkt && !j->b_kn; kt++) {
         const int64_t k = j->k0 + 32 * kt;
         const int len = (int) (j->k1 - k < 32 ? j->k1 - k : 32);
         for (int i = 0; i < 32; i++) {
             __m512i v = _mm512_setzero_si512();
             if (i < w) {
-                int d = mx ? fold_shift(b, n0 + i, kt, j->b_blk, x->nbb, f) : 0;
+                int d = mx ? fold_shift(b, 0, n0 + i, kt, j->b_blk, x->nbb, f) : 0;
                 v = dec_block(b, &x->tb, n0 + i, k, len, d);
                 if (!mx) plain_stats(v, &denorm, &maxmag);
             }
@@ -286,7 +345,8 @@ static void pack_panel(blk_ctx *x, int64_t n0, int w, uint16_t *dst, tile_facts 
         float *sb = x->sb128 + (n0 - x->nb0) / 32 * 32 * x->nb128;
         for (int64_t blk = 0; blk < x->nb128; blk++)
             for (int i = 0; i < 32; i++)
-                sb[32 * blk + i] = i < w ? fp32_scale(b, n0 + i, j->b_blk + blk, x->nbb) : 0.0f;
+                sb[32 * blk + i] =
+                    i < w ? fp32_scale(b, j->b_kn, n0 + i, j->b_blk + blk, x->nbb) : 0.0f;
     }
 }
 
@@ -296,7 +356,7 @@ static void decode_strip(blk_ctx *x, int64_t m0, int rows, tile_facts *f) {
     const lowp_qtensor *a = j->a;
     const int mx = j->pair == LOWP_PAIR_MX || j->pair == LOWP_PAIR_MX_B32;
     memset(f, 0, sizeof *f);
-    if (mx) mx_facts(x, a, m0, m0 + rows, j->a_blk, x->nba, f);
+    if (mx) mx_facts(x, a, 0, m0, m0 + rows, j->a_blk, x->nba, f);
     __mmask32 denorm = 0;
     __m512i maxmag = _mm512_setzero_si512();
     for (int64_t kt = 0; kt < x->nkt; kt++) {
@@ -304,7 +364,7 @@ static void decode_strip(blk_ctx *x, int64_t m0, int rows, tile_facts *f) {
         const int len = (int) (j->k1 - k < 32 ? j->k1 - k : 32);
         uint16_t *o = x->astrip + kt * LOWP_BLK_TILE_U16;
         for (int i = 0; i < rows; i++) {
-            int d = mx ? fold_shift(a, m0 + i, kt, j->a_blk, x->nba, f) : 0;
+            int d = mx ? fold_shift(a, 0, m0 + i, kt, j->a_blk, x->nba, f) : 0;
             __m512i v = dec_block(a, &x->ta, m0 + i, k, len, d);
             if (!mx) plain_stats(v, &denorm, &maxmag);
             _mm512_store_si512(o + 32 * i, v);
@@ -315,7 +375,7 @@ static void decode_strip(blk_ctx *x, int64_t m0, int rows, tile_facts *f) {
         for (int64_t blk = 0; blk < x->nb128; blk++)
             for (int i = 0; i < 32; i++)
                 x->sa128[32 * blk + i] =
-                    i < rows ? fp32_scale(a, m0 + i, j->a_blk + blk, x->nba) : 0.0f;
+                    i < rows ? fp32_scale(a, 0, m0 + i, j->a_blk + blk, x->nba) : 0.0f;
     if (!mx) {
         f->exact = denorm != 0;
         f->maxe = max_exp(maxmag);
@@ -394,7 +454,7 @@ void lowp_gemm_store_tile(const lowp_gemm_job *j, int64_t m0, int64_t m1, int64_
 /* Column scales of the panel at n0 (w columns) for K block `blk`, binary32 kinds. */
 static void col_scales(const blk_ctx *x, int64_t n0, int w, int64_t blk, float *sb) {
     for (int i = 0; i < 32; i++)
-        sb[i] = i < w ? fp32_scale(x->j->b, n0 + i, x->j->b_blk + blk, x->nbb) : 0.0f;
+        sb[i] = i < w ? fp32_scale(x->j->b, x->j->b_kn, n0 + i, x->j->b_blk + blk, x->nbb) : 0.0f;
 }
 
 /* acc rows [0, rows) += (P * sa[r]) * sb, the reference's order (first block: acc = ...). */
@@ -463,7 +523,7 @@ static void tile(blk_ctx *x, int64_t m0, int rows, const tile_facts *sf, int64_t
         col_scales(x, n0, w, 0, sb);
         const __m512 sb0 = _mm512_loadu_ps(sb), sb1 = _mm512_loadu_ps(sb + 16);
         for (int r = 0; r < rows; r++) {
-            const __m512 s = _mm512_set1_ps(fp32_scale(j->a, m0 + r, 0, 1));
+            const __m512 s = _mm512_set1_ps(fp32_scale(j->a, 0, m0 + r, 0, 1));
             float *p = P + 32 * r;
             _mm512_storeu_ps(p, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p), s), sb0));
             _mm512_storeu_ps(p + 16, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + 16), s), sb1));
@@ -490,7 +550,7 @@ static void tile(blk_ctx *x, int64_t m0, int rows, const tile_facts *sf, int64_t
                 xa[r] = (float) (sf->folded ? sf->r : c - 127);
             }
             for (int i = 0; i < 32; i++) {
-                int c = i < w ? mx_codes(j->b, n0 + i, j->b_blk, x->nbb)[kt] : 127;
+                int c = i < w ? mx_code(j->b, j->b_kn, n0 + i, j->b_blk + kt, x->nbb) : 127;
                 if (!pf->folded && c == 0xFF) nan_b |= 1u << i;
                 xb[i] = (float) (pf->folded ? pf->r : c - 127);
             }

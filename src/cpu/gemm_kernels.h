@@ -10,13 +10,14 @@
 
 typedef struct lowp_gemm_job {
     const lowp_qtensor *a; /* [*, Ka] */
-    const lowp_qtensor *b; /* [*, Kb] */
+    const lowp_qtensor *b; /* [*, Kb], or with b_kn [Kb, *]: element (n, k) stored at (k, n) */
+    int b_kn;
     lowp_tensor *c;
     lowp_gemm_pair pair;
     int64_t bk;           /* K block of the pair: 32, 128, or 0 (no blocks) */
     int64_t m0, m1;       /* rows of a to compute */
-    int64_t n0, n1;       /* rows of b to compute */
-    int64_t k0, k1;       /* contraction range (columns of a and b) */
+    int64_t n0, n1;       /* rows of b to compute (b_kn: columns) */
+    int64_t k0, k1;       /* contraction range (columns of a and b; b_kn: rows of b) */
     int64_t a_blk, b_blk; /* scale-block index of column k0 in a's and b's scale rows */
     int64_t c_row_base;   /* C element of (m, n) is c[(c_row_base + m) * c->cols + n] */
     int accumulate;

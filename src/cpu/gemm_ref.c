@@ -39,6 +39,23 @@ static void decode_row(const lowp_qtensor *q, int64_t r, int64_t k0, int64_t k1,
     }
 }
 
+/* The same for b given [K, N] (b_kn): elements (n, k0..k1) are column n of rows k0..k1 (E2M1
+ * is MX32 only, which b_kn excludes). */
+static void decode_col(const lowp_qtensor *q, int64_t n, int64_t k0, int64_t k1, const float *lut,
+                       float *out) {
+    const size_t ld = (size_t) q->cols;
+    for (int64_t k = k0; k < k1; k++) {
+        const size_t i = (size_t) k * ld + (size_t) n;
+        switch (q->format) {
+        case LOWP_FORMAT_F32: out[k - k0] = ((const float *) q->data)[i]; break;
+        case LOWP_FORMAT_BF16:
+            out[k - k0] = lowp_u2f((uint32_t) ((const uint16_t *) q->data)[i] << 16);
+            break;
+        default: out[k - k0] = lut[((const uint8_t *) q->data)[i]]; break;
+        }
+    }
+}
+
 static void build_lut(lowp_format f, float lut[256]) {
     const lowp_format_traits *t;
     lowp_format_get(f, &t);
@@ -46,21 +63,23 @@ static void build_lut(lowp_format f, float lut[256]) {
     for (uint32_t c = 0; c < (1u << t->bits); c++) lut[c] = t->decode(c);
 }
 
-/* Scale of operand q's row r for K-block `blk` (binary32 kinds). */
-static float fp32_scale_at(const lowp_qtensor *q, int64_t r, int64_t blk, int64_t nb) {
+/* Scale of operand q's row r for K-block `blk` (binary32 kinds); kn: q is given [K, N] and r is
+ * its column, so a 128x128 tile's scale is found with the roles of the indices swapped. */
+static float fp32_scale_at(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
     const float *s = (const float *) q->scales;
     switch (q->scaling) {
     case LOWP_SCALING_TENSOR: return s[0];
     case LOWP_SCALING_ROW: return s[r];
-    case LOWP_SCALING_BLOCK128X128: return s[(r / 128) * nb + blk];
+    case LOWP_SCALING_BLOCK128X128: return kn ? s[blk * nb + r / 128] : s[(r / 128) * nb + blk];
     default: return s[r * nb + blk]; /* BLOCK128 */
     }
 }
 
-/* E8M0 code of operand q's row r for K-block `blk`. */
-static uint8_t e8m0_code_at(const lowp_qtensor *q, int64_t r, int64_t blk, int64_t nb) {
+/* E8M0 code of operand q's row r for K-block `blk` (kn as above). */
+static uint8_t e8m0_code_at(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
     const uint8_t *s = (const uint8_t *) q->scales;
-    if (q->scaling == LOWP_SCALING_BLOCK32X32) return s[(r / 32) * nb + blk];
+    if (q->scaling == LOWP_SCALING_BLOCK32X32)
+        return kn ? s[blk * nb + r / 32] : s[(r / 32) * nb + blk];
     return s[r * nb + blk]; /* MX32 */
 }
 
@@ -84,7 +103,8 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
     for (int64_t n0 = j->n0; n0 < j->n1; n0 += LOWP_GEMM_REF_PANEL) {
         const int64_t n1 = n0 + LOWP_GEMM_REF_PANEL < j->n1 ? n0 + LOWP_GEMM_REF_PANEL : j->n1;
         for (int64_t n = n0; n < n1; n++)
-            decode_row(b, n, j->k0, j->k1, lut_b, bpanel + (size_t) (n - n0) * (size_t) K);
+            (j->b_kn ? decode_col : decode_row)(b, n, j->k0, j->k1, lut_b,
+                                                bpanel + (size_t) (n - n0) * (size_t) K);
         for (int64_t m = j->m0; m < j->m1; m++) {
             decode_row(a, m, j->k0, j->k1, lut_a, arow);
             for (int64_t n = n0; n < n1; n++) {
@@ -95,21 +115,21 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
                     float s = 0.0f;
                     for (int64_t i = k; i < ke; i++) s += arow[i] * bp[i];
                     if (e8) {
-                        uint8_t ca = e8m0_code_at(a, m, j->a_blk + blk, nba);
-                        uint8_t cb = e8m0_code_at(b, n, j->b_blk + blk, nbb);
+                        uint8_t ca = e8m0_code_at(a, 0, m, j->a_blk + blk, nba);
+                        uint8_t cb = e8m0_code_at(b, j->b_kn, n, j->b_blk + blk, nbb);
                         /* Combine the exponents as integers: 2^-127 * 2^-127 underflows. */
                         s = (ca == 0xFF || cb == 0xFF) ? NAN : ldexpf(s, (int) ca + (int) cb - 254);
                         acc += s;
                     } else if (blk128) {
-                        float sa = fp32_scale_at(a, m, j->a_blk + blk, nba);
-                        float sb = fp32_scale_at(b, n, j->b_blk + blk, nbb);
+                        float sa = fp32_scale_at(a, 0, m, j->a_blk + blk, nba);
+                        float sb = fp32_scale_at(b, j->b_kn, n, j->b_blk + blk, nbb);
                         acc += s * sa * sb;
                     } else {
                         acc += s;
                     }
                 }
                 if (j->pair == LOWP_PAIR_TENSOR || j->pair == LOWP_PAIR_ROW)
-                    acc = acc * fp32_scale_at(a, m, 0, 1) * fp32_scale_at(b, n, 0, 1);
+                    acc = acc * fp32_scale_at(a, 0, m, 0, 1) * fp32_scale_at(b, j->b_kn, n, 0, 1);
                 const size_t ci = (size_t) (j->c_row_base + m) * (size_t) j->c->cols + (size_t) n;
                 if (bf16_out) {
                     uint16_t *c = (uint16_t *) j->c->data;

@@ -196,11 +196,13 @@ static lowp_status add_at(const char *fn, const lowp_backend_reg *reg, void *dl_
     }
     backend_slot *s = &g_slots[type];
     snprintf(s->name, sizeof s->name, "%s", reg->name);
-    if (reg->api_version >= 2) {
+    if (reg->api_version >= 3) {
         s->iface = *reg->iface;
-    } else { /* a version-1 vtable ends at destroy: read no further */
+    } else { /* a version-1 vtable ends at destroy, a version-2 one at amax: read no further */
         memset(&s->iface, 0, sizeof s->iface);
-        memcpy(&s->iface, reg->iface, offsetof(lowp_backend_iface, amax));
+        memcpy(&s->iface, reg->iface,
+               reg->api_version >= 2 ? offsetof(lowp_backend_iface, gemm_kn)
+                                     : offsetof(lowp_backend_iface, amax));
     }
     s->ctx = reg->ctx;
     s->dl_handle = dl_handle;

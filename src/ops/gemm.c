@@ -1,6 +1,7 @@
 /* lowp_gemm, lowp_grouped_gemm, lowp_grouped_gemm_wgrad: validate every argument (nothing is
  * written on error) and run on the backend of the operands' device. */
 #include <stdio.h>
+#include <string.h>
 
 #include "core/gemm_pair.h"
 #include "ops/alias.h"
@@ -73,9 +74,26 @@ static lowp_status check_c_alias(const char *fn, const lowp_tensor *c, const low
     return st;
 }
 
-lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
-                      const lowp_gemm_cfg *cfg) {
-    const char *fn = "lowp_gemm";
+/* b of lowp_gemm_kn: a kind whose copy of the transpose is the transpose of its copy. */
+static lowp_status check_kn(const char *fn, const char *name, const lowp_qtensor *b) {
+    switch (b->scaling) {
+    case LOWP_SCALING_NONE:
+    case LOWP_SCALING_TENSOR:
+    case LOWP_SCALING_BLOCK128X128:
+    case LOWP_SCALING_BLOCK32X32: return LOWP_OK;
+    default:
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: %s.scaling (%s) runs along one axis, so b cannot be read as stored "
+                         "[K, N] (kinds that can: none, tensor, block128x128, block32x32); "
+                         "quantize a columnwise copy and call %s",
+                         fn, name, lowp_scaling_name(b->scaling),
+                         strcmp(fn, "lowp_gemm_kn") == 0 ? "lowp_gemm" : "lowp_grouped_gemm");
+    }
+}
+
+/* lowp_gemm (kn = 0: b is [N, K]) and lowp_gemm_kn (kn = 1: b is [K, N]). */
+static lowp_status gemm_op(const char *fn, const lowp_qtensor *a, const lowp_qtensor *b,
+                           lowp_tensor *c, const lowp_gemm_cfg *cfg, int kn) {
     LOWP_CHECK_PTR(fn, a);
     lowp_gemm_cfg defaults;
     if (!cfg) {
@@ -93,21 +111,41 @@ lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor 
     lowp_gemm_pair pair;
     int64_t bk;
     if ((st = lowp_gemm_classify(fn, a, b, &pair, &bk)) != LOWP_OK) return st;
-    if (a->cols != b->cols)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld) != b.cols (%lld)", fn,
-                         (long long) a->cols, (long long) b->cols);
-    if ((st = check_c(fn, c, a->rows, b->rows, a->device)) != LOWP_OK) return st;
+    if (kn && (st = check_kn(fn, "b", b)) != LOWP_OK) return st;
+    const int64_t bK = kn ? b->rows : b->cols, bN = kn ? b->cols : b->rows;
+    if (a->cols != bK)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld) != b.%s (%lld)", fn,
+                         (long long) a->cols, kn ? "rows" : "cols", (long long) bK);
+    if ((st = check_c(fn, c, a->rows, bN, a->device)) != LOWP_OK) return st;
     if ((st = check_c_alias(fn, c, a, b, 1)) != LOWP_OK) return st;
     lowp_op_call call;
-    if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(gemm))) != LOWP_OK)
-        return st;
-    st = call.iface->gemm(call.ctx, a->device.index, a, b, c, cfg);
+    if (kn) {
+        if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(gemm_kn))) !=
+            LOWP_OK)
+            return st;
+        st = call.iface->gemm_kn(call.ctx, a->device.index, a, b, c, cfg);
+    } else {
+        if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(gemm))) != LOWP_OK)
+            return st;
+        st = call.iface->gemm(call.ctx, a->device.index, a, b, c, cfg);
+    }
     return lowp_op_end(&call, st);
 }
 
-lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
-                              int32_t groups, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
-    const char *fn = "lowp_grouped_gemm";
+lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                      const lowp_gemm_cfg *cfg) {
+    return gemm_op("lowp_gemm", a, b, c, cfg, 0);
+}
+
+lowp_status lowp_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                         const lowp_gemm_cfg *cfg) {
+    return gemm_op("lowp_gemm_kn", a, b, c, cfg, 1);
+}
+
+/* lowp_grouped_gemm (kn = 0: every b[g] is [N, K]) and lowp_grouped_gemm_kn ([K, N]). */
+static lowp_status grouped_op(const char *fn, const lowp_qtensor *a, const lowp_qtensor *b,
+                              const int32_t *offs, int32_t groups, lowp_tensor *c,
+                              const lowp_gemm_cfg *cfg, int kn) {
     LOWP_CHECK_PTR(fn, a);
     LOWP_CHECK_PTR(fn, b);
     lowp_gemm_cfg defaults;
@@ -122,30 +160,51 @@ lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, cons
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: a.group_offs is set (split-M groups come from offs)", fn);
     if ((st = lowp_check_offs(fn, offs, groups, a->rows, "a.rows")) != LOWP_OK) return st;
-    const int64_t N = b[0].rows;
+    /* b[g] is [N, K] (kn: [K, N]); every expert has b[0]'s N */
+    const int64_t N = kn ? b[0].cols : b[0].rows;
     for (int32_t g = 0; g < groups; g++) {
         char name[32];
         snprintf(name, sizeof name, "b[%d]", g);
         if ((st = check_operand(fn, name, &b[g], a->device)) != LOWP_OK) return st;
         if (b[g].group_offs)
             return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.group_offs is set", fn, name);
-        if (b[g].rows != N || b[g].cols != a->cols)
+        const int64_t bN = kn ? b[g].cols : b[g].rows, bK = kn ? b[g].rows : b[g].cols;
+        if (bN != N || bK != a->cols)
             return lowp_fail(LOWP_ERR_INVALID_ARG,
-                             "%s: %s shape (%lld x %lld) != b[0] rows x a.cols (%lld x %lld)", fn,
-                             name, (long long) b[g].rows, (long long) b[g].cols, (long long) N,
-                             (long long) a->cols);
+                             kn ? "%s: %s shape (%lld x %lld) != a.cols x b[0] cols (%lld x %lld)"
+                                : "%s: %s shape (%lld x %lld) != b[0] rows x a.cols (%lld x %lld)",
+                             fn, name, (long long) b[g].rows, (long long) b[g].cols,
+                             (long long) (kn ? a->cols : N), (long long) (kn ? N : a->cols));
         lowp_gemm_pair pair;
         int64_t bk;
         if ((st = lowp_gemm_classify(fn, a, &b[g], &pair, &bk)) != LOWP_OK) return st;
+        if (kn && (st = check_kn(fn, name, &b[g])) != LOWP_OK) return st;
     }
     if ((st = check_c(fn, c, a->rows, N, a->device)) != LOWP_OK) return st;
     if ((st = check_c_alias(fn, c, a, b, groups)) != LOWP_OK) return st;
     lowp_op_call call;
-    if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm))) !=
-        LOWP_OK)
-        return st;
-    st = call.iface->grouped_gemm(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
+    if (kn) {
+        if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm_kn))) !=
+            LOWP_OK)
+            return st;
+        st = call.iface->grouped_gemm_kn(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
+    } else {
+        if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm))) !=
+            LOWP_OK)
+            return st;
+        st = call.iface->grouped_gemm(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
+    }
     return lowp_op_end(&call, st);
+}
+
+lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
+                              int32_t groups, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
+    return grouped_op("lowp_grouped_gemm", a, b, offs, groups, c, cfg, 0);
+}
+
+lowp_status lowp_grouped_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
+                                 int32_t groups, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
+    return grouped_op("lowp_grouped_gemm_kn", a, b, offs, groups, c, cfg, 1);
 }
 
 /* For the block kinds, a wgrad operand must be quantized with the same groups as offs. */

@@ -1,9 +1,13 @@
 /* Linear and grouped-linear (MoE experts) layers, forward and backward, in the low-precision
  * formats of a wrapped weight's configuration, or in BF16 for a plain weight.
  *
- * The three GEMMs of a layer, all K-major (C = A . B^T):
+ * The three GEMMs of a layer, K-major (C = A . B^T) but for the dgrad of most weights:
  *   forward  Y  = X W^T    a = X rowwise [M, K]          b = W rowwise [N, K]
- *   dgrad    dX = dY W     a = dY rowwise [M, N]         b = W columnwise copy [K, N]
+ *   dgrad    dX = dY W     a = dY rowwise [M, N]         b = W columnwise copy [K, N], or, where
+ *                                                        that copy would be the transpose of
+ *                                                        the forward's (plain weights, tensor
+ *                                                        and tile scales), the forward's copy
+ *                                                        read as stored (lowp_gemm_kn)
  *   wgrad    dW = dY^T X   a = dY columnwise copy [N, M] b = X columnwise copy [K, M]
  * A GEMM runs quantized when both of its operands' specs are quantized (and, for the wgrad,
  * wgrad_hp is off); otherwise both operands are rounded to BF16 from high precision. The
@@ -31,6 +35,7 @@ typedef struct plan {
     lowp_linear_cfg cfg; /* the wrap's, or the bf16 preset for a plain weight */
     lowp_fp8_state *fp8; /* NULL when no operand is delayed */
     int fwd_q, dgrad_q, wgrad_q;
+    int dgrad_kn;    /* the dgrad reads the forward copy (lowp_gemm_kn): no second copy */
     int hp;          /* the kind of the GEMMs that are not quantized: COPY_BF16 or COPY_F32 */
     int cache_plain; /* a plain weight keeps its BF16 copies in param->plain_cache */
 } plan;
@@ -51,6 +56,12 @@ static void plan_of(const lowp_param *w, const lowp_linear_opts *opts, plan *p) 
     p->fwd_q = qi && qw;
     p->dgrad_q = qg && qw;
     p->wgrad_q = qg && qi && !p->cfg.wgrad_hp;
+    /* Both GEMMs take the weight in the same kind, and a copy of W^T in that kind would hold
+     * the codes and scales of W's copy, transposed: then one copy serves both. */
+    const lowp_scaling ws = p->cfg.weight.scaling;
+    p->dgrad_kn = p->fwd_q == p->dgrad_q &&
+                  (!p->dgrad_q || ws == LOWP_SCALING_TENSOR || ws == LOWP_SCALING_BLOCK128X128 ||
+                   ws == LOWP_SCALING_BLOCK32X32);
 }
 
 /* The delayed scale of a role, or NULL when the role is current-scaled. */
@@ -230,13 +241,22 @@ static lowp_status fill_copies(const char *fn, const lowp_tensor *x, const lowp_
     return st;
 }
 
+/* Which GEMM: C = A . B^T (lowp_gemm, lowp_grouped_gemm), the split-K weight gradient, or
+ * C = A . B with B as stored (lowp_gemm_kn, lowp_grouped_gemm_kn). */
+enum gemm_kind { GEMM_NT = 0, GEMM_WGRAD = 1, GEMM_KN = 2 };
+
 /* The GEMMs of the layers, timed as one phase. */
 static lowp_status gemm_timed(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
-                              int32_t G, int wgrad, lowp_tensor *c, const lowp_gemm_cfg *gc) {
+                              int32_t G, int kind, lowp_tensor *c, const lowp_gemm_cfg *gc) {
     lowp_prof_push(LOWP_PHASE_GEMM);
-    lowp_status st = !offs   ? lowp_gemm(a, b, c, gc)
-                     : wgrad ? lowp_grouped_gemm_wgrad(a, b, offs, G, c, gc)
-                             : lowp_grouped_gemm(a, b, offs, G, c, gc);
+    lowp_status st;
+    if (kind == GEMM_KN)
+        st = offs ? lowp_grouped_gemm_kn(a, b, offs, G, c, gc) : lowp_gemm_kn(a, b, c, gc);
+    else if (!offs)
+        st = lowp_gemm(a, b, c, gc);
+    else
+        st = kind == GEMM_WGRAD ? lowp_grouped_gemm_wgrad(a, b, offs, G, c, gc)
+                                : lowp_grouped_gemm(a, b, offs, G, c, gc);
     lowp_prof_pop();
     return st;
 }
@@ -249,7 +269,8 @@ struct lowp_weight_cache {
     int32_t groups;     /* G; 1 for a plain matrix */
     int64_t rows, cols; /* N, K of each expert */
     lowp_qtensor *fwd;  /* [G] forward operands b: W_g [N, K] (NULL buffers: not made) */
-    lowp_qtensor *dgr;  /* [G] dgrad operands b: W_g^T [K, N], the columnwise copies */
+    lowp_qtensor *dgr;  /* [G] dgrad operands b: W_g^T [K, N], the columnwise copies (not made
+                         * when the dgrad reads fwd: plan.dgrad_kn) */
 };
 
 void lowp_weight_cache_free(struct lowp_weight_cache *c) {
@@ -358,7 +379,7 @@ static lowp_status cached_copies(const char *fn, const lowp_param *w, const plan
         lowp_weight_cache_free(*slot); /* the caller changed the shape: start over */
         *slot = NULL;
     }
-    if (!*slot && (st = cache_new(fn, w, p, 1, 1, slot)) != LOWP_OK) return st;
+    if (!*slot && (st = cache_new(fn, w, p, 1, !p->dgrad_kn, slot)) != LOWP_OK) return st;
     struct lowp_weight_cache *c = *slot;
     if (!c->valid || c->version != w->version) {
         c->valid = 0;
@@ -391,7 +412,8 @@ static lowp_status weight_operands(const char *fn, lowp_param *w, const plan *p,
         return LOWP_OK;
     }
     if (!w->wrap) {
-        if ((st = cache_new(fn, w, p, want_fwd, want_dgr, out)) != LOWP_OK) return st;
+        const int fwd = want_fwd || (want_dgr && p->dgrad_kn), dgr = want_dgr && !p->dgrad_kn;
+        if ((st = cache_new(fn, w, p, fwd, dgr, out)) != LOWP_OK) return st;
         if ((st = cache_fill(fn, w, p, *out, threads)) != LOWP_OK) {
             lowp_weight_cache_free(*out);
             return st;
@@ -558,7 +580,7 @@ static lowp_status forward(const char *fn, int grouped, lowp_param *w, const flo
         lowp_gemm_cfg_init(&gc);
         gc.threads = threads;
         lowp_tensor yv = {LOWP_FORMAT_F32, T, N, y->data, LOWP_DEVICE_HOST};
-        st = gemm_timed(&xrow, wc->fwd, grouped ? offs : NULL, G, 0, &yv, &gc);
+        st = gemm_timed(&xrow, wc->fwd, grouped ? offs : NULL, G, GEMM_NT, &yv, &gc);
         if (st != LOWP_OK) goto done;
         if (s && !p.fwd_q && !p.wgrad_q && p.hp == COPY_BF16) {
             s->xbf16 = xrow; /* the backward's wgrad reads the same rounding of x */
@@ -736,7 +758,9 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
         gc.threads = threads;
         if (dx) {
             lowp_tensor dxv = {LOWP_FORMAT_F32, T, K, dx->data, LOWP_DEVICE_HOST};
-            st = gemm_timed(&dyrow, wc->dgr, grouped ? offs : NULL, G, 0, &dxv, &gc);
+            st = p.dgrad_kn
+                     ? gemm_timed(&dyrow, wc->fwd, grouped ? offs : NULL, G, GEMM_KN, &dxv, &gc)
+                     : gemm_timed(&dyrow, wc->dgr, grouped ? offs : NULL, G, GEMM_NT, &dxv, &gc);
             if (st != LOWP_OK) goto out;
         }
         const lowp_qtensor *xc = NULL;
@@ -744,7 +768,7 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
         if (st != LOWP_OK) goto out;
         gc.accumulate = 1; /* dW adds into the FP32 gradient: micro-batches add up */
         lowp_tensor gt = {LOWP_FORMAT_F32, (int64_t) G * N, K, w->grad, LOWP_DEVICE_HOST};
-        st = gemm_timed(&dycol, xc, grouped ? offs : NULL, G, 1, &gt, &gc);
+        st = gemm_timed(&dycol, xc, grouped ? offs : NULL, G, GEMM_WGRAD, &gt, &gc);
         if (st != LOWP_OK) goto out;
     }
     if (dx && grouped) zero_rows(dx, T);
