@@ -29,8 +29,8 @@ import numpy as np
 from . import _arrays as A
 
 __all__ = [
-    "QTensor", "cast", "decode", "quantize", "dequantize", "gemm", "grouped_gemm", "info",
-    "set_threads", "get_threads", "FORMATS", "SCALINGS", "SCALE_MODES",
+    "QTensor", "cast", "decode", "quantize", "dequantize", "gemm", "gemm_kn", "grouped_gemm",
+    "info", "set_threads", "get_threads", "FORMATS", "SCALINGS", "SCALE_MODES",
 ]
 
 
@@ -488,6 +488,24 @@ def gemm(a, b, out=None, accumulate=False):
     shape = (sa[0], sb[0])
     c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb)
     _lowp.gemm(da, db, c, ckind, shape[0], shape[1], bool(accumulate), get_threads(), 0)
+    return given if given is not None else A.out_array(c, ta or tb)
+
+
+def gemm_kn(a, b, out=None, accumulate=False):
+    """C = A . B in float32 (or into `out`, as in `gemm`), with b given as stored, [K, N]: the
+    input gradient dX = dY . W reads the weight's own copy W [N, K] (``lowp_gemm_kn``). b is a
+    QTensor (its rowwise copy) of a kind whose transposed copy is the transpose of this one
+    (tensor, block128x128, block32x32), or a plain float32/bfloat16 array; the result has the
+    bits of ``gemm(a, b.col())`` for the same input. Other kinds raise ValueError (their
+    columnwise copy is a different quantization: pass it to `gemm`)."""
+    fn = "lowp.gemm_kn"
+    da, sa, ta = _operand(a, fn, "a")
+    db, sb, tb = _operand(b, fn, "b")
+    if len(sa) != 2 or len(sb) != 2:
+        raise ValueError(f"{fn}: a and b must be 2-D, got {tuple(sa)} and {tuple(sb)}")
+    shape = (sa[0], sb[1])
+    c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb)
+    _lowp.gemm(da, db, c, ckind, shape[0], shape[1], bool(accumulate), get_threads(), 0, True)
     return given if given is not None else A.out_array(c, ta or tb)
 
 

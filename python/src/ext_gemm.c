@@ -10,11 +10,14 @@ enum { GEMM_PLAIN = 0, GEMM_SPLIT_M = 1, GEMM_SPLIT_K = 2 };
  *   GEMM_SPLIT_M: lowp_grouped_gemm: b describes one expert [N, K], its data and scales hold
  *           `groups` experts one after the other; offs int32 [groups];
  *   GEMM_SPLIT_K: lowp_grouped_gemm_wgrad: a = dY^T [N, M], b = X^T [K, M] (columnwise
- *           copies, grouped for MX32 and BLOCK128), out [groups * N, K]. */
-static PyObject *run_gemm(int kind, PyObject *a_o, PyObject *b_o, long long groups,
+ *           copies, grouped for MX32 and BLOCK128), out [groups * N, K].
+ * With kn (GEMM_PLAIN and GEMM_SPLIT_M only), b is given [K, N]: lowp_gemm_kn and
+ * lowp_grouped_gemm_kn. */
+static PyObject *run_gemm(int kind, int kn, PyObject *a_o, PyObject *b_o, long long groups,
                           PyObject *offs_o, PyObject *c_o, const char *cfmt, long long crows,
                           long long ccols, int accumulate, int threads, int path) {
-    const char *fn = kind == GEMM_PLAIN ? "lowp.gemm" : "lowp.grouped_gemm";
+    const char *fn = kind == GEMM_PLAIN ? (kn ? "lowp.gemm_kn" : "lowp.gemm")
+                                        : (kn ? "lowp.grouped_gemm_kn" : "lowp.grouped_gemm");
     if (kind < GEMM_PLAIN || kind > GEMM_SPLIT_K || groups < 1 || groups > INT32_MAX)
         return PyErr_Format(PyExc_ValueError, "%s: bad kind (%d) or groups (%lld)", fn, kind,
                             groups);
@@ -59,9 +62,10 @@ static PyObject *run_gemm(int kind, PyObject *a_o, PyObject *b_o, long long grou
     const int32_t *offs = ob.held ? ob.view.buf : NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (kind == GEMM_PLAIN)
-        st = lowp_gemm(&a.q, &b.q, &c, &cfg);
+        st = kn ? lowp_gemm_kn(&a.q, &b.q, &c, &cfg) : lowp_gemm(&a.q, &b.q, &c, &cfg);
     else if (kind == GEMM_SPLIT_M)
-        st = lowp_grouped_gemm(&a.q, bs, offs, (int32_t) groups, &c, &cfg);
+        st = kn ? lowp_grouped_gemm_kn(&a.q, bs, offs, (int32_t) groups, &c, &cfg)
+                : lowp_grouped_gemm(&a.q, bs, offs, (int32_t) groups, &c, &cfg);
     else
         st = lowp_grouped_gemm_wgrad(&a.q, &b.q, offs, (int32_t) groups, &c, &cfg);
     Py_END_ALLOW_THREADS;
@@ -75,32 +79,32 @@ done:
     return ret;
 }
 
-/* gemm(a, b, out, out_fmt, out_rows, out_cols, accumulate, threads, path) */
+/* gemm(a, b, out, out_fmt, out_rows, out_cols, accumulate, threads, path[, kn]) */
 static PyObject *py_gemm(PyObject *self, PyObject *args) {
     (void) self;
     PyObject *a_o, *b_o, *c_o;
     const char *cfmt;
     long long crows, ccols;
-    int accumulate, threads, path;
-    if (!PyArg_ParseTuple(args, "OOOsLLpii", &a_o, &b_o, &c_o, &cfmt, &crows, &ccols, &accumulate,
-                          &threads, &path))
+    int accumulate, threads, path, kn = 0;
+    if (!PyArg_ParseTuple(args, "OOOsLLpii|p", &a_o, &b_o, &c_o, &cfmt, &crows, &ccols, &accumulate,
+                          &threads, &path, &kn))
         return NULL;
-    return run_gemm(GEMM_PLAIN, a_o, b_o, 1, Py_None, c_o, cfmt, crows, ccols, accumulate, threads,
-                    path);
+    return run_gemm(GEMM_PLAIN, kn, a_o, b_o, 1, Py_None, c_o, cfmt, crows, ccols, accumulate,
+                    threads, path);
 }
 
 /* grouped_gemm(a, b, groups, offs, out, out_fmt, out_rows, out_cols, accumulate, threads,
- * path) */
+ * path[, kn]) */
 static PyObject *py_grouped_gemm(PyObject *self, PyObject *args) {
     (void) self;
     PyObject *a_o, *b_o, *offs_o, *c_o;
     const char *cfmt;
     long long groups, crows, ccols;
-    int accumulate, threads, path;
-    if (!PyArg_ParseTuple(args, "OOLOOsLLpii", &a_o, &b_o, &groups, &offs_o, &c_o, &cfmt, &crows,
-                          &ccols, &accumulate, &threads, &path))
+    int accumulate, threads, path, kn = 0;
+    if (!PyArg_ParseTuple(args, "OOLOOsLLpii|p", &a_o, &b_o, &groups, &offs_o, &c_o, &cfmt, &crows,
+                          &ccols, &accumulate, &threads, &path, &kn))
         return NULL;
-    return run_gemm(GEMM_SPLIT_M, a_o, b_o, groups, offs_o, c_o, cfmt, crows, ccols, accumulate,
+    return run_gemm(GEMM_SPLIT_M, kn, a_o, b_o, groups, offs_o, c_o, cfmt, crows, ccols, accumulate,
                     threads, path);
 }
 
@@ -119,16 +123,16 @@ static PyObject *py_grouped_gemm_wgrad(PyObject *self, PyObject *args) {
     if (ext_buf_get(offs_o, &ob, 0, 0, "lowp.grouped_gemm", "offs")) return NULL;
     Py_ssize_t n = ob.view.len / 4;
     ext_buf_release(&ob);
-    return run_gemm(GEMM_SPLIT_K, a_o, b_o, (long long) n, offs_o, c_o, cfmt, crows, ccols,
+    return run_gemm(GEMM_SPLIT_K, 0, a_o, b_o, (long long) n, offs_o, c_o, cfmt, crows, ccols,
                     accumulate, threads, path);
 }
 
 PyMethodDef ext_gemm_methods[] = {
     {"gemm", py_gemm, METH_VARARGS,
-     "gemm(a, b, out, out_fmt, out_rows, out_cols, accumulate, threads, path)"},
+     "gemm(a, b, out, out_fmt, out_rows, out_cols, accumulate, threads, path[, kn])"},
     {"grouped_gemm", py_grouped_gemm, METH_VARARGS,
      "grouped_gemm(a, b, groups, offs, out, out_fmt, out_rows, out_cols, accumulate, threads, "
-     "path)"},
+     "path[, kn])"},
     {"grouped_gemm_wgrad", py_grouped_gemm_wgrad, METH_VARARGS,
      "grouped_gemm_wgrad(a, b, offs, out, out_fmt, out_rows, out_cols, accumulate, threads, "
      "path)"},

@@ -503,3 +503,35 @@ def test_gil_released_while_a_kernel_runs():
     assert kernel > 0.05, "the kernel is too short to tell"
     assert loops >= 3, "the main thread did not run while the kernel ran"
     assert gap < 0.5 * kernel, f"main thread stalled {gap:.3f} s of a {kernel:.3f} s kernel"
+
+
+@pytest.mark.parametrize("fa,sa,sb", [("e4m3", "block128", "block128x128"),
+                                      ("e4m3", "mx32", "block32x32"),
+                                      ("e5m2", "tensor", "tensor"), (None, None, None)])
+def test_gemm_kn_reads_b_as_stored(fa, sa, sb):
+    """gemm_kn(a, q) for q [K, N] has the bits of gemm(a, q.col()) (the columnwise copy of the
+    same input) and is A . B against the float64 product of the dequantized operands."""
+    M, N, K = (9, 40, 70) if SANITIZE else (67, 150, 260)
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = (rng.standard_normal((K, N)) * np.exp2(rng.integers(-8, 8, (K, 1)))).astype(np.float32)
+    if fa is None:
+        qa, qb = a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16)
+        ref = qa.astype(np.float64) @ qb.astype(np.float64)
+        col = np.ascontiguousarray(qb.T)
+    else:
+        qa, qb = lowp.quantize(a, fa, sa), lowp.quantize(b, "e4m3", sb, axis="both")
+        ref = deq64(qa) @ deq64(qb)
+        col = qb.col()
+    c = lowp.gemm_kn(qa, qb)
+    assert c.shape == (M, N) and rel_err(c, ref) <= 1e-5
+    assert np.array_equal(c.view(np.uint32), lowp.gemm(qa, col).view(np.uint32))
+
+
+def test_gemm_kn_refuses_one_axis_kinds():
+    qa = lowp.quantize(rng.standard_normal((8, 64)).astype(np.float32), "e4m3", "mx32")
+    qb = lowp.quantize(rng.standard_normal((64, 32)).astype(np.float32), "e4m3", "mx32")
+    with pytest.raises(ValueError, match=r"b.scaling \(mx32\) runs along one axis"):
+        lowp.gemm_kn(qa, qb)
+    with pytest.raises(ValueError, match=r"a.cols \(64\) != b.rows \(32\)"):
+        lowp.gemm_kn(qa, lowp.quantize(rng.standard_normal((32, 64)).astype(np.float32),
+                                       "e4m3", "block32x32"))
