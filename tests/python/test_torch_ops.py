@@ -3,6 +3,7 @@ portable torch path byte for byte, SQNR of linear and grouped mm against float64
 NUMERICS.md section 8's thresholds, equality with the C training layer, torch.compile, the
 weight cache and fp8_state hooks, and bad input."""
 
+import contextlib
 import os
 
 import numpy as np
@@ -106,6 +107,83 @@ def test_scaled_mm_native_vs_portable(fa, sa, fb, sb):
         assert torch.equal(c1.isnan(), c2.isnan())
         ok = ~c1.isnan()
         assert (c1[ok] - c2[ok]).norm() <= 1e-5 * c2[ok].norm() + 1e-30
+
+
+KN_PAIRS = [("e4m3", "block128", "block128x128", ""), ("e4m3", "mx32", "block32x32", "floor"),
+            ("e5m2", "tensor", "tensor", ""), ("bf16", "none", "none", "")]
+
+
+def kn_operands(fa, sa, sb, mode, M, N, K, seed):
+    """a [M, K] rowwise; b's input [K, N] quantized both ways: its rowwise copy (read as stored
+    by b_kn) and its columnwise copy [N, K] (what lowp_gemm reads)."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(M, K, generator=g) * 3
+    b = torch.randn(K, N, generator=g) * torch.exp2(torch.randint(-6, 6, (K, 1), generator=g))
+    if M > 1:
+        a[1, K // 2] = float("nan")
+        b[K // 3, N // 2] = float("inf")
+    if sb == "none":
+        e = torch.empty(0)
+        return (a.bfloat16(), e, b.bfloat16(), e, b.t().contiguous().bfloat16(), e)
+    qa = qop(a, fa, sa, "rceil" if sa == "mx32" else "", axis="row")
+    qb = qop(b, "e4m3", sb, mode, axis="both")
+    return qa[0], qa[1], qb[0], qb[1], qb[2], qb[3]
+
+
+@native
+@pytest.mark.parametrize("fa,sa,sb,mode", KN_PAIRS)
+def test_scaled_mm_b_kn_is_the_columnwise_copy(fa, sa, sb, mode):
+    """b_kn reads b's rowwise copy [K, N] as stored: the bits of scaled_mm on its columnwise
+    copy, on the native and on the portable path, plain and grouped."""
+    fb = "bf16" if sb == "none" else "e4m3"
+    for M, N, K, seed in ((37, 50, 300, 0), (1, 1, 1, 1), (64, 129, 256, 2)):
+        ad, as_, bd, bs, cd, cs = kn_operands(fa, sa, sb, mode, M, N, K, seed)
+        want = torch.ops.lowp.scaled_mm(ad, as_, fa, sa, cd, cs, fb, sb, K)
+        got = torch.ops.lowp.scaled_mm(ad, as_, fa, sa, bd, bs, fb, sb, K, "f32", True)
+        with lt.force_portable():
+            port = torch.ops.lowp.scaled_mm(ad, as_, fa, sa, bd, bs, fb, sb, K, "f32", True)
+            pwant = torch.ops.lowp.scaled_mm(ad, as_, fa, sa, cd, cs, fb, sb, K)
+        assert got.shape == (M, N)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (M, N, K)
+        assert torch.equal(port.view(torch.int32), pwant.view(torch.int32)), (M, N, K)
+        # grouped: three experts (the same copy), one of them empty
+        offs = torch.tensor([M // 2, M // 2, M], dtype=torch.int32)
+        st = (lambda t: torch.stack([t] * 3)) if sb != "none" else (lambda t: t)
+        gw = torch.ops.lowp.scaled_grouped_mm(ad, as_, fa, sa, torch.stack([cd] * 3), st(cs), fb,
+                                              sb, offs, K, False)
+        gg = torch.ops.lowp.scaled_grouped_mm(ad, as_, fa, sa, torch.stack([bd] * 3), st(bs), fb,
+                                              sb, offs, K, False, "f32", True)
+        assert torch.equal(gg.view(torch.int32), gw.view(torch.int32))
+        with lt.force_portable():
+            gp = torch.ops.lowp.scaled_grouped_mm(ad, as_, fa, sa, torch.stack([bd] * 3), st(bs),
+                                                  fb, sb, offs, K, False, "f32", True)
+        assert torch.equal(gp.isnan(), gg.isnan()) and torch.equal(gp.isinf(), gg.isinf())
+        ok = gg.isfinite()
+        assert (gp[ok] - gg[ok]).norm() <= 1e-5 * gg[ok].norm() + 1e-30
+
+
+def test_scaled_mm_b_kn_refuses_one_axis_kinds():
+    a = qop(torch.randn(8, 64), "e4m3", "mx32", axis="row")
+    b = qop(torch.randn(64, 32), "e4m3", "mx32", axis="row")
+    for ctx in (contextlib.nullcontext, lt.force_portable):
+        with ctx():
+            with pytest.raises(ValueError, match=r"b_scaling \(mx32\) runs along one axis"):
+                torch.ops.lowp.scaled_mm(a[0], a[1], "e4m3", "mx32", b[0], b[1], "e4m3",
+                                         "mx32", 64, "f32", True)
+
+
+@pytest.mark.parametrize("config,one_copy", [("block128", True), ("block32x32", True),
+                                             ("fp8_tensorwise", True), ("bf16", True),
+                                             ("mxfp8", False), ("fp8_rowwise", False)])
+def test_tile_scaled_weights_are_stored_once(config, one_copy):
+    """The weight cache of a recipe whose dgrad reads the forward copy as stored holds that
+    copy alone (the second, transposed one is not made); the one-axis kinds keep both."""
+    x, w, b, dy = linear_case(40, 160, 136, torch.float32)
+    cache = lt.WeightCache()
+    run_linear(config, x, w, b, dy, cache=cache)
+    (entry,) = cache._entries.values()
+    wf, wd = entry[2]
+    assert wf is not None and (wd is None) == one_copy
 
 
 # ---- linear and grouped mm ----

@@ -7,7 +7,7 @@ fake (meta) kernels so that FakeTensor tracing and `torch.compile` see ordinary 
         -> (data, scale, data_col, scale_col)     (empty tensors for a copy not asked for)
   lowp::dequantize(data, scale, format, scaling, rows, cols, offs) -> float32 [rows, cols]
   lowp::scaled_mm(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k)
-        -> float32 A . B^T
+        -> float32 A . B^T (b_kn=True: A . B, b given as stored [k, N])
   lowp::scaled_grouped_mm(a, ..., b, ..., offs, k, wgrad) -> split-M [T, N] or split-K [G, N, K]
 
 Each op runs lowp's native kernels (the C extension `lowp._lowp`) for CPU tensors, and the
@@ -23,8 +23,9 @@ scale blocks; the op returns its scales zero-padded to a static bound, [K, ceil(
 (columns past the real blocks are 0), so its fake kernel has a static shape.
 
 The autograd functions follow the C training layer (src/train/linear.c): the forward GEMM
-multiplies X rowwise by W rowwise, the input-gradient GEMM dY rowwise by W's columnwise copy
-(for the 32x32 and 128x128 tilings the transpose of the one rowwise quantization), the
+multiplies X rowwise by W rowwise, the input-gradient GEMM dY rowwise by W's columnwise copy,
+or, where that copy would be the forward copy transposed (plain weights, tensorwise and the
+32x32 and 128x128 tilings), by the forward copy itself read as stored (b_kn: one copy), the
 weight-gradient GEMM dY's columnwise copy by X's columnwise copy (grouped: along each group's
 tokens, no block straddling a group). A GEMM whose two operands are not both quantized runs in
 BF16 (both operands rounded to BF16, binary32 accumulation). Gradients are straight-through.
@@ -324,22 +325,46 @@ def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
 _OUT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
+# b_kn: the kinds whose columnwise copy is the rowwise copy transposed (lowp_gemm_kn).
+KN_KINDS = ("none", "tensor", "block128x128", "block32x32")
+
+
+def _kn_check(b_scaling: str, fn: str):
+    if b_scaling not in KN_KINDS:
+        raise ValueError(f"{fn}: b_scaling ({b_scaling}) runs along one axis, so b cannot be "
+                         f"read as stored [K, N] (kinds that can: {', '.join(KN_KINDS)})")
+
+
+def _kn_qt(b: Tensor, b_scale: Tensor, b_format: str, b_scaling: str, k: int, N: int) -> P.QT:
+    """The portable path's [N, k] operand of a copy b given as stored, [k, N]: its codes and
+    its tile grid of scales transposed, the bytes of the columnwise copy."""
+    sc = None
+    if b_scaling != "none":
+        sc = b_scale.t().contiguous() if b_scaling in P.TILE_KINDS else b_scale
+    return P.QT(b.t().contiguous(), sc, b_format, b_scaling, N, k)
+
+
 def _scaled_mm_impl(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
                  b_scale: Tensor, b_format: str, b_scaling: str, k: int,
-                 out_dtype: str = "f32") -> Tensor:
+                 out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
     """C[M, N] = A[M, k] . B[N, k]^T, accumulated in binary32 and returned as float32 or
-    (out_dtype "bf16") rounded once to bfloat16. Scaling "none": a/b are float32 or bfloat16."""
-    M, N = a.shape[0], b.shape[0]
+    (out_dtype "bf16") rounded once to bfloat16. Scaling "none": a/b are float32 or bfloat16.
+    b_kn: b is given as stored, [k, N] (the bits of B's columnwise copy; KN_KINDS only)."""
+    M, N = a.shape[0], b.shape[1] if b_kn else b.shape[0]
+    if b_kn:
+        _kn_check(b_scaling, "lowp::scaled_mm")
     native = _native(a)
     _count("scaled_mm", native)
     if native:
         out = torch.empty((M, N), dtype=_OUT_DTYPES[out_dtype])
-        _ext.gemm(_desc(a, a_scale, a_format, a_scaling, M, k),
-                  _desc(b, b_scale, b_format, b_scaling, N, k), _buf(out), out_dtype, M, N,
-                  False, _threads(), 0)
+        bd = (_desc(b, b_scale, b_format, b_scaling, k, N) if b_kn
+              else _desc(b, b_scale, b_format, b_scaling, N, k))
+        _ext.gemm(_desc(a, a_scale, a_format, a_scaling, M, k), bd, _buf(out), out_dtype, M, N,
+                  False, _threads(), 0, b_kn)
         return out
     qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, M, k)
-    qb = P.QT(b, b_scale if b_scaling != "none" else None, b_format, b_scaling, N, k)
+    qb = (_kn_qt(b, b_scale, b_format, b_scaling, k, N) if b_kn else
+          P.QT(b, b_scale if b_scaling != "none" else None, b_format, b_scaling, N, k))
     return P.gemm(qa, qb).to(_OUT_DTYPES[out_dtype])
 
 
@@ -348,8 +373,9 @@ scaled_mm_op = torch.library.custom_op("lowp::scaled_mm", mutates_args=())(_scal
 
 @scaled_mm_op.register_fake
 def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
-                    out_dtype="f32"):
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=_OUT_DTYPES[out_dtype])
+                    out_dtype="f32", b_kn=False):
+    return a.new_empty((a.shape[0], b.shape[1] if b_kn else b.shape[0]),
+                       dtype=_OUT_DTYPES[out_dtype])
 
 
 # ---- lowp::scaled_grouped_mm ----
@@ -357,31 +383,41 @@ def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_sca
 
 def _scaled_grouped_mm_impl(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
                          b_scale: Tensor, b_format: str, b_scaling: str, offs: Tensor, k: int,
-                         wgrad: bool, out_dtype: str = "f32") -> Tensor:
+                         wgrad: bool, out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
     """Split-M (wgrad False): a [T, k] rowwise, b [G, N, k] (scales [G, ...]), out [T, N] with
-    rows past offs[-1] zero. Split-K (wgrad True): a = dY^T [N, T], b = X^T [K, T], both
-    quantized along the tokens with offs (scales padded as quantize returns them); k = T;
-    out [G, N, K]. out_dtype "bf16": the binary32 sums rounded once to bfloat16."""
+    rows past offs[-1] zero; b_kn: b [G, k, N] as stored (as in scaled_mm). Split-K (wgrad
+    True): a = dY^T [N, T], b = X^T [K, T], both quantized along the tokens with offs (scales
+    padded as quantize returns them); k = T; out [G, N, K]. out_dtype "bf16": the binary32
+    sums rounded once to bfloat16."""
     odt = _OUT_DTYPES[out_dtype]
+    if b_kn and wgrad:
+        raise ValueError("lowp::scaled_grouped_mm: b_kn is for split-M (wgrad=False)")
+    if b_kn:
+        _kn_check(b_scaling, "lowp::scaled_grouped_mm")
     native = _native(a)
     _count("scaled_grouped_mm", native)
     ol = offs.tolist()
     G = len(ol)
     if not wgrad:
-        T, N = a.shape[0], b.shape[1]
+        T, N = a.shape[0], b.shape[2] if b_kn else b.shape[1]
         if native:
             # lowp writes every row of every group and leaves the rows past offs[-1]: only
             # those are zeroed (a zero-filled output cost 5% of a medium MoE step).
             out = torch.empty((T, N), dtype=odt)
             out[(ol[-1] if ol else 0):].zero_()
             o32 = offs.to(torch.int32).contiguous()
-            _ext.grouped_gemm(_desc(a, a_scale, a_format, a_scaling, T, k),
-                              _desc(b, b_scale, b_format, b_scaling, N, k), G, _buf(o32),
-                              _buf(out), out_dtype, T, N, False, _threads(), 0)
+            bd = (_desc(b, b_scale, b_format, b_scaling, k, N) if b_kn
+                  else _desc(b, b_scale, b_format, b_scaling, N, k))
+            _ext.grouped_gemm(_desc(a, a_scale, a_format, a_scaling, T, k), bd, G, _buf(o32),
+                              _buf(out), out_dtype, T, N, False, _threads(), 0, b_kn)
             return out
         qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, T, k)
-        qb = [P.QT(b[g], b_scale[g] if b_scaling != "none" else None, b_format, b_scaling, N, k)
-              for g in range(G)]
+        if b_kn:
+            qb = [_kn_qt(b[g], b_scale[g] if b_scaling != "none" else b_scale, b_format,
+                         b_scaling, k, N) for g in range(G)]
+        else:
+            qb = [P.QT(b[g], b_scale[g] if b_scaling != "none" else None, b_format, b_scaling,
+                       N, k) for g in range(G)]
         return P.grouped_gemm(qa, qb, ol).to(odt)
     N, K = a.shape[0], b.shape[0]
     ga = ol if a_scaling in P.TOKEN_BLOCK_KINDS else None
@@ -406,10 +442,10 @@ scaled_grouped_mm_op = torch.library.custom_op("lowp::scaled_grouped_mm",
 
 @scaled_grouped_mm_op.register_fake
 def _scaled_grouped_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling,
-                            offs, k, wgrad, out_dtype="f32"):
+                            offs, k, wgrad, out_dtype="f32", b_kn=False):
     odt = _OUT_DTYPES[out_dtype]
     if not wgrad:
-        return a.new_empty((a.shape[0], b.shape[1]), dtype=odt)
+        return a.new_empty((a.shape[0], b.shape[2] if b_kn else b.shape[1]), dtype=odt)
     return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=odt)
 
 
@@ -477,10 +513,11 @@ def _odt(dtype) -> str:
     return "bf16" if dtype == torch.bfloat16 else "f32"
 
 
-def _mm(a: _Op, b: _Op, out_dtype: str = "f32") -> Tensor:
+def _mm(a: _Op, b: _Op, out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
+    """a . b^T; b_kn: a . b, b (a forward copy [N, K]) read as stored."""
     op = _scaled_mm_impl if _direct(a.data, b.data) else torch.ops.lowp.scaled_mm
     return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, a.cols,
-              out_dtype)
+              out_dtype, b_kn)
 
 
 def _stack(ops: List[_Op]) -> _Op:
@@ -490,11 +527,12 @@ def _stack(ops: List[_Op]) -> _Op:
     return _Op(data, scale, o.format, o.scaling, o.rows, o.cols)
 
 
-def _grouped_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
+def _grouped_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32",
+                b_kn: bool = False) -> Tensor:
     direct = _direct(a.data, b.data, offs)
     op = _scaled_grouped_mm_impl if direct else torch.ops.lowp.scaled_grouped_mm
     return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, offs,
-              a.cols, False, out_dtype)
+              a.cols, False, out_dtype, b_kn)
 
 
 def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
@@ -675,6 +713,12 @@ def _plan(spec: MatmulSpec, wgrad_hp: bool):
     return qi and qw, qg and qw, qg and qi and not wgrad_hp
 
 
+def _dgrad_kn(spec: MatmulSpec, fwd_q: bool, dgrad_q: bool) -> bool:
+    """Whether the input-gradient GEMM reads the forward copy as stored (no second copy): both
+    GEMMs take the weight in one kind, whose copy of W^T is W's copy transposed."""
+    return fwd_q == dgrad_q and (not dgrad_q or spec.weight.scaling in KN_KINDS)
+
+
 def _first(op: Optional[_Op]) -> Optional[_Op]:
     """Expert 0 of a stacked weight operand, as a 2-D operand."""
     if op is None:
@@ -703,6 +747,7 @@ class _LowpMatmul(torch.autograd.Function):
     def _forward(ctx, odt, x2d, W3, bias, offs, spec, keep_quantized, wgrad_hp, cache,
                  fp8_state, grouped):
         fwd_q, dgrad_q, wgrad_q = _plan(spec, wgrad_hp)
+        kn = _dgrad_kn(spec, fwd_q, dgrad_q)
         M, K = x2d.shape
         G, N = W3.shape[0], W3.shape[1]
         T = int(offs[-1].item()) if grouped and G else M
@@ -711,7 +756,7 @@ class _LowpMatmul(torch.autograd.Function):
         delayed = fp8_state is not None
 
         def make_both():
-            return _weight_copies(W3, spec, fwd_q, dgrad_q, True, True, fp8_state, True)
+            return _weight_copies(W3, spec, fwd_q, dgrad_q, True, not kn, fp8_state, True)
 
         if cache is not None:
             wf, _ = cache.lookup(W3, spec, make_both)
@@ -777,6 +822,7 @@ class _LowpMatmul(torch.autograd.Function):
         spec, T, grouped = ctx.spec, ctx.T, ctx.grouped
         M, K, G, N = ctx.dims
         fwd_q, dgrad_q, wgrad_q = _plan(spec, ctx.wgrad_hp)
+        kn = _dgrad_kn(spec, fwd_q, dgrad_q)
         fp8_state = ctx.fp8_state
         delayed = fp8_state is not None
         need_dx = ctx.needs_input_grad[0]
@@ -806,18 +852,21 @@ class _LowpMatmul(torch.autograd.Function):
                 cache = ctx.cache
 
                 def make_both():
-                    return _weight_copies(W3, spec, fwd_q, dgrad_q, True, True, fp8_state, True)
+                    return _weight_copies(W3, spec, fwd_q, dgrad_q, True, not kn, fp8_state,
+                                          True)
 
+                # kn: the forward copy, read as stored (its first element of the pair)
                 if cache is not None:
-                    _, wd = cache.lookup(W3, spec, make_both)
+                    wf, wd = cache.lookup(W3, spec, make_both)
                 else:
-                    _, wd = _weight_copies(W3, spec, fwd_q, dgrad_q, False, True, fp8_state,
-                                           False)
+                    wf, wd = _weight_copies(W3, spec, fwd_q, dgrad_q, kn, not kn, fp8_state,
+                                            False)
+                wb = wf if kn else wd
                 xodt = _odt(ctx.x_dtype)
                 if grouped:
-                    dxt = _grouped_mm(dyrow, wd, offs[:G], xodt)
+                    dxt = _grouped_mm(dyrow, wb, offs[:G], xodt, kn)
                 else:
-                    dxt = _mm(dyrow, _first(wd), xodt)
+                    dxt = _mm(dyrow, _first(wb), xodt, kn)
                 if T < M:
                     dx = torch.zeros((M, K), dtype=dxt.dtype, device=dev)
                     dx[:T] = dxt[:T]
