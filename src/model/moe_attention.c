@@ -44,7 +44,10 @@ static void rope_rotate(float *x, const moe_dims *d, const float *cosv, const fl
  * contiguous [T, hd] (or transposed [hd, T]) scratch, the scores and probabilities of a task
  * are a contiguous [T, T] block of att. The GEMMs run over the whole square (the masked half
  * is multiplied by zero probabilities); even so the attention phase of `medium` (T = 256,
- * hd = 64) ran 1.8x faster than with the row-by-row loops it replaced (docs/benchmarks.md). */
+ * hd = 64) ran 1.8x faster than with the row-by-row loops it replaced (docs/benchmarks.md).
+ * Products with a [T, T] operand on the right read it as stored (lowp_gemm_kn): dK and dV
+ * come out transposed, [hd, T], and go back through an hd x T transpose instead of the T x T
+ * transposes of dS and P they needed as left operands. */
 
 /* xs [T, hd] = the T rows of one head's columns of x (row stride D); xt [hd, T] its
  * transpose (either may be NULL). */
@@ -66,32 +69,31 @@ static void head_scatter(const float *ys, int64_t D, int64_t T, int64_t hd, floa
     for (int64_t j = 0; j < T; j++) memcpy(y + j * D, ys + j * hd, (size_t) hd * sizeof(float));
 }
 
-/* dst [n, n] = src^T, in 16 x 16 blocks. */
-static void square_transpose(const float *src, int64_t n, float *dst) {
-    if (lowp_cpu_has_avx512()) {
-        lowp_cpu_transpose_f32_avx512(src, n, n, n, dst, n);
-        return;
-    }
-    for (int64_t i0 = 0; i0 < n; i0 += 16)
-        for (int64_t j0 = 0; j0 < n; j0 += 16)
-            for (int64_t i = i0; i < i0 + 16 && i < n; i++)
-                for (int64_t j = j0; j < j0 + 16 && j < n; j++) dst[j * n + i] = src[i * n + j];
-}
-
-/* c [m, n] = a [m, k] . b [n, k]^T on one thread (binary32, plain operands). */
-static lowp_status mm_f32(const float *a, const float *b, float *c, int64_t m, int64_t n,
-                          int64_t k) {
+/* c [m, n] = a [m, k] . b [n, k]^T on one thread (binary32, plain operands); kn: a . b with
+ * b [k, n] as stored (lowp_gemm_kn). */
+static lowp_status mm_f32(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k,
+                          int kn) {
     lowp_qtensor qa = {0}, qb = {0};
     qa.format = qb.format = LOWP_FORMAT_F32;
     qa.scaling = qb.scaling = LOWP_SCALING_NONE;
     qa.device = qb.device = LOWP_DEVICE_HOST;
     qa.rows = m, qa.cols = k, qa.data = (void *) a;
-    qb.rows = n, qb.cols = k, qb.data = (void *) b;
+    qb.rows = kn ? k : n, qb.cols = kn ? n : k, qb.data = (void *) b;
     lowp_tensor ct = moe_tensor(c, m, n);
     lowp_gemm_cfg cfg;
     lowp_gemm_cfg_init(&cfg);
     cfg.threads = 1;
-    return lowp_gemm(&qa, &qb, &ct, &cfg);
+    return kn ? lowp_gemm_kn(&qa, &qb, &ct, &cfg) : lowp_gemm(&qa, &qb, &ct, &cfg);
+}
+
+/* The head's columns of y (row stride D) = yt^T, yt [hd, T]. */
+static void head_scatter_t(const float *yt, int64_t D, int64_t T, int64_t hd, float *y) {
+    if (lowp_cpu_has_avx512()) { /* the same bits, 16x16 blocks in registers */
+        lowp_cpu_transpose_f32_avx512(yt, hd, T, T, y, D);
+        return;
+    }
+    for (int64_t j = 0; j < T; j++)
+        for (int64_t i = 0; i < hd; i++) y[j * D + i] = yt[i * T + j];
 }
 
 /* Row t of the scores s [T] -> causal softmax probabilities of s * scale (0 past t). */
@@ -144,7 +146,7 @@ lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const 
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
         float *buf = malloc((size_t) (4 * T * hd) * sizeof(float));
-        float *qs = buf, *ks = buf + T * hd, *vt = buf + 2 * T * hd, *os = buf + 3 * T * hd;
+        float *qs = buf, *ks = buf + T * hd, *vs = buf + 2 * T * hd, *os = buf + 3 * T * hd;
         if (!buf) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
@@ -153,11 +155,11 @@ lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const 
             float *p = att + task * T * T; /* [T, T]: scores, then probabilities */
             head_gather(q + base, D, T, hd, qs, NULL);
             head_gather(k + base, D, T, hd, ks, NULL);
-            head_gather(v + base, D, T, hd, NULL, vt);
-            lowp_status st = mm_f32(qs, ks, p, T, T, hd);
+            head_gather(v + base, D, T, hd, vs, NULL);
+            lowp_status st = mm_f32(qs, ks, p, T, T, hd, 0);
             if (st == LOWP_OK) {
                 for (int64_t t = 0; t < T; t++) softmax_row(p + t * T, T, t, scale);
-                st = mm_f32(p, vt, os, T, hd, T);
+                st = mm_f32(p, vs, os, T, hd, T, 1); /* O = P V */
             }
             if (st == LOWP_OK) head_scatter(os, D, T, hd, o + base);
             keep_first(&all, st);
@@ -170,7 +172,7 @@ lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const 
 /* Backward of moe_attention_core_forward: from do_ [N, D], dq, dk, dv [N, D] (overwritten).
  * Per task, with P the probabilities [T, T]:
  *   dP = dO V^T;  dS = P * (dP - rowsum(P * dP)) / sqrt(hd);
- *   dQ = dS K;  dK = dS^T Q;  dV = P^T dO   (five GEMMs' worth, as four GEMMs). */
+ *   dQ = dS K;  dK^T = Q^T dS;  dV^T = dO^T P   (five GEMMs' worth, as four GEMMs). */
 lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const float *k,
                                         const float *v, const float *att, const float *do_,
                                         float *dq, float *dk, float *dv, int nthreads) {
@@ -181,10 +183,10 @@ lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
         const int64_t th = T * hd;
-        float *buf = malloc((size_t) (6 * th + 2 * T * T) * sizeof(float));
-        float *dos = buf, *dot = buf + th, *vs = buf + 2 * th, *kt = buf + 3 * th;
-        float *qt = buf + 4 * th, *gs = buf + 5 * th; /* gs: a [T, hd] result */
-        float *ds = buf + 6 * th, *tr = ds + T * T;   /* dP then dS; a transposed square */
+        float *buf = malloc((size_t) (6 * th + T * T) * sizeof(float));
+        float *dos = buf, *dot = buf + th, *vs = buf + 2 * th, *ks = buf + 3 * th;
+        float *qt = buf + 4 * th, *gs = buf + 5 * th; /* gs: a [T, hd] or [hd, T] result */
+        float *ds = buf + 6 * th;                     /* dP then dS */
         if (!buf) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
@@ -193,9 +195,9 @@ lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const
             const float *p = att + task * T * T;
             head_gather(do_ + base, D, T, hd, dos, dot);
             head_gather(v + base, D, T, hd, vs, NULL);
-            head_gather(k + base, D, T, hd, NULL, kt);
+            head_gather(k + base, D, T, hd, ks, NULL);
             head_gather(q + base, D, T, hd, NULL, qt);
-            lowp_status st = mm_f32(dos, vs, ds, T, T, hd); /* dP */
+            lowp_status st = mm_f32(dos, vs, ds, T, T, hd, 0); /* dP */
             if (st == LOWP_OK) {
                 for (int64_t t = 0; t < T; t++) {
                     const float *pr = p + t * T;
@@ -205,19 +207,17 @@ lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const
                     for (int64_t j = 0; j <= t; j++) r[j] = pr[j] * (r[j] - pdp) * scale;
                     for (int64_t j = t + 1; j < T; j++) r[j] = 0.0f;
                 }
-                st = mm_f32(ds, kt, gs, T, hd, T); /* dQ */
+                st = mm_f32(ds, ks, gs, T, hd, T, 1); /* dQ = dS K */
             }
             if (st == LOWP_OK) {
                 head_scatter(gs, D, T, hd, dq + base);
-                square_transpose(ds, T, tr);
-                st = mm_f32(tr, qt, gs, T, hd, T); /* dK */
+                st = mm_f32(qt, ds, gs, hd, T, T, 1); /* dK^T = Q^T dS */
             }
             if (st == LOWP_OK) {
-                head_scatter(gs, D, T, hd, dk + base);
-                square_transpose(p, T, tr);
-                st = mm_f32(tr, dot, gs, T, hd, T); /* dV */
+                head_scatter_t(gs, D, T, hd, dk + base);
+                st = mm_f32(dot, p, gs, hd, T, T, 1); /* dV^T = dO^T P */
             }
-            if (st == LOWP_OK) head_scatter(gs, D, T, hd, dv + base);
+            if (st == LOWP_OK) head_scatter_t(gs, D, T, hd, dv + base);
             keep_first(&all, st);
         }
         free(buf);
