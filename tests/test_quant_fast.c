@@ -247,8 +247,9 @@ static void *as_format(const float *f, size_t n, lowp_format xf) {
 }
 
 static void test_shapes(void) {
-    static const int64_t shapes[][2] = {{1, 1},     {3, 31},      {33, 65},   {129, 257},
-                                        {128, 128}, {1000, 1030}, {256, 4096}};
+    /* 33x8300: rows wider than the tile kinds' whole-row chunks (TILES_MAX_CW) */
+    static const int64_t shapes[][2] = {{1, 1},     {3, 31},      {33, 65},    {129, 257},
+                                        {128, 128}, {1000, 1030}, {256, 4096}, {33, 8300}};
     const int nshapes = (int) (sizeof shapes / sizeof shapes[0]);
     for (int si = 0; si < nshapes; si++) {
         const int64_t R = shapes[si][0], C = shapes[si][1];
