@@ -96,6 +96,21 @@ static void head_scatter_t(const float *yt, int64_t D, int64_t T, int64_t hd, fl
         for (int64_t i = 0; i < hd; i++) y[j * D + i] = yt[i * T + j];
 }
 
+/* Query rows per block of the attention core: a block of rows [i0, i0 + r) multiplies only
+ * the keys [0, i0 + r) it can see, so the score and value products of the causal triangle
+ * cost about (1 + R / T) / 2 of the square's. A multiple of the SGEMM's 12-row strips. */
+static int64_t att_block(int64_t T) {
+    return T >= 192 ? 48 : 24;
+}
+
+/* dst rows [0, r) (row stride T) = src [r, L], and 0 in columns [L, T). */
+static void put_rows(const float *src, int64_t r, int64_t L, int64_t T, float *dst) {
+    for (int64_t t = 0; t < r; t++) {
+        memcpy(dst + t * T, src + t * L, (size_t) L * sizeof(float));
+        memset(dst + t * T + L, 0, (size_t) (T - L) * sizeof(float));
+    }
+}
+
 /* Row t of the scores s [T] -> causal softmax probabilities of s * scale (0 past t). */
 static void softmax_row(float *s, int64_t T, int64_t t, float scale) {
     float mx = -INFINITY;
@@ -145,21 +160,28 @@ lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const 
     lowp_status all = LOWP_OK;
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
-        float *buf = malloc((size_t) (4 * T * hd) * sizeof(float));
+        const int64_t R = att_block(T);
+        float *buf = malloc((size_t) (4 * T * hd + R * T) * sizeof(float));
         float *qs = buf, *ks = buf + T * hd, *vs = buf + 2 * T * hd, *os = buf + 3 * T * hd;
+        float *sb = buf + 4 * T * hd; /* a block's scores, then probabilities: [r, L] */
         if (!buf) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
             if (failed(&all)) continue;
             const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
-            float *p = att + task * T * T; /* [T, T]: scores, then probabilities */
+            float *p = att + task * T * T; /* [T, T]: the probabilities, 0 past the diagonal */
             head_gather(q + base, D, T, hd, qs, NULL);
             head_gather(k + base, D, T, hd, ks, NULL);
             head_gather(v + base, D, T, hd, vs, NULL);
-            lowp_status st = mm_f32(qs, ks, p, T, T, hd, 0);
-            if (st == LOWP_OK) {
-                for (int64_t t = 0; t < T; t++) softmax_row(p + t * T, T, t, scale);
-                st = mm_f32(p, vs, os, T, hd, T, 1); /* O = P V */
+            lowp_status st = LOWP_OK;
+            for (int64_t i0 = 0; i0 < T && st == LOWP_OK; i0 += R) {
+                /* rows [i0, i0 + r) see keys [0, L) */
+                const int64_t r = T - i0 < R ? T - i0 : R, L = i0 + r;
+                st = mm_f32(qs + i0 * hd, ks, sb, r, L, hd, 0); /* S = Q K^T */
+                if (st != LOWP_OK) break;
+                for (int64_t t = 0; t < r; t++) softmax_row(sb + t * L, L, i0 + t, scale);
+                st = mm_f32(sb, vs, os + i0 * hd, r, hd, L, 1); /* O = P V */
+                put_rows(sb, r, L, T, p + i0 * T);
             }
             if (st == LOWP_OK) head_scatter(os, D, T, hd, o + base);
             keep_first(&all, st);
@@ -182,11 +204,12 @@ lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const
     lowp_status all = LOWP_OK;
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
-        const int64_t th = T * hd;
-        float *buf = malloc((size_t) (6 * th + T * T) * sizeof(float));
+        const int64_t th = T * hd, R = att_block(T);
+        float *buf = malloc((size_t) (6 * th + T * T + R * T) * sizeof(float));
         float *dos = buf, *dot = buf + th, *vs = buf + 2 * th, *ks = buf + 3 * th;
         float *qt = buf + 4 * th, *gs = buf + 5 * th; /* gs: a [T, hd] or [hd, T] result */
-        float *ds = buf + 6 * th;                     /* dP then dS */
+        float *ds = buf + 6 * th;                     /* dS [T, T] */
+        float *db = ds + T * T;                       /* a block's dP, then dS: [r, L] */
         if (!buf) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
@@ -197,17 +220,21 @@ lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const
             head_gather(v + base, D, T, hd, vs, NULL);
             head_gather(k + base, D, T, hd, ks, NULL);
             head_gather(q + base, D, T, hd, NULL, qt);
-            lowp_status st = mm_f32(dos, vs, ds, T, T, hd, 0); /* dP */
-            if (st == LOWP_OK) {
-                for (int64_t t = 0; t < T; t++) {
-                    const float *pr = p + t * T;
-                    float *r = ds + t * T;
+            lowp_status st = LOWP_OK;
+            for (int64_t i0 = 0; i0 < T && st == LOWP_OK; i0 += R) {
+                const int64_t r = T - i0 < R ? T - i0 : R, L = i0 + r; /* as in the forward */
+                st = mm_f32(dos + i0 * hd, vs, db, r, L, hd, 0);       /* dP = dO V^T */
+                if (st != LOWP_OK) break;
+                for (int64_t t = 0; t < r; t++) {
+                    const float *pr = p + (i0 + t) * T;
+                    float *rw = db + t * L;
                     float pdp = 0.0f; /* sum_j P[j] dP[j] */
-                    for (int64_t j = 0; j <= t; j++) pdp += pr[j] * r[j];
-                    for (int64_t j = 0; j <= t; j++) r[j] = pr[j] * (r[j] - pdp) * scale;
-                    for (int64_t j = t + 1; j < T; j++) r[j] = 0.0f;
+                    for (int64_t j = 0; j <= i0 + t; j++) pdp += pr[j] * rw[j];
+                    for (int64_t j = 0; j <= i0 + t; j++) rw[j] = pr[j] * (rw[j] - pdp) * scale;
+                    for (int64_t j = i0 + t + 1; j < L; j++) rw[j] = 0.0f;
                 }
-                st = mm_f32(ds, ks, gs, T, hd, T, 1); /* dQ = dS K */
+                st = mm_f32(db, ks, gs + i0 * hd, r, hd, L, 1); /* dQ = dS K */
+                put_rows(db, r, L, T, ds + i0 * T);
             }
             if (st == LOWP_OK) {
                 head_scatter(gs, D, T, hd, dq + base);
