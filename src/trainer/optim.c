@@ -239,6 +239,20 @@ lowp_status lowp_adamw_set_t(lowp_adamw *o, int64_t t) {
  * the thread count. */
 #define CLIP_CHUNK 16384
 
+/* sum g[i]^2 over [0, n) in binary64 (every square is exact there), in 8 interleaved partial
+ * sums added pairwise at the end: a fixed order, but not one serial chain of dependent adds,
+ * which took 4 cycles an element (a tenth of `medium`'s optimizer phase). */
+static double sum_squares(const float *g, int64_t n) {
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += (double) g[i + l] * (double) g[i + l];
+    for (int l = 0; i < n; i++, l++) acc[l] += (double) g[i] * (double) g[i];
+    for (int w = 4; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
 lowp_status lowp_grad_clip(lowp_param *params, int32_t n, float max_norm, float *norm) {
     const char *fn = "lowp_grad_clip";
     lowp_status st = check_trainable(fn, params, n);
@@ -253,9 +267,7 @@ lowp_status lowp_grad_clip(lowp_param *params, int32_t n, float max_norm, float 
 #pragma omp parallel for schedule(static) if (chunks > 4)
         for (int64_t c = 0; c < chunks; c++) {
             int64_t lo = c * CLIP_CHUNK, hi = lo + CLIP_CHUNK < cnt ? lo + CLIP_CHUNK : cnt;
-            double s = 0.0;
-            for (int64_t j = lo; j < hi; j++) s += (double) g[j] * (double) g[j];
-            part[c] = s;
+            part[c] = sum_squares(g + lo, hi - lo);
         }
         for (int64_t c = 0; c < chunks; c++) total += part[c];
         free(part);
