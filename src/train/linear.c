@@ -696,12 +696,16 @@ static lowp_status grad_output_copies(const char *fn, const plan *p, const lowp_
 static lowp_status input_columns(const char *fn, const plan *p, const lowp_tensor *x,
                                  const lowp_linear_saved *saved, int64_t T, int64_t K,
                                  const int32_t *go, int32_t G, int32_t threads, lowp_qtensor *xcol,
-                                 const lowp_qtensor **xc) {
+                                 const lowp_qtensor **xc, int *kn) {
     const lowp_operand_spec *is = &p->cfg.input;
     lowp_status st;
     *xc = xcol;
+    *kn = 0;
     if (saved && saved->has_xcol) {
         *xc = &saved->xcol;
+    } else if (saved && saved->has_xbf16 && !p->wgrad_q && p->hp == COPY_BF16 && !go) {
+        *xc = &saved->xbf16; /* read as stored, [T, K] (lowp_gemm_kn): no transpose */
+        *kn = 1;
     } else if (saved && saved->has_xbf16 && !p->wgrad_q && p->hp == COPY_BF16) {
         if ((st = qt_alloc(fn, xcol, is, COPY_BF16, K, T, NULL, 0)) != LOWP_OK) return st;
         lowp_prof_push(LOWP_PHASE_QUANT);
@@ -764,11 +768,12 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
             if (st != LOWP_OK) goto out;
         }
         const lowp_qtensor *xc = NULL;
-        st = input_columns(fn, &p, x, saved, T, K, go, G, threads, &xcol, &xc);
+        int xkn = 0;
+        st = input_columns(fn, &p, x, saved, T, K, go, G, threads, &xcol, &xc, &xkn);
         if (st != LOWP_OK) goto out;
         gc.accumulate = 1; /* dW adds into the FP32 gradient: micro-batches add up */
         lowp_tensor gt = {LOWP_FORMAT_F32, (int64_t) G * N, K, w->grad, LOWP_DEVICE_HOST};
-        st = gemm_timed(&dycol, xc, grouped ? offs : NULL, G, GEMM_WGRAD, &gt, &gc);
+        st = gemm_timed(&dycol, xc, grouped ? offs : NULL, G, xkn ? GEMM_KN : GEMM_WGRAD, &gt, &gc);
         if (st != LOWP_OK) goto out;
     }
     if (dx && grouped) zero_rows(dx, T);
