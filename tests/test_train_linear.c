@@ -334,7 +334,8 @@ static void check_once_per_step(int64_t M, int64_t N, int64_t K) {
                 CHECK(layer_forward(&L[i], NULL, &s) == LOWP_OK); /* no backward follows it */
                 memcpy(y1, L[i].y, sizeof(float) * (size_t) (L[i].M * L[i].N));
                 lowp_linear_saved_free(s);
-                const lowp_linear_opts re = {1, 0, 0, 0}; /* activation checkpointing: recompute */
+                const lowp_linear_opts re = {1, 0, 0, 0,
+                                             0}; /* activation checkpointing: recompute */
                 CHECK(layer_forward(&L[i], &re, &s2) == LOWP_OK);
                 CHECK(same_bits(y1, L[i].y, L[i].M * L[i].N));
                 CHECK(layer_backward(&L[i], NULL, s2) == LOWP_OK);
@@ -401,7 +402,7 @@ static void check_delayed(int64_t M, int64_t N, int64_t K) {
         memcpy(hist + r0 * len, st->roles[r0].history, sizeof(float) * (size_t) len);
     /* A recomputed forward, even of a larger x, records nothing... */
     for (int64_t i = 0; i < M * K; i++) L.x[i] *= 2.0f;
-    const lowp_linear_opts re = {1, 0, 0, 0};
+    const lowp_linear_opts re = {1, 0, 0, 0, 0};
     CHECK(layer_forward(&L, &re, NULL) == LOWP_OK);
     for (int64_t i = 0; i < M * K; i++) L.x[i] *= 0.5f;
     for (int r0 = 0; r0 < 3; r0++) CHECK(same_bits(hist + r0 * len, st->roles[r0].history, len));
@@ -462,6 +463,79 @@ static void check_keep(const char *preset, int32_t G, int64_t M, int64_t N, int6
            "%s (%s): keep_quantized 0 and 1 differ", preset, G ? "grouped" : "linear");
     layer_drop(&L[0]);
     layer_drop(&L[1]);
+}
+
+/* ---- opts.reuse_input: the q, k, v of one input ---- */
+
+/* Prepared layer "name" of preset on x (the layer's own x is replaced by the caller's). */
+static void reuse_layer(layer *L, const char *preset, int32_t G, const int32_t *sizes, int64_t M,
+                        int64_t N, int64_t K) {
+    layer_make(L, G ? "moe.experts.w1" : "attn.wq", G, sizes, M, N, K);
+    lowp_linear_cfg c;
+    lowp_linear_cfg_preset(preset, &c);
+    lowp_recipe r;
+    lowp_recipe_init(&r, "custom");
+    CHECK(lowp_recipe_append(&r, "*", &c) == LOWP_OK);
+    CHECK(lowp_train_prepare(&L->p, 1, &r) == LOWP_OK);
+}
+
+/* Two weights on one x, the second forward with reuse_input: the outputs and gradients of a run
+ * without it, bit for bit. And the copies are those of the first forward's x: with x changed in
+ * between (breaking the caller's promise, to see what is read), the second output is that of
+ * the old x; without reuse_input, after a backward, or with delayed scaling, of the new x. */
+static void check_reuse(const char *preset, int32_t G, int64_t M, int64_t N, int64_t K) {
+    const int32_t sizes[3] = {(int32_t) (M / 3), 0, (int32_t) (M / 2)};
+    const lowp_linear_opts again = {0, 0, 0, 0, 1};
+    const int64_t ng = G ? G : 1;
+    const uint64_t seed = tu_rng;
+    layer L[2][2]; /* [run: 0 without, 1 with reuse][weight] */
+    for (int run = 0; run < 2; run++) {
+        tu_rng = seed;
+        for (int w = 0; w < 2; w++) reuse_layer(&L[run][w], preset, G, sizes, M, N, K);
+        float *x1 = L[run][1].x;
+        L[run][1].x = L[run][0].x; /* one input */
+        lowp_linear_saved *s0 = NULL, *s1 = NULL;
+        CHECK_OK(layer_forward(&L[run][0], NULL, &s0));
+        CHECK_OK(layer_forward(&L[run][1], run ? &again : NULL, &s1));
+        CHECK_OK(layer_backward(&L[run][1], NULL, s1));
+        CHECK_OK(layer_backward(&L[run][0], NULL, s0));
+        L[run][1].x = x1;
+    }
+    for (int w = 0; w < 2; w++)
+        CHECKF(same_bits(L[0][w].y, L[1][w].y, M * L[0][w].N) &&
+                   same_bits(L[0][w].dx, L[1][w].dx, M * K) &&
+                   same_bits(L[0][w].p.grad, L[1][w].p.grad, ng * N * K),
+               "%s (%s): reuse_input changed weight %d's results", preset, G ? "grouped" : "linear",
+               w);
+
+    /* What the second forward reads. y of weight 1 on the old x and on the new x: */
+    layer *a = &L[1][0], *b = &L[1][1];
+    float *old_x = copy_of(a->x, M * K), *yold = zeros(M * N), *ynew = zeros(M * N);
+    memcpy(b->x, old_x, sizeof(float) * (size_t) (M * K));
+    CHECK_OK(layer_forward(b, NULL, NULL));
+    memcpy(yold, b->y, sizeof(float) * (size_t) (M * N));
+    for (int64_t i = 0; i < M * K; i++) b->x[i] = 2.0f * old_x[i] + 0.25f;
+    CHECK_OK(layer_forward(b, NULL, NULL));
+    memcpy(ynew, b->y, sizeof(float) * (size_t) (M * N));
+    float *x1 = b->x;
+    b->x = a->x;
+    const int delayed = strcmp(preset, "fp8_delayed") == 0;
+    for (int c = 0; c < 3; c++) { /* reuse; no reuse_input; a backward in between */
+        memcpy(a->x, old_x, sizeof(float) * (size_t) (M * K));
+        lowp_linear_saved *s = NULL;
+        CHECK_OK(layer_forward(a, NULL, c == 2 ? &s : NULL));
+        if (c == 2) CHECK_OK(layer_backward(a, NULL, s));
+        for (int64_t i = 0; i < M * K; i++) a->x[i] = 2.0f * old_x[i] + 0.25f;
+        CHECK_OK(layer_forward(b, c == 1 ? NULL : &again, NULL));
+        const int want_old = c == 0 && !delayed;
+        CHECKF(same_bits(b->y, want_old ? yold : ynew, M * N),
+               "%s (%s), case %d: the second forward read the %s x", preset,
+               G ? "grouped" : "linear", c, want_old ? "new" : "old");
+    }
+    b->x = x1;
+    free(old_x), free(yold), free(ynew);
+    for (int run = 0; run < 2; run++)
+        for (int w = 0; w < 2; w++) layer_drop(&L[run][w]);
 }
 
 /* ---- Plain weights, prepare and convert ---- */
@@ -574,7 +648,7 @@ static void check_wgrad_hp(int64_t M, int64_t N, int64_t K) {
 /* fp32_plain: a plain weight multiplies in F32 (a float reference); a wrapped one ignores it. */
 static void check_fp32_plain(int64_t M, int64_t N, int64_t K) {
     const int32_t sizes[3] = {(int32_t) (M / 3), 1, (int32_t) (M / 2)};
-    const lowp_linear_opts f32 = {0, 0, 1, 0};
+    const lowp_linear_opts f32 = {0, 0, 1, 0, 0};
     for (int32_t G = 0; G <= 3; G += 3) {
         layer L;
         layer_make(&L, "fc", G, sizes, M, N, K);
@@ -607,7 +681,7 @@ static void check_fp32_plain(int64_t M, int64_t N, int64_t K) {
  * a new version (the weights moved) is seen. */
 static void check_cache_plain(int64_t M, int64_t N, int64_t K) {
     const int32_t sizes[3] = {(int32_t) (M / 3), 0, (int32_t) (M / 2)};
-    const lowp_linear_opts cached = {0, 0, 0, 1};
+    const lowp_linear_opts cached = {0, 0, 0, 1, 0};
     for (int32_t G = 0; G <= 3; G += 3) {
         layer a, b;
         layer_make(&a, "fc", G, sizes, M, N, K);
@@ -643,7 +717,7 @@ static void check_cache_plain(int64_t M, int64_t N, int64_t K) {
         layer_drop(&a);
         layer_drop(&b);
     }
-    const lowp_linear_opts bad = {0, 0, 0, 2};
+    const lowp_linear_opts bad = {0, 0, 0, 2, 0};
     layer L;
     layer_make(&L, "fc", 0, sizes, M, N, K);
     CHECK(layer_forward(&L, &bad, NULL) == LOWP_ERR_INVALID_ARG);
@@ -724,8 +798,8 @@ static void check_bad_forward(layer *L, layer *G, const int32_t *sizes, int64_t 
     xb.format = LOWP_FORMAT_BF16;
     CHECK(lowp_linear_forward(&L->p, NULL, &xb, &y, NULL, NULL) == LOWP_ERR_UNSUPPORTED &&
           says("x.format"));
-    const lowp_linear_opts badopts = {2, 0, 0, 0}, badthreads = {0, -1, 0, 0},
-                           badf32 = {0, 0, 3, 0};
+    const lowp_linear_opts badopts = {2, 0, 0, 0, 0}, badthreads = {0, -1, 0, 0, 0},
+                           badf32 = {0, 0, 3, 0, 0};
     CHECK(lowp_linear_forward(&L->p, NULL, &x, &y, &badopts, NULL) == LOWP_ERR_INVALID_ARG &&
           says("opts.recompute (2)"));
     CHECK(lowp_linear_forward(&L->p, NULL, &x, &y, &badthreads, NULL) == LOWP_ERR_INVALID_ARG &&
@@ -851,6 +925,12 @@ int main(void) {
     for (size_t i = 0; i < sizeof keep_presets / sizeof keep_presets[0]; i++) {
         check_keep(keep_presets[i], 0, M, N, K);
         check_keep(keep_presets[i], 3, M, N, K);
+    }
+    static const char *const reuse_presets[] = {"mxfp8", "bf16", "block128", "fp8_current",
+                                                "fp8_delayed"};
+    for (size_t i = 0; i < sizeof reuse_presets / sizeof reuse_presets[0]; i++) {
+        check_reuse(reuse_presets[i], 0, M, N, K);
+        check_reuse(reuse_presets[i], 3, M, N, K);
     }
     check_like_plain("all_mxfp8", "embed.proj", 0, 0, M, N, K);
     check_like_plain("mix", "layers.0.moe.router", 0, 0, M, N, K);

@@ -93,6 +93,11 @@ typedef struct lowp_linear_opts {
                             once per version and kept in param->plain_cache, as a wrapped
                             weight's quantized copies are (the same bits as remaking them);
                             the owner frees them with lowp_param_cache_free */
+    int32_t reuse_input; /* 1: x is the same tensor, with the same values, as the x of the last
+                            forward on this thread (the q, k and v of one input): that forward's
+                            quantized copies of x are reused when x's address, shape, groups and
+                            input spec match (not for delayed scaling); a backward in between
+                            drops them. 0: quantize x (the default) */
 } lowp_linear_opts;
 
 /* What a forward keeps for its backward (opaque; freed by the backward or lowp_linear_saved_free).

@@ -164,6 +164,13 @@ LOWP_HIDDEN lowp_status moe_linear_fwd(lowp_param *w, const float *x, int64_t M,
                                        const moe_exec *ex, lowp_linear_saved **saved);
 LOWP_HIDDEN lowp_status moe_linear_bwd(lowp_param *w, const float *x, int64_t M, const float *dy,
                                        float *dx, const moe_exec *ex, lowp_linear_saved **saved);
+/* moe_linear_fwd (moe_grouped_fwd) on the x of the forward just before it, unchanged (k and v
+ * after q, w3 after w1): that forward's quantized copies of x are reused (opts.reuse_input). */
+LOWP_HIDDEN lowp_status moe_linear_fwd_again(lowp_param *w, const float *x, int64_t M, float *y,
+                                             const moe_exec *ex, lowp_linear_saved **saved);
+LOWP_HIDDEN lowp_status moe_grouped_fwd_again(lowp_param *w, const float *x, int64_t M,
+                                              const int32_t *offs, float *y, const moe_exec *ex,
+                                              lowp_linear_saved **saved);
 /* Grouped (the routed experts, w.groups = E): rows of x split by offs [E]. */
 LOWP_HIDDEN lowp_status moe_grouped_fwd(lowp_param *w, const float *x, int64_t M,
                                         const int32_t *offs, float *y, const moe_exec *ex,

@@ -268,9 +268,9 @@ lowp_status moe_attention_forward(lowp_param *lp, const moe_dims *d, const moe_e
     /* q, k, v [N, D] = h Wq^T, h Wk^T, h Wv^T; then RoPE on q and k */
     st = moe_linear_fwd(&lp[MOE_WQ], a->h, N, a->q, ex, keep ? &a->saved[0] : NULL);
     if (st != LOWP_OK) return st;
-    st = moe_linear_fwd(&lp[MOE_WK], a->h, N, a->k, ex, keep ? &a->saved[1] : NULL);
+    st = moe_linear_fwd_again(&lp[MOE_WK], a->h, N, a->k, ex, keep ? &a->saved[1] : NULL);
     if (st != LOWP_OK) return st;
-    st = moe_linear_fwd(&lp[MOE_WV], a->h, N, a->v, ex, keep ? &a->saved[2] : NULL);
+    st = moe_linear_fwd_again(&lp[MOE_WV], a->h, N, a->v, ex, keep ? &a->saved[2] : NULL);
     if (st != LOWP_OK) return st;
     lowp_prof_push(LOWP_PHASE_ATTENTION);
     rope_rotate(a->q, d, rope_cos, rope_sin, 1.0f, ex->nthreads);

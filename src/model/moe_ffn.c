@@ -227,8 +227,8 @@ lowp_status moe_ffn_forward(lowp_param *lp, const moe_dims *d, const moe_exec *e
     st = moe_grouped_fwd(&lp[MOE_EXPERTS_W1], a->xp, S, a->offs, a->u1, ex,
                          keep ? &a->saved[1] : NULL);
     if (st != LOWP_OK) return st;
-    st = moe_grouped_fwd(&lp[MOE_EXPERTS_W3], a->xp, S, a->offs, a->u3, ex,
-                         keep ? &a->saved[2] : NULL);
+    st = moe_grouped_fwd_again(&lp[MOE_EXPERTS_W3], a->xp, S, a->offs, a->u3, ex,
+                               keep ? &a->saved[2] : NULL);
     if (st != LOWP_OK) return st;
     swiglu_forward(a->u1, a->u3, a->s, S * d->H, (int) nt);
     st = moe_grouped_fwd(&lp[MOE_EXPERTS_W2], a->s, S, a->offs, a->eo, ex,
@@ -238,7 +238,7 @@ lowp_status moe_ffn_forward(lowp_param *lp, const moe_dims *d, const moe_exec *e
     /* shared expert: su1, su3, ss [N, H_s]; y [N, D] = ss Ws2^T */
     st = moe_linear_fwd(&lp[MOE_SHARED_W1], a->h, N, a->su1, ex, keep ? &a->saved[4] : NULL);
     if (st != LOWP_OK) return st;
-    st = moe_linear_fwd(&lp[MOE_SHARED_W3], a->h, N, a->su3, ex, keep ? &a->saved[5] : NULL);
+    st = moe_linear_fwd_again(&lp[MOE_SHARED_W3], a->h, N, a->su3, ex, keep ? &a->saved[5] : NULL);
     if (st != LOWP_OK) return st;
     swiglu_forward(a->su1, a->su3, a->ss, N * d->Hs, (int) nt);
     st = moe_linear_fwd(&lp[MOE_SHARED_W2], a->ss, N, a->y, ex, keep ? &a->saved[6] : NULL);

@@ -12,6 +12,14 @@ lowp_status moe_linear_fwd(lowp_param *w, const float *x, int64_t M, float *y, c
     return lowp_linear_forward(w, NULL, &xt, &yt, &ex->lin, saved);
 }
 
+lowp_status moe_linear_fwd_again(lowp_param *w, const float *x, int64_t M, float *y,
+                                 const moe_exec *ex, lowp_linear_saved **saved) {
+    lowp_tensor xt = moe_tensor(x, M, w->cols), yt = moe_tensor(y, M, w->rows);
+    lowp_linear_opts o = ex->lin;
+    o.reuse_input = 1;
+    return lowp_linear_forward(w, NULL, &xt, &yt, &o, saved);
+}
+
 lowp_status moe_linear_bwd(lowp_param *w, const float *x, int64_t M, const float *dy, float *dx,
                            const moe_exec *ex, lowp_linear_saved **saved) {
     lowp_tensor xt = moe_tensor(x, M, w->cols), dyt = moe_tensor(dy, M, w->rows);
@@ -25,6 +33,14 @@ lowp_status moe_grouped_fwd(lowp_param *w, const float *x, int64_t M, const int3
                             const moe_exec *ex, lowp_linear_saved **saved) {
     lowp_tensor xt = moe_tensor(x, M, w->cols), yt = moe_tensor(y, M, w->rows);
     return lowp_grouped_linear_forward(w, &xt, offs, &yt, &ex->lin, saved);
+}
+
+lowp_status moe_grouped_fwd_again(lowp_param *w, const float *x, int64_t M, const int32_t *offs,
+                                  float *y, const moe_exec *ex, lowp_linear_saved **saved) {
+    lowp_tensor xt = moe_tensor(x, M, w->cols), yt = moe_tensor(y, M, w->rows);
+    lowp_linear_opts o = ex->lin;
+    o.reuse_input = 1;
+    return lowp_grouped_linear_forward(w, &xt, offs, &yt, &o, saved);
 }
 
 lowp_status moe_grouped_bwd(lowp_param *w, const float *x, int64_t M, const int32_t *offs,

@@ -482,7 +482,81 @@ static lowp_status check_opts(const char *fn, const lowp_linear_opts *o) {
     if (o->cache_plain != 0 && o->cache_plain != 1)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: opts.cache_plain (%d) is not 0 or 1", fn,
                          o->cache_plain);
+    if (o->reuse_input != 0 && o->reuse_input != 1)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: opts.reuse_input (%d) is not 0 or 1", fn,
+                         o->reuse_input);
     return LOWP_OK;
+}
+
+/* ---- X's copies, shared ---- */
+
+/* A copy of X that several holders keep (the saved state of each forward that read it, and the
+ * input memo): freed with the last reference. `offs` is its own copy of the groups. */
+typedef struct shared_copy {
+    int refs;
+    lowp_qtensor q;
+    int32_t *offs;
+} shared_copy;
+
+static shared_copy *sc_ref(shared_copy *c) {
+    if (c) c->refs++;
+    return c;
+}
+
+static void sc_release(shared_copy *c) {
+    if (!c || --c->refs > 0) return;
+    qt_free(&c->q);
+    free(c->offs);
+    free(c);
+}
+
+/* A new copy of X for spec s and kind, one reference; attach: its groups are offs (a copy
+ * along the tokens), else offs is kept only to recognize x's groups. */
+static lowp_status sc_alloc(const char *fn, const lowp_operand_spec *s, int kind, int64_t rows,
+                            int64_t cols, const int32_t *offs, int32_t groups, int attach,
+                            shared_copy **out) {
+    shared_copy *c = calloc(1, sizeof *c);
+    if (c && offs) c->offs = malloc((size_t) groups * sizeof *offs);
+    if (!c || (offs && !c->offs)) {
+        free(c);
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: X copy", fn);
+    }
+    if (offs) memcpy(c->offs, offs, (size_t) groups * sizeof *offs);
+    c->refs = 1;
+    lowp_status st =
+        qt_alloc(fn, &c->q, s, kind, rows, cols, attach ? c->offs : NULL, attach ? groups : 0);
+    if (st != LOWP_OK) {
+        free(c->offs);
+        free(c);
+        return st;
+    }
+    *out = c;
+    return LOWP_OK;
+}
+
+/* The last forward input's copies on this thread, for a forward whose caller says (opts
+ * reuse_input) that x is that input again: the q, k and v projections of one h, the w1 and w3
+ * of a SwiGLU. Reused when x's address, shape, groups, the input spec and the copy kinds match
+ * (and the spec is not delayed: each weight's delayed input scale is its own); dropped by the
+ * next forward that makes copies of its own and by every backward. */
+static _Thread_local struct input_memo {
+    const void *data;
+    int64_t rows, cols, T;
+    int32_t groups;
+    lowp_operand_spec spec;
+    int kind;
+    shared_copy *row, *col; /* col: NULL when the forward that made them kept none */
+} t_memo;
+
+static void memo_clear(void) {
+    sc_release(t_memo.row);
+    sc_release(t_memo.col);
+    memset(&t_memo, 0, sizeof t_memo);
+}
+
+static int spec_equal(const lowp_operand_spec *a, const lowp_operand_spec *b) {
+    return a->format == b->format && a->scaling == b->scaling && a->scale_mode == b->scale_mode &&
+           a->pow2_scales == b->pow2_scales && a->delayed == b->delayed;
 }
 
 /* ---- Forward ---- */
@@ -493,18 +567,16 @@ struct lowp_linear_saved {
     int grouped;
     int64_t rows, cols; /* x's shape */
     int32_t groups;
-    int32_t *offs; /* grouped: the forward's offs (the X copy's groups point here) */
-    int has_xcol;
-    lowp_qtensor xcol; /* keep_quantized: X's columnwise copy [K, T], quantized */
-    int has_xbf16;
-    lowp_qtensor xbf16; /* both X GEMMs in BF16: the forward's row copy [T, K], so the backward
-                           transposes it instead of rounding x again (the same bits) */
+    int32_t *offs;      /* grouped: the forward's offs (the X copy's groups point here) */
+    shared_copy *xcol;  /* keep_quantized: X's columnwise copy [K, T], quantized (or NULL) */
+    shared_copy *xbf16; /* both X GEMMs in BF16: the forward's row copy [T, K], which the
+                           backward reads instead of rounding x again (the same bits) */
 };
 
 void lowp_linear_saved_free(lowp_linear_saved *s) {
     if (!s) return;
-    qt_free(&s->xcol);
-    qt_free(&s->xbf16);
+    sc_release(s->xcol);
+    sc_release(s->xbf16);
     free(s->offs);
     free(s);
 }
@@ -555,38 +627,56 @@ static lowp_status forward(const char *fn, int grouped, lowp_param *w, const flo
     const int keep = s && p.cfg.keep_quantized && p.wgrad_q && T > 0;
     struct lowp_weight_cache *wc = NULL;
     int owned = 0;
-    lowp_qtensor xrow;
-    memset(&xrow, 0, sizeof xrow);
+    shared_copy *xrow = NULL, *xcol = NULL;
     if (T > 0) {
         if ((st = weight_operands(fn, w, &p, 1, 0, threads, &wc, &owned)) != LOWP_OK) goto done;
         const lowp_operand_spec *is = &p.cfg.input;
-        if ((st = qt_alloc(fn, &xrow, is, p.fwd_q ? COPY_Q : p.hp, T, K, NULL, 0)) != LOWP_OK)
-            goto done;
-        if (keep) {
-            if ((st = qt_alloc(fn, &s->xcol, is, COPY_Q, K, T, s->offs, G)) != LOWP_OK) goto done;
-            s->has_xcol = 1;
-        }
+        const int kind = p.fwd_q ? COPY_Q : p.hp;
         const float *scale = delayed_scale(&p, is, LOWP_ROLE_INPUT);
-        float amax = 0.0f;
-        lowp_tensor xv = {LOWP_FORMAT_F32, T, K, x->data, LOWP_DEVICE_HOST};
-        st = fill_copies(fn, &xv, is, &xrow, keep ? &s->xcol : NULL, scale, scale ? &amax : NULL,
-                         threads);
-        if (st != LOWP_OK) goto done;
-        /* A recomputed forward sees the same x again: its amax is already in the history. */
-        if (scale && !recompute &&
-            (st = lowp_fp8_state_record(p.fp8, LOWP_ROLE_INPUT, amax)) != LOWP_OK)
-            goto done;
+        struct input_memo *mo = &t_memo;
+        if (opts && opts->reuse_input && !scale && mo->row && mo->data == x->data &&
+            mo->rows == M && mo->cols == K && mo->T == T && mo->groups == (grouped ? G : 0) &&
+            spec_equal(&mo->spec, is) && mo->kind == kind && (!keep || mo->col) &&
+            (!grouped || memcmp(mo->row->offs, offs, (size_t) G * sizeof *offs) == 0)) {
+            xrow = sc_ref(mo->row); /* x's copies from the forward before this one */
+            xcol = keep ? sc_ref(mo->col) : NULL;
+        } else {
+            memo_clear();
+            if ((st = sc_alloc(fn, is, kind, T, K, grouped ? offs : NULL, G, 0, &xrow)) != LOWP_OK)
+                goto done;
+            if (keep && (st = sc_alloc(fn, is, COPY_Q, K, T, grouped ? offs : NULL, G, 1, &xcol)) !=
+                            LOWP_OK)
+                goto done;
+            float amax = 0.0f;
+            lowp_tensor xv = {LOWP_FORMAT_F32, T, K, x->data, LOWP_DEVICE_HOST};
+            st = fill_copies(fn, &xv, is, &xrow->q, keep ? &xcol->q : NULL, scale,
+                             scale ? &amax : NULL, threads);
+            if (st != LOWP_OK) goto done;
+            /* A recomputed forward sees the same x again: its amax is already in the history. */
+            if (scale && !recompute &&
+                (st = lowp_fp8_state_record(p.fp8, LOWP_ROLE_INPUT, amax)) != LOWP_OK)
+                goto done;
+            if (!scale) { /* for the next forward on the same x */
+                mo->data = x->data;
+                mo->rows = M;
+                mo->cols = K;
+                mo->T = T;
+                mo->groups = grouped ? G : 0;
+                mo->spec = *is;
+                mo->kind = kind;
+                mo->row = sc_ref(xrow);
+                mo->col = sc_ref(xcol);
+            }
+        }
         lowp_gemm_cfg gc;
         lowp_gemm_cfg_init(&gc);
         gc.threads = threads;
         lowp_tensor yv = {LOWP_FORMAT_F32, T, N, y->data, LOWP_DEVICE_HOST};
-        st = gemm_timed(&xrow, wc->fwd, grouped ? offs : NULL, G, GEMM_NT, &yv, &gc);
+        st = gemm_timed(&xrow->q, wc->fwd, grouped ? offs : NULL, G, GEMM_NT, &yv, &gc);
         if (st != LOWP_OK) goto done;
-        if (s && !p.fwd_q && !p.wgrad_q && p.hp == COPY_BF16) {
-            s->xbf16 = xrow; /* the backward's wgrad reads the same rounding of x */
-            s->has_xbf16 = 1;
-            memset(&xrow, 0, sizeof xrow);
-        }
+        if (keep) s->xcol = sc_ref(xcol);
+        if (s && !p.fwd_q && !p.wgrad_q && p.hp == COPY_BF16)
+            s->xbf16 = sc_ref(xrow); /* the backward's wgrad reads the same rounding of x */
     }
     if (grouped) zero_rows(y, T);
     if (bias) {
@@ -596,7 +686,8 @@ static lowp_status forward(const char *fn, int grouped, lowp_param *w, const flo
     }
     if (w->wrap) w->wrap->stats.forward_calls++;
 done:
-    qt_free(&xrow);
+    sc_release(xrow);
+    sc_release(xcol);
     if (owned) lowp_weight_cache_free(wc);
     if (st != LOWP_OK) {
         lowp_error_append("%s: w \"%s\"", fn, w->name ? w->name : "?");
@@ -701,15 +792,15 @@ static lowp_status input_columns(const char *fn, const plan *p, const lowp_tenso
     lowp_status st;
     *xc = xcol;
     *kn = 0;
-    if (saved && saved->has_xcol) {
-        *xc = &saved->xcol;
-    } else if (saved && saved->has_xbf16 && !p->wgrad_q && p->hp == COPY_BF16 && !go) {
-        *xc = &saved->xbf16; /* read as stored, [T, K] (lowp_gemm_kn): no transpose */
+    if (saved && saved->xcol) {
+        *xc = &saved->xcol->q;
+    } else if (saved && saved->xbf16 && !p->wgrad_q && p->hp == COPY_BF16 && !go) {
+        *xc = &saved->xbf16->q; /* read as stored, [T, K] (lowp_gemm_kn): no transpose */
         *kn = 1;
-    } else if (saved && saved->has_xbf16 && !p->wgrad_q && p->hp == COPY_BF16) {
+    } else if (saved && saved->xbf16 && !p->wgrad_q && p->hp == COPY_BF16) {
         if ((st = qt_alloc(fn, xcol, is, COPY_BF16, K, T, NULL, 0)) != LOWP_OK) return st;
         lowp_prof_push(LOWP_PHASE_QUANT);
-        transpose_u16(saved->xbf16.data, T, K, xcol->data, threads);
+        transpose_u16(saved->xbf16->q.data, T, K, xcol->data, threads);
         lowp_prof_pop();
     } else {
         if ((st = qt_alloc(fn, xcol, is, p->wgrad_q ? COPY_Q : p->hp, K, T, go, G)) != LOWP_OK)
@@ -741,6 +832,7 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
     memset(&xcol, 0, sizeof xcol);
     struct lowp_weight_cache *wc = NULL;
     int owned = 0;
+    memo_clear(); /* a forward after this reads another x */
     lowp_status st = check_backward(fn, grouped, w, x, offs, dy, dx, opts, saved);
     if (st != LOWP_OK) goto out;
     const int64_t N = w->rows, K = w->cols, M = x->rows;
