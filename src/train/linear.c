@@ -19,6 +19,7 @@
  * them; a plain weight is rounded to BF16 on every call, or, with opts.cache_plain, once per
  * version into param->plain_cache (or, with opts.fp32_plain, multiplied in F32: the float
  * references of gradient checks). */
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "lowp/threads.h"
@@ -491,20 +492,21 @@ static lowp_status check_opts(const char *fn, const lowp_linear_opts *o) {
 /* ---- X's copies, shared ---- */
 
 /* A copy of X that several holders keep (the saved state of each forward that read it, and the
- * input memo): freed with the last reference. `offs` is its own copy of the groups. */
+ * input memo): freed with the last reference, whichever thread drops it (a backward may run on
+ * another thread than its forward). `offs` is its own copy of the groups. */
 typedef struct shared_copy {
-    int refs;
+    atomic_int refs;
     lowp_qtensor q;
     int32_t *offs;
 } shared_copy;
 
 static shared_copy *sc_ref(shared_copy *c) {
-    if (c) c->refs++;
+    if (c) atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
     return c;
 }
 
 static void sc_release(shared_copy *c) {
-    if (!c || --c->refs > 0) return;
+    if (!c || atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) > 1) return;
     qt_free(&c->q);
     free(c->offs);
     free(c);
@@ -522,7 +524,7 @@ static lowp_status sc_alloc(const char *fn, const lowp_operand_spec *s, int kind
         return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: X copy", fn);
     }
     if (offs) memcpy(c->offs, offs, (size_t) groups * sizeof *offs);
-    c->refs = 1;
+    atomic_init(&c->refs, 1);
     lowp_status st =
         qt_alloc(fn, &c->q, s, kind, rows, cols, attach ? c->offs : NULL, attach ? groups : 0);
     if (st != LOWP_OK) {
