@@ -415,6 +415,16 @@ static void test_kn(void) {
             CHECK_FAIL(lowp_grouped_gemm_kn(&a.q, rows3, offs, G, &t2, NULL), LOWP_ERR_UNSUPPORTED,
                        "b[2].scaling (block128)");
             operand_drop(&brow);
+            /* the weight gradient's kn form refuses X's one-axis quantizations */
+            operand dyt = make(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, N, M, 4.0f);
+            operand xq = make(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, M, K, 4.0f);
+            float *cw = malloc(sizeof(float) * (size_t) (G * N * K));
+            lowp_tensor wt = {LOWP_FORMAT_F32, G * N, K, cw, LOWP_DEVICE_HOST};
+            CHECK_FAIL(lowp_grouped_gemm_wgrad_kn(&dyt.q, &xq.q, offs, G, &wt, NULL),
+                       LOWP_ERR_UNSUPPORTED, "b.scaling (mx32) is not none or tensor");
+            free(cw);
+            operand_drop(&dyt);
+            operand_drop(&xq);
         }
         free(c1);
         free(c2);

@@ -441,7 +441,7 @@ static void check_wgrad_pair(const lowp_qtensor *qa, const lowp_qtensor *qb, con
         lowp_gemm_cfg_init(&cfg);
         cfg.accumulate = acc;
         cfg.path = LOWP_KERNEL_PATH_REFERENCE;
-        CHECKF(lowp_cpu_grouped_gemm_wgrad(qa, qb, offs, G, &ref, &cfg) == LOWP_OK, "%s",
+        CHECKF(lowp_cpu_grouped_gemm_wgrad(qa, qb, 0, offs, G, &ref, &cfg) == LOWP_OK, "%s",
                lowp_last_error());
         for (int path = 0; path < 2; path++) {
             if (path == 0 && !g_have_avx512) continue;
@@ -451,7 +451,7 @@ static void check_wgrad_pair(const lowp_qtensor *qa, const lowp_qtensor *qb, con
             memcpy(f2.data, fast.data, es * cn);
             cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
             cfg.threads = 1 + acc;
-            CHECKF(lowp_cpu_grouped_gemm_wgrad(qa, qb, offs, G, &f2, &cfg) == LOWP_OK, "%s",
+            CHECKF(lowp_cpu_grouped_gemm_wgrad(qa, qb, 0, offs, G, &f2, &cfg) == LOWP_OK, "%s",
                    lowp_last_error());
             char what[160];
             snprintf(what, sizeof what, "wgrad %s %s %s acc=%d",
@@ -747,6 +747,62 @@ static void test_kn(void) {
     }
 }
 
+/* lowp_grouped_gemm_wgrad with b = X given as stored [M, K]: the bits of the split-K GEMM on X's
+ * transposed copy, on the reference and the fast paths, with empty and short groups. */
+static void test_wgrad_kn(void) {
+    const int32_t sizes[] = {40, 0, 1, 33, 100, 31};
+    const int G = (int) (sizeof sizes / sizeof sizes[0]);
+    int32_t offs[6];
+    int64_t Mt = 0;
+    for (int g = 0; g < G; g++) offs[g] = (int32_t) (Mt += sizes[g]);
+    const int64_t M = Mt + 3, N = 47, K = 65;
+    const struct {
+        lowp_format f;
+        lowp_scaling s;
+    } kinds[] = {{LOWP_FORMAT_BF16, LOWP_SCALING_NONE},
+                 {LOWP_FORMAT_F32, LOWP_SCALING_NONE},
+                 {LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR}};
+    for (int ki = 0; ki < 3; ki++) {
+        operand a = make(kinds[ki].f, kinds[ki].s, N, M, SPICE_NANINF);  /* dY^T [N, M] */
+        operand x = make(kinds[ki].f, kinds[ki].s, M, K, SPICE_EXTREME); /* X [M, K] */
+        lowp_qtensor xt = transposed_copy(&x.q);                         /* X^T [K, M] */
+        for (int acc = 0; acc < 2; acc++) {
+            const lowp_format cf = acc ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+            const size_t es = acc ? 2 : 4, cb = es * (size_t) (G * N * K);
+            lowp_tensor c0 = {cf, G * N, K, malloc(cb), LOWP_DEVICE_HOST}, c1 = c0, c2 = c0;
+            c1.data = malloc(cb);
+            c2.data = malloc(cb);
+            fill_c(&c0);
+            for (int path = 0; path < 3; path++) {
+                if (path == 2 && !g_have_amx) continue;
+                lowp_gemm_cfg cfg;
+                lowp_gemm_cfg_init(&cfg);
+                cfg.accumulate = acc;
+                cfg.threads = 1 + acc;
+                cfg.path = path == 0   ? LOWP_KERNEL_PATH_REFERENCE
+                           : path == 1 ? LOWP_KERNEL_PATH_AVX512
+                                       : LOWP_KERNEL_PATH_AMX;
+                memcpy(c1.data, c0.data, cb);
+                memcpy(c2.data, c0.data, cb);
+                CHECKF(lowp_cpu_grouped_gemm_wgrad(&a.q, &xt, 0, offs, G, &c1, &cfg) == LOWP_OK &&
+                           lowp_cpu_grouped_gemm_wgrad(&a.q, &x.q, 1, offs, G, &c2, &cfg) ==
+                               LOWP_OK,
+                       "%s", lowp_last_error());
+                CHECKF(memcmp(c1.data, c2.data, cb) == 0,
+                       "wgrad kn %s %s path %d acc=%d: the bits differ from X's transposed copy",
+                       lowp_scaling_name(kinds[ki].s),
+                       kinds[ki].f == LOWP_FORMAT_F32 ? "f32" : "bf16/e4m3", path, acc);
+                g_cases++;
+            }
+            free(c0.data), free(c1.data), free(c2.data);
+        }
+        free(xt.data);
+        free(xt.scales);
+        operand_drop(&a);
+        operand_drop(&x);
+    }
+}
+
 int main(void) {
     tu_seed(0x243F6A8885A308D3ull);
     const uint32_t f = lowp_cpu_caps()->flags;
@@ -770,6 +826,7 @@ int main(void) {
     test_wgrad_jobs();
     test_large_c();
     test_kn();
+    test_wgrad_kn();
     printf("test_gemm_fast: %d GEMM comparisons\n", g_cases);
     return testutil_finish();
 }

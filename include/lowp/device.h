@@ -154,8 +154,8 @@ typedef struct lowp_backend_iface {
      * destroy so that a version-1 vtable is a prefix of this one. */
     lowp_status (*amax)(void *ctx, int32_t index, const struct lowp_tensor *x, int32_t scaling,
                         float *out, size_t out_count);
-    /* Since API version 3. lowp_gemm_kn and lowp_grouped_gemm_kn (b given [K, N]); arguments
-     * validated. */
+    /* Since API version 3. lowp_gemm_kn, lowp_grouped_gemm_kn (b given [K, N]) and
+     * lowp_grouped_gemm_wgrad_kn (b = X given [M, K]); arguments validated. */
     lowp_status (*gemm_kn)(void *ctx, int32_t index, const struct lowp_qtensor *a,
                            const struct lowp_qtensor *b, struct lowp_tensor *c,
                            const struct lowp_gemm_cfg *cfg);
@@ -163,11 +163,15 @@ typedef struct lowp_backend_iface {
                                    const struct lowp_qtensor *b, const int32_t *offs,
                                    int32_t groups, struct lowp_tensor *c,
                                    const struct lowp_gemm_cfg *cfg);
+    lowp_status (*grouped_gemm_wgrad_kn)(void *ctx, int32_t index, const struct lowp_qtensor *a,
+                                         const struct lowp_qtensor *b, const int32_t *offs,
+                                         int32_t groups, struct lowp_tensor *c,
+                                         const struct lowp_gemm_cfg *cfg);
 } lowp_backend_iface;
 
-/* Version 2 added the amax slot, version 3 gemm_kn and grouped_gemm_kn. The registry still
- * loads older backends: it reads a version-1 vtable up to `destroy`, a version-2 one up to
- * amax, and leaves the later slots NULL (the ops that need them are then LOWP_ERR_UNSUPPORTED
+/* Version 2 added the amax slot, version 3 gemm_kn, grouped_gemm_kn and grouped_gemm_wgrad_kn. The
+ * registry still loads older backends: it reads a version-1 vtable up to `destroy`, a version-2 one
+ * up to amax, and leaves the later slots NULL (the ops that need them are then LOWP_ERR_UNSUPPORTED
  * on that backend's devices, naming the slot). Other versions are refused with
  * LOWP_ERR_VERSION. */
 #define LOWP_BACKEND_API_VERSION     3u

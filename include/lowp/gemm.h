@@ -82,6 +82,14 @@ LOWP_API lowp_status lowp_grouped_gemm_kn(const lowp_qtensor *a, const lowp_qten
                                           const int32_t *offs, int32_t groups, lowp_tensor *c,
                                           const lowp_gemm_cfg *cfg);
 
+/* lowp_grouped_gemm_wgrad with b = X given as stored, [M, K] (tokens along its rows): the
+ * weight gradient reads the forward's copy of X instead of a transposed one. b's scaling: NONE
+ * or TENSOR (a kind whose copy does not depend on the orientation); the bits of
+ * lowp_grouped_gemm_wgrad on X's transpose. c is [G * N, K]. */
+LOWP_API lowp_status lowp_grouped_gemm_wgrad_kn(const lowp_qtensor *a, const lowp_qtensor *b,
+                                                const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                                const lowp_gemm_cfg *cfg);
+
 #ifdef __cplusplus
 }
 #endif

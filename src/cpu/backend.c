@@ -142,7 +142,16 @@ static lowp_status cpu_grouped_gemm_wgrad(void *ctx, int32_t index, const lowp_q
                                           const lowp_gemm_cfg *cfg) {
     (void) ctx;
     lowp_status st = check_index("lowp_grouped_gemm_wgrad", index);
-    return st == LOWP_OK ? lowp_cpu_grouped_gemm_wgrad(a, b, offs, groups, c, cfg) : st;
+    return st == LOWP_OK ? lowp_cpu_grouped_gemm_wgrad(a, b, 0, offs, groups, c, cfg) : st;
+}
+
+static lowp_status cpu_grouped_gemm_wgrad_kn(void *ctx, int32_t index, const lowp_qtensor *a,
+                                             const lowp_qtensor *b, const int32_t *offs,
+                                             int32_t groups, lowp_tensor *c,
+                                             const lowp_gemm_cfg *cfg) {
+    (void) ctx;
+    lowp_status st = check_index("lowp_grouped_gemm_wgrad_kn", index);
+    return st == LOWP_OK ? lowp_cpu_grouped_gemm_wgrad(a, b, 1, offs, groups, c, cfg) : st;
 }
 
 static lowp_status cpu_amax(void *ctx, int32_t index, const lowp_tensor *x, int32_t scaling,
@@ -173,6 +182,7 @@ static const lowp_backend_iface k_cpu_iface = {
     .amax = cpu_amax,
     .gemm_kn = cpu_gemm_kn,
     .grouped_gemm_kn = cpu_grouped_gemm_kn,
+    .grouped_gemm_wgrad_kn = cpu_grouped_gemm_wgrad_kn,
 };
 
 lowp_status lowp_cpu_backend_entry(lowp_backend_reg *reg) {

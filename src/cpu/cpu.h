@@ -107,7 +107,7 @@ LOWP_HIDDEN lowp_status lowp_cpu_grouped_gemm(const struct lowp_qtensor *a,
                                               const int32_t *offs, int32_t groups, lowp_tensor *c,
                                               const struct lowp_gemm_cfg *cfg);
 LOWP_HIDDEN lowp_status lowp_cpu_grouped_gemm_wgrad(const struct lowp_qtensor *a,
-                                                    const struct lowp_qtensor *b,
+                                                    const struct lowp_qtensor *b, int b_kn,
                                                     const int32_t *offs, int32_t groups,
                                                     lowp_tensor *c,
                                                     const struct lowp_gemm_cfg *cfg);

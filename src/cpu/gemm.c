@@ -192,22 +192,23 @@ lowp_status lowp_cpu_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, 
     return queue_flush(&q);
 }
 
-lowp_status lowp_cpu_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
+lowp_status lowp_cpu_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b, int b_kn,
                                         const int32_t *offs, int32_t groups, lowp_tensor *c,
                                         const lowp_gemm_cfg *cfg) {
     job_queue q;
     q.count = 0;
     q.kernel = NULL;
-    q.threads = threads_for(cfg->threads, a->rows * groups, b->rows, offs[groups - 1] / groups);
+    const int64_t K = b_kn ? b->cols : b->rows; /* b: X^T [K, M], or X [M, K] as stored */
+    q.threads = threads_for(cfg->threads, a->rows * groups, K, offs[groups - 1] / groups);
     q.share = groups;
     int64_t start = 0, blk = 0;
     for (int32_t g = 0; g < groups; g++) {
         const int64_t end = offs[g];
         lowp_gemm_job j;
-        lowp_status st = base_job(&j, a, b, 0, c, cfg);
+        lowp_status st = base_job(&j, a, b, b_kn, c, cfg);
         if (st != LOWP_OK) return st;
         j.m1 = a->rows;
-        j.n1 = b->rows;
+        j.n1 = K;
         j.k0 = start;
         j.k1 = end;
         j.a_blk = blk;

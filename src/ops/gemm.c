@@ -232,10 +232,11 @@ static lowp_status check_grouping(const char *fn, const char *name, const lowp_q
     return LOWP_OK;
 }
 
-lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
-                                    const int32_t *offs, int32_t groups, lowp_tensor *c,
-                                    const lowp_gemm_cfg *cfg) {
-    const char *fn = "lowp_grouped_gemm_wgrad";
+/* lowp_grouped_gemm_wgrad (kn = 0: b = X^T [K, M]) and lowp_grouped_gemm_wgrad_kn (kn = 1:
+ * b = X [M, K] as stored). */
+static lowp_status wgrad_op(const char *fn, const lowp_qtensor *a, const lowp_qtensor *b,
+                            const int32_t *offs, int32_t groups, lowp_tensor *c,
+                            const lowp_gemm_cfg *cfg, int kn) {
     LOWP_CHECK_PTR(fn, a);
     lowp_gemm_cfg defaults;
     if (!cfg) {
@@ -253,18 +254,45 @@ lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
                          "%s: b (scaling %s) is a weight tiling, not a token-blocked activation",
                          fn, lowp_scaling_name(b->scaling));
-    if (a->cols != b->cols)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld tokens) != b.cols (%lld tokens)",
-                         fn, (long long) a->cols, (long long) b->cols);
+    if (kn && b->scaling != LOWP_SCALING_NONE && b->scaling != LOWP_SCALING_TENSOR)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: b.scaling (%s) is not none or tensor: X's rowwise copy is another "
+                         "quantization than the columnwise copy along the tokens; pass that to "
+                         "lowp_grouped_gemm_wgrad",
+                         fn, lowp_scaling_name(b->scaling));
+    const int64_t bT = kn ? b->rows : b->cols, bK = kn ? b->cols : b->rows;
+    if (a->cols != bT)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld tokens) != b.%s (%lld tokens)", fn,
+                         (long long) a->cols, kn ? "rows" : "cols", (long long) bT);
     if ((st = lowp_check_offs(fn, offs, groups, a->cols, "a.cols")) != LOWP_OK) return st;
     if ((st = check_grouping(fn, "a", a, bk, offs, groups)) != LOWP_OK) return st;
     if ((st = check_grouping(fn, "b", b, bk, offs, groups)) != LOWP_OK) return st;
-    if ((st = check_c(fn, c, (int64_t) groups * a->rows, b->rows, a->device)) != LOWP_OK) return st;
+    if ((st = check_c(fn, c, (int64_t) groups * a->rows, bK, a->device)) != LOWP_OK) return st;
     if ((st = check_c_alias(fn, c, a, b, 1)) != LOWP_OK) return st;
     lowp_op_call call;
-    if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm_wgrad))) !=
-        LOWP_OK)
-        return st;
-    st = call.iface->grouped_gemm_wgrad(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
+    if (kn) {
+        if ((st = lowp_op_begin(&call, fn, "a.device", a->device,
+                                LOWP_OP_SLOT(grouped_gemm_wgrad_kn))) != LOWP_OK)
+            return st;
+        st = call.iface->grouped_gemm_wgrad_kn(call.ctx, a->device.index, a, b, offs, groups, c,
+                                               cfg);
+    } else {
+        if ((st = lowp_op_begin(&call, fn, "a.device", a->device,
+                                LOWP_OP_SLOT(grouped_gemm_wgrad))) != LOWP_OK)
+            return st;
+        st = call.iface->grouped_gemm_wgrad(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
+    }
     return lowp_op_end(&call, st);
+}
+
+lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
+                                    const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                    const lowp_gemm_cfg *cfg) {
+    return wgrad_op("lowp_grouped_gemm_wgrad", a, b, offs, groups, c, cfg, 0);
+}
+
+lowp_status lowp_grouped_gemm_wgrad_kn(const lowp_qtensor *a, const lowp_qtensor *b,
+                                       const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                       const lowp_gemm_cfg *cfg) {
+    return wgrad_op("lowp_grouped_gemm_wgrad_kn", a, b, offs, groups, c, cfg, 1);
 }

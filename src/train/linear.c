@@ -243,15 +243,17 @@ static lowp_status fill_copies(const char *fn, const lowp_tensor *x, const lowp_
 }
 
 /* Which GEMM: C = A . B^T (lowp_gemm, lowp_grouped_gemm), the split-K weight gradient, or
- * C = A . B with B as stored (lowp_gemm_kn, lowp_grouped_gemm_kn). */
-enum gemm_kind { GEMM_NT = 0, GEMM_WGRAD = 1, GEMM_KN = 2 };
+ * either with B as stored (lowp_gemm_kn, lowp_grouped_gemm_kn, lowp_grouped_gemm_wgrad_kn). */
+enum gemm_kind { GEMM_NT = 0, GEMM_WGRAD = 1, GEMM_KN = 2, GEMM_WGRAD_KN = 3 };
 
 /* The GEMMs of the layers, timed as one phase. */
 static lowp_status gemm_timed(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
                               int32_t G, int kind, lowp_tensor *c, const lowp_gemm_cfg *gc) {
     lowp_prof_push(LOWP_PHASE_GEMM);
     lowp_status st;
-    if (kind == GEMM_KN)
+    if (kind == GEMM_WGRAD_KN)
+        st = offs ? lowp_grouped_gemm_wgrad_kn(a, b, offs, G, c, gc) : lowp_gemm_kn(a, b, c, gc);
+    else if (kind == GEMM_KN)
         st = offs ? lowp_grouped_gemm_kn(a, b, offs, G, c, gc) : lowp_gemm_kn(a, b, c, gc);
     else if (!offs)
         st = lowp_gemm(a, b, c, gc);
@@ -796,14 +798,10 @@ static lowp_status input_columns(const char *fn, const plan *p, const lowp_tenso
     *kn = 0;
     if (saved && saved->xcol) {
         *xc = &saved->xcol->q;
-    } else if (saved && saved->xbf16 && !p->wgrad_q && p->hp == COPY_BF16 && !go) {
-        *xc = &saved->xbf16->q; /* read as stored, [T, K] (lowp_gemm_kn): no transpose */
-        *kn = 1;
     } else if (saved && saved->xbf16 && !p->wgrad_q && p->hp == COPY_BF16) {
-        if ((st = qt_alloc(fn, xcol, is, COPY_BF16, K, T, NULL, 0)) != LOWP_OK) return st;
-        lowp_prof_push(LOWP_PHASE_QUANT);
-        transpose_u16(saved->xbf16->q.data, T, K, xcol->data, threads);
-        lowp_prof_pop();
+        /* read as stored, [T, K] (lowp_gemm_kn, lowp_grouped_gemm_wgrad_kn): no transpose */
+        *xc = &saved->xbf16->q;
+        *kn = 1;
     } else {
         if ((st = qt_alloc(fn, xcol, is, p->wgrad_q ? COPY_Q : p->hp, K, T, go, G)) != LOWP_OK)
             return st;
@@ -867,7 +865,8 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
         if (st != LOWP_OK) goto out;
         gc.accumulate = 1; /* dW adds into the FP32 gradient: micro-batches add up */
         lowp_tensor gt = {LOWP_FORMAT_F32, (int64_t) G * N, K, w->grad, LOWP_DEVICE_HOST};
-        st = gemm_timed(&dycol, xc, grouped ? offs : NULL, G, xkn ? GEMM_KN : GEMM_WGRAD, &gt, &gc);
+        st = gemm_timed(&dycol, xc, grouped ? offs : NULL, G, xkn ? GEMM_WGRAD_KN : GEMM_WGRAD, &gt,
+                        &gc);
         if (st != LOWP_OK) goto out;
     }
     if (dx && grouped) zero_rows(dx, T);
