@@ -423,6 +423,88 @@ static void test_errors(void) {
     lowp_moe_free(NULL);
 }
 
+/* (6) The attention core against a binary64 reference at a sequence long enough for its
+ * causal row blocks (T = 200: four 48-row blocks and one of 8): the probabilities (0 above
+ * the diagonal), the output and dQ, dK, dV. */
+static void test_attention_blocks(void) {
+    moe_dims d;
+    memset(&d, 0, sizeof d);
+    d.B = 1, d.T = 200, d.nh = 2, d.hd = 16, d.D = 32, d.N = 200;
+    const int64_t n = d.N * d.D, T = d.T, hd = d.hd, D = d.D;
+    float *q = malloc(sizeof(float) * (size_t) n), *k = malloc(sizeof(float) * (size_t) n);
+    float *v = malloc(sizeof(float) * (size_t) n), *dO = malloc(sizeof(float) * (size_t) n);
+    float *o = malloc(sizeof(float) * (size_t) n), *g[3];
+    float *att = malloc(sizeof(float) * (size_t) (d.nh * T * T));
+    for (int i = 0; i < 3; i++) g[i] = malloc(sizeof(float) * (size_t) n);
+    for (int64_t i = 0; i < n; i++) q[i] = gauss(), k[i] = gauss(), v[i] = gauss(), dO[i] = gauss();
+    CHECK_OK(moe_attention_core_forward(&d, q, k, v, att, o, 2));
+    CHECK_OK(moe_attention_core_backward(&d, q, k, v, att, dO, g[0], g[1], g[2], 2));
+    double *P = malloc(sizeof(double) * (size_t) (T * T)),
+           *dS = malloc(sizeof(double) * (size_t) (T * T));
+    double *ref[4]; /* o, dq, dk, dv */
+    for (int i = 0; i < 4; i++) ref[i] = calloc((size_t) n, sizeof(double));
+    const double sc = 1.0 / sqrt((double) hd);
+    int upper_zero = 1;
+    double perr = 0.0;
+    for (int64_t h = 0; h < d.nh; h++) {
+#define X(a, t, c) ((double) (a)[(t) *D + h * hd + (c)])
+        for (int64_t t = 0; t < T; t++) {
+            double mx = -INFINITY, sum = 0.0;
+            for (int64_t j = 0; j <= t; j++) {
+                double s = 0.0;
+                for (int64_t c = 0; c < hd; c++) s += X(q, t, c) * X(k, j, c);
+                P[t * T + j] = s * sc;
+                if (P[t * T + j] > mx) mx = P[t * T + j];
+            }
+            for (int64_t j = 0; j <= t; j++) sum += P[t * T + j] = exp(P[t * T + j] - mx);
+            for (int64_t j = 0; j < T; j++) {
+                P[t * T + j] = j <= t ? P[t * T + j] / sum : 0.0;
+                const float got = att[h * T * T + t * T + j];
+                if (j > t && got != 0.0f) upper_zero = 0;
+                perr = fmax(perr, fabs(got - P[t * T + j]));
+            }
+            for (int64_t c = 0; c < hd; c++) {
+                double acc = 0.0;
+                for (int64_t j = 0; j <= t; j++) acc += P[t * T + j] * X(v, j, c);
+                ref[0][t * D + h * hd + c] = acc;
+            }
+            double pdp = 0.0;
+            for (int64_t j = 0; j <= t; j++) {
+                double dp = 0.0;
+                for (int64_t c = 0; c < hd; c++) dp += X(dO, t, c) * X(v, j, c);
+                dS[t * T + j] = dp;
+                pdp += P[t * T + j] * dp;
+            }
+            for (int64_t j = 0; j <= t; j++)
+                dS[t * T + j] = P[t * T + j] * (dS[t * T + j] - pdp) * sc;
+        }
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j <= t; j++)
+                for (int64_t c = 0; c < hd; c++) {
+                    ref[1][t * D + h * hd + c] += dS[t * T + j] * X(k, j, c);
+                    ref[2][j * D + h * hd + c] += dS[t * T + j] * X(q, t, c);
+                    ref[3][j * D + h * hd + c] += P[t * T + j] * X(dO, t, c);
+                }
+#undef X
+    }
+    CHECKF(upper_zero && perr < 1e-5,
+           "attention probabilities: max error %g, zero above the diagonal %d", perr, upper_zero);
+    const float *got[4] = {o, g[0], g[1], g[2]};
+    const char *names[4] = {"o", "dq", "dk", "dv"};
+    for (int i = 0; i < 4; i++) {
+        double num = 0.0, den = 0.0;
+        for (int64_t e = 0; e < n; e++) {
+            num += (got[i][e] - ref[i][e]) * (got[i][e] - ref[i][e]);
+            den += ref[i][e] * ref[i][e];
+        }
+        CHECKF(sqrt(num / den) < 1e-5, "attention %s: relative error %g against binary64", names[i],
+               sqrt(num / den));
+    }
+    for (int i = 0; i < 4; i++) free(ref[i]);
+    for (int i = 0; i < 3; i++) free(g[i]);
+    free(P), free(dS), free(q), free(k), free(v), free(dO), free(o), free(att);
+}
+
 int main(void) {
     test_errors();
     test_deterministic();
@@ -433,5 +515,6 @@ int main(void) {
     test_checkpoint_equal("fp8_delayed");
     test_checkpoint_equal("mix");
     test_loss_falls();
+    test_attention_blocks();
     return testutil_finish();
 }

@@ -1,7 +1,6 @@
 /* lowp_gemm, lowp_grouped_gemm, lowp_grouped_gemm_wgrad: validate every argument (nothing is
  * written on error) and run on the backend of the operands' device. */
 #include <stdio.h>
-#include <string.h>
 
 #include "core/gemm_pair.h"
 #include "ops/alias.h"
@@ -74,8 +73,10 @@ static lowp_status check_c_alias(const char *fn, const lowp_tensor *c, const low
     return st;
 }
 
-/* b of lowp_gemm_kn: a kind whose copy of the transpose is the transpose of its copy. */
-static lowp_status check_kn(const char *fn, const char *name, const lowp_qtensor *b) {
+/* b of lowp_gemm_kn: a kind whose copy of the transpose is the transpose of its copy;
+ * `instead` names the entry point that takes the columnwise copy. */
+static lowp_status check_kn(const char *fn, const char *name, const lowp_qtensor *b,
+                            const char *instead) {
     switch (b->scaling) {
     case LOWP_SCALING_NONE:
     case LOWP_SCALING_TENSOR:
@@ -86,8 +87,7 @@ static lowp_status check_kn(const char *fn, const char *name, const lowp_qtensor
                          "%s: %s.scaling (%s) runs along one axis, so b cannot be read as stored "
                          "[K, N] (kinds that can: none, tensor, block128x128, block32x32); "
                          "quantize a columnwise copy and call %s",
-                         fn, name, lowp_scaling_name(b->scaling),
-                         strcmp(fn, "lowp_gemm_kn") == 0 ? "lowp_gemm" : "lowp_grouped_gemm");
+                         fn, name, lowp_scaling_name(b->scaling), instead);
     }
 }
 
@@ -111,7 +111,7 @@ static lowp_status gemm_op(const char *fn, const lowp_qtensor *a, const lowp_qte
     lowp_gemm_pair pair;
     int64_t bk;
     if ((st = lowp_gemm_classify(fn, a, b, &pair, &bk)) != LOWP_OK) return st;
-    if (kn && (st = check_kn(fn, "b", b)) != LOWP_OK) return st;
+    if (kn && (st = check_kn(fn, "b", b, "lowp_gemm")) != LOWP_OK) return st;
     const int64_t bK = kn ? b->rows : b->cols, bN = kn ? b->cols : b->rows;
     if (a->cols != bK)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld) != b.%s (%lld)", fn,
@@ -178,7 +178,7 @@ static lowp_status grouped_op(const char *fn, const lowp_qtensor *a, const lowp_
         lowp_gemm_pair pair;
         int64_t bk;
         if ((st = lowp_gemm_classify(fn, a, &b[g], &pair, &bk)) != LOWP_OK) return st;
-        if (kn && (st = check_kn(fn, name, &b[g])) != LOWP_OK) return st;
+        if (kn && (st = check_kn(fn, name, &b[g], "lowp_grouped_gemm")) != LOWP_OK) return st;
     }
     if ((st = check_c(fn, c, a->rows, N, a->device)) != LOWP_OK) return st;
     if ((st = check_c_alias(fn, c, a, b, groups)) != LOWP_OK) return st;
