@@ -10,6 +10,7 @@
  *    accumulation, dx aliasing dy; shape, format, device and eps errors (a tensor on another
  *    device type is LOWP_ERR_UNSUPPORTED). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lowp/lowp.h"
@@ -39,23 +40,44 @@ static void fill(float *x, float *w) {
 }
 
 /* The forward as the library defines it: rounding through `f` (F32: none), sums in binary32,
- * sequential along the row. */
-static void reference(lowp_format f, const float *x, const float *w, float eps, float *y,
-                      float *rstd) {
-    for (int m = 0; m < M; m++) {
+ * sequential along the row; rows x cols. */
+static void reference_rc(lowp_format f, const float *x, const float *w, float eps, float *y,
+                         float *rstd, int rows, int cols) {
+    for (int m = 0; m < rows; m++) {
         float ss = 0.0f;
-        for (int d = 0; d < D; d++) {
-            float v = f == LOWP_FORMAT_F32 ? x[m * D + d] : round_fmt(f, x[m * D + d]);
+        for (int d = 0; d < cols; d++) {
+            float v = f == LOWP_FORMAT_F32 ? x[m * cols + d] : round_fmt(f, x[m * cols + d]);
             ss += v * v;
         }
-        float r = 1.0f / sqrtf(ss / (float) D + eps);
+        float r = 1.0f / sqrtf(ss / (float) cols + eps);
         rstd[m] = r;
-        for (int d = 0; d < D; d++) {
-            float xv = f == LOWP_FORMAT_F32 ? x[m * D + d] : round_fmt(f, x[m * D + d]);
+        for (int d = 0; d < cols; d++) {
+            float xv = f == LOWP_FORMAT_F32 ? x[m * cols + d] : round_fmt(f, x[m * cols + d]);
             float wv = f == LOWP_FORMAT_F32 ? w[d] : round_fmt(f, w[d]);
             float v = xv * r * wv;
-            y[m * D + d] = f == LOWP_FORMAT_F32 ? v : round_fmt(f, v);
+            y[m * cols + d] = f == LOWP_FORMAT_F32 ? v : round_fmt(f, v);
         }
+    }
+}
+
+static void reference(lowp_format f, const float *x, const float *w, float eps, float *y,
+                      float *rstd) {
+    reference_rc(f, x, w, eps, y, rstd, M, D);
+}
+
+/* The backward as the library defines it (train.h): per row, dot = sum of (dy * w) * x in
+ * binary32 along the row, c = r^3 * (dot / D), dweight[d] += (dy * x) * r over the rows in
+ * order, dx = r * (dy * w) - x * c. */
+static void reference_bwd(const float *x, const float *w, const float *rstd, const float *g,
+                          float *dx, float *dw, int rows, int cols) {
+    for (int m = 0; m < rows; m++) {
+        const float r = rstd[m];
+        float dot = 0.0f;
+        for (int d = 0; d < cols; d++) dot += g[m * cols + d] * w[d] * x[m * cols + d];
+        const float c = r * r * r * (dot / (float) cols);
+        for (int d = 0; d < cols; d++) dw[d] += g[m * cols + d] * x[m * cols + d] * r;
+        for (int d = 0; d < cols; d++)
+            dx[m * cols + d] = r * (g[m * cols + d] * w[d]) - x[m * cols + d] * c;
     }
 }
 
@@ -296,9 +318,63 @@ static void test_backward(void) {
                "dy.device.type (16)");
 }
 
+/* Shapes where the rows run eight at a time and across threads (the public functions use
+ * every core), with a partial last block: forward and backward equal the sequential
+ * definitions bit for bit, autocast off and BF16, dx aliasing dy included. */
+static void test_row_blocks(void) {
+    static const int shapes[][2] = {{203, 384}, {403, 97}, {9, 5}, {16, 4096}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int R = shapes[si][0], C = shapes[si][1];
+        const size_t n = (size_t) R * (size_t) C;
+        float *x = malloc(n * 4), *y = malloc(n * 4), *ref = malloc(n * 4), *g = malloc(n * 4);
+        float *dx = malloc(n * 4), *dxr = malloc(n * 4), *w = malloc((size_t) C * 4);
+        float *dw = malloc((size_t) C * 4), *dwr = malloc((size_t) C * 4);
+        float *rstd = malloc((size_t) R * 4), *rref = malloc((size_t) R * 4);
+        uint32_t s = 777u + (uint32_t) si;
+        for (size_t i = 0; i < n; i++) {
+            s = s * 1664525u + 1013904223u;
+            /* row scales spread over binades, so that the sums round differently by order */
+            const float row = ldexpf(1.0f, (int) ((i / (size_t) C) % 23) - 11);
+            x[i] = ((float) (s >> 8) / 16777216.0f - 0.5f) * 6.0f * row;
+            s = s * 1664525u + 1013904223u;
+            g[i] = ((float) (s >> 8) / 16777216.0f - 0.5f) * 3.0f;
+        }
+        for (int d = 0; d < C; d++) w[d] = 0.5f + (float) (d % 17) / 9.0f;
+        lowp_tensor tx = {LOWP_FORMAT_F32, R, C, x, LOWP_DEVICE_HOST};
+        lowp_tensor ty = {LOWP_FORMAT_F32, R, C, y, LOWP_DEVICE_HOST};
+        lowp_tensor tg = {LOWP_FORMAT_F32, R, C, g, LOWP_DEVICE_HOST};
+        lowp_tensor tdx = {LOWP_FORMAT_F32, R, C, dx, LOWP_DEVICE_HOST};
+        lowp_autocast ac;
+        CHECK_OK(lowp_autocast_init(&ac));
+        CHECK_OK(lowp_autocast_set(&ac, LOWP_DEVICE_CPU, 1, LOWP_FORMAT_BF16));
+        for (int on = 0; on <= 1; on++) {
+            CHECK_OK(lowp_rmsnorm_forward(&tx, w, 1e-5f, &ty, rstd, on ? &ac : NULL));
+            reference_rc(on ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32, x, w, 1e-5f, ref, rref, R, C);
+            CHECKF(memcmp(y, ref, n * 4) == 0 && memcmp(rstd, rref, (size_t) R * 4) == 0,
+                   "forward %dx%d autocast %d: not the sequential definition", R, C, on);
+        }
+        CHECK_OK(lowp_rmsnorm_forward(&tx, w, 1e-5f, &ty, rstd, NULL));
+        for (int d = 0; d < C; d++) dw[d] = dwr[d] = 0.25f;
+        CHECK_OK(lowp_rmsnorm_backward(&tx, w, rstd, &tg, &tdx, dw));
+        reference_bwd(x, w, rstd, g, dxr, dwr, R, C);
+        CHECKF(memcmp(dx, dxr, n * 4) == 0, "backward %dx%d: dx not the definition", R, C);
+        CHECKF(memcmp(dw, dwr, (size_t) C * 4) == 0, "backward %dx%d: dweight not the definition",
+               R, C);
+        /* dx aliasing dy, no dweight */
+        memcpy(dx, g, n * 4);
+        lowp_tensor tga = {LOWP_FORMAT_F32, R, C, dx, LOWP_DEVICE_HOST};
+        CHECK_OK(lowp_rmsnorm_backward(&tx, w, rstd, &tga, &tga, NULL));
+        CHECKF(memcmp(dx, dxr, n * 4) == 0, "backward %dx%d, dx aliasing dy: not the definition", R,
+               C);
+        free(x), free(y), free(ref), free(g), free(dx), free(dxr), free(w), free(dw), free(dwr);
+        free(rstd), free(rref);
+    }
+}
+
 int main(void) {
     test_policy();
     test_forward();
     test_backward();
+    test_row_blocks();
     return testutil_finish();
 }

@@ -9,6 +9,7 @@
 #include "core/internal.h"
 #include "lowp/model.h"
 #include "lowp/threads.h"
+#include "train/train_internal.h" /* lowp_rmsnorm_*_nt */
 
 /* Loops over less work than this (in elements) stay on the calling thread: waking the team
  * would cost more than the loop. Which thread computes an element never changes its value. */

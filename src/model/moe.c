@@ -795,8 +795,8 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     /* hf [N, D] = final_norm(x_L); logits [N, V] = hf Head^T */
     const int64_t D = d->D;
     lowp_tensor xt = moe_tensor(m->xs + d->L * N * D, N, D), ht = moe_tensor(m->hf, N, D);
-    st = lowp_rmsnorm_forward(&xt, m->params[m->nparams - 2].data, d->eps, &ht, m->rstdf,
-                              ex.autocast);
+    st = lowp_rmsnorm_forward_nt(&xt, m->params[m->nparams - 2].data, d->eps, &ht, m->rstdf,
+                                 ex.autocast, ex.nthreads);
     if (st != LOWP_OK) return with_context(st, fn, -1);
     st = moe_linear_fwd(&m->params[m->nparams - 1], m->hf, N, m->logits, &ex,
                         training ? &m->head_saved : NULL);
@@ -837,7 +837,7 @@ lowp_status lowp_moe_backward(lowp_moe *m) {
     lowp_tensor xt = moe_tensor(m->xs + d->L * N * D, N, D), dht = moe_tensor(g->dh, N, D);
     lowp_tensor drt = moe_tensor(g->dres, N, D);
     lowp_param *fnorm = &m->params[m->nparams - 2];
-    st = lowp_rmsnorm_backward(&xt, fnorm->data, m->rstdf, &dht, &drt, fnorm->grad);
+    st = lowp_rmsnorm_backward_nt(&xt, fnorm->data, m->rstdf, &dht, &drt, fnorm->grad, ex.nthreads);
     if (st != LOWP_OK) return with_context(st, fn, -1);
 
     /* The layers in reverse. A checkpointed layer first runs its forward again, with the

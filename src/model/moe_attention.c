@@ -262,7 +262,8 @@ lowp_status moe_attention_forward(lowp_param *lp, const moe_dims *d, const moe_e
 
     /* h [N, D] = attn_norm(x [N, D]) */
     lowp_tensor xt = moe_tensor(x, N, D), ht = moe_tensor(a->h, N, D);
-    st = lowp_rmsnorm_forward(&xt, lp[MOE_ATTN_NORM].data, d->eps, &ht, a->rstd, ex->autocast);
+    st = lowp_rmsnorm_forward_nt(&xt, lp[MOE_ATTN_NORM].data, d->eps, &ht, a->rstd, ex->autocast,
+                                 ex->nthreads);
     if (st != LOWP_OK) return st;
 
     /* q, k, v [N, D] = h Wq^T, h Wk^T, h Wv^T; then RoPE on q and k */
@@ -319,8 +320,8 @@ lowp_status moe_attention_backward(lowp_param *lp, const moe_dims *d, const moe_
     /* h = attn_norm(x):  dx [N, D] += the norm's backward; attn_norm.grad += */
     lowp_tensor xt = moe_tensor(x, N, D), dht = moe_tensor(g->dh, N, D);
     lowp_tensor dxt = moe_tensor(g->dtmp, N, D);
-    st = lowp_rmsnorm_backward(&xt, lp[MOE_ATTN_NORM].data, a->rstd, &dht, &dxt,
-                               lp[MOE_ATTN_NORM].grad);
+    st = lowp_rmsnorm_backward_nt(&xt, lp[MOE_ATTN_NORM].data, a->rstd, &dht, &dxt,
+                                  lp[MOE_ATTN_NORM].grad, ex->nthreads);
     if (st != LOWP_OK) return st;
     moe_add(dx, g->dtmp, N * D, ex->nthreads);
     return LOWP_OK;

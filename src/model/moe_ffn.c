@@ -213,7 +213,8 @@ lowp_status moe_ffn_forward(lowp_param *lp, const moe_dims *d, const moe_exec *e
 
     /* h [N, D] = ffn_norm(x [N, D]) */
     lowp_tensor xt = moe_tensor(x, N, D), ht = moe_tensor(a->h, N, D);
-    st = lowp_rmsnorm_forward(&xt, lp[MOE_FFN_NORM].data, d->eps, &ht, a->rstd, ex->autocast);
+    st = lowp_rmsnorm_forward_nt(&xt, lp[MOE_FFN_NORM].data, d->eps, &ht, a->rstd, ex->autocast,
+                                 ex->nthreads);
     if (st != LOWP_OK) return st;
 
     /* probs [N, E] = softmax(h Wr^T); idx, gate [N, K]; offs, frac [E]; pos [N, K] */
@@ -290,8 +291,8 @@ lowp_status moe_ffn_backward(lowp_param *lp, const moe_dims *d, const moe_exec *
     /* h = ffn_norm(x):  dx [N, D] += the norm's backward; ffn_norm.grad += */
     lowp_tensor xt = moe_tensor(x, N, D), dht = moe_tensor(g->dh, N, D);
     lowp_tensor dxt = moe_tensor(g->dtmp, N, D);
-    st = lowp_rmsnorm_backward(&xt, lp[MOE_FFN_NORM].data, a->rstd, &dht, &dxt,
-                               lp[MOE_FFN_NORM].grad);
+    st = lowp_rmsnorm_backward_nt(&xt, lp[MOE_FFN_NORM].data, a->rstd, &dht, &dxt,
+                                  lp[MOE_FFN_NORM].grad, ex->nthreads);
     if (st != LOWP_OK) return st;
     moe_add(dx, g->dtmp, N * D, (int) nt);
     return LOWP_OK;

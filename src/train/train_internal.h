@@ -37,6 +37,15 @@ LOWP_HIDDEN lowp_status lowp_linear_cfg_check(const char *fn, const lowp_linear_
 /* recipe.c: the preset `cfg` equals, or "custom" (for lowp_wrap_stats.cfg_name). */
 LOWP_HIDDEN const char *lowp_linear_cfg_name(const lowp_linear_cfg *cfg);
 
+/* rmsnorm.c: lowp_rmsnorm_forward / _backward on `threads` threads (0: all cores; the
+ * public functions pass 0). The bits do not depend on the count. */
+LOWP_HIDDEN lowp_status lowp_rmsnorm_forward_nt(const lowp_tensor *x, const float *weight,
+                                                float eps, lowp_tensor *y, float *rstd,
+                                                const lowp_autocast *ac, int32_t threads);
+LOWP_HIDDEN lowp_status lowp_rmsnorm_backward_nt(const lowp_tensor *x, const float *weight,
+                                                 const float *rstd, const lowp_tensor *dy,
+                                                 lowp_tensor *dx, float *dweight, int32_t threads);
+
 /* autocast.c, rmsnorm.c: the dtype the policy gives device type `type` (checked by the
  * caller to be in [0, LOWP_DEVICE_MAX_TYPES)); F32 when ac is NULL (ops take NULL for "off")
  * or autocast is off for that type. */
