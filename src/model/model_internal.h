@@ -157,6 +157,10 @@ static inline lowp_tensor moe_tensor(const float *p, int64_t rows, int64_t cols)
 
 /* dst[i] += src[i] over n floats, with the pass's threads. */
 LOWP_HIDDEN void moe_add(float *dst, const float *src, int64_t n, int nthreads);
+/* dst[i] = a[i] + b[i] (the same bits as a copy of a and moe_add of b, one pass fewer). */
+LOWP_HIDDEN void moe_sum(float *dst, const float *a, const float *b, int64_t n, int nthreads);
+/* memcpy of n floats in spans across the pass's threads. */
+LOWP_HIDDEN void moe_copy(float *dst, const float *src, int64_t n, int nthreads);
 
 /* The linear layers of the model, on F32 host buffers: y[M, w.rows] = x[M, w.cols] . W^T, and
  * the backward (dx [M, w.cols] overwritten, may be NULL; w.grad +=). The backward consumes

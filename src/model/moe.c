@@ -625,14 +625,12 @@ static lowp_status layer_forward(lowp_moe *m, int64_t l, const moe_exec *ex, int
     st = moe_attention_forward(lp, d, ex, m->rope_cos, m->rope_sin, x, &m->attn[l], keep);
     if (st != LOWP_OK) return st;
     if ((st = branch_dropout(ex, m->attn[l].y, m->attn[l].mask, ND)) != LOWP_OK) return st;
-    memcpy(x_mid, x, (size_t) ND * sizeof(float));
-    moe_add(x_mid, m->attn[l].y, ND, ex->nthreads);
+    moe_sum(x_mid, x, m->attn[l].y, ND, ex->nthreads);
 
     st = moe_ffn_forward(lp, d, ex, x_mid, &m->ffn[l], keep);
     if (st != LOWP_OK) return st;
     if ((st = branch_dropout(ex, m->ffn[l].y, m->ffn[l].mask, ND)) != LOWP_OK) return st;
-    memcpy(x_out, x_mid, (size_t) ND * sizeof(float));
-    moe_add(x_out, m->ffn[l].y, ND, ex->nthreads);
+    moe_sum(x_out, x_mid, m->ffn[l].y, ND, ex->nthreads);
     return LOWP_OK;
 }
 
@@ -640,7 +638,7 @@ static lowp_status layer_forward(lowp_moe *m, int64_t l, const moe_exec *ex, int
 static lowp_status branch_dropout_backward(const moe_exec *ex, const uint8_t *mask,
                                            const float *dres, float *dbranch, int64_t n) {
     if (ex->rng == NULL) {
-        memcpy(dbranch, dres, (size_t) n * sizeof(float));
+        moe_copy(dbranch, dres, n, ex->nthreads);
         return LOWP_OK;
     }
     return lowp_dropout_backward(mask, dres, dbranch, (size_t) n, ex->dropout);

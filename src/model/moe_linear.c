@@ -4,6 +4,8 @@
  * messages, so these wrappers add nothing to them. */
 #include <omp.h>
 
+#include <string.h>
+
 #include "model_internal.h"
 
 lowp_status moe_linear_fwd(lowp_param *w, const float *x, int64_t M, float *y, const moe_exec *ex,
@@ -56,4 +58,16 @@ lowp_status moe_grouped_bwd(lowp_param *w, const float *x, int64_t M, const int3
 void moe_add(float *dst, const float *src, int64_t n, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+void moe_sum(float *dst, const float *a, const float *b, int64_t n, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+}
+
+void moe_copy(float *dst, const float *src, int64_t n, int nthreads) {
+    const int64_t span = 16384; /* floats */
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= 4 * span)
+    for (int64_t i = 0; i < n; i += span)
+        memcpy(dst + i, src + i, (size_t) (n - i < span ? n - i : span) * sizeof(float));
 }

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "core/profile_internal.h"
+#include "lowp/threads.h"
 #include "trainer_internal.h"
 
 double lowp_trainer_now(void) {
@@ -279,8 +280,14 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
     const int32_t B = t->cfg.batch, T = t->cfg.seq_len, A = t->cfg.accum;
     const double t_begin = lowp_trainer_now();
     lowp_prof_push(LOWP_PHASE_OPTIMIZER);
-    for (int32_t i = 0; i < t->n; i++)
-        memset(t->params[i].grad, 0, (size_t) lowp_param_numel(&t->params[i]) * sizeof(float));
+    const int nt = (int) lowp_thread_count(t->cfg.threads);
+    for (int32_t i = 0; i < t->n; i++) {
+        float *g = t->params[i].grad;
+        const int64_t cnt = lowp_param_numel(&t->params[i]), span = 65536; /* floats */
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && cnt >= 4 * span)
+        for (int64_t k = 0; k < cnt; k += span)
+            memset(g + k, 0, (size_t) (cnt - k < span ? cnt - k : span) * sizeof(float));
+    }
     lowp_prof_pop();
     lowp_moe_run run = train_run(t, 1);
     double ce_sum = 0.0, aux_sum = 0.0;
