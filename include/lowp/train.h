@@ -187,7 +187,8 @@ LOWP_API lowp_status lowp_autocast_dtype(const lowp_autocast *ac, lowp_device de
  * device; weight [D]; rstd [M] (may be NULL) receives 1/sqrt(mean + eps) for the backward.
  * When autocast is on for x's device type, the input, the weight and the output are rounded to
  * its dtype (the statistics are computed in binary32). ac may be NULL (off). CPU tensors only
- * for now: other device types give LOWP_ERR_UNSUPPORTED. */
+ * for now: other device types give LOWP_ERR_UNSUPPORTED. Both functions run on all cores;
+ * every sum keeps its sequential order, so the bits do not depend on the thread count. */
 LOWP_API lowp_status lowp_rmsnorm_forward(const lowp_tensor *x, const float *weight, float eps,
                                           lowp_tensor *y, float *rstd, const lowp_autocast *ac);
 /* dx [M, D] from dy; dweight [D] += (may be NULL). */
