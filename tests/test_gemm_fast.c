@@ -363,16 +363,15 @@ static void test_specials(void) {
     }
 }
 
-/* Split-M grouped GEMM (MoE forward): empty groups and groups of 1, 31, 33 and 100 rows. */
-static void test_grouped(void) {
-    const int32_t sizes[] = {0, 1, 31, 0, 33, 100, 0};
-    const int G = (int) (sizeof sizes / sizeof sizes[0]);
+/* Split-M grouped GEMM (MoE forward) of groups of the given sizes (G <= 7), for the pairs
+ * PAIRS[picks[i]], against the reference kernel on one thread. */
+static void grouped_case(const int32_t *sizes, int G, int64_t N, int64_t K, const int *picks,
+                         int npicks) {
     int32_t offs[7];
     int64_t M = 0;
     for (int g = 0; g < G; g++) offs[g] = (int32_t) (M += sizes[g]);
-    const int64_t Mtot = M + 5, N = 70, K = 129; /* 5 rows past offs[G-1]: left untouched */
-    const int picks[] = {1, 2, 7, 9, 12, 14};
-    for (int pi = 0; pi < (int) (sizeof picks / sizeof picks[0]); pi++) {
+    const int64_t Mtot = M + 5; /* 5 rows past offs[G-1]: left untouched */
+    for (int pi = 0; pi < npicks; pi++) {
         const pair_spec *p = &PAIRS[picks[pi]];
         operand a = make(p->fa, p->sa, Mtot, K, SPICE_NONE);
         operand b[7];
@@ -421,6 +420,18 @@ static void test_grouped(void) {
         operand_drop(&a);
         for (int g = 0; g < G; g++) operand_drop(&b[g]);
     }
+}
+
+/* Empty groups and groups of 1, 31, 33 and 100 rows; then groups large enough for two
+ * threads, the largest not first, so that the pieces run largest first (gemm.c's run_jobs)
+ * in another order than the groups'. */
+static void test_grouped(void) {
+    const int32_t small[] = {0, 1, 31, 0, 33, 100, 0};
+    const int picks[] = {1, 2, 7, 9, 12, 14};
+    grouped_case(small, 7, 70, 129, picks, 6);
+    const int32_t large[] = {700, 3, 0, 1200, 64, 333, 31};
+    const int lpicks[] = {1, 7};
+    grouped_case(large, 7, 256, 96, lpicks, 2);
 }
 
 /* Split-K grouped GEMM (MoE weight gradient): k0 != 0, block offsets, short last blocks,

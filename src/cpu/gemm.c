@@ -31,6 +31,14 @@ static size_t ws_floats(gemm_kernel k, const lowp_gemm_job *j) {
     return n;
 }
 
+#define LOWP_MAX_PIECES 256
+
+/* A job's multiply-adds. */
+static int64_t job_macs(const lowp_gemm_job *j) {
+    const int64_t k = j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 1;
+    return (j->m1 - j->m0) * (j->n1 - j->n0) * k;
+}
+
 /* Run `count` jobs (each already complete but for its workspace) on up to `threads` threads. */
 static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kernel, int threads) {
     if (count <= 0) return LOWP_OK;
@@ -48,9 +56,26 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
             return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_gemm: workspace of %zu bytes",
                              per * sizeof(float) * (size_t) threads);
     }
+    /* Largest pieces first (their multiply-adds; ties keep their order): with dynamic
+     * scheduling the last pieces taken are the small ones, so the threads finish closer
+     * together (the groups of a grouped GEMM differ by their token counts). Each piece writes
+     * its own part of C, so the order changes no result. */
+    int16_t order[LOWP_MAX_PIECES];
+    const int sorted = count <= LOWP_MAX_PIECES && threads > 1;
+    if (sorted) {
+        for (int64_t i = 0; i < count; i++) {
+            const int64_t w = job_macs(&jobs[i]);
+            int64_t p = i;
+            while (p > 0 && job_macs(&jobs[order[p - 1]]) < w) {
+                order[p] = order[p - 1];
+                p--;
+            }
+            order[p] = (int16_t) i;
+        }
+    }
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
     for (int64_t i = 0; i < count; i++) {
-        lowp_gemm_job j = jobs[i];
+        lowp_gemm_job j = jobs[sorted ? order[i] : i];
         j.ws = ws ? ws + per * (size_t) omp_get_thread_num() : NULL;
         kernel(&j);
     }
@@ -105,8 +130,6 @@ static int64_t split(const lowp_gemm_job *j, int threads, gemm_kernel k, lowp_ge
     }
     return n;
 }
-
-#define LOWP_MAX_PIECES 256
 
 static lowp_status base_job(lowp_gemm_job *j, const lowp_qtensor *a, const lowp_qtensor *b,
                             int b_kn, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
