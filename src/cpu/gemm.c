@@ -56,12 +56,23 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
             return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_gemm: workspace of %zu bytes",
                              per * sizeof(float) * (size_t) threads);
     }
+    if (threads <= 1) {
+        /* No OpenMP region at all: even a serialized one costs a team setup, and the attention
+         * core runs thousands of one-thread GEMMs an update from inside its own region. */
+        for (int64_t i = 0; i < count; i++) {
+            lowp_gemm_job j = jobs[i];
+            j.ws = ws;
+            kernel(&j);
+        }
+        free(ws);
+        return LOWP_OK;
+    }
     /* Largest pieces first (their multiply-adds; ties keep their order): with dynamic
      * scheduling the last pieces taken are the small ones, so the threads finish closer
      * together (the groups of a grouped GEMM differ by their token counts). Each piece writes
      * its own part of C, so the order changes no result. */
     int16_t order[LOWP_MAX_PIECES];
-    const int sorted = count <= LOWP_MAX_PIECES && threads > 1;
+    const int sorted = count <= LOWP_MAX_PIECES;
     if (sorted) {
         for (int64_t i = 0; i < count; i++) {
             const int64_t w = job_macs(&jobs[i]);
@@ -73,7 +84,7 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
             order[p] = (int16_t) i;
         }
     }
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int64_t i = 0; i < count; i++) {
         lowp_gemm_job j = jobs[sorted ? order[i] : i];
         j.ws = ws ? ws + per * (size_t) omp_get_thread_num() : NULL;

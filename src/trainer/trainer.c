@@ -284,7 +284,11 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
     for (int32_t i = 0; i < t->n; i++) {
         float *g = t->params[i].grad;
         const int64_t cnt = lowp_param_numel(&t->params[i]), span = 65536; /* floats */
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && cnt >= 4 * span)
+        if (nt == 1 || cnt < 4 * span) { /* no OpenMP region for the small ones */
+            memset(g, 0, (size_t) cnt * sizeof(float));
+            continue;
+        }
+#pragma omp parallel for num_threads(nt) schedule(static)
         for (int64_t k = 0; k < cnt; k += span)
             memset(g + k, 0, (size_t) (cnt - k < span ? cnt - k : span) * sizeof(float));
     }
