@@ -363,13 +363,19 @@ static void test_specials(void) {
     }
 }
 
+/* offs[g] = the cumulative ends of groups of the given sizes; returns their total. */
+static int64_t group_offs(const int32_t *sizes, int G, int32_t *offs) {
+    int64_t M = 0;
+    for (int g = 0; g < G; g++) offs[g] = (int32_t) (M += sizes[g]);
+    return M;
+}
+
 /* Split-M grouped GEMM (MoE forward) of groups of the given sizes (G <= 7), for the pairs
  * PAIRS[picks[i]], against the reference kernel on one thread. */
 static void grouped_case(const int32_t *sizes, int G, int64_t N, int64_t K, const int *picks,
                          int npicks) {
     int32_t offs[7];
-    int64_t M = 0;
-    for (int g = 0; g < G; g++) offs[g] = (int32_t) (M += sizes[g]);
+    const int64_t M = group_offs(sizes, G, offs);
     const int64_t Mtot = M + 5; /* 5 rows past offs[G-1]: left untouched */
     for (int pi = 0; pi < npicks; pi++) {
         const pair_spec *p = &PAIRS[picks[pi]];
@@ -485,8 +491,7 @@ static void test_wgrad(void) {
     const int32_t sizes[] = {40, 0, 1, 33, 100, 31};
     const int G = (int) (sizeof sizes / sizeof sizes[0]);
     int32_t offs[6];
-    int64_t M = 0;
-    for (int g = 0; g < G; g++) offs[g] = (int32_t) (M += sizes[g]);
+    const int64_t M = group_offs(sizes, G, offs);
     const int64_t Mtot = M + 3, N = 47, K = 65;
     const struct {
         lowp_format f;
@@ -764,9 +769,7 @@ static void test_wgrad_kn(void) {
     const int32_t sizes[] = {40, 0, 1, 33, 100, 31};
     const int G = (int) (sizeof sizes / sizeof sizes[0]);
     int32_t offs[6];
-    int64_t Mt = 0;
-    for (int g = 0; g < G; g++) offs[g] = (int32_t) (Mt += sizes[g]);
-    const int64_t M = Mt + 3, N = 47, K = 65;
+    const int64_t M = group_offs(sizes, G, offs) + 3, N = 47, K = 65;
     const struct {
         lowp_format f;
         lowp_scaling s;
