@@ -7,7 +7,10 @@
  * - AdamW: the first update against the formula, convergence on a quadratic, weight decay on
  *   matrices but not on norm weights, bit-identical results on 1 and 2 threads;
  * - gradient clipping: the norm against a double reference, scaling to the threshold, no change
- *   below it or for a non-finite norm, the same on 1 and 2 threads.
+ *   below it or for a non-finite norm, the same on 1 and 2 threads;
+ * - the trainer's update (one parallel loop over every parameter's spans, the clipping factor
+ *   applied inside it): the scalar formula on g * factor for each of several parameters of
+ *   odd sizes, the bits of lowp_grad_clip then lowp_adamw_step, the gradients left as they are.
  */
 #include <math.h>
 #include <omp.h>
@@ -19,6 +22,7 @@
 #include "cpu/cpu.h"
 #include "lowp/trainer.h"
 #include "testutil.h"
+#include "trainer/trainer_internal.h"
 
 static void test_data(void) {
     /* 900 lowercase bytes, then 100 uppercase: the split separates them exactly. */
@@ -304,6 +308,78 @@ static void test_clip(void) {
     free_param(&p[1]);
 }
 
+/* lowp_grad_norm_scale + lowp_adamw_step_scaled (the trainer's path) against the scalar AdamW
+ * formula on g * factor, per parameter (spans of one loop mapped back to their parameters),
+ * and against lowp_grad_clip + lowp_adamw_step, bit for bit; the gradients stay unscaled. */
+static void test_clip_into_update(void) {
+    enum { NP = 4 };
+    const int64_t shape[NP][2] = {{3, 4099}, {1, 5}, {7, 10001}, {1, 70001}};
+    lowp_param a[NP], b[NP];
+    float *w[NP], *m[NP], *v[NP], *g0[NP];
+    for (int k = 0; k < NP; k++) {
+        make_param(&a[k], "a", shape[k][0], shape[k][1]);
+        make_param(&b[k], "b", shape[k][0], shape[k][1]);
+        const int64_t n = shape[k][0] * shape[k][1];
+        w[k] = malloc(sizeof(float) * (size_t) n);
+        m[k] = calloc((size_t) n, sizeof(float));
+        v[k] = calloc((size_t) n, sizeof(float));
+        g0[k] = malloc(sizeof(float) * (size_t) n);
+        for (int64_t i = 0; i < n; i++)
+            w[k][i] = a[k].data[i] = b[k].data[i] = (float) ((i * 29 + k) % 83 - 41) * 0.013f;
+    }
+    lowp_adamw_cfg cfg;
+    lowp_adamw_cfg_init(&cfg);
+    cfg.threads = 2;
+    lowp_adamw *oa = NULL, *ob = NULL;
+    CHECK(lowp_adamw_create(a, NP, &cfg, &oa) == LOWP_OK);
+    CHECK(lowp_adamw_create(b, NP, &cfg, &ob) == LOWP_OK);
+    int formula_ok = 1, same_ok = 1, grads_ok = 1, clipped = 0;
+    for (int s = 1; s <= 3; s++) {
+        for (int k = 0; k < NP; k++) {
+            const int64_t n = shape[k][0] * shape[k][1];
+            for (int64_t i = 0; i < n; i++)
+                g0[k][i] = a[k].grad[i] = b[k].grad[i] =
+                    (float) ((i * 11 + s * 5 + k) % 89 - 44) * 3e-3f * (i % 5 == 0 ? 1e-6f : 1.0f);
+        }
+        const float lr = 2e-3f * (float) s, max_norm = 0.5f;
+        float na, nb, gs;
+        CHECK(lowp_grad_clip(a, NP, max_norm, &na) == LOWP_OK);
+        CHECK(lowp_adamw_step(oa, a, NP, lr) == LOWP_OK);
+        CHECK(lowp_grad_norm_scale(b, NP, max_norm, &nb, &gs) == LOWP_OK);
+        CHECK(lowp_adamw_step_scaled(ob, b, NP, lr, gs) == LOWP_OK);
+        CHECK(na == nb);
+        if (gs != 1.0f) clipped++;
+        const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
+        const float c1 = (float) (1.0 / (1.0 - pow((double) b1, (double) s)));
+        const float c2 = (float) (1.0 / (1.0 - pow((double) b2, (double) s)));
+        for (int k = 0; k < NP; k++) {
+            const int64_t n = shape[k][0] * shape[k][1];
+            const float wd = shape[k][0] > 1 ? cfg.weight_decay : 0.0f;
+            for (int64_t i = 0; i < n; i++) {
+                const float g = g0[k][i] * gs;
+                m[k][i] = b1 * m[k][i] + (1.0f - b1) * g;
+                v[k][i] = b2 * v[k][i] + (1.0f - b2) * (g * g);
+                const float upd = (m[k][i] * c1) / (sqrtf(v[k][i] * c2) + eps) + wd * w[k][i];
+                w[k][i] = w[k][i] - lr * upd;
+            }
+            if (memcmp(w[k], b[k].data, sizeof(float) * (size_t) n) != 0) formula_ok = 0;
+            if (memcmp(a[k].data, b[k].data, sizeof(float) * (size_t) n) != 0) same_ok = 0;
+            if (memcmp(g0[k], b[k].grad, sizeof(float) * (size_t) n) != 0) grads_ok = 0;
+        }
+    }
+    CHECKF(clipped == 3, "the gradients were clipped in %d of 3 updates", clipped);
+    CHECK(formula_ok);
+    CHECK(same_ok);
+    CHECK(grads_ok);
+    lowp_adamw_free(oa);
+    lowp_adamw_free(ob);
+    for (int k = 0; k < NP; k++) {
+        free_param(&a[k]);
+        free_param(&b[k]);
+        free(w[k]), free(m[k]), free(v[k]), free(g0[k]);
+    }
+}
+
 #if LOWP_HAVE_LIBMVEC
 /* The vector SwiGLU (sigmoid on libmvec's expf) against binary64, beside moe_ffn.c's scalar
  * formula on libm's expf: u1 swept over -30 .. 30 (sigmoid saturating both ways), u3 and ds
@@ -426,6 +502,7 @@ int main(void) {
     test_data();
     test_schedule();
     test_adamw();
+    test_clip_into_update();
     test_clip();
     return testutil_finish();
 }

@@ -34,13 +34,16 @@ typedef struct adamw_coef {
 #define ADAMW_CLONES
 #endif
 
+/* gs scales the gradient on the way (the clipping factor, 1 for none): the same rounded product
+ * that scaling g in memory first would store. */
 ADAMW_CLONES static void adamw_span(float *restrict w, float *restrict m, float *restrict v,
-                                    const float *restrict g, int64_t len, const adamw_coef *k) {
+                                    const float *restrict g, int64_t len, const adamw_coef *k,
+                                    float gs) {
     const float b1 = k->b1, b2 = k->b2, c1 = k->c1, c2 = k->c2, eps = k->eps, lr = k->lr,
                 wd = k->wd;
 #pragma omp simd
     for (int64_t j = 0; j < len; j++) {
-        float gj = g[j];
+        float gj = g[j] * gs;
         float mj = b1 * m[j] + (1.0f - b1) * gj;
         float vj = b2 * v[j] + (1.0f - b2) * (gj * gj);
         m[j] = mj;
@@ -167,7 +170,35 @@ void lowp_adamw_free(lowp_adamw *o) {
     free(o);
 }
 
-lowp_status lowp_adamw_step(lowp_adamw *o, lowp_param *params, int32_t n, float lr) {
+/* The first of n_items work items (spans of `unit` elements, per parameter) of each parameter,
+ * and their total: first[i] .. first[i + 1] - 1 are parameter i's. */
+static int64_t *work_items(const int64_t *count, int32_t n, int64_t unit, int64_t *total) {
+    int64_t *first = malloc((size_t) (n + 1) * sizeof *first);
+    if (!first) return NULL;
+    first[0] = 0;
+    for (int32_t i = 0; i < n; i++) first[i + 1] = first[i] + (count[i] + unit - 1) / unit;
+    *total = first[n];
+    return first;
+}
+
+/* The parameter that work item s belongs to (first as work_items made it). */
+static int32_t item_param(const int64_t *first, int32_t n, int64_t s) {
+    int32_t lo = 0, hi = n; /* first[lo] <= s < first[hi] */
+    while (hi - lo > 1) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (first[mid] <= s)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Elements below which the update and the norm stay on the calling thread. */
+#define OPTIM_PARALLEL_MIN 65536
+
+lowp_status lowp_adamw_step_scaled(lowp_adamw *o, lowp_param *params, int32_t n, float lr,
+                                   float gscale) {
     const char *fn = "lowp_adamw_step";
     LOWP_CHECK_PTR(fn, o);
     lowp_status st = check_trainable(fn, params, n);
@@ -184,6 +215,10 @@ lowp_status lowp_adamw_step(lowp_adamw *o, lowp_param *params, int32_t n, float 
     if (!(lr >= 0) || !isfinite(lr))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: lr (%g) must be finite and >= 0", fn,
                          (double) lr);
+    int64_t spans, total = 0;
+    int64_t *first = work_items(o->count, n, ADAMW_SPAN, &spans);
+    if (!first) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (int32_t i = 0; i < n; i++) total += o->count[i];
     o->t++;
     const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
     /* The bias corrections in double, rounded once: the same on every run and thread. */
@@ -191,20 +226,24 @@ lowp_status lowp_adamw_step(lowp_adamw *o, lowp_param *params, int32_t n, float 
     const float c2 = (float) (1.0 / (1.0 - pow((double) b2, (double) o->t)));
     const int nth = lowp_thread_count(o->cfg.threads);
     const adamw_coef k = {b1, b2, c1, c2, eps, lr, 0.0f};
-    for (int32_t i = 0; i < n; i++) {
-        lowp_param *p = &params[i];
+    /* Every parameter's spans in one parallel loop: one team start for the whole update
+     * instead of one per parameter (each start wakes the sleeping threads). */
+#pragma omp parallel for schedule(static) num_threads(nth) if (total > OPTIM_PARALLEL_MIN)
+    for (int64_t s = 0; s < spans; s++) {
+        const int32_t i = item_param(first, n, s);
+        const lowp_param *p = &params[i];
         adamw_coef ki = k;
         ki.wd = (p->rows > 1 || p->groups > 0) ? o->cfg.weight_decay : 0.0f;
-        float *w = p->data, *m = o->m[i], *v = o->v[i];
-        const float *g = p->grad;
-        const int64_t cnt = o->count[i], spans = (cnt + ADAMW_SPAN - 1) / ADAMW_SPAN;
-#pragma omp parallel for schedule(static) num_threads(nth) if (cnt > 65536)
-        for (int64_t s = 0; s < spans; s++) {
-            const int64_t j0 = s * ADAMW_SPAN, len = cnt - j0 < ADAMW_SPAN ? cnt - j0 : ADAMW_SPAN;
-            adamw_span(w + j0, m + j0, v + j0, g + j0, len, &ki);
-        }
+        const int64_t cnt = o->count[i], j0 = (s - first[i]) * ADAMW_SPAN,
+                      len = cnt - j0 < ADAMW_SPAN ? cnt - j0 : ADAMW_SPAN;
+        adamw_span(p->data + j0, o->m[i] + j0, o->v[i] + j0, p->grad + j0, len, &ki, gscale);
     }
+    free(first);
     return LOWP_OK;
+}
+
+lowp_status lowp_adamw_step(lowp_adamw *o, lowp_param *params, int32_t n, float lr) {
+    return lowp_adamw_step_scaled(o, params, n, lr, 1.0f);
 }
 
 lowp_status lowp_adamw_moments(lowp_adamw *o, int32_t i, float **m, float **v, int64_t *count) {
@@ -253,35 +292,54 @@ static double sum_squares(const float *g, int64_t n) {
     return acc[0];
 }
 
-lowp_status lowp_grad_clip(lowp_param *params, int32_t n, float max_norm, float *norm) {
+lowp_status lowp_grad_norm_scale(lowp_param *params, int32_t n, float max_norm, float *norm,
+                                 float *scale) {
     const char *fn = "lowp_grad_clip";
     lowp_status st = check_trainable(fn, params, n);
     if (st != LOWP_OK) return st;
-    double total = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        const float *g = params[i].grad;
-        const int64_t cnt = lowp_param_numel(&params[i]);
-        const int64_t chunks = (cnt + CLIP_CHUNK - 1) / CLIP_CHUNK;
-        double *part = malloc((size_t) (chunks > 0 ? chunks : 1) * sizeof *part);
-        if (!part) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-#pragma omp parallel for schedule(static) if (chunks > 4)
-        for (int64_t c = 0; c < chunks; c++) {
-            int64_t lo = c * CLIP_CHUNK, hi = lo + CLIP_CHUNK < cnt ? lo + CLIP_CHUNK : cnt;
-            part[c] = sum_squares(g + lo, hi - lo);
-        }
-        for (int64_t c = 0; c < chunks; c++) total += part[c];
-        free(part);
+    int64_t *count = malloc((size_t) (n > 0 ? n : 1) * sizeof *count);
+    if (!count) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    int64_t elems = 0;
+    for (int32_t i = 0; i < n; i++) elems += count[i] = lowp_param_numel(&params[i]);
+    int64_t chunks;
+    int64_t *first = work_items(count, n, CLIP_CHUNK, &chunks);
+    double *part = first ? malloc((size_t) (chunks > 0 ? chunks : 1) * sizeof *part) : NULL;
+    if (!part) {
+        free(first);
+        free(count);
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
+    /* Every parameter's chunks in one parallel loop; the partial sums then in order,
+     * parameter by parameter and chunk by chunk. */
+#pragma omp parallel for schedule(static) if (elems > OPTIM_PARALLEL_MIN)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int32_t i = item_param(first, n, c);
+        const int64_t lo = (c - first[i]) * CLIP_CHUNK,
+                      hi = lo + CLIP_CHUNK < count[i] ? lo + CLIP_CHUNK : count[i];
+        part[c] = sum_squares(params[i].grad + lo, hi - lo);
+    }
+    double total = 0.0;
+    for (int64_t c = 0; c < chunks; c++) total += part[c];
+    free(part);
+    free(first);
+    free(count);
     const double nrm = sqrt(total);
     if (norm) *norm = (float) nrm;
-    if (max_norm > 0 && isfinite(nrm) && nrm > (double) max_norm) {
-        const float scale = (float) ((double) max_norm / nrm);
-        for (int32_t i = 0; i < n; i++) {
-            float *g = params[i].grad;
-            const int64_t cnt = lowp_param_numel(&params[i]);
-#pragma omp parallel for schedule(static) if (cnt > 65536)
-            for (int64_t j = 0; j < cnt; j++) g[j] *= scale;
-        }
+    *scale = 1.0f;
+    if (max_norm > 0 && isfinite(nrm) && nrm > (double) max_norm)
+        *scale = (float) ((double) max_norm / nrm);
+    return LOWP_OK;
+}
+
+lowp_status lowp_grad_clip(lowp_param *params, int32_t n, float max_norm, float *norm) {
+    float scale;
+    lowp_status st = lowp_grad_norm_scale(params, n, max_norm, norm, &scale);
+    if (st != LOWP_OK || scale == 1.0f) return st;
+    for (int32_t i = 0; i < n; i++) {
+        float *g = params[i].grad;
+        const int64_t cnt = lowp_param_numel(&params[i]);
+#pragma omp parallel for schedule(static) if (cnt > OPTIM_PARALLEL_MIN)
+        for (int64_t j = 0; j < cnt; j++) g[j] *= scale;
     }
     return LOWP_OK;
 }

@@ -272,6 +272,37 @@ lowp_status lowp_trainer_eval(lowp_trainer *t, float *val_loss) {
     return st != LOWP_OK ? st : st2;
 }
 
+/* Every gradient zeroed: the small ones on this thread, the spans of the large ones in one
+ * parallel loop (one team start for all of them). */
+static void zero_grads(lowp_param *params, int32_t n, int nt) {
+    const int64_t span = 65536; /* floats */
+    int64_t spans = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t cnt = lowp_param_numel(&params[i]);
+        if (nt == 1 || cnt < 4 * span)
+            memset(params[i].grad, 0, (size_t) cnt * sizeof(float));
+        else
+            spans += (cnt + span - 1) / span;
+    }
+    if (spans == 0) return;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t s = 0; s < spans; s++) {
+        int64_t k = s; /* span k of the large parameters, in order */
+        for (int32_t i = 0; i < n; i++) {
+            const int64_t cnt = lowp_param_numel(&params[i]);
+            if (cnt < 4 * span) continue;
+            const int64_t m = (cnt + span - 1) / span;
+            if (k < m) {
+                const int64_t j0 = k * span;
+                memset(params[i].grad + j0, 0,
+                       (size_t) (cnt - j0 < span ? cnt - j0 : span) * sizeof(float));
+                break;
+            }
+            k -= m;
+        }
+    }
+}
+
 lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
     const char *fn = "lowp_trainer_step";
     LOWP_CHECK_PTR(fn, t);
@@ -281,17 +312,7 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
     const double t_begin = lowp_trainer_now();
     lowp_prof_push(LOWP_PHASE_OPTIMIZER);
     const int nt = (int) lowp_thread_count(t->cfg.threads);
-    for (int32_t i = 0; i < t->n; i++) {
-        float *g = t->params[i].grad;
-        const int64_t cnt = lowp_param_numel(&t->params[i]), span = 65536; /* floats */
-        if (nt == 1 || cnt < 4 * span) { /* no OpenMP region for the small ones */
-            memset(g, 0, (size_t) cnt * sizeof(float));
-            continue;
-        }
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t k = 0; k < cnt; k += span)
-            memset(g + k, 0, (size_t) (cnt - k < span ? cnt - k : span) * sizeof(float));
-    }
+    zero_grads(t->params, t->n, nt);
     lowp_prof_pop();
     lowp_moe_run run = train_run(t, 1);
     double ce_sum = 0.0, aux_sum = 0.0;
@@ -324,19 +345,25 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
         for (int32_t i = 0; i < t->n; i++) {
             float *g = t->params[i].grad;
             const int64_t cnt = lowp_param_numel(&t->params[i]);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && cnt >= 65536)
             for (int64_t j = 0; j < cnt; j++) g[j] *= inv;
         }
     }
     if ((st = lowp_trainer_guard_loss(t, (float) (ce_sum / (double) A))) != LOWP_OK) return st;
-    float norm = 0.0f;
-    if ((st = lowp_grad_clip(t->params, t->n, t->cfg.clip, &norm)) != LOWP_OK) return st;
+    /* The clipping factor goes into the update (lowp_adamw_step_scaled) instead of a pass that
+     * scales every gradient in memory first: the same products, one pass over them fewer. */
+    float norm = 0.0f, gscale = 1.0f;
+    if ((st = lowp_grad_norm_scale(t->params, t->n, t->cfg.clip, &norm, &gscale)) != LOWP_OK)
+        return st;
     lowp_lr_schedule sched = {t->cfg.lr, t->cfg.min_lr, t->cfg.warmup, t->cfg.steps};
     float lr;
     if ((st = lowp_lr_at(&sched, t->step, &lr)) != LOWP_OK) return st;
     /* A non-finite gradient would poison the weights and both moments for good: skip the
      * update, as dynamic loss scaling does, and let the caller see it in the report. */
     rep->skipped = !isfinite(norm);
-    if (!rep->skipped && (st = lowp_adamw_step(t->opt, t->params, t->n, lr)) != LOWP_OK) return st;
+    if (!rep->skipped &&
+        (st = lowp_adamw_step_scaled(t->opt, t->params, t->n, lr, gscale)) != LOWP_OK)
+        return st;
     st = lowp_train_step_end(t->params, t->n, NULL);
     lowp_prof_pop();
     if (st != LOWP_OK) return st;

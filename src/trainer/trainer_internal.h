@@ -28,6 +28,15 @@ struct lowp_trainer {
     int64_t run_steps;
 };
 
+/* src/trainer/optim.c: lowp_grad_clip without touching the gradients: the norm, and in *scale
+ * the factor clipping would multiply every gradient by (1 when it would not). */
+LOWP_HIDDEN lowp_status lowp_grad_norm_scale(lowp_param *params, int32_t n, float max_norm,
+                                             float *norm, float *scale);
+/* src/trainer/optim.c: lowp_adamw_step on the gradients times gscale (each g * gscale rounded
+ * once, as lowp_grad_clip's scaling in memory would store it), the gradients left as they are. */
+LOWP_HIDDEN lowp_status lowp_adamw_step_scaled(lowp_adamw *opt, lowp_param *params, int32_t n,
+                                               float lr, float gscale);
+
 /* Snapshots of every wrapped parameter's extra state (evaluation and checkpoint loading
  * restore them). */
 typedef struct trainer_extra_state {
