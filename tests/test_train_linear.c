@@ -433,6 +433,48 @@ static void check_delayed(int64_t M, int64_t N, int64_t K) {
     layer_drop(&L);
 }
 
+/* ---- The thread count changes no bit ---- */
+
+/* Two layers from the same seed through two steps, on 1 and on 2 threads (opts.threads): y, dX,
+ * dW and, for delayed scaling, every role's amax history must match bit for bit. Grouped, the
+ * experts' weight copies are made side by side on 2 threads (linear.c, cache_fill_experts). */
+static void check_threads(const char *preset, int32_t G, int64_t M, int64_t N, int64_t K) {
+    const int32_t sizes[4] = {(int32_t) (M / 3), 0, 1, (int32_t) (M / 2)};
+    layer L[2];
+    const uint64_t seed = tu_rng;
+    for (int t = 0; t < 2; t++) {
+        tu_rng = seed;
+        layer_make(&L[t], G ? "moe.experts.w1" : "mlp.fc1", G, sizes, M, N, K);
+        lowp_linear_cfg c;
+        lowp_linear_cfg_preset(preset, &c);
+        lowp_recipe r;
+        lowp_recipe_init(&r, "custom");
+        CHECK(lowp_recipe_append(&r, "*", &c) == LOWP_OK);
+        CHECK(lowp_train_prepare(&L[t].p, 1, &r) == LOWP_OK);
+        const lowp_linear_opts o = {0, t + 1, 0, 0, 0};
+        for (int step = 0; step < 2; step++) {
+            lowp_linear_saved *sv = NULL;
+            CHECK(layer_forward(&L[t], &o, &sv) == LOWP_OK);
+            CHECK(layer_backward(&L[t], &o, sv) == LOWP_OK);
+            lowp_train_step_end(&L[t].p, 1, NULL);
+        }
+    }
+    const int64_t ng = G ? G : 1;
+    int hist_ok = 1;
+    const lowp_fp8_state *f0 = L[0].p.wrap ? L[0].p.wrap->fp8 : NULL,
+                         *f1 = L[1].p.wrap ? L[1].p.wrap->fp8 : NULL;
+    if ((f0 != NULL) != (f1 != NULL)) hist_ok = 0;
+    for (int r0 = 0; f0 && f1 && r0 < 3; r0++)
+        if (!same_bits(f0->roles[r0].history, f1->roles[r0].history, f0->history_len) ||
+            f0->roles[r0].scale != f1->roles[r0].scale)
+            hist_ok = 0;
+    CHECKF(same_bits(L[0].y, L[1].y, M * N) && same_bits(L[0].dx, L[1].dx, M * K) &&
+               same_bits(L[0].p.grad, L[1].p.grad, ng * N * K) && hist_ok,
+           "%s (%s): 1 and 2 threads differ", preset, G ? "grouped" : "linear");
+    layer_drop(&L[0]);
+    layer_drop(&L[1]);
+}
+
 /* ---- keep_quantized on and off give the same result ---- */
 
 /* Two layers built from the same seed, one per configuration, through one step (two for
@@ -925,6 +967,11 @@ int main(void) {
     for (size_t i = 0; i < sizeof keep_presets / sizeof keep_presets[0]; i++) {
         check_keep(keep_presets[i], 0, M, N, K);
         check_keep(keep_presets[i], 3, M, N, K);
+    }
+    static const char *const thread_presets[] = {"mxfp8", "bf16", "fp8_delayed", "block_fp8"};
+    for (size_t i = 0; i < sizeof thread_presets / sizeof thread_presets[0]; i++) {
+        check_threads(thread_presets[i], 0, M, N, K);
+        check_threads(thread_presets[i], 4, M, N, K);
     }
     static const char *const reuse_presets[] = {"mxfp8", "bf16", "block128", "fp8_current",
                                                 "fp8_delayed"};

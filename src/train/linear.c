@@ -319,6 +319,43 @@ static lowp_status cache_new(const char *fn, const lowp_param *w, const plan *p,
     return LOWP_OK;
 }
 
+/* cache_fill_raw for experts (G > 1) on nt > 1 threads: the experts' copies side by side,
+ * each on one thread, in one parallel loop (an expert's copies are the same bits on any
+ * thread count; one team start instead of one or two per expert). The amaxes are recorded in
+ * expert order afterwards, as the serial loop does. */
+static lowp_status cache_fill_experts(const char *fn, const lowp_param *w, const plan *p,
+                                      struct lowp_weight_cache *c, const float *scale,
+                                      int32_t nt) {
+    const int64_t N = w->rows, K = w->cols;
+    const int32_t G = c->groups;
+    lowp_status *sts = malloc((size_t) G * sizeof *sts);
+    float *amax = calloc((size_t) G, sizeof *amax);
+    if (!sts || !amax) {
+        free(sts);
+        free(amax);
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: copies of \"%s\"", fn, w->name);
+    }
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int32_t g = 0; g < G; g++) {
+        lowp_tensor src = {LOWP_FORMAT_F32, N, K, w->data + (size_t) g * (size_t) (N * K),
+                           LOWP_DEVICE_HOST};
+        sts[g] = fill_copies_raw(fn, &src, &p->cfg.weight, c->fwd[g].data ? &c->fwd[g] : NULL,
+                                 c->dgr[g].data ? &c->dgr[g] : NULL, scale,
+                                 scale ? &amax[g] : NULL, 1);
+    }
+    lowp_status st = LOWP_OK;
+    for (int32_t g = 0; g < G && st == LOWP_OK; g++) {
+        if (sts[g] != LOWP_OK) /* the message stayed on the thread that failed */
+            st = lowp_fail(sts[g], "%s: the copies of expert %d of \"%s\" failed", fn, (int) g,
+                           w->name);
+        else if (scale)
+            st = lowp_fp8_state_record(p->fp8, LOWP_ROLE_WEIGHT, amax[g]);
+    }
+    free(sts);
+    free(amax);
+    return st;
+}
+
 /* Make every copy the cache holds from the master weights, expert by expert. With MXFP4 fake
  * quantization the weight first goes through MXFP4 and back (straight-through: the gradient
  * still reaches the FP32 master). The weight's amax is recorded here, once per version. */
@@ -341,6 +378,8 @@ static lowp_status cache_fill_raw(const char *fn, const lowp_param *w, const pla
             return st;
         }
     }
+    const int32_t nt = lowp_thread_count(threads);
+    if (!fq && c->groups > 1 && nt > 1) return cache_fill_experts(fn, w, p, c, scale, nt);
     for (int32_t g = 0; g < c->groups && st == LOWP_OK; g++) {
         lowp_tensor src = {LOWP_FORMAT_F32, N, K, w->data + (size_t) g * (size_t) (N * K),
                            LOWP_DEVICE_HOST};
