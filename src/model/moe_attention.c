@@ -42,26 +42,14 @@ static void rope_rotate(float *x, const moe_dims *d, const float *cosv, const fl
 /* The attention core runs per task (sequence b, head h) on lowp_gemm's binary32 GEMMs (one
  * thread per task, so no sum depends on the thread count): the head's rows are copied into
  * contiguous [T, hd] (or transposed [hd, T]) scratch, the scores and probabilities of a task
- * are a contiguous [T, T] block of att. The GEMMs run over the whole square (the masked half
- * is multiplied by zero probabilities); even so the attention phase of `medium` (T = 256,
- * hd = 64) ran 1.8x faster than with the row-by-row loops it replaced (docs/benchmarks.md).
- * Products with a [T, T] operand on the right read it as stored (lowp_gemm_kn): dK and dV
- * come out transposed, [hd, T], and go back through an hd x T transpose instead of the T x T
- * transposes of dS and P they needed as left operands. */
+ * are a contiguous [T, T] block of att. The products run by blocks of query rows (S, O, dP,
+ * dQ) or of keys (dK, dV) over the part of the square that the causal mask leaves nonzero
+ * (att_block); products with a [T, T] or [T, hd] operand on the right read it as stored
+ * (lowp_gemm_kn). */
 
-/* xs [T, hd] = the T rows of one head's columns of x (row stride D); xt [hd, T] its
- * transpose (either may be NULL). */
-static void head_gather(const float *x, int64_t D, int64_t T, int64_t hd, float *xs, float *xt) {
-    if (xt && lowp_cpu_has_avx512()) { /* the same bits, 16x16 blocks in registers */
-        lowp_cpu_transpose_f32_avx512(x, T, hd, D, xt, T);
-        xt = NULL;
-    }
-    for (int64_t j = 0; j < T; j++) {
-        const float *r = x + j * D;
-        if (xs) memcpy(xs + j * hd, r, (size_t) hd * sizeof(float));
-        if (xt)
-            for (int64_t i = 0; i < hd; i++) xt[i * T + j] = r[i];
-    }
+/* xs [T, hd] = the T rows of one head's columns of x (row stride D). */
+static void head_gather(const float *x, int64_t D, int64_t T, int64_t hd, float *xs) {
+    for (int64_t j = 0; j < T; j++) memcpy(xs + j * hd, x + j * D, (size_t) hd * sizeof(float));
 }
 
 /* The head's columns of y (row stride D) = ys [T, hd]. */
@@ -84,16 +72,6 @@ static lowp_status mm_f32(const float *a, const float *b, float *c, int64_t m, i
     lowp_gemm_cfg_init(&cfg);
     cfg.threads = 1;
     return kn ? lowp_gemm_kn(&qa, &qb, &ct, &cfg) : lowp_gemm(&qa, &qb, &ct, &cfg);
-}
-
-/* The head's columns of y (row stride D) = yt^T, yt [hd, T]. */
-static void head_scatter_t(const float *yt, int64_t D, int64_t T, int64_t hd, float *y) {
-    if (lowp_cpu_has_avx512()) { /* the same bits, 16x16 blocks in registers */
-        lowp_cpu_transpose_f32_avx512(yt, hd, T, T, y, D);
-        return;
-    }
-    for (int64_t j = 0; j < T; j++)
-        for (int64_t i = 0; i < hd; i++) y[j * D + i] = yt[i * T + j];
 }
 
 /* Query rows per block of the attention core: a block of rows [i0, i0 + r) multiplies only
@@ -172,9 +150,9 @@ lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const 
             if (failed(&all)) continue;
             const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
             float *p = att + task * T * T; /* [T, T]: the probabilities, 0 past the diagonal */
-            head_gather(q + base, D, T, hd, qs, NULL);
-            head_gather(k + base, D, T, hd, ks, NULL);
-            head_gather(v + base, D, T, hd, vs, NULL);
+            head_gather(q + base, D, T, hd, qs);
+            head_gather(k + base, D, T, hd, ks);
+            head_gather(v + base, D, T, hd, vs);
             lowp_status st = LOWP_OK;
             for (int64_t i0 = 0; i0 < T && st == LOWP_OK; i0 += R) {
                 /* rows [i0, i0 + r) see keys [0, L) */
@@ -193,10 +171,27 @@ lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const 
     return all;
 }
 
+/* dst [cols, rows] (row stride rows) = the block src [rows, cols] (row stride lds),
+ * transposed. */
+static void block_transpose(const float *src, int64_t rows, int64_t cols, int64_t lds,
+                            float *dst) {
+    if (lowp_cpu_has_avx512()) { /* the same bits, 16x16 blocks in registers */
+        lowp_cpu_transpose_f32_avx512(src, rows, cols, lds, dst, rows);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * lds + c];
+}
+
 /* Backward of moe_attention_core_forward: from do_ [N, D], dq, dk, dv [N, D] (overwritten).
  * Per task, with P the probabilities [T, T]:
  *   dP = dO V^T;  dS = P * (dP - rowsum(P * dP)) / sqrt(hd);
- *   dQ = dS K;  dK^T = Q^T dS;  dV^T = dO^T P   (five GEMMs' worth, as four GEMMs). */
+ *   dQ = dS K;  dK = dS^T Q;  dV = P^T dO.
+ * dP and dQ run by blocks of query rows (as the forward); dK and dV by blocks of R keys
+ * [j0, j0 + c), which only the queries [j0, T) see: dK rows = (dS block)^T Q rows [j0, T), the
+ * block transposed into contiguous [c, T - j0] scratch. Each dK and dV element is the same
+ * sequence of multiply-adds over the queries as over the whole square (the queries before j0
+ * only add exact zeros to a sum that starts at +0), in a third of the square's work at T = 256. */
 lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const float *k,
                                         const float *v, const float *att, const float *do_,
                                         float *dq, float *dk, float *dv, int nthreads) {
@@ -207,21 +202,22 @@ lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
         const int64_t th = T * hd, R = att_block(T);
-        float *buf = malloc((size_t) (6 * th + T * T + R * T) * sizeof(float));
-        float *dos = buf, *dot = buf + th, *vs = buf + 2 * th, *ks = buf + 3 * th;
-        float *qt = buf + 4 * th, *gs = buf + 5 * th; /* gs: a [T, hd] or [hd, T] result */
-        float *ds = buf + 6 * th;                     /* dS [T, T] */
-        float *db = ds + T * T;                       /* a block's dP, then dS: [r, L] */
+        float *buf = malloc((size_t) (5 * th + T * T + 2 * R * T) * sizeof(float));
+        float *dos = buf, *vs = buf + th, *ks = buf + 2 * th, *qs = buf + 3 * th;
+        float *gs = buf + 4 * th; /* a [T, hd] (or [c, hd]) result */
+        float *ds = buf + 5 * th; /* dS [T, T] */
+        float *db = ds + T * T;   /* a block's dP, then dS: [r, L] */
+        float *tb = db + R * T;   /* a key block of dS or P, transposed: [c, T - j0] */
         if (!buf) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
             if (failed(&all)) continue;
             const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
             const float *p = att + task * T * T;
-            head_gather(do_ + base, D, T, hd, dos, dot);
-            head_gather(v + base, D, T, hd, vs, NULL);
-            head_gather(k + base, D, T, hd, ks, NULL);
-            head_gather(q + base, D, T, hd, NULL, qt);
+            head_gather(do_ + base, D, T, hd, dos);
+            head_gather(v + base, D, T, hd, vs);
+            head_gather(k + base, D, T, hd, ks);
+            head_gather(q + base, D, T, hd, qs);
             lowp_status st = LOWP_OK;
             for (int64_t i0 = 0; i0 < T && st == LOWP_OK; i0 += R) {
                 const int64_t r = T - i0 < R ? T - i0 : R, L = i0 + r; /* as in the forward */
@@ -238,15 +234,18 @@ lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const
                 st = mm_f32(db, ks, gs + i0 * hd, r, hd, L, 1); /* dQ = dS K */
                 put_rows(db, r, L, T, ds + i0 * T);
             }
-            if (st == LOWP_OK) {
-                head_scatter(gs, D, T, hd, dq + base);
-                st = mm_f32(qt, ds, gs, hd, T, T, 1); /* dK^T = Q^T dS */
+            if (st == LOWP_OK) head_scatter(gs, D, T, hd, dq + base);
+            for (int64_t j0 = 0; j0 < T && st == LOWP_OK; j0 += R) {
+                const int64_t c = T - j0 < R ? T - j0 : R, n = T - j0;
+                block_transpose(ds + j0 * T + j0, n, c, T, tb);
+                st = mm_f32(tb, qs + j0 * hd, gs, c, hd, n, 1); /* dK rows [j0, j0 + c) */
+                if (st != LOWP_OK) break;
+                head_scatter(gs, D, c, hd, dk + base + j0 * D);
+                block_transpose(p + j0 * T + j0, n, c, T, tb);
+                st = mm_f32(tb, dos + j0 * hd, gs, c, hd, n, 1); /* dV rows [j0, j0 + c) */
+                if (st != LOWP_OK) break;
+                head_scatter(gs, D, c, hd, dv + base + j0 * D);
             }
-            if (st == LOWP_OK) {
-                head_scatter_t(gs, D, T, hd, dk + base);
-                st = mm_f32(dot, p, gs, hd, T, T, 1); /* dV^T = dO^T P */
-            }
-            if (st == LOWP_OK) head_scatter_t(gs, D, T, hd, dv + base);
             keep_first(&all, st);
         }
         free(buf);
