@@ -173,8 +173,7 @@ lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const 
 
 /* dst [cols, rows] (row stride rows) = the block src [rows, cols] (row stride lds),
  * transposed. */
-static void block_transpose(const float *src, int64_t rows, int64_t cols, int64_t lds,
-                            float *dst) {
+static void block_transpose(const float *src, int64_t rows, int64_t cols, int64_t lds, float *dst) {
     if (lowp_cpu_has_avx512()) { /* the same bits, 16x16 blocks in registers */
         lowp_cpu_transpose_f32_avx512(src, rows, cols, lds, dst, rows);
         return;

@@ -324,8 +324,7 @@ static lowp_status cache_new(const char *fn, const lowp_param *w, const plan *p,
  * thread count; one team start instead of one or two per expert). The amaxes are recorded in
  * expert order afterwards, as the serial loop does. */
 static lowp_status cache_fill_experts(const char *fn, const lowp_param *w, const plan *p,
-                                      struct lowp_weight_cache *c, const float *scale,
-                                      int32_t nt) {
+                                      struct lowp_weight_cache *c, const float *scale, int32_t nt) {
     const int64_t N = w->rows, K = w->cols;
     const int32_t G = c->groups;
     lowp_status *sts = malloc((size_t) G * sizeof *sts);
@@ -339,9 +338,9 @@ static lowp_status cache_fill_experts(const char *fn, const lowp_param *w, const
     for (int32_t g = 0; g < G; g++) {
         lowp_tensor src = {LOWP_FORMAT_F32, N, K, w->data + (size_t) g * (size_t) (N * K),
                            LOWP_DEVICE_HOST};
-        sts[g] = fill_copies_raw(fn, &src, &p->cfg.weight, c->fwd[g].data ? &c->fwd[g] : NULL,
-                                 c->dgr[g].data ? &c->dgr[g] : NULL, scale,
-                                 scale ? &amax[g] : NULL, 1);
+        sts[g] =
+            fill_copies_raw(fn, &src, &p->cfg.weight, c->fwd[g].data ? &c->fwd[g] : NULL,
+                            c->dgr[g].data ? &c->dgr[g] : NULL, scale, scale ? &amax[g] : NULL, 1);
     }
     lowp_status st = LOWP_OK;
     for (int32_t g = 0; g < G && st == LOWP_OK; g++) {
