@@ -94,6 +94,15 @@ LOWP_HIDDEN lowp_status lowp_cpu_quantize(const lowp_tensor *x, struct lowp_qten
                                           const struct lowp_quant_cfg *cfg);
 LOWP_HIDDEN lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, struct lowp_qtensor *col,
                                                   const struct lowp_quant_cfg *cfg);
+/* The training layer's dual-axis copies of expert inputs: the rowwise copy `row` of x and the
+ * grouped columnwise copy `col` (group_offs set) from one read, as lowp_cpu_quantize(x, row,
+ * NULL) and lowp_cpu_quantize_grouped(x, col) would make them, bit for bit. Host tensors whose
+ * shapes and buffers the caller made; returns 1 when done, 0 (nothing written) when the
+ * AVX-512 kernels do not take the job (E2M1, another scaling, a reference path) or memory ran
+ * out: the caller then makes the copies one by one. */
+LOWP_HIDDEN int lowp_cpu_quantize_grouped_dual(const lowp_tensor *x, struct lowp_qtensor *row,
+                                               struct lowp_qtensor *col,
+                                               const struct lowp_quant_cfg *cfg);
 LOWP_HIDDEN lowp_status lowp_cpu_dequantize(const struct lowp_qtensor *q, lowp_tensor *out);
 LOWP_HIDDEN lowp_status lowp_cpu_amax(const lowp_tensor *x, int scaling, float *out);
 

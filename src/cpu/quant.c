@@ -165,9 +165,12 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
  * (the kernels address their output with the job's own row count as the pitch), whose code
  * and scale rows are then copied into the group's spans of the grouped output. Bit-exact
  * with lowp_cpu_quant_grouped_ref since the kernel is bit-exact with the reference. 8-bit
- * codes only: an E2M1 group may start in the middle of a byte. Returns 0 (nothing written)
- * when out of memory, so the caller falls back to the reference. */
-static int quantize_grouped_fast(const lowp_quant_job *j, const lowp_quant_cfg *cfg, int threads) {
+ * codes only: an E2M1 group may start in the middle of a byte. With `row` (a rowwise copy of
+ * all of x, the same format and scaling), each group's job fills its rows of it too, from the
+ * same read. Returns 0 (nothing written) when out of memory, so the caller falls back to the
+ * reference. */
+static int quantize_grouped_fast(const lowp_quant_job *j, lowp_qtensor *row,
+                                 const lowp_quant_cfg *cfg, int threads) {
     const lowp_qtensor *q = j->col;
     const int64_t bs = j->scaling == LOWP_SCALING_MX32 ? 32 : 128, C = j->cols;
     const size_t ss = j->scaling == LOWP_SCALING_MX32 ? 1 : sizeof(float); /* scale bytes */
@@ -202,8 +205,17 @@ static int quantize_grouped_fast(const lowp_quant_job *j, const lowp_quant_cfg *
         sub.scales = tmps + (size_t) (C * blk0) * ss;
         lowp_tensor xv = {j->xfmt, n, C, (char *) j->x + (size_t) (start * C) * xs,
                           LOWP_DEVICE_HOST};
+        /* The rowwise copy's rows of the group, in place: its blocks run along the row. */
+        lowp_qtensor rsub;
+        if (row) {
+            const int64_t nbc = (C + bs - 1) / bs;
+            rsub = *row;
+            rsub.rows = n;
+            rsub.data = (uint8_t *) row->data + (size_t) (start * C);
+            rsub.scales = (uint8_t *) row->scales + (size_t) (start * nbc) * ss;
+        }
         lowp_quant_job sj;
-        setup_job(&sj, &xv, NULL, &sub, cfg);
+        setup_job(&sj, &xv, row ? &rsub : NULL, &sub, cfg);
         lowp_cpu_quant_avx512(&sj, 0, n);
         for (int64_t c = 0; c < C; c++) {
             memcpy((uint8_t *) q->data + (size_t) (c * j->rows + start),
@@ -232,10 +244,26 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
     if (st != LOWP_OK) return st;
     const int fast = which == LOWP_CPU_KERNEL_AVX512;
     if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads, fast);
-    if (fast && quantize_grouped_fast(&j, cfg, threads)) return LOWP_OK;
+    if (fast && quantize_grouped_fast(&j, NULL, cfg, threads)) return LOWP_OK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (j.rows * j.cols > 32768)
     for (int64_t c = 0; c < j.cols; c++) lowp_cpu_quant_grouped_ref(&j, c, c + 1);
     return LOWP_OK;
+}
+
+int lowp_cpu_quantize_grouped_dual(const lowp_tensor *x, lowp_qtensor *row, lowp_qtensor *col,
+                                   const lowp_quant_cfg *cfg) {
+    if (col->groups < 1 || col->group_offs[col->groups - 1] != x->rows)
+        return 0; /* rows past the last group: lowp_quantize's rowwise copy has them */
+    lowp_quant_job j;
+    setup_job(&j, x, NULL, col, cfg);
+    if (j.efmt == LOWP_FORMAT_E2M1 || !lowp_cpu_quant_avx512_supports(&j) ||
+        (j.scaling != LOWP_SCALING_MX32 && j.scaling != LOWP_SCALING_BLOCK128))
+        return 0;
+    lowp_cpu_kernel which;
+    if (lowp_cpu_pick_kernel("lowp_quantize_grouped", cfg->path, 1, 0, &which) != LOWP_OK ||
+        which != LOWP_CPU_KERNEL_AVX512)
+        return 0;
+    return quantize_grouped_fast(&j, row, cfg, lowp_cpu_threads(cfg->threads, 0));
 }
 
 lowp_status lowp_cpu_dequantize(const lowp_qtensor *q, lowp_tensor *out) {

@@ -199,6 +199,8 @@ static lowp_status fill_copies_raw(const char *fn, const lowp_tensor *x, const l
     if (rq && cq && !cq->group_offs) {
         st = lowp_quantize(x, rq, cq, &qc); /* dual-axis: one read of x */
         have_amax = 1;
+    } else if (rq && cq && !amax && lowp_cpu_quantize_grouped_dual(x, rq, cq, &qc)) {
+        have_amax = 1; /* experts' inputs, dual-axis (MX32, BLOCK128: no tensor amax) */
     } else {
         if (rq && st == LOWP_OK) {
             st = lowp_quantize(x, rq, NULL, &qc);
