@@ -10,6 +10,7 @@
 #include "lowp/model.h"
 #include "testutil.h"
 #include "model_testutil.h"
+#include "cpu/cpu.h"
 #include "model/model_internal.h"
 #include "train/train_internal.h"
 
@@ -505,6 +506,63 @@ static void test_attention_blocks(void) {
     free(P), free(dS), free(q), free(k), free(v), free(dO), free(o), free(att);
 }
 
+/* (7) The attention core's row passes, eight rows at a time, against one row at a time in key
+ * order (softmax: scale, running maximum, the exponentials as the library takes them, sum,
+ * normalize; dS: sum of P dP, then P (dP - sum) scale), bit for bit: blocks of 48 and of 13
+ * rows (a remainder of the eight), starting at query 0 and at query 100, scores with ties,
+ * exact zeros and a large spread. */
+static void test_attention_rows(void) {
+    const int64_t T = 160, R = 48;
+    const float scale = 0.125f;
+    float *s = malloc(sizeof(float) * (size_t) (R * T)),
+          *ref = malloc(sizeof(float) * (size_t) (R * T));
+    float *p = malloc(sizeof(float) * (size_t) (T * T));
+    int same = 1;
+    for (int pass = 0; pass < 4; pass++) {
+        const int64_t i0 = pass & 1 ? 100 : 0, r = pass & 2 ? 13 : R, L = i0 + r;
+        for (int64_t i = 0; i < r * L; i++) {
+            const uint32_t u = (uint32_t) rnd_below(100);
+            s[i] = u < 5 ? 0.0f : u < 10 ? 1.5f : gauss() * (u < 20 ? 40.0f : 3.0f);
+        }
+        for (int64_t i = 0; i < T * T; i++) p[i] = (float) rnd_below(1000) / 1000.0f;
+        memcpy(ref, s, sizeof(float) * (size_t) (r * L));
+        /* the softmax of each row on its own */
+        for (int64_t t = 0; t < r; t++) {
+            float *x = ref + t * L, mx = -INFINITY, sum = 0.0f;
+            const int64_t n = i0 + t + 1;
+            for (int64_t j = 0; j < n; j++) {
+                x[j] *= scale;
+                if (x[j] > mx) mx = x[j];
+            }
+            for (int64_t j = 0; j < n; j++) x[j] -= mx;
+#if LOWP_HAVE_LIBMVEC
+            if (lowp_cpu_has_avx512())
+                lowp_cpu_expf_avx512(x, n);
+            else
+#endif
+                for (int64_t j = 0; j < n; j++) x[j] = expf(x[j]);
+            for (int64_t j = 0; j < n; j++) sum += x[j];
+            const float inv = 1.0f / sum;
+            for (int64_t j = 0; j < n; j++) x[j] *= inv;
+            for (int64_t j = n; j < L; j++) x[j] = 0.0f;
+        }
+        moe_softmax_block(s, r, L, i0, scale);
+        same &= memcmp(s, ref, sizeof(float) * (size_t) (r * L)) == 0;
+        /* dS of each row on its own, from dP = the probabilities just made */
+        for (int64_t t = 0; t < r; t++) {
+            const float *pr = p + (i0 + t) * T;
+            float *rw = ref + t * L, pdp = 0.0f;
+            for (int64_t j = 0; j <= i0 + t; j++) pdp += pr[j] * rw[j];
+            for (int64_t j = 0; j <= i0 + t; j++) rw[j] = pr[j] * (rw[j] - pdp) * scale;
+            for (int64_t j = i0 + t + 1; j < L; j++) rw[j] = 0.0f;
+        }
+        moe_ds_block(p, T, s, r, L, i0, scale);
+        same &= memcmp(s, ref, sizeof(float) * (size_t) (r * L)) == 0;
+    }
+    CHECKF(same, "attention row passes differ from one row at a time in key order");
+    free(s), free(ref), free(p);
+}
+
 int main(void) {
     test_errors();
     test_deterministic();
@@ -516,5 +574,6 @@ int main(void) {
     test_checkpoint_equal("mix");
     test_loss_falls();
     test_attention_blocks();
+    test_attention_rows();
     return testutil_finish();
 }

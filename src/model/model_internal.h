@@ -208,6 +208,16 @@ LOWP_HIDDEN lowp_status moe_attention_core_backward(const moe_dims *d, const flo
                                                     const float *att, const float *do_, float *dq,
                                                     float *dk, float *dv, int nthreads);
 
+/* The attention core's row passes over a block of rows (src/model/moe_attention.c), exposed
+ * for the tests. moe_softmax_block: rows [0, r) of sb (row stride L) hold the scores of
+ * queries i0 .. i0 + r - 1; each becomes the causal softmax of its scores times scale (0 past
+ * the query), the maximum and the sum taken in key order. moe_ds_block: rows [0, r) of db
+ * (stride L) hold dP; each becomes dS = P (dP - sum_j P dP) scale over the visible keys (the
+ * sum in key order; P row i0 + t of p, stride T), 0 past them. */
+LOWP_HIDDEN void moe_softmax_block(float *sb, int64_t r, int64_t L, int64_t i0, float scale);
+LOWP_HIDDEN void moe_ds_block(const float *p, int64_t T, float *db, int64_t r, int64_t L,
+                              int64_t i0, float scale);
+
 /* MoE half: a->y and a->aux from x [N, D]. */
 LOWP_HIDDEN lowp_status moe_ffn_forward(lowp_param *lp, const moe_dims *d, const moe_exec *ex,
                                         const float *x, moe_ffn_acts *a, int keep);

@@ -115,6 +115,84 @@ static void softmax_row(float *s, int64_t T, int64_t t, float scale) {
     for (int64_t j = t + 1; j < T; j++) s[j] = 0.0f;
 }
 
+/* softmax_row of eight rows at once, rows s + i * ld of queries t0 + i (i < 8; row length
+ * L): the running maxima and the sums of the eight rows side by side, each row's still
+ * sequential in its own order (the same bits as softmax_row), so that the eight dependent
+ * chains overlap instead of running one after another. */
+static void softmax_rows8(float *s, int64_t ld, int64_t L, int64_t t0, float scale) {
+    float *row[8], mx[8], sum[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) row[i] = s + i * ld, mx[i] = -INFINITY, sum[i] = 0.0f;
+    const int64_t common = t0 + 1; /* columns every row of the eight has */
+    for (int64_t j = 0; j < common; j++) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            const float v = row[i][j] * scale;
+            row[i][j] = v;
+            if (v > mx[i]) mx[i] = v;
+        }
+    }
+    for (int i = 1; i < 8; i++)
+        for (int64_t j = common; j <= t0 + i; j++) {
+            row[i][j] *= scale;
+            if (row[i][j] > mx[i]) mx[i] = row[i][j];
+        }
+    for (int i = 0; i < 8; i++) {
+        for (int64_t j = 0; j <= t0 + i; j++) row[i][j] -= mx[i];
+        lowp_cpu_expf_avx512(row[i], t0 + i + 1);
+    }
+    for (int64_t j = 0; j < common; j++) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) sum[i] += row[i][j];
+    }
+    for (int i = 1; i < 8; i++)
+        for (int64_t j = common; j <= t0 + i; j++) sum[i] += row[i][j];
+    for (int i = 0; i < 8; i++) {
+        const float inv = 1.0f / sum[i];
+        for (int64_t j = 0; j <= t0 + i; j++) row[i][j] *= inv;
+        for (int64_t j = t0 + i + 1; j < L; j++) row[i][j] = 0.0f;
+    }
+}
+
+/* Rows [0, r) of a block of scores (row stride L), row t the query i0 + t: softmax_row of
+ * each, eight at a time where the vector exponential runs. */
+void moe_softmax_block(float *sb, int64_t r, int64_t L, int64_t i0, float scale) {
+    int64_t t = 0;
+#if LOWP_HAVE_LIBMVEC
+    if (lowp_cpu_has_avx512())
+        for (; t + 8 <= r; t += 8) softmax_rows8(sb + t * L, L, L, i0 + t, scale);
+#endif
+    for (; t < r; t++) softmax_row(sb + t * L, L, i0 + t, scale);
+}
+
+/* dS rows of a block in place: row t (query i0 + t, P row pr = p + (i0 + t) * T, dP row rw =
+ * db + t * L) becomes P * (dP - sum_j P[j] dP[j]) * scale on the visible keys, 0 past them.
+ * Eight rows' sums run side by side, each sequential in j (the order of one row alone). */
+void moe_ds_block(const float *p, int64_t T, float *db, int64_t r, int64_t L, int64_t i0,
+                  float scale) {
+    for (int64_t t0 = 0; t0 < r; t0 += 8) {
+        const int n = r - t0 < 8 ? (int) (r - t0) : 8;
+        const float *pr[8];
+        float *rw[8], pdp[8];
+        for (int i = 0; i < 8; i++) {
+            const int ii = i < n ? i : 0; /* rows past the block repeat the first: unused */
+            pr[i] = p + (i0 + t0 + ii) * T, rw[i] = db + (t0 + ii) * L, pdp[i] = 0.0f;
+        }
+        const int64_t common = i0 + t0 + 1;
+        for (int64_t j = 0; j < common; j++) {
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) pdp[i] += pr[i][j] * rw[i][j];
+        }
+        for (int i = 1; i < n; i++)
+            for (int64_t j = common; j <= i0 + t0 + i; j++) pdp[i] += pr[i][j] * rw[i][j];
+        for (int i = 0; i < n; i++) {
+            const int64_t end = i0 + t0 + i; /* the last visible key */
+            for (int64_t j = 0; j <= end; j++) rw[i][j] = pr[i][j] * (rw[i][j] - pdp[i]) * scale;
+            for (int64_t j = end + 1; j < L; j++) rw[i][j] = 0.0f;
+        }
+    }
+}
+
 /* The first failure of a parallel loop's tasks (the others are skipped). */
 static void keep_first(lowp_status *all, lowp_status st) {
     if (st == LOWP_OK) return;
@@ -159,7 +237,7 @@ lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const 
                 const int64_t r = T - i0 < R ? T - i0 : R, L = i0 + r;
                 st = mm_f32(qs + i0 * hd, ks, sb, r, L, hd, 0); /* S = Q K^T */
                 if (st != LOWP_OK) break;
-                for (int64_t t = 0; t < r; t++) softmax_row(sb + t * L, L, i0 + t, scale);
+                moe_softmax_block(sb, r, L, i0, scale);
                 st = mm_f32(sb, vs, os + i0 * hd, r, hd, L, 1); /* O = P V */
                 put_rows(sb, r, L, T, p + i0 * T);
             }
@@ -222,14 +300,7 @@ lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const
                 const int64_t r = T - i0 < R ? T - i0 : R, L = i0 + r; /* as in the forward */
                 st = mm_f32(dos + i0 * hd, vs, db, r, L, hd, 0);       /* dP = dO V^T */
                 if (st != LOWP_OK) break;
-                for (int64_t t = 0; t < r; t++) {
-                    const float *pr = p + (i0 + t) * T;
-                    float *rw = db + t * L;
-                    float pdp = 0.0f; /* sum_j P[j] dP[j] */
-                    for (int64_t j = 0; j <= i0 + t; j++) pdp += pr[j] * rw[j];
-                    for (int64_t j = 0; j <= i0 + t; j++) rw[j] = pr[j] * (rw[j] - pdp) * scale;
-                    for (int64_t j = i0 + t + 1; j < L; j++) rw[j] = 0.0f;
-                }
+                moe_ds_block(p, T, db, r, L, i0, scale);
                 st = mm_f32(db, ks, gs + i0 * hd, r, hd, L, 1); /* dQ = dS K */
                 put_rows(db, r, L, T, ds + i0 * T);
             }
