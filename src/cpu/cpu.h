@@ -94,6 +94,17 @@ LOWP_HIDDEN lowp_status lowp_cpu_quantize(const lowp_tensor *x, struct lowp_qten
                                           const struct lowp_quant_cfg *cfg);
 LOWP_HIDDEN lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, struct lowp_qtensor *col,
                                                   const struct lowp_quant_cfg *cfg);
+/* One thread's GEMM over part of its operands, for the attention core's per-head products on
+ * the [N, D] activations as they lie: C (m, n) = c[m * c->cols + n] = the sum over k in [k0, k1)
+ * of a (m, k) b (n, k), for m < `m` and n in [n0, n1); a [>= m, >= k1] row-major (row stride
+ * a->cols); b [>= n1, >= k1], or with b_kn [>= k1, >= n1] (element (n, k) at (k, n)). The same
+ * kernels and, for each element, the same operations as a GEMM of the parts copied out
+ * contiguously. Plain F32 or BF16 host operands the caller made; no OpenMP region. */
+LOWP_HIDDEN lowp_status lowp_cpu_gemm_part(const struct lowp_qtensor *a,
+                                           const struct lowp_qtensor *b, int b_kn, lowp_tensor *c,
+                                           int64_t m, int64_t n0, int64_t n1, int64_t k0,
+                                           int64_t k1);
+
 /* The training layer's dual-axis copies of expert inputs: the rowwise copy `row` of x and the
  * grouped columnwise copy `col` (group_offs set) from one read, as lowp_cpu_quantize(x, row,
  * NULL) and lowp_cpu_quantize_grouped(x, col) would make them, bit for bit. Host tensors whose

@@ -168,6 +168,22 @@ lowp_status lowp_cpu_gemm(const lowp_qtensor *a, const lowp_qtensor *b, int b_kn
     return run_jobs(pieces, split(&j, threads, k, pieces, LOWP_MAX_PIECES, 1), k, threads);
 }
 
+lowp_status lowp_cpu_gemm_part(const lowp_qtensor *a, const lowp_qtensor *b, int b_kn,
+                               lowp_tensor *c, int64_t m, int64_t n0, int64_t n1, int64_t k0,
+                               int64_t k1) {
+    lowp_gemm_cfg cfg;
+    lowp_gemm_cfg_init(&cfg);
+    lowp_gemm_job j;
+    lowp_status st = base_job(&j, a, b, b_kn, c, &cfg);
+    if (st != LOWP_OK) return st;
+    j.m1 = m;
+    j.n0 = n0, j.n1 = n1;
+    j.k0 = k0, j.k1 = k1;
+    gemm_kernel k = pick(&j, cfg.path, &st);
+    if (!k) return st;
+    return run_jobs(&j, 1, k, 1);
+}
+
 /* The groups' pieces are queued and run together, one parallel region (and barrier) per
  * LOWP_MAX_PIECES pieces of the same kernel rather than one per group: a barrier per group
  * costs little cores, but a lot when another process takes one of them for a while. */

@@ -39,39 +39,29 @@ static void rope_rotate(float *x, const moe_dims *d, const float *cosv, const fl
     }
 }
 
-/* The attention core runs per task (sequence b, head h) on lowp_gemm's binary32 GEMMs (one
- * thread per task, so no sum depends on the thread count): the head's rows are copied into
- * contiguous [T, hd] (or transposed [hd, T]) scratch, the scores and probabilities of a task
- * are a contiguous [T, T] block of att. The products run by blocks of query rows (S, O, dP,
- * dQ) or of keys (dK, dV) over the part of the square that the causal mask leaves nonzero
- * (att_block); products with a [T, T] or [T, hd] operand on the right read it as stored
- * (lowp_gemm_kn). */
+/* The attention core runs per task (sequence b, head h) on the binary32 GEMM kernels, one
+ * thread per task, so no sum depends on the thread count. The products read the head's
+ * columns of q, k, v, o and their gradients where they lie in the [N, D] activations
+ * (lowp_cpu_gemm_part: row stride D, the head's columns as the contraction or the output
+ * range), with no copies in or out; the scores and probabilities of a task are a contiguous
+ * [T, T] block of att. The products run by blocks of query rows (S, O, dP, dQ) or of keys
+ * (dK, dV) over the part of the square that the causal mask leaves nonzero (att_block);
+ * products with a [T, T] or [T, D] operand on the right read it as stored (b_kn). */
 
-/* xs [T, hd] = the T rows of one head's columns of x (row stride D). */
-static void head_gather(const float *x, int64_t D, int64_t T, int64_t hd, float *xs) {
-    for (int64_t j = 0; j < T; j++) memcpy(xs + j * hd, x + j * D, (size_t) hd * sizeof(float));
-}
-
-/* The head's columns of y (row stride D) = ys [T, hd]. */
-static void head_scatter(const float *ys, int64_t D, int64_t T, int64_t hd, float *y) {
-    for (int64_t j = 0; j < T; j++) memcpy(y + j * D, ys + j * hd, (size_t) hd * sizeof(float));
-}
-
-/* c [m, n] = a [m, k] . b [n, k]^T on one thread (binary32, plain operands); kn: a . b with
- * b [k, n] as stored (lowp_gemm_kn). */
-static lowp_status mm_f32(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k,
-                          int kn) {
+/* c (i, n) = c[i * ldc + n] for i < m, n in [n0, n1): the sum over kk in [k0, k1) of
+ * a[i * lda + kk] times b[n * ldb + kk] (kn: b[kk * ldb + n]); b has brows rows. One thread,
+ * binary32. */
+static lowp_status mm_part(const float *a, int64_t lda, int64_t m, const float *b, int64_t ldb,
+                           int64_t brows, int kn, int64_t n0, int64_t n1, int64_t k0, int64_t k1,
+                           float *c, int64_t ldc) {
     lowp_qtensor qa = {0}, qb = {0};
     qa.format = qb.format = LOWP_FORMAT_F32;
     qa.scaling = qb.scaling = LOWP_SCALING_NONE;
     qa.device = qb.device = LOWP_DEVICE_HOST;
-    qa.rows = m, qa.cols = k, qa.data = (void *) a;
-    qb.rows = kn ? k : n, qb.cols = kn ? n : k, qb.data = (void *) b;
-    lowp_tensor ct = moe_tensor(c, m, n);
-    lowp_gemm_cfg cfg;
-    lowp_gemm_cfg_init(&cfg);
-    cfg.threads = 1;
-    return kn ? lowp_gemm_kn(&qa, &qb, &ct, &cfg) : lowp_gemm(&qa, &qb, &ct, &cfg);
+    qa.rows = m, qa.cols = lda, qa.data = (void *) a;
+    qb.rows = brows, qb.cols = ldb, qb.data = (void *) b;
+    lowp_tensor ct = moe_tensor(c, m, ldc);
+    return lowp_cpu_gemm_part(&qa, &qb, kn, &ct, m, n0, n1, k0, k1);
 }
 
 /* Query rows per block of the attention core: a block of rows [i0, i0 + r) multiplies only
@@ -219,32 +209,28 @@ lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const 
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
         const int64_t R = att_block(T);
-        float *buf = malloc((size_t) (4 * T * hd + R * T) * sizeof(float));
-        float *qs = buf, *ks = buf + T * hd, *vs = buf + 2 * T * hd, *os = buf + 3 * T * hd;
-        float *sb = buf + 4 * T * hd; /* a block's scores, then probabilities: [r, L] */
-        if (!buf) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
+        float *sb = malloc((size_t) (R * T) * sizeof(float)); /* a block's scores: [r, L] */
+        if (!sb) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
             if (failed(&all)) continue;
-            const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
+            const int64_t seq = (task / d->nh) * T * D, h0 = (task % d->nh) * hd;
             float *p = att + task * T * T; /* [T, T]: the probabilities, 0 past the diagonal */
-            head_gather(q + base, D, T, hd, qs);
-            head_gather(k + base, D, T, hd, ks);
-            head_gather(v + base, D, T, hd, vs);
             lowp_status st = LOWP_OK;
             for (int64_t i0 = 0; i0 < T && st == LOWP_OK; i0 += R) {
                 /* rows [i0, i0 + r) see keys [0, L) */
                 const int64_t r = T - i0 < R ? T - i0 : R, L = i0 + r;
-                st = mm_f32(qs + i0 * hd, ks, sb, r, L, hd, 0); /* S = Q K^T */
+                /* S = Q K^T over the head's columns */
+                st = mm_part(q + seq + i0 * D, D, r, k + seq, D, L, 0, 0, L, h0, h0 + hd, sb, L);
                 if (st != LOWP_OK) break;
                 moe_softmax_block(sb, r, L, i0, scale);
-                st = mm_f32(sb, vs, os + i0 * hd, r, hd, L, 1); /* O = P V */
+                /* O = P V, into the head's columns of o */
+                st = mm_part(sb, L, r, v + seq, D, L, 1, h0, h0 + hd, 0, L, o + seq + i0 * D, D);
                 put_rows(sb, r, L, T, p + i0 * T);
             }
-            if (st == LOWP_OK) head_scatter(os, D, T, hd, o + base);
             keep_first(&all, st);
         }
-        free(buf);
+        free(sb);
     }
     return all;
 }
@@ -278,43 +264,38 @@ lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const
     lowp_status all = LOWP_OK;
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
-        const int64_t th = T * hd, R = att_block(T);
-        float *buf = malloc((size_t) (5 * th + T * T + 2 * R * T) * sizeof(float));
-        float *dos = buf, *vs = buf + th, *ks = buf + 2 * th, *qs = buf + 3 * th;
-        float *gs = buf + 4 * th; /* a [T, hd] (or [c, hd]) result */
-        float *ds = buf + 5 * th; /* dS [T, T] */
-        float *db = ds + T * T;   /* a block's dP, then dS: [r, L] */
-        float *tb = db + R * T;   /* a key block of dS or P, transposed: [c, T - j0] */
+        const int64_t R = att_block(T);
+        float *buf = malloc((size_t) (T * T + 2 * R * T) * sizeof(float));
+        float *ds = buf;        /* dS [T, T] */
+        float *db = ds + T * T; /* a block's dP, then dS: [r, L] */
+        float *tb = db + R * T; /* a key block of dS or P, transposed: [c, T - j0] */
         if (!buf) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
             if (failed(&all)) continue;
-            const int64_t base = (task / d->nh) * T * D + (task % d->nh) * hd;
+            const int64_t seq = (task / d->nh) * T * D, h0 = (task % d->nh) * hd;
             const float *p = att + task * T * T;
-            head_gather(do_ + base, D, T, hd, dos);
-            head_gather(v + base, D, T, hd, vs);
-            head_gather(k + base, D, T, hd, ks);
-            head_gather(q + base, D, T, hd, qs);
             lowp_status st = LOWP_OK;
             for (int64_t i0 = 0; i0 < T && st == LOWP_OK; i0 += R) {
                 const int64_t r = T - i0 < R ? T - i0 : R, L = i0 + r; /* as in the forward */
-                st = mm_f32(dos + i0 * hd, vs, db, r, L, hd, 0);       /* dP = dO V^T */
+                /* dP = dO V^T over the head's columns */
+                st = mm_part(do_ + seq + i0 * D, D, r, v + seq, D, L, 0, 0, L, h0, h0 + hd, db, L);
                 if (st != LOWP_OK) break;
                 moe_ds_block(p, T, db, r, L, i0, scale);
-                st = mm_f32(db, ks, gs + i0 * hd, r, hd, L, 1); /* dQ = dS K */
+                /* dQ = dS K, into the head's columns of dq */
+                st = mm_part(db, L, r, k + seq, D, L, 1, h0, h0 + hd, 0, L, dq + seq + i0 * D, D);
                 put_rows(db, r, L, T, ds + i0 * T);
             }
-            if (st == LOWP_OK) head_scatter(gs, D, T, hd, dq + base);
             for (int64_t j0 = 0; j0 < T && st == LOWP_OK; j0 += R) {
                 const int64_t c = T - j0 < R ? T - j0 : R, n = T - j0;
+                /* dK rows [j0, j0 + c) = (dS block)^T Q rows [j0, T); dV from P and dO */
                 block_transpose(ds + j0 * T + j0, n, c, T, tb);
-                st = mm_f32(tb, qs + j0 * hd, gs, c, hd, n, 1); /* dK rows [j0, j0 + c) */
+                st = mm_part(tb, n, c, q + seq + j0 * D, D, n, 1, h0, h0 + hd, 0, n,
+                             dk + seq + j0 * D, D);
                 if (st != LOWP_OK) break;
-                head_scatter(gs, D, c, hd, dk + base + j0 * D);
                 block_transpose(p + j0 * T + j0, n, c, T, tb);
-                st = mm_f32(tb, dos + j0 * hd, gs, c, hd, n, 1); /* dV rows [j0, j0 + c) */
-                if (st != LOWP_OK) break;
-                head_scatter(gs, D, c, hd, dv + base + j0 * D);
+                st = mm_part(tb, n, c, do_ + seq + j0 * D, D, n, 1, h0, h0 + hd, 0, n,
+                             dv + seq + j0 * D, D);
             }
             keep_first(&all, st);
         }
