@@ -817,6 +817,84 @@ static void test_wgrad_kn(void) {
     }
 }
 
+/* lowp_cpu_gemm_part (the attention core's per-head products on strided operands) against
+ * lowp_gemm / lowp_gemm_kn of the same parts copied out contiguously, bit for bit (one thread),
+ * both layouts of b, ranges that start inside the rows and end before them; C outside the
+ * part stays as it was. */
+static void test_part(void) {
+    static const int64_t cases[][7] = {
+        /* m, lda, ldb, n0, n1, k0, k1 */
+        {37, 50, 45, 7, 40, 3, 47},
+        {12, 64, 64, 0, 64, 16, 32},
+        {130, 200, 300, 33, 161, 64, 128},
+        {5, 9, 7, 2, 3, 0, 9},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int64_t m = cases[ci][0], lda = cases[ci][1], ldb = cases[ci][2], n0 = cases[ci][3],
+                      n1 = cases[ci][4], k0 = cases[ci][5], k1 = cases[ci][6];
+        const int64_t N = n1 - n0, K = k1 - k0, ldc = ldb + 3;
+        for (int kn = 0; kn < 2; kn++) {
+            const int64_t brows = kn ? k1 + 2 : n1 + 1; /* b: [brows, ldb] */
+            if (!kn && ldb < k1) continue;
+            if (kn && ldb < n1) continue;
+            float *a = malloc(sizeof(float) * (size_t) (m * lda));
+            float *b = malloc(sizeof(float) * (size_t) (brows * ldb));
+            float *c = malloc(sizeof(float) * (size_t) (m * ldc));
+            float *ac = malloc(sizeof(float) * (size_t) (m * K));
+            float *bc = malloc(sizeof(float) * (size_t) (N * K));
+            float *cc = malloc(sizeof(float) * (size_t) (m * N));
+            for (int64_t i = 0; i < m * lda; i++) a[i] = gauss();
+            for (int64_t i = 0; i < brows * ldb; i++) b[i] = gauss();
+            for (int64_t i = 0; i < m * ldc; i++) c[i] = -7.25f;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t k = 0; k < K; k++) ac[i * K + k] = a[i * lda + k0 + k];
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t k = 0; k < K; k++)
+                    bc[kn ? k * N + n : n * K + k] =
+                        kn ? b[(k0 + k) * ldb + n0 + n] : b[(n0 + n) * ldb + k0 + k];
+            lowp_qtensor qa = {
+                LOWP_FORMAT_F32, LOWP_SCALING_NONE, m, lda, a, NULL, LOWP_DEVICE_HOST, NULL, 0};
+            lowp_qtensor qb = {
+                LOWP_FORMAT_F32, LOWP_SCALING_NONE, brows, ldb, b, NULL, LOWP_DEVICE_HOST, NULL, 0};
+            lowp_tensor tc = {LOWP_FORMAT_F32, m, ldc, c, LOWP_DEVICE_HOST};
+            CHECK(lowp_cpu_gemm_part(&qa, &qb, kn, &tc, m, n0, n1, k0, k1) == LOWP_OK);
+            lowp_qtensor qac = {
+                LOWP_FORMAT_F32, LOWP_SCALING_NONE, m, K, ac, NULL, LOWP_DEVICE_HOST, NULL, 0};
+            lowp_qtensor qbc = {LOWP_FORMAT_F32,
+                                LOWP_SCALING_NONE,
+                                kn ? K : N,
+                                kn ? N : K,
+                                bc,
+                                NULL,
+                                LOWP_DEVICE_HOST,
+                                NULL,
+                                0};
+            lowp_tensor tcc = {LOWP_FORMAT_F32, m, N, cc, LOWP_DEVICE_HOST};
+            lowp_gemm_cfg cfg;
+            lowp_gemm_cfg_init(&cfg);
+            cfg.threads = 1;
+            CHECK((kn ? lowp_gemm_kn(&qac, &qbc, &tcc, &cfg) : lowp_gemm(&qac, &qbc, &tcc, &cfg)) ==
+                  LOWP_OK);
+            int same = 1, outside = 1;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t n = 0; n < ldc; n++) {
+                    const float got = c[i * ldc + n];
+                    if (n >= n0 && n < n1)
+                        same &= memcmp(&got, &cc[i * N + n - n0], sizeof got) == 0;
+                    else
+                        outside &= got == -7.25f;
+                }
+            CHECKF(
+                same && outside,
+                "gemm_part m %lld n [%lld, %lld) k [%lld, %lld) kn %d: same %d, C outside kept %d",
+                (long long) m, (long long) n0, (long long) n1, (long long) k0, (long long) k1, kn,
+                same, outside);
+            g_cases++;
+            free(a), free(b), free(c), free(ac), free(bc), free(cc);
+        }
+    }
+}
+
 int main(void) {
     tu_seed(0x243F6A8885A308D3ull);
     const uint32_t f = lowp_cpu_caps()->flags;
@@ -841,6 +919,7 @@ int main(void) {
     test_large_c();
     test_kn();
     test_wgrad_kn();
+    test_part();
     printf("test_gemm_fast: %d GEMM comparisons\n", g_cases);
     return testutil_finish();
 }
