@@ -648,6 +648,31 @@ static void test_large_c(void) {
     }
 }
 
+/* ---- pieces along m on two threads ---- */
+
+/* A GEMM the dispatcher cuts into four pieces along m (M much larger than N), on two threads:
+ * a thread that runs two pieces finds the first one's packed B block in its workspace and uses
+ * it (gemm_blk.c, the workspace tag). Against the reference, for the pair kinds with their own
+ * packing (plain with the exact-kernel facts, tensor and row scales, MX with folding, a
+ * 32x32-tile B, BLOCK128 scale panels). */
+static void test_pieces_m(void) {
+    const int64_t M = 2304, N = 160, K = 96;
+    const int pis[] = {1, 2, 5, 7, 12, 14, 16};
+    for (size_t i = 0; i < sizeof pis / sizeof pis[0]; i++) {
+        const pair_spec *p = &PAIRS[pis[i]];
+        for (int how = 0; how < 2; how++) {
+            operand a = make(p->fa, p->sa, M, K, how ? SPICE_EXTREME | SPICE_DENORM : SPICE_NONE);
+            operand b = make(p->fb, p->sb, N, K, how ? SPICE_EXTREME | SPICE_DENORM : SPICE_NONE);
+            char name[96];
+            snprintf(name, sizeof name, "%s pieces along m%s", p->name,
+                     how ? " (extreme blocks, denormals)" : "");
+            check_gemm(name, &a.q, &b.q, LOWP_FORMAT_F32, how, 2, 0);
+            operand_drop(&a);
+            operand_drop(&b);
+        }
+    }
+}
+
 /* ---- b given [K, N] (lowp_gemm_kn) ---- */
 
 /* The transpose of copy s ([K, N]) as a [N, K] copy, built here element by element: codes (or
@@ -917,6 +942,7 @@ int main(void) {
     test_wgrad();
     test_wgrad_jobs();
     test_large_c();
+    test_pieces_m();
     test_kn();
     test_wgrad_kn();
     test_part();

@@ -50,11 +50,13 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
     }
     per = (per + 15) & ~(size_t) 15; /* keep every thread's workspace 64-byte aligned */
     float *ws = NULL;
-    if (per) {
-        ws = aligned_alloc(64, per * sizeof(float) * (size_t) threads);
-        if (!ws)
-            return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_gemm: workspace of %zu bytes",
-                             per * sizeof(float) * (size_t) threads);
+    lowp_gemm_pack_tag *tags = calloc((size_t) threads, sizeof *tags);
+    if (per) ws = aligned_alloc(64, per * sizeof(float) * (size_t) threads);
+    if ((per && !ws) || !tags) {
+        free(ws);
+        free(tags);
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_gemm: workspace of %zu bytes",
+                         per * sizeof(float) * (size_t) threads);
     }
     if (threads <= 1) {
         /* No OpenMP region at all: even a serialized one costs a team setup, and the attention
@@ -62,9 +64,11 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
         for (int64_t i = 0; i < count; i++) {
             lowp_gemm_job j = jobs[i];
             j.ws = ws;
+            j.tag = tags;
             kernel(&j);
         }
         free(ws);
+        free(tags);
         return LOWP_OK;
     }
     /* Largest pieces first (their multiply-adds; ties keep their order): with dynamic
@@ -87,10 +91,13 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int64_t i = 0; i < count; i++) {
         lowp_gemm_job j = jobs[sorted ? order[i] : i];
-        j.ws = ws ? ws + per * (size_t) omp_get_thread_num() : NULL;
+        const int t = omp_get_thread_num();
+        j.ws = ws ? ws + per * (size_t) t : NULL;
+        j.tag = &tags[t];
         kernel(&j);
     }
     free(ws);
+    free(tags);
     return LOWP_OK;
 }
 

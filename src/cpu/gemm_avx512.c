@@ -371,6 +371,7 @@ size_t lowp_cpu_gemm_avx512_ws_floats(const lowp_gemm_job *j) {
 
 void lowp_cpu_gemm_avx512(const lowp_gemm_job *j) {
     if (plain_f32(j)) {
+        if (j->tag) j->tag->valid = 0; /* its panels overwrite the workspace */
         sgemm(j);
         return;
     }

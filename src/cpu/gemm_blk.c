@@ -660,9 +660,24 @@ void lowp_gemm_blk_run(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *kern)
         const int64_t ncols = j->n1 - nb0 < x.nc ? j->n1 - nb0 : x.nc;
         const int64_t npan = (ncols + 31) / 32;
         x.nb0 = nb0;
-        for (int64_t p = 0; p < npan; p++) {
+        /* The block the thread's previous job packed, when it is this one (pieces of one GEMM
+         * along m share their B): the panels, their facts and scales are still in place. */
+        lowp_gemm_pack_tag *tg = j->tag;
+        const int packed = tg && tg->valid && tg->kern == (const void *) kern && tg->b == j->b &&
+                           tg->b_kn == j->b_kn && tg->nb0 == nb0 && tg->ncols == ncols &&
+                           tg->nc == x.nc && tg->k0 == j->k0 && tg->k1 == j->k1 &&
+                           tg->b_blk == j->b_blk;
+        for (int64_t p = 0; p < npan && !packed; p++) {
             const int w = (int) (ncols - 32 * p < 32 ? ncols - 32 * p : 32);
             pack_panel(&x, nb0 + 32 * p, w, x.bblock + p * kp * 32, &x.pfacts[p]);
+        }
+        if (tg && !packed) {
+            tg->valid = 1;
+            tg->kern = kern;
+            tg->b = j->b;
+            tg->b_kn = j->b_kn;
+            tg->nb0 = nb0, tg->ncols = ncols, tg->nc = x.nc;
+            tg->k0 = j->k0, tg->k1 = j->k1, tg->b_blk = j->b_blk;
         }
         for (int64_t m0 = j->m0; m0 < j->m1; m0 += 32) {
             const int rows = (int) (j->m1 - m0 < 32 ? j->m1 - m0 : 32);

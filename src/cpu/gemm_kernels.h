@@ -8,6 +8,17 @@
 #include "core/internal.h"
 #include "lowp/gemm.h"
 
+/* What a thread's workspace holds packed (gemm_blk.c): the B block a job left there, so that
+ * the next job on the same thread with the same B block (a piece of the same GEMM along m)
+ * uses it instead of packing it again. Valid within one run of a job list. */
+typedef struct lowp_gemm_pack_tag {
+    int valid;
+    const void *kern;
+    const lowp_qtensor *b;
+    int b_kn;
+    int64_t nb0, ncols, nc, k0, k1, b_blk;
+} lowp_gemm_pack_tag;
+
 typedef struct lowp_gemm_job {
     const lowp_qtensor *a; /* [*, Ka] */
     const lowp_qtensor *b; /* [*, Kb], or with b_kn [Kb, *]: element (n, k) stored at (k, n) */
@@ -21,7 +32,8 @@ typedef struct lowp_gemm_job {
     int64_t a_blk, b_blk; /* scale-block index of column k0 in a's and b's scale rows */
     int64_t c_row_base;   /* C element of (m, n) is c[(c_row_base + m) * c->cols + n] */
     int accumulate;
-    float *ws; /* workspace of lowp_gemm_ref_ws_floats(job) floats */
+    float *ws;               /* workspace of lowp_gemm_ref_ws_floats(job) floats */
+    lowp_gemm_pack_tag *tag; /* this thread's workspace tag (NULL: pack every B block) */
 } lowp_gemm_job;
 
 /* Workspace the reference needs for a job (decoded A row and a panel of B rows). */
