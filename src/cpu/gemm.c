@@ -3,6 +3,7 @@
  * each with its own bounded workspace. Arguments were validated by src/ops/gemm.c. */
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "gemm_kernels.h"
@@ -178,8 +179,9 @@ lowp_status lowp_cpu_gemm(const lowp_qtensor *a, const lowp_qtensor *b, int b_kn
 lowp_status lowp_cpu_gemm_part(const lowp_qtensor *a, const lowp_qtensor *b, int b_kn,
                                lowp_tensor *c, int64_t m, int64_t n0, int64_t n1, int64_t k0,
                                int64_t k1) {
-    lowp_gemm_cfg cfg;
-    lowp_gemm_cfg_init(&cfg);
+    lowp_gemm_cfg cfg; /* the defaults: overwrite C, the fastest kernel */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.path = LOWP_KERNEL_PATH_AUTO;
     lowp_gemm_job j;
     lowp_status st = base_job(&j, a, b, b_kn, c, &cfg);
     if (st != LOWP_OK) return st;
