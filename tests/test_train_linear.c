@@ -433,6 +433,24 @@ static void check_delayed(int64_t M, int64_t N, int64_t K) {
     layer_drop(&L);
 }
 
+/* ---- Twins: layers from the same seed under one preset ---- */
+
+/* L made from `seed` (the test's generator is left past it) and prepared with every weight on
+ * `preset` (keep_quantized set to keep unless keep < 0): one of two layers compared bit for
+ * bit. */
+static void twin_make(layer *L, uint64_t seed, const char *preset, int keep, int32_t G,
+                      const int32_t *sizes, int64_t M, int64_t N, int64_t K) {
+    tu_rng = seed;
+    layer_make(L, G ? "moe.experts.w1" : "mlp.fc1", G, sizes, M, N, K);
+    lowp_linear_cfg c;
+    lowp_linear_cfg_preset(preset, &c);
+    if (keep >= 0) c.keep_quantized = keep;
+    lowp_recipe r;
+    lowp_recipe_init(&r, "custom");
+    CHECK(lowp_recipe_append(&r, "*", &c) == LOWP_OK);
+    CHECK(lowp_train_prepare(&L->p, 1, &r) == LOWP_OK);
+}
+
 /* ---- The thread count changes no bit ---- */
 
 /* Two layers from the same seed through two steps, on 1 and on 2 threads (opts.threads): y, dX,
@@ -443,14 +461,7 @@ static void check_threads(const char *preset, int32_t G, int64_t M, int64_t N, i
     layer L[2];
     const uint64_t seed = tu_rng;
     for (int t = 0; t < 2; t++) {
-        tu_rng = seed;
-        layer_make(&L[t], G ? "moe.experts.w1" : "mlp.fc1", G, sizes, M, N, K);
-        lowp_linear_cfg c;
-        lowp_linear_cfg_preset(preset, &c);
-        lowp_recipe r;
-        lowp_recipe_init(&r, "custom");
-        CHECK(lowp_recipe_append(&r, "*", &c) == LOWP_OK);
-        CHECK(lowp_train_prepare(&L[t].p, 1, &r) == LOWP_OK);
+        twin_make(&L[t], seed, preset, -1, G, sizes, M, N, K);
         const lowp_linear_opts o = {0, t + 1, 0, 0, 0};
         for (int step = 0; step < 2; step++) {
             lowp_linear_saved *sv = NULL;
@@ -485,15 +496,7 @@ static void check_keep(const char *preset, int32_t G, int64_t M, int64_t N, int6
     layer L[2];
     const uint64_t seed = tu_rng;
     for (int keep = 0; keep < 2; keep++) {
-        tu_rng = seed;
-        layer_make(&L[keep], G ? "moe.experts.w1" : "mlp.fc1", G, sizes, M, N, K);
-        lowp_linear_cfg c;
-        lowp_linear_cfg_preset(preset, &c);
-        c.keep_quantized = keep;
-        lowp_recipe r;
-        lowp_recipe_init(&r, "custom");
-        CHECK(lowp_recipe_append(&r, "*", &c) == LOWP_OK);
-        CHECK(lowp_train_prepare(&L[keep].p, 1, &r) == LOWP_OK);
+        twin_make(&L[keep], seed, preset, keep, G, sizes, M, N, K);
         for (int step = 0; step < 2; step++) {
             CHECK(layer_step(&L[keep]));
             lowp_train_step_end(&L[keep].p, 1, NULL);
