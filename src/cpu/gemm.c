@@ -51,11 +51,12 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
     }
     per = (per + 15) & ~(size_t) 15; /* keep every thread's workspace 64-byte aligned */
     float *ws = NULL;
-    lowp_gemm_pack_tag *tags = calloc((size_t) threads, sizeof *tags);
+    lowp_gemm_pack_tag one = {0}; /* one thread's tag needs no allocation */
+    lowp_gemm_pack_tag *tags = threads > 1 ? calloc((size_t) threads, sizeof *tags) : &one;
     if (per) ws = aligned_alloc(64, per * sizeof(float) * (size_t) threads);
     if ((per && !ws) || !tags) {
         free(ws);
-        free(tags);
+        if (tags != &one) free(tags);
         return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_gemm: workspace of %zu bytes",
                          per * sizeof(float) * (size_t) threads);
     }
@@ -65,11 +66,10 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
         for (int64_t i = 0; i < count; i++) {
             lowp_gemm_job j = jobs[i];
             j.ws = ws;
-            j.tag = tags;
+            j.tag = &one;
             kernel(&j);
         }
         free(ws);
-        free(tags);
         return LOWP_OK;
     }
     /* Largest pieces first (their multiply-adds; ties keep their order): with dynamic

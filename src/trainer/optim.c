@@ -170,7 +170,7 @@ void lowp_adamw_free(lowp_adamw *o) {
     free(o);
 }
 
-/* The first of n_items work items (spans of `unit` elements, per parameter) of each parameter,
+/* The first of the work items (spans of `unit` elements, per parameter) of each parameter,
  * and their total: first[i] .. first[i + 1] - 1 are parameter i's. */
 static int64_t *work_items(const int64_t *count, int32_t n, int64_t unit, int64_t *total) {
     int64_t *first = malloc((size_t) (n + 1) * sizeof *first);
@@ -194,8 +194,54 @@ static int32_t item_param(const int64_t *first, int32_t n, int64_t s) {
     return lo;
 }
 
+int64_t lowp_param_span_count(const int64_t *count, int32_t n, int64_t unit) {
+    int64_t total = 0;
+    for (int32_t i = 0; i < n; i++) total += (count[i] + unit - 1) / unit;
+    return total;
+}
+
+lowp_status lowp_param_spans(const int64_t *count, int32_t n, int64_t unit, int nt,
+                             int64_t parallel_min, lowp_span_fn fn, void *ctx) {
+    int64_t items, elems = 0;
+    int64_t *first = work_items(count, n, unit, &items);
+    if (!first) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "parameter spans: out of memory");
+    for (int32_t i = 0; i < n; i++) elems += count[i];
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && elems >= parallel_min)
+    for (int64_t s = 0; s < items; s++) {
+        const int32_t i = item_param(first, n, s);
+        const int64_t j0 = (s - first[i]) * unit;
+        fn(ctx, i, s, j0, count[i] - j0 < unit ? count[i] - j0 : unit);
+    }
+    free(first);
+    return LOWP_OK;
+}
+
+int64_t *lowp_param_counts(const lowp_param *params, int32_t n) {
+    int64_t *count = malloc((size_t) (n > 0 ? n : 1) * sizeof *count);
+    if (count)
+        for (int32_t i = 0; i < n; i++) count[i] = lowp_param_numel(&params[i]);
+    return count;
+}
+
 /* Elements below which the update and the norm stay on the calling thread. */
 #define OPTIM_PARALLEL_MIN 65536
+
+typedef struct adamw_job {
+    lowp_adamw *o;
+    lowp_param *params;
+    adamw_coef k;
+    float gscale;
+} adamw_job;
+
+/* One span of the update (lowp_param_spans). */
+static void adamw_item(void *ctx, int32_t i, int64_t item, int64_t j0, int64_t len) {
+    (void) item;
+    const adamw_job *b = ctx;
+    const lowp_param *p = &b->params[i];
+    adamw_coef ki = b->k;
+    ki.wd = (p->rows > 1 || p->groups > 0) ? b->o->cfg.weight_decay : 0.0f;
+    adamw_span(p->data + j0, b->o->m[i] + j0, b->o->v[i] + j0, p->grad + j0, len, &ki, b->gscale);
+}
 
 lowp_status lowp_adamw_step_scaled(lowp_adamw *o, lowp_param *params, int32_t n, float lr,
                                    float gscale) {
@@ -215,31 +261,18 @@ lowp_status lowp_adamw_step_scaled(lowp_adamw *o, lowp_param *params, int32_t n,
     if (!(lr >= 0) || !isfinite(lr))
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: lr (%g) must be finite and >= 0", fn,
                          (double) lr);
-    int64_t spans, total = 0;
-    int64_t *first = work_items(o->count, n, ADAMW_SPAN, &spans);
-    if (!first) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    for (int32_t i = 0; i < n; i++) total += o->count[i];
     o->t++;
     const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
     /* The bias corrections in double, rounded once: the same on every run and thread. */
     const float c1 = (float) (1.0 / (1.0 - pow((double) b1, (double) o->t)));
     const float c2 = (float) (1.0 / (1.0 - pow((double) b2, (double) o->t)));
-    const int nth = lowp_thread_count(o->cfg.threads);
-    const adamw_coef k = {b1, b2, c1, c2, eps, lr, 0.0f};
+    adamw_job job = {o, params, {b1, b2, c1, c2, eps, lr, 0.0f}, gscale};
     /* Every parameter's spans in one parallel loop: one team start for the whole update
      * instead of one per parameter (each start wakes the sleeping threads). */
-#pragma omp parallel for schedule(static) num_threads(nth) if (total > OPTIM_PARALLEL_MIN)
-    for (int64_t s = 0; s < spans; s++) {
-        const int32_t i = item_param(first, n, s);
-        const lowp_param *p = &params[i];
-        adamw_coef ki = k;
-        ki.wd = (p->rows > 1 || p->groups > 0) ? o->cfg.weight_decay : 0.0f;
-        const int64_t cnt = o->count[i], j0 = (s - first[i]) * ADAMW_SPAN,
-                      len = cnt - j0 < ADAMW_SPAN ? cnt - j0 : ADAMW_SPAN;
-        adamw_span(p->data + j0, o->m[i] + j0, o->v[i] + j0, p->grad + j0, len, &ki, gscale);
-    }
-    free(first);
-    return LOWP_OK;
+    st = lowp_param_spans(o->count, n, ADAMW_SPAN, (int) lowp_thread_count(o->cfg.threads),
+                          OPTIM_PARALLEL_MIN, adamw_item, &job);
+    if (st != LOWP_OK) o->t--; /* nothing was updated */
+    return st;
 }
 
 lowp_status lowp_adamw_step(lowp_adamw *o, lowp_param *params, int32_t n, float lr) {
@@ -292,37 +325,57 @@ static double sum_squares(const float *g, int64_t n) {
     return acc[0];
 }
 
+typedef struct norm_job {
+    lowp_param *params;
+    double *part; /* [chunks] */
+} norm_job;
+
+static void norm_item(void *ctx, int32_t i, int64_t item, int64_t j0, int64_t len) {
+    const norm_job *b = ctx;
+    b->part[item] = sum_squares(b->params[i].grad + j0, len);
+}
+
+typedef struct scale_job {
+    lowp_param *params;
+    float factor;
+} scale_job;
+
+static void scale_item(void *ctx, int32_t i, int64_t item, int64_t j0, int64_t len) {
+    (void) item;
+    const scale_job *b = ctx;
+    float *g = b->params[i].grad + j0;
+    for (int64_t j = 0; j < len; j++) g[j] *= b->factor;
+}
+
+lowp_status lowp_grads_scale(lowp_param *params, int32_t n, float factor, int nt) {
+    int64_t *count = lowp_param_counts(params, n);
+    if (!count) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "gradient scaling: out of memory");
+    scale_job job = {params, factor};
+    lowp_status st =
+        lowp_param_spans(count, n, CLIP_CHUNK, nt, OPTIM_PARALLEL_MIN, scale_item, &job);
+    free(count);
+    return st;
+}
+
 lowp_status lowp_grad_norm_scale(lowp_param *params, int32_t n, float max_norm, float *norm,
                                  float *scale) {
     const char *fn = "lowp_grad_clip";
     lowp_status st = check_trainable(fn, params, n);
     if (st != LOWP_OK) return st;
-    int64_t *count = malloc((size_t) (n > 0 ? n : 1) * sizeof *count);
-    if (!count) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    int64_t elems = 0;
-    for (int32_t i = 0; i < n; i++) elems += count[i] = lowp_param_numel(&params[i]);
-    int64_t chunks;
-    int64_t *first = work_items(count, n, CLIP_CHUNK, &chunks);
-    double *part = first ? malloc((size_t) (chunks > 0 ? chunks : 1) * sizeof *part) : NULL;
-    if (!part) {
-        free(first);
-        free(count);
-        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    }
+    int64_t *count = lowp_param_counts(params, n);
+    const int64_t chunks = count ? lowp_param_span_count(count, n, CLIP_CHUNK) : 0;
+    double *part = count ? malloc((size_t) (chunks > 0 ? chunks : 1) * sizeof *part) : NULL;
+    norm_job job = {params, part};
     /* Every parameter's chunks in one parallel loop; the partial sums then in order,
      * parameter by parameter and chunk by chunk. */
-#pragma omp parallel for schedule(static) if (elems > OPTIM_PARALLEL_MIN)
-    for (int64_t c = 0; c < chunks; c++) {
-        const int32_t i = item_param(first, n, c);
-        const int64_t lo = (c - first[i]) * CLIP_CHUNK,
-                      hi = lo + CLIP_CHUNK < count[i] ? lo + CLIP_CHUNK : count[i];
-        part[c] = sum_squares(params[i].grad + lo, hi - lo);
-    }
+    st = part ? lowp_param_spans(count, n, CLIP_CHUNK, (int) lowp_thread_count(0),
+                                 OPTIM_PARALLEL_MIN, norm_item, &job)
+              : lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     double total = 0.0;
-    for (int64_t c = 0; c < chunks; c++) total += part[c];
+    for (int64_t c = 0; st == LOWP_OK && c < chunks; c++) total += part[c];
     free(part);
-    free(first);
     free(count);
+    if (st != LOWP_OK) return st;
     const double nrm = sqrt(total);
     if (norm) *norm = (float) nrm;
     *scale = 1.0f;
@@ -335,11 +388,5 @@ lowp_status lowp_grad_clip(lowp_param *params, int32_t n, float max_norm, float 
     float scale;
     lowp_status st = lowp_grad_norm_scale(params, n, max_norm, norm, &scale);
     if (st != LOWP_OK || scale == 1.0f) return st;
-    for (int32_t i = 0; i < n; i++) {
-        float *g = params[i].grad;
-        const int64_t cnt = lowp_param_numel(&params[i]);
-#pragma omp parallel for schedule(static) if (cnt > OPTIM_PARALLEL_MIN)
-        for (int64_t j = 0; j < cnt; j++) g[j] *= scale;
-    }
-    return LOWP_OK;
+    return lowp_grads_scale(params, n, scale, (int) lowp_thread_count(0));
 }

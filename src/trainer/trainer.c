@@ -272,35 +272,19 @@ lowp_status lowp_trainer_eval(lowp_trainer *t, float *val_loss) {
     return st != LOWP_OK ? st : st2;
 }
 
-/* Every gradient zeroed: the small ones on this thread, the spans of the large ones in one
- * parallel loop (one team start for all of them). */
-static void zero_grads(lowp_param *params, int32_t n, int nt) {
-    const int64_t span = 65536; /* floats */
-    int64_t spans = 0;
-    for (int32_t i = 0; i < n; i++) {
-        const int64_t cnt = lowp_param_numel(&params[i]);
-        if (nt == 1 || cnt < 4 * span)
-            memset(params[i].grad, 0, (size_t) cnt * sizeof(float));
-        else
-            spans += (cnt + span - 1) / span;
-    }
-    if (spans == 0) return;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t s = 0; s < spans; s++) {
-        int64_t k = s; /* span k of the large parameters, in order */
-        for (int32_t i = 0; i < n; i++) {
-            const int64_t cnt = lowp_param_numel(&params[i]);
-            if (cnt < 4 * span) continue;
-            const int64_t m = (cnt + span - 1) / span;
-            if (k < m) {
-                const int64_t j0 = k * span;
-                memset(params[i].grad + j0, 0,
-                       (size_t) (cnt - j0 < span ? cnt - j0 : span) * sizeof(float));
-                break;
-            }
-            k -= m;
-        }
-    }
+/* One span of the gradient zeroing (lowp_param_spans). */
+static void zero_item(void *ctx, int32_t i, int64_t item, int64_t j0, int64_t len) {
+    (void) item;
+    memset(((lowp_param *) ctx)[i].grad + j0, 0, (size_t) len * sizeof(float));
+}
+
+/* Every gradient zeroed, in one parallel loop over spans of all of them. */
+static lowp_status zero_grads(lowp_param *params, int32_t n, int nt) {
+    int64_t *count = lowp_param_counts(params, n);
+    if (!count) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_trainer_step: out of memory");
+    lowp_status st = lowp_param_spans(count, n, 65536, nt, 4 * 65536, zero_item, params);
+    free(count);
+    return st;
 }
 
 lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
@@ -312,11 +296,11 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
     const double t_begin = lowp_trainer_now();
     lowp_prof_push(LOWP_PHASE_OPTIMIZER);
     const int nt = (int) lowp_thread_count(t->cfg.threads);
-    zero_grads(t->params, t->n, nt);
+    lowp_status st = zero_grads(t->params, t->n, nt);
     lowp_prof_pop();
+    if (st != LOWP_OK) return st;
     lowp_moe_run run = train_run(t, 1);
     double ce_sum = 0.0, aux_sum = 0.0;
-    lowp_status st;
     for (int32_t a = 0; a < A; a++) {
         lowp_prof_push(LOWP_PHASE_DATA);
         st = lowp_data_batch(t->data, LOWP_SPLIT_TRAIN, t->cfg.seed, t->data_pos, B, T, t->tokens,
@@ -340,15 +324,8 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
     lowp_prof_push(LOWP_PHASE_OPTIMIZER);
     /* The model's gradients are of a mean over one micro-batch; the update wants the mean over
      * all of them. */
-    if (A > 1) {
-        const float inv = 1.0f / (float) A;
-        for (int32_t i = 0; i < t->n; i++) {
-            float *g = t->params[i].grad;
-            const int64_t cnt = lowp_param_numel(&t->params[i]);
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && cnt >= 65536)
-            for (int64_t j = 0; j < cnt; j++) g[j] *= inv;
-        }
-    }
+    if (A > 1 && (st = lowp_grads_scale(t->params, t->n, 1.0f / (float) A, nt)) != LOWP_OK)
+        return st;
     if ((st = lowp_trainer_guard_loss(t, (float) (ce_sum / (double) A))) != LOWP_OK) return st;
     /* The clipping factor goes into the update (lowp_adamw_step_scaled) instead of a pass that
      * scales every gradient in memory first: the same products, one pass over them fewer. */
