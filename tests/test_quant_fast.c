@@ -378,6 +378,62 @@ static void test_fp32_rule_sweep(void) {
     free(f);
 }
 
+/* Binary32 scales applied as a factor moved by a power of two (enc16_fsub): elements whose
+ * scaled values sit within a few ulps of the target's rounding ties, in its subnormal range
+ * (where the product is a binary32 subnormal and the kernel must not round twice), at its
+ * smallest normal, in mid range and just below fmax. Each 1x128 block's first element fixes
+ * its amax, so its scale fmax / amax is not a power of two; the rest are ties / scale, nudged.
+ * BLOCK128, BLOCK128X128, ROW and TENSOR rowwise and columnwise, F32 and BF16 input; once with
+ * six block maxima, once with one for all blocks (then the tensor's scale is the blocks'). */
+static void test_fsub_ties(void) {
+    static const double amaxes[] = {448.0 / 1.3, 0.37, 3.1e-3, 57344.0 / 3.7, 1.0e4, 2.5e-6};
+    const int64_t R = 128, C = 128 * 6;
+    float *f = malloc((size_t) (R * C) * sizeof *f);
+    for (int set = 0; set < 4; set++) {
+        const int fi = set & 1, one = set >> 1;
+        const lowp_format ef = fi ? LOWP_FORMAT_E5M2 : LOWP_FORMAT_E4M3;
+        const int m = fi ? 2 : 3, emin = fi ? -14 : -6; /* mantissa bits, smallest normal */
+        const double fmax = fi ? 57344.0 : 448.0;
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t b = 0; b < C / 128; b++) {
+                const double amax = amaxes[one ? 0 : (r + b) % 6], s = fmax / amax;
+                float *blk = f + r * C + 128 * b;
+                blk[0] = (float) (r % 2 ? -amax : amax);
+                for (int c = 1; c < 128; c++) {
+                    /* the binade of the scaled value: subnormal, smallest normal, any, top */
+                    const uint32_t w = rnd_below(4);
+                    const int e = w == 0   ? emin - 1 - (int) rnd_below(4)
+                                  : w == 1 ? emin
+                                  : w == 2 ? emin + (int) rnd_below(8)
+                                           : (int) floor(log2(fmax));
+                    const int qe = (e < emin ? emin : e) - m; /* the quantum's exponent */
+                    const double lo = e < emin ? 0.0 : ldexp(1.0, e);
+                    const double k = floor(lo / ldexp(1.0, qe)) + (double) rnd_below(1u << m);
+                    double y = (k + 0.5) * ldexp(1.0, qe); /* a tie */
+                    if (y > fmax) y = fmax - ldexp(0.5, qe);
+                    float v = (float) (y / s);
+                    for (int n = (int) rnd_below(5) - 2; n != 0; n += n > 0 ? -1 : 1)
+                        v = nextafterf(v, n > 0 ? INFINITY : 0.0f);
+                    blk[c] = rnd_below(2) ? -v : v;
+                }
+            }
+        for (int xi = 0; xi < 2; xi++) {
+            const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+            void *data = as_format(f, (size_t) (R * C), xf);
+            lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
+            static const lowp_scaling kinds[] = {LOWP_SCALING_BLOCK128, LOWP_SCALING_BLOCK128X128,
+                                                 LOWP_SCALING_ROW, LOWP_SCALING_TENSOR};
+            for (int k = 0; k < 4; k++)
+                for (int orient = 1; orient <= 3; orient++) {
+                    qcase q = {kinds[k], ef, LOWP_SCALE_MODE_DEFAULT, 0, 0.0f, 0.0f, orient};
+                    check_case(&x, &q);
+                }
+            free(data);
+        }
+    }
+    free(f);
+}
+
 /* Outputs of 8 MiB and more, 64-byte aligned, are written with non-temporal stores; the same
  * shape misaligned by one byte takes the ordinary stores. The common training kinds only. */
 static void test_large(void) {
@@ -416,32 +472,39 @@ static void test_large(void) {
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
-/* The BF16 fast encoder needs subnormal products: with FTZ and DAZ set on the calling thread
- * the kernels must fall back and still equal the reference (run on one thread, so that the
- * kernel runs where the MXCSR was changed). Inputs without binary32 subnormals, where both
- * paths stay exact. */
+/* The fast encoders need subnormal products: with FTZ and DAZ set on the calling thread the
+ * kernels must fall back and still equal the reference (run on one thread, so that the
+ * kernel runs where the MXCSR was changed). Inputs without binary32 subnormals, whose scaled
+ * values reach the targets' subnormals (binary32 normals, which FTZ keeps): MX32 (enc16_sub)
+ * and BLOCK128 (enc16_fsub, where a flushed product would lose those codes). */
 static void test_mxcsr(void) {
     const int64_t R = 64, C = 256;
     float *f = malloc((size_t) (R * C) * sizeof *f);
     for (int64_t i = 0; i < R * C; i++) f[i] = around((int) rnd_below(21) - 10);
     void *data = as_format(f, (size_t) (R * C), LOWP_FORMAT_BF16);
     lowp_tensor x = {LOWP_FORMAT_BF16, R, C, data, LOWP_DEVICE_HOST};
-    const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040u);
-    qcase q = {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3};
-    lowp_qtensor row = {q.ef, q.scaling, R, C, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
-    lowp_qtensor col = {q.ef, q.scaling, C, R, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
-    outs ro, fo;
-    outs_alloc(&ro, &row, &col, 0);
-    outs_alloc(&fo, &row, &col, 0);
-    float amax;
-    CHECK(run(&x, &q, LOWP_KERNEL_PATH_REFERENCE, 1, &ro, 0xA5, &amax) == LOWP_OK);
-    CHECK(run(&x, &q, LOWP_KERNEL_PATH_AVX512, 1, &fo, 0x5A, &amax) == LOWP_OK);
-    _mm_setcsr(csr);
-    compare("row codes (FTZ/DAZ)", &q, &x, 1, ro.rd, fo.rd, ro.rdb);
-    compare("col codes (FTZ/DAZ)", &q, &x, 1, ro.cd, fo.cd, ro.cdb);
-    outs_free(&ro);
-    outs_free(&fo);
+    static const qcase cases[] = {
+        {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3},
+        {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, 0, 0.0f, 0.0f, 3},
+    };
+    for (int k = 0; k < 2; k++) {
+        const qcase q = cases[k];
+        lowp_qtensor row = {q.ef, q.scaling, R, C, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
+        lowp_qtensor col = {q.ef, q.scaling, C, R, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
+        outs ro, fo;
+        outs_alloc(&ro, &row, &col, 0);
+        outs_alloc(&fo, &row, &col, 0);
+        float amax;
+        const unsigned csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x8040u);
+        CHECK(run(&x, &q, LOWP_KERNEL_PATH_REFERENCE, 1, &ro, 0xA5, &amax) == LOWP_OK);
+        CHECK(run(&x, &q, LOWP_KERNEL_PATH_AVX512, 1, &fo, 0x5A, &amax) == LOWP_OK);
+        _mm_setcsr(csr);
+        compare("row codes (FTZ/DAZ)", &q, &x, 1, ro.rd, fo.rd, ro.rdb);
+        compare("col codes (FTZ/DAZ)", &q, &x, 1, ro.cd, fo.cd, ro.cdb);
+        outs_free(&ro);
+        outs_free(&fo);
+    }
     free(data);
     free(f);
 }
@@ -600,6 +663,7 @@ int main(void) {
     if (!avx512_available()) return testutil_finish();
     test_e8m0_sweep();
     test_fp32_rule_sweep();
+    test_fsub_ties();
     printf("e8m0 sweep done (%d comparisons)\n", g_runs);
     test_shapes();
     test_grouped();

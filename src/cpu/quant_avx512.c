@@ -145,8 +145,9 @@ AI __m512i enc16(__m512 y, lowp_format ef, int special) {
 /* How a kernel encodes: binary32 scales (NaN and Inf per element); binary32 scales of a
  * group whose amax is finite (EM_FIN: then |x * s| <= fmax (1 + 2^-23), as s <= fmax / amax
  * up to rounding, or s = FLT_MAX only for amax < fmax / FLT_MAX: no element needs the special
- * steps); E8M0 scales with enc16; E8M0 scales with enc16_sub. */
-enum { EM_FP32 = 0, EM_E8 = 1, EM_SUB = 2, EM_FIN = 3 };
+ * steps); E8M0 scales with enc16; E8M0 scales with enc16_sub; EM_FIN's groups with
+ * enc16_fsub (its factor from fsub_factor). */
+enum { EM_FP32 = 0, EM_E8 = 1, EM_SUB = 2, EM_FIN = 3, EM_FSUB = 4 };
 
 /* Codes of E8M0 blocks for BF16 input: with f = 2^(bias - code), the product x * f is exact
  * whenever it matters (8 significant bits; a product too small to hold them is far below
@@ -170,7 +171,7 @@ AI __m512i enc16_sub(__m512 x, __m512 f, lowp_format ef) {
  * format's sign bit; with `clip` (FLOOR and EVEN scales, which can put a block's maximum
  * above fmax; RCEIL and CEIL never do) the magnitude saturates at the largest code first. */
 AI __m512i fixw(__m512i w, lowp_format ef, int em, int clip) {
-    if (em != EM_SUB) return w;
+    if (em != EM_SUB && em != EM_FSUB) return w;
     const int sb = 31 - (23 - ef_mbits(ef)), bits = ef_bits(ef);
     const __m512i low = _mm512_set1_epi16((short) ((1 << (bits - 1)) - 1));
     __m512i m = w;
@@ -181,8 +182,46 @@ AI __m512i fixw(__m512i w, lowp_format ef, int em, int clip) {
     return _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, sb - bits + 1), low, m, 0xB8);
 }
 
-/* Codes of x scaled by f (the scale, or the E8M0 factor of that encoder). */
+/* EM_FIN's codes the way of enc16_sub, raw as it leaves them, for any binary32 x and a
+ * binary32 scale s given as f = s * 2^(bias-127), a normal number (fsub_factor). The product
+ * x * f is the reference's x * s moved by a power of two, rounded once: where it is normal,
+ * it is exactly round(x * s) * 2^(bias-127), and the target's codes are its bit pattern
+ * rounded at bit sh (the target's exponent field is binary32's there; the largest EM_FIN
+ * value rounds down to the largest code). Where it is subnormal, the multiply may already
+ * have rounded at 2^-149, and rounding again at the target's quantum would be a second
+ * rounding (x * s = (2k+1)/2 quanta + a little, rounded onto the tie, then to even): those
+ * lanes, rare in practice (below 2^-6 after scaling, for E4M3), take enc16 on x * s, s being
+ * f moved back exactly. Zero and underflow to zero are exact. Needs subnormal results. */
+AI __m512i enc16_fsub(__m512 x, __m512 f, lowp_format ef) {
+    const int sh = 23 - ef_mbits(ef), bits = ef_bits(ef);
+    const __m512 z = _mm512_mul_ps(x, f);
+    const __m512i u = _mm512_castps_si512(z);
+    __m512i t = _mm512_add_epi32(u, V32((1u << (sh - 1)) - 1u));
+    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, V32(1u << sh)), t, V32(1));
+    __m512i raw = _mm512_srli_epi32(t, sh);
+    const __mmask16 sub = _mm512_fpclass_ps_mask(z, 0x20); /* denormal lanes */
+    if (__builtin_expect(sub != 0, 0)) {
+        const __m512 back = _mm512_castsi512_ps(V32((uint32_t) (254 - ef_bias(ef)) << 23));
+        const __m512i c = enc16(_mm512_mul_ps(x, _mm512_mul_ps(f, back)), ef, 0);
+        /* its magnitude, with the sign where enc16_sub leaves it ((A & B) | C) */
+        const __m512i mag = _mm512_and_si512(c, V32((1u << (bits - 1)) - 1u));
+        raw = _mm512_mask_mov_epi32(
+            raw, sub,
+            _mm512_ternarylogic_epi32(_mm512_srli_epi32(u, sh), V32(1u << (31 - sh)), mag, 0xEA));
+    }
+    return raw;
+}
+
+/* The factors f = s * 2^(bias-127) of enc16_fsub for the 16 scales s: 1 when every lane of
+ * s gives a normal factor (s >= 2^(1-bias); then s = f * 2^(127-bias) exactly), else 0. */
+AI int fsub_factors(__m512 s, lowp_format ef, __m512 *f) {
+    *f = _mm512_mul_ps(s, _mm512_castsi512_ps(V32((uint32_t) ef_bias(ef) << 23)));
+    return _mm512_cmp_ps_mask(*f, _mm512_set1_ps(FLT_MIN), _CMP_LT_OQ) == 0;
+}
+
+/* Codes of x scaled by f (the scale, or the factor of that encoder). */
 AI __m512i encx(__m512 x, __m512 f, lowp_format ef, int em) {
+    if (em == EM_FSUB) return enc16_fsub(x, f, ef);
     if (em == EM_SUB) return enc16_sub(x, f, ef);
     return enc16(_mm512_mul_ps(x, f), ef, em == EM_FP32);
 }
@@ -449,13 +488,17 @@ AI void enc_run(const char *xr, uint8_t *orow, int64_t p, int64_t n, __m512 s, l
     }
 }
 
-/* enc_run with the encoder chosen by the group's amax pattern. */
+/* enc_run with the encoder chosen by the group's amax pattern and scale: EM_FSUB where
+ * fs_ok (subnormals kept) and the factor is normal. */
 AI void enc_run_a(const char *xr, uint8_t *orow, int64_t p, int64_t n, __m512 s, uint32_t amax,
-                  lowp_format xf, lowp_format ef, int nt) {
-    if (fp32_em(amax) == EM_FIN)
-        enc_run(xr, orow, p, n, s, xf, ef, EM_FIN, nt);
-    else
+                  lowp_format xf, lowp_format ef, int fs_ok, int nt) {
+    __m512 f;
+    if (fp32_em(amax) != EM_FIN)
         enc_run(xr, orow, p, n, s, xf, ef, EM_FP32, nt);
+    else if (fs_ok && fsub_factors(s, ef, &f))
+        enc_run(xr, orow, p, n, f, xf, ef, EM_FSUB, nt);
+    else
+        enc_run(xr, orow, p, n, s, xf, ef, EM_FIN, nt);
 }
 
 /* Codes of row elements [p, p+32*nblk) (clipped at C) in 32-element blocks, block k scaled by
@@ -651,9 +694,10 @@ AI void col_seg_x(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, i
 }
 
 /* The columnwise copy of rows [r0, r1) with binary32 scales per column given as natural-order
- * values (cs != NULL, ROW) or one scale s for all (TENSOR), in 32-row chunks. */
+ * values (cs != NULL, ROW) or one scale s for all (TENSOR), in 32-row chunks; encoder em
+ * (EM_FP32, or for one scale also EM_FSUB with s the factor). */
 AI void col_fp32(const lowp_quant_job *j, int64_t r0, int64_t r1, const float *cs, float s,
-                 lowp_format xf, lowp_format ef) {
+                 lowp_format xf, lowp_format ef, int em) {
     const int64_t C = j->cols;
     __m512i ilo = _mm512_setzero_si512(), ihi = ilo;
     if (xf != F32) { /* the BF16 lane order of the columns */
@@ -675,7 +719,7 @@ AI void col_fp32(const lowp_quant_job *j, int64_t r0, int64_t r1, const float *c
             }
         }
         for (int64_t r = r0; r < r1; r += 32)
-            col_seg_x(j, r, min64(r1 - r, 32), c0, ncv, flo, fhi, 0, xf, ef, EM_FP32, 0);
+            col_seg_x(j, r, min64(r1 - r, 32), c0, ncv, flo, fhi, 0, xf, ef, em, 0);
     }
 }
 
@@ -815,10 +859,11 @@ AI void mx_tile32(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, i
     }
 }
 
-/* Row codes of a full 64x64 tile buffer: row i's blocks scaled by f0[i], f1[i]. */
+/* Row codes of a full 64x64 tile buffer: row i's blocks scaled by f0[i], f1[i]. nan_any: some
+ * block's code is 0xFF (a constant 0 drops the per-row tests of the common case). */
 AI void tile64_rows(const lowp_quant_job *j, const char *tile, int64_t r0, int64_t c0,
                     const float *f0, const float *f1, const uint8_t *c0s, const uint8_t *c1s,
-                    lowp_format xf, lowp_format ef, int em, int clip, int nt) {
+                    lowp_format xf, lowp_format ef, int em, int clip, int nt, int nan_any) {
     const size_t es = xsize(xf), pitch = 64 * es, ob = code_bytes(ef, j->cols);
     uint8_t *out = (uint8_t *) j->row->data + (size_t) r0 * ob;
     for (int i = 0; i < 64; i++) {
@@ -826,7 +871,7 @@ AI void tile64_rows(const lowp_quant_job *j, const char *tile, int64_t r0, int64
         ld32(tile + (size_t) i * pitch, xf, 32, 1, &a, &b);
         ld32(tile + (size_t) i * pitch + 32 * es, xf, 32, 1, &c, &d);
         const __m512 g0 = _mm512_set1_ps(f0[i]), g1 = _mm512_set1_ps(f1[i]);
-        const unsigned nan2 = (c0s[i] == 0xFF) | (unsigned) (c1s[i] == 0xFF) << 1;
+        const unsigned nan2 = nan_any ? (c0s[i] == 0xFF) | (unsigned) (c1s[i] == 0xFF) << 1 : 0u;
         st64(out + (size_t) i * ob, c0,
              pack4(encx(a, g0, ef, em), encx(b, g0, ef, em), encx(c, g1, ef, em),
                    encx(d, g1, ef, em), xf, ef, em, clip),
@@ -838,7 +883,7 @@ AI void tile64_rows(const lowp_quant_job *j, const char *tile, int64_t r0, int64
  * 32-row blocks (factors f[b][2s+h]) transposed and stored as 64-byte output rows. */
 AI void tile64_cols(const lowp_quant_job *j, const char *tile, int64_t r0, int64_t c0,
                     const __m512 f[2][4], const unsigned nan[2][4], lowp_format xf, lowp_format ef,
-                    int em, int clip, int nt) {
+                    int em, int clip, int nt, int nan_any) {
     const size_t es = xsize(xf), pitch = 64 * es;
     for (int s = 0; s < 2; s++)
         for (int h = 0; h < 2; h++) {
@@ -846,8 +891,8 @@ AI void tile64_cols(const lowp_quant_job *j, const char *tile, int64_t r0, int64
             col_codes(tile + 32 * s * es, pitch, h, f[0][2 * s + h], xf, ef, em, clip, z0);
             col_codes(tile + 32 * pitch + 32 * s * es, pitch, h, f[1][2 * s + h], xf, ef, em, clip,
                       z1);
-            col_store64(j, z0, z1, r0, c0 + 32 * s, h, nan[0][2 * s + h], nan[1][2 * s + h], xf, ef,
-                        nt);
+            col_store64(j, z0, z1, r0, c0 + 32 * s, h, nan_any ? nan[0][2 * s + h] : 0u,
+                        nan_any ? nan[1][2 * s + h] : 0u, xf, ef, nt);
         }
 }
 
@@ -913,12 +958,14 @@ AI void tile64_row_side(const lowp_quant_job *j, const char *tile, __m512i cv[2]
     uint8_t *sc = (uint8_t *) j->row->scales + (size_t) r0 * (size_t) nbc + (size_t) (c0 / 32);
     _Alignas(64) float f[2][64];
     _Alignas(64) uint8_t code[2][64];
-    int em = EM_SUB;
+    int em = EM_SUB, nan_any = 0;
     for (int k = 0; k < 2; k++)
         for (int q = 0; q < 4; q++) {
             if (e8_em(cv[k][q], 0xFFFF, ef, em_ok) != EM_SUB) em = EM_E8;
+            nan_any |= _mm512_cmpeq_epi32_mask(cv[k][q], V32(0xFF)) != 0;
             _mm_storeu_si128((__m128i *) (code[k] + 16 * q), _mm512_cvtepi32_epi8(cv[k][q]));
         }
+    if (nan_any) em = EM_E8; /* the NaN tiles' one general form (rare) */
     for (int k = 0; k < 2; k++)
         for (int q = 0; q < 4; q++) _mm512_storeu_ps(f[k] + 16 * q, e8m0_factors(cv[k][q], ef, em));
     for (int i = 0; i < 64; i++) { /* the row's two scales, one 16-bit store */
@@ -927,9 +974,11 @@ AI void tile64_row_side(const lowp_quant_job *j, const char *tile, __m512i cv[2]
     }
     if (em == EM_SUB)
         tile64_rows(j, tile, r0, c0, f[0], f[1], code[0], code[1], xf, ef, EM_SUB, clip_of(j),
-                    nt_row);
+                    nt_row, 0);
+    else if (!nan_any)
+        tile64_rows(j, tile, r0, c0, f[0], f[1], code[0], code[1], xf, ef, EM_E8, 0, nt_row, 0);
     else
-        tile64_rows(j, tile, r0, c0, f[0], f[1], code[0], code[1], xf, ef, EM_E8, 0, nt_row);
+        tile64_rows(j, tile, r0, c0, f[0], f[1], code[0], code[1], xf, ef, EM_E8, 0, nt_row, 1);
 }
 
 /* mx_tile64's column-wise copy: the scales of each column's two blocks from cm, then the
@@ -941,7 +990,7 @@ AI void tile64_col_side(const lowp_quant_job *j, const char *tile, __m512i cm[2]
     uint8_t *sc = (uint8_t *) j->col->scales + (size_t) (r0 / 32);
     __m512i cv[2][4];
     __m512 f[2][4];
-    unsigned nan[2][4];
+    unsigned nan[2][4], nan_any = 0;
     __m128i cb[2][4]; /* the codes as bytes, lane order */
     int em = EM_SUB;
     for (int b = 0; b < 2; b++)
@@ -949,8 +998,10 @@ AI void tile64_col_side(const lowp_quant_job *j, const char *tile, __m512i cm[2]
             cv[b][q] = e8m0_codes(cm[b][q], j->et, j->mode);
             if (e8_em(cv[b][q], 0xFFFF, ef, em_ok) != EM_SUB) em = EM_E8;
             nan[b][q] = _mm512_cmpeq_epi32_mask(cv[b][q], V32(0xFF));
+            nan_any |= nan[b][q];
             cb[b][q] = _mm512_cvtepi32_epi8(cv[b][q]);
         }
+    if (nan_any) em = EM_E8; /* as in tile64_row_side */
     for (int b = 0; b < 2; b++)
         for (int q = 0; q < 4; q++) f[b][q] = e8m0_factors(cv[b][q], ef, em);
     /* Each column's scales of both blocks, one 16-bit store, columns in order: the halves
@@ -973,12 +1024,14 @@ AI void tile64_col_side(const lowp_quant_job *j, const char *tile, __m512i cm[2]
     }
     uint8_t *d = sc + (size_t) c0 * (size_t) nbr;
     for (int c = 0; c < 64; c++, d += nbr) memcpy(d, &pair[c], 2);
+    const unsigned(*nn)[4] = (const unsigned(*)[4]) nan;
     if (em == EM_SUB)
-        tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, (const unsigned(*)[4]) nan, xf, ef,
-                    EM_SUB, clip_of(j), nt_col);
+        tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, nn, xf, ef, EM_SUB, clip_of(j), nt_col,
+                    0);
+    else if (!nan_any)
+        tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, nn, xf, ef, EM_E8, 0, nt_col, 0);
     else
-        tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, (const unsigned(*)[4]) nan, xf, ef,
-                    EM_E8, 0, nt_col);
+        tile64_cols(j, tile, r0, c0, (const __m512(*)[4]) f, nn, xf, ef, EM_E8, 0, nt_col, 1);
 }
 
 /* A full 64x64 tile with a columnwise copy (r0 a multiple of 64, all present): the maxima
@@ -1046,7 +1099,7 @@ AI __m512 fp32_scales16(__m512i am, float fmax, float eps, int pow2) {
  * the scalar rule and two divisions made a dependency chain the next block's loads waited on
  * (8192x4096 BF16, one thread: 0.54 of memcpy; see docs/benchmarks.md). */
 AI void b128_group(const lowp_quant_job *j, const char *xr, uint8_t *orow, float *sc, int64_t b0,
-                   lowp_format xf, lowp_format ef, int nt) {
+                   lowp_format xf, lowp_format ef, int fs_ok, int nt) {
     const int64_t C = j->cols, nb = (C + 127) / 128;
     const int g = nb - b0 < 16 ? (int) (nb - b0) : 16;
     const size_t es = xsize(xf);
@@ -1072,26 +1125,27 @@ AI void b128_group(const lowp_quant_job *j, const char *xr, uint8_t *orow, float
     _mm512_store_si512(av, am);
     for (int k = 0; k < g; k++) {
         const int64_t p = 128 * (b0 + k);
-        enc_run_a(xr, orow, p, min64(C - p, 128), _mm512_set1_ps(sv[k]), av[k], xf, ef, nt);
+        enc_run_a(xr, orow, p, min64(C - p, 128), _mm512_set1_ps(sv[k]), av[k], xf, ef, fs_ok, nt);
     }
 }
 
 /* Rowwise copy: per row, groups of 16 blocks of 128 columns. */
 AI void b128_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
-                  int nt) {
+                  int fs_ok, int nt) {
     const int64_t C = j->cols, nb = (C + 127) / 128;
     const size_t ob = code_bytes(ef, C);
     for (int64_t r = r0; r < r1; r++) {
         const char *xr = xrow(j, xf, r);
         uint8_t *orow = (uint8_t *) j->row->data + (size_t) r * ob;
         float *sc = (float *) j->row->scales + (size_t) r * (size_t) nb;
-        for (int64_t b0 = 0; b0 < nb; b0 += 16) b128_group(j, xr, orow, sc, b0, xf, ef, nt);
+        for (int64_t b0 = 0; b0 < nb; b0 += 16) b128_group(j, xr, orow, sc, b0, xf, ef, fs_ok, nt);
     }
 }
 
 /* Columnwise copy of the band [r0, r0+nr) (nr <= 128): per 32-column segment, the vertical
  * maxima of the band, the scalar rule per column, then 32-row chunks of codes. */
-AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef) {
+AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef,
+                  int fs_ok) {
     const int64_t C = j->cols, nbr = (j->rows + 127) / 128;
     const size_t es = xsize(xf), stride = (size_t) C * es;
     float *sc = (float *) j->col->scales + (size_t) (r0 / 128);
@@ -1129,8 +1183,12 @@ AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format x
         }
         const __m512 flo = _mm512_loadu_ps(s), fhi = _mm512_loadu_ps(s + 16);
         const int fin = fp32_em(_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi))) == EM_FIN;
+        __m512 glo = flo, ghi = fhi;
+        const int fsub = fin && fs_ok && fsub_factors(flo, ef, &glo) & fsub_factors(fhi, ef, &ghi);
         for (int64_t i = 0; i < nr; i += 32) {
-            if (fin)
+            if (fsub)
+                col_seg_x(j, r0 + i, min64(nr - i, 32), c0, ncv, glo, ghi, 0, xf, ef, EM_FSUB, 0);
+            else if (fin)
                 col_seg_x(j, r0 + i, min64(nr - i, 32), c0, ncv, flo, fhi, 0, xf, ef, EM_FIN, 0);
             else
                 col_seg_x(j, r0 + i, min64(nr - i, 32), c0, ncv, flo, fhi, 0, xf, ef, EM_FP32, 0);
@@ -1148,7 +1206,7 @@ AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format x
  * transposes. Per 512 columns, 16 32-column pieces: piece k of group g is in tile
  * (16 g + k) * 32 / bs of the chunk. */
 AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef,
-              int em_ok, int nt, int64_t cw) {
+              int em_ok, int fs_ok, int nt, int64_t cw) {
     const int e8 = j->scaling == LOWP_SCALING_BLOCK32X32, clip = clip_of(j);
     const int64_t bs = e8 ? 32 : 128, C = j->cols, R = j->rows;
     const int64_t nbc = (C + bs - 1) / bs, nbr = (R + bs - 1) / bs, tr = r0 / bs;
@@ -1235,7 +1293,7 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, l
                     for (int t = 0; t < ntl; t++) {
                         const int64_t p = c0 + 128 * t;
                         enc_run_a(xr, orow, p, min64(C - p, 128), _mm512_set1_ps(f[t]), am[t], xf,
-                                  ef, nt);
+                                  ef, fs_ok, nt);
                     }
             }
         }
@@ -1245,12 +1303,17 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, l
                 const int64_t ncv = min64(w - s, 32);
                 const __m512 ft = _mm512_set1_ps(f[t]);
                 const unsigned tn = e8 && (nan[t / 16] >> (t % 16)) & 1 ? 0xFFFFFFFFu : 0u;
+                __m512 gt = ft;
+                const int fsub =
+                    !e8 && fs_ok && fp32_em(am[t]) == EM_FIN && fsub_factors(ft, ef, &gt);
                 for (int64_t i = 0; i < nr; i += 32) {
                     const int64_t n = min64(nr - i, 32);
                     if (em == EM_SUB)
                         col_seg_x(j, r0 + i, n, c0 + s, ncv, ft, ft, tn, xf, ef, EM_SUB, clip);
                     else if (em == EM_E8)
                         col_seg_x(j, r0 + i, n, c0 + s, ncv, ft, ft, tn, xf, ef, EM_E8, 0);
+                    else if (fsub)
+                        col_seg_x(j, r0 + i, n, c0 + s, ncv, gt, gt, 0, xf, ef, EM_FSUB, 0);
                     else if (fp32_em(am[t]) == EM_FIN)
                         col_seg_x(j, r0 + i, n, c0 + s, ncv, ft, ft, 0, xf, ef, EM_FIN, 0);
                     else
@@ -1266,7 +1329,7 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, l
 /* Rowwise copy: per row, the maximum, the scalar rule (stored as scale_inv), codes; the row
  * is reread from L1. */
 AI void row_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
-                 int nt) {
+                 int fs_ok, int nt) {
     const int64_t C = j->cols;
     const size_t es = xsize(xf), ob = code_bytes(ef, C);
     for (int64_t r = r0; r < r1; r++) {
@@ -1283,7 +1346,7 @@ AI void row_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf
         const float s = lowp_rule_fp32_scale(lowp_u2f(am), j->et->fmax, j->eps, j->pow2);
         ((float *) j->row->scales)[r] = 1.0f / s;
         enc_run_a(xr, (uint8_t *) j->row->data + (size_t) r * ob, 0, C, _mm512_set1_ps(s), am, xf,
-                  ef, nt);
+                  ef, fs_ok, nt);
     }
 }
 
@@ -1298,23 +1361,37 @@ static int want_nt(const lowp_qtensor *q) {
 
 AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef) {
     /* enc16_sub: BF16 input only (its exactness argument), and subnormals kept */
-    const int em_ok = xf != F32 && subnormals_kept();
+    const int fs_ok = subnormals_kept(); /* enc16_fsub: any input */
+    const int em_ok = xf != F32 && fs_ok;
     /* non-temporal stores in the dual-axis kernel only (see the file comment) */
     const int dual = j->scaling == LOWP_SCALING_MX32 && j->col;
     const int nt_row = dual && want_nt(j->row), nt_col = dual && want_nt(j->col);
     switch (j->scaling) {
-    case LOWP_SCALING_TENSOR:
+    case LOWP_SCALING_TENSOR: {
+        /* a scale from this input's finite maximum bounds every scaled value (EM_FIN) */
+        const __m512 s = _mm512_set1_ps(j->tensor_scale);
+        __m512 g = s;
+        const int fsub = fs_ok && j->tensor_fin && fsub_factors(s, ef, &g);
         if (j->row) {
             const size_t ob = code_bytes(ef, j->cols);
-            for (int64_t r = r0; r < r1; r++)
-                enc_run(xrow(j, xf, r), (uint8_t *) j->row->data + (size_t) r * ob, 0, j->cols,
-                        _mm512_set1_ps(j->tensor_scale), xf, ef, EM_FP32, nt_row);
+            for (int64_t r = r0; r < r1; r++) {
+                const char *xr = xrow(j, xf, r);
+                uint8_t *orow = (uint8_t *) j->row->data + (size_t) r * ob;
+                if (fsub)
+                    enc_run(xr, orow, 0, j->cols, g, xf, ef, EM_FSUB, nt_row);
+                else
+                    enc_run(xr, orow, 0, j->cols, s, xf, ef, EM_FP32, nt_row);
+            }
         }
-        if (j->col) col_fp32(j, r0, r1, NULL, j->tensor_scale, xf, ef);
+        if (j->col && fsub)
+            col_fp32(j, r0, r1, NULL, _mm512_cvtss_f32(g), xf, ef, EM_FSUB);
+        else if (j->col)
+            col_fp32(j, r0, r1, NULL, j->tensor_scale, xf, ef, EM_FP32);
         break;
+    }
     case LOWP_SCALING_ROW:
-        if (j->row) row_rows(j, r0, r1, xf, ef, nt_row);
-        if (j->col) col_fp32(j, r0, r1, j->col_scale, 0.0f, xf, ef);
+        if (j->row) row_rows(j, r0, r1, xf, ef, fs_ok, nt_row);
+        if (j->col) col_fp32(j, r0, r1, j->col_scale, 0.0f, xf, ef, EM_FP32);
         break;
     case LOWP_SCALING_MX32:
         if (j->col)
@@ -1323,9 +1400,10 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
             mx_rows(j, r0, r1, xf, ef, em_ok, nt_row);
         break;
     case LOWP_SCALING_BLOCK128:
-        if (j->row) b128_rows(j, r0, r1, xf, ef, nt_row);
+        if (j->row) b128_rows(j, r0, r1, xf, ef, fs_ok, nt_row);
         if (j->col)
-            for (int64_t r = r0; r < r1; r += 128) b128_cols(j, r, min64(r1 - r, 128), xf, ef);
+            for (int64_t r = r0; r < r1; r += 128)
+                b128_cols(j, r, min64(r1 - r, 128), xf, ef, fs_ok);
         break;
     case LOWP_SCALING_BLOCK32X32:
     case LOWP_SCALING_BLOCK128X128: {
@@ -1336,7 +1414,7 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
          * were slower however far ahead; chunks narrower than the row, slower still). */
         const int64_t cw = j->cols <= TILES_MAX_CW ? TILES_MAX_CW : 512;
         for (int64_t r = r0; r < r1; r += bs)
-            tiles(j, r, min64(r1 - r, bs), xf, ef, em_ok, nt_row, cw);
+            tiles(j, r, min64(r1 - r, bs), xf, ef, em_ok, fs_ok, nt_row, cw);
         break;
     }
     default: break;

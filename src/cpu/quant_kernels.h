@@ -22,6 +22,7 @@ typedef struct lowp_quant_job {
     int pow2;                     /* resolved */
     float eps;
     float tensor_scale;     /* TENSOR: the scale to apply (computed or given) */
+    int tensor_fin;         /* TENSOR: computed from this input's maximum, which is finite */
     const float *col_scale; /* ROW with a columnwise copy: scale per input column [cols] */
     int64_t band_rows;      /* bands start on multiples of this */
 } lowp_quant_job;
