@@ -88,6 +88,11 @@ static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtens
     case LOWP_SCALING_BLOCK32X32: j->band_rows = 32; break;
     default: j->band_rows = 1; break;
     }
+    int64_t bs = 1; /* input rows per scale of a columnwise row */
+    if (q->scaling == LOWP_SCALING_MX32 || q->scaling == LOWP_SCALING_BLOCK32X32) bs = 32;
+    if (q->scaling == LOWP_SCALING_BLOCK128 || q->scaling == LOWP_SCALING_BLOCK128X128) bs = 128;
+    j->col_ob = q->format == LOWP_FORMAT_E2M1 ? (size_t) (j->rows + 1) / 2 : (size_t) j->rows;
+    j->col_nbr = (j->rows + bs - 1) / bs;
     return LOWP_OK;
 }
 
@@ -162,14 +167,14 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
 
 /* Grouped columnwise quantization on the AVX-512 kernel. A group's blocks run along its own
  * tokens [start, end), exactly as the blocks of an ungrouped columnwise copy of just those
- * rows do, so each group is quantized as an ungrouped job on its rows into a scratch copy
- * (the kernels address their output with the job's own row count as the pitch), whose code
- * and scale rows are then copied into the group's spans of the grouped output. Bit-exact
- * with lowp_cpu_quant_grouped_ref since the kernel is bit-exact with the reference. 8-bit
- * codes only: an E2M1 group may start in the middle of a byte. With `row` (a rowwise copy of
- * all of x, the same format and scaling), each group's job fills its rows of it too, from the
- * same read. Returns 0 (nothing written) when out of memory, so the caller falls back to the
- * reference. */
+ * rows do, so each group is quantized as an ungrouped job on its rows whose columnwise copy
+ * is the group's span of the grouped output: codes from column start of each output row,
+ * scales from the group's first block, at the whole output's pitches (col_ob, col_nbr).
+ * Edge blocks are written with masked stores, so neighbouring groups' spans, on other threads,
+ * are never touched. Bit-exact with lowp_cpu_quant_grouped_ref since the kernel is bit-exact
+ * with the reference. 8-bit codes only: an E2M1 group may start in the middle of a byte. With
+ * `row` (a rowwise copy of all of x, the same format and scaling), each group's job fills its
+ * rows of it too, from the same read. Returns 1 (it cannot fail). */
 static int quantize_grouped_fast(const lowp_quant_job *j, lowp_qtensor *row,
                                  const lowp_quant_cfg *cfg, int threads) {
     const lowp_qtensor *q = j->col;
@@ -181,12 +186,6 @@ static int quantize_grouped_fast(const lowp_quant_job *j, lowp_qtensor *row,
         prev = q->group_offs[g];
     }
     const int64_t used = prev; /* tokens past offs[G-1] are ignored (codes 0) */
-    /* Group g's scratch codes start at C * start_g, its scales at C * (its first block). */
-    /* The scale scratch starts on a 64-byte boundary: binary32 scales must be aligned. */
-    const size_t codes_bytes = ((size_t) (C * used) + 63) & ~(size_t) 63;
-    uint8_t *tmp = malloc(codes_bytes + (size_t) (C * nbt) * ss + 1);
-    if (!tmp) return 0;
-    uint8_t *tmps = tmp + codes_bytes;
     const size_t xs = j->xfmt == LOWP_FORMAT_BF16 ? 2 : 4;
 #pragma omp parallel for num_threads(threads) schedule(dynamic) if (used * C > 32768)
     for (int32_t g = 0; g < q->groups; g++) {
@@ -195,15 +194,15 @@ static int quantize_grouped_fast(const lowp_quant_job *j, lowp_qtensor *row,
             blk0 += (q->group_offs[h] - start + bs - 1) / bs;
             start = q->group_offs[h];
         }
-        const int64_t n = q->group_offs[g] - start, nb = (n + bs - 1) / bs;
+        const int64_t n = q->group_offs[g] - start;
         if (n == 0) continue;
         lowp_qtensor sub = *q;
         sub.rows = C;
         sub.cols = n;
         sub.group_offs = NULL;
         sub.groups = 0;
-        sub.data = tmp + (size_t) (C * start);
-        sub.scales = tmps + (size_t) (C * blk0) * ss;
+        sub.data = (uint8_t *) q->data + (size_t) start;
+        sub.scales = (uint8_t *) q->scales + (size_t) blk0 * ss;
         lowp_tensor xv = {j->xfmt, n, C, (char *) j->x + (size_t) (start * C) * xs,
                           LOWP_DEVICE_HOST};
         /* The rowwise copy's rows of the group, in place: its blocks run along the row. */
@@ -217,19 +216,14 @@ static int quantize_grouped_fast(const lowp_quant_job *j, lowp_qtensor *row,
         }
         lowp_quant_job sj;
         setup_job(&sj, &xv, row ? &rsub : NULL, &sub, cfg);
+        sj.col_ob = (size_t) j->rows;
+        sj.col_nbr = nbt;
         lowp_cpu_quant_avx512(&sj, 0, n);
-        for (int64_t c = 0; c < C; c++) {
-            memcpy((uint8_t *) q->data + (size_t) (c * j->rows + start),
-                   (uint8_t *) sub.data + (size_t) (c * n), (size_t) n);
-            memcpy((uint8_t *) q->scales + (size_t) (c * nbt + blk0) * ss,
-                   (uint8_t *) sub.scales + (size_t) (c * nb) * ss, (size_t) nb * ss);
-        }
     }
     if (used < j->rows)
         for (int64_t c = 0; c < C; c++)
             memset((uint8_t *) q->data + (size_t) (c * j->rows + used), 0,
                    (size_t) (j->rows - used));
-    free(tmp);
     return 1;
 }
 

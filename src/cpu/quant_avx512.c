@@ -583,7 +583,7 @@ AI int lane_of(int i, int hi) {
 AI void col_store32(const lowp_quant_job *j, const __m512i z[8], int64_t r0, int64_t nr, int64_t c0,
                     int64_t ncv, int h, unsigned nan, lowp_format xf, lowp_format ef, int full) {
     uint8_t *out = (uint8_t *) j->col->data;
-    const size_t ob = code_bytes(ef, j->rows);
+    const size_t ob = j->col_ob;
     const size_t off = ef == E2M1 ? (size_t) r0 / 2 : (size_t) r0;
     for (int i = 0; i < 8; i++) {
         for (int hi = 0; hi < 2; hi++) {
@@ -617,7 +617,7 @@ AI void col_store64(const lowp_quant_job *j, const __m512i z0[8], const __m512i 
                     int64_t c0, int h, unsigned nan0, unsigned nan1, lowp_format xf, lowp_format ef,
                     int nt) {
     uint8_t *out = (uint8_t *) j->col->data;
-    const size_t ob = code_bytes(ef, j->rows);
+    const size_t ob = j->col_ob;
     const size_t off = ef == E2M1 ? (size_t) r0 / 2 : (size_t) r0;
     for (int i = 0; i < 8; i++) {
         for (int hi = 0; hi < 2; hi++) {
@@ -778,7 +778,7 @@ AI void mx_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf,
  * codes and the transposed column codes come from the buffer. Used at the edges. */
 AI void mx_tile32(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, int64_t ncv,
                   lowp_format xf, lowp_format ef, int em_ok) {
-    const int64_t C = j->cols, R = j->rows;
+    const int64_t C = j->cols;
     const size_t es = xsize(xf), stride = (size_t) C * es;
     const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * es;
     _Alignas(64) char tile[32 * 32 * 4];
@@ -838,7 +838,7 @@ AI void mx_tile32(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, i
         }
     }
     if (j->col) {
-        const int64_t nbr = (R + 31) / 32;
+        const int64_t nbr = j->col_nbr;
         uint8_t *sc = (uint8_t *) j->col->scales + (size_t) (r0 / 32);
         const __m512i cl = e8m0_codes(clo, j->et, j->mode), ch = e8m0_codes(chi, j->et, j->mode);
         uint8_t code[32];
@@ -985,8 +985,7 @@ AI void tile64_row_side(const lowp_quant_job *j, const char *tile, __m512i cv[2]
  * codes. */
 AI void tile64_col_side(const lowp_quant_job *j, const char *tile, __m512i cm[2][4], int64_t r0,
                         int64_t c0, lowp_format xf, lowp_format ef, int em_ok, int nt_col) {
-    const int64_t R = j->rows;
-    const int64_t nbr = (R + 31) / 32;
+    const int64_t nbr = j->col_nbr;
     uint8_t *sc = (uint8_t *) j->col->scales + (size_t) (r0 / 32);
     __m512i cv[2][4];
     __m512 f[2][4];
@@ -1146,7 +1145,7 @@ AI void b128_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format x
  * maxima of the band, the scalar rule per column, then 32-row chunks of codes. */
 AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef,
                   int fs_ok) {
-    const int64_t C = j->cols, nbr = (j->rows + 127) / 128;
+    const int64_t C = j->cols, nbr = j->col_nbr;
     const size_t es = xsize(xf), stride = (size_t) C * es;
     float *sc = (float *) j->col->scales + (size_t) (r0 / 128);
     for (int64_t c0 = 0; c0 < C; c0 += 32) {
@@ -1208,8 +1207,8 @@ AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format x
 AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef,
               int em_ok, int fs_ok, int nt, int64_t cw) {
     const int e8 = j->scaling == LOWP_SCALING_BLOCK32X32, clip = clip_of(j);
-    const int64_t bs = e8 ? 32 : 128, C = j->cols, R = j->rows;
-    const int64_t nbc = (C + bs - 1) / bs, nbr = (R + bs - 1) / bs, tr = r0 / bs;
+    const int64_t bs = e8 ? 32 : 128, C = j->cols;
+    const int64_t nbc = (C + bs - 1) / bs, nbr = j->col_nbr, tr = r0 / bs;
     const size_t es = xsize(xf);
     for (int64_t c0 = 0; c0 < C; c0 += cw) {
         const int64_t w = min64(C - c0, cw);
@@ -1365,7 +1364,8 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
     const int em_ok = xf != F32 && fs_ok;
     /* non-temporal stores in the dual-axis kernel only (see the file comment) */
     const int dual = j->scaling == LOWP_SCALING_MX32 && j->col;
-    const int nt_row = dual && want_nt(j->row), nt_col = dual && want_nt(j->col);
+    const int nt_row = dual && want_nt(j->row);
+    const int nt_col = dual && want_nt(j->col) && j->col_ob % 64 == 0;
     switch (j->scaling) {
     case LOWP_SCALING_TENSOR: {
         /* a scale from this input's finite maximum bounds every scaled value (EM_FIN) */

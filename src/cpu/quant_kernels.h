@@ -25,6 +25,11 @@ typedef struct lowp_quant_job {
     int tensor_fin;         /* TENSOR: computed from this input's maximum, which is finite */
     const float *col_scale; /* ROW with a columnwise copy: scale per input column [cols] */
     int64_t band_rows;      /* bands start on multiples of this */
+    /* The columnwise copy's pitches (AVX-512 kernels): code bytes and scale entries from one of
+     * its rows to the next. setup_job sets those of col itself; the grouped path points col
+     * at a group's span of a larger output and sets that output's. */
+    size_t col_ob;
+    int64_t col_nbr;
 } lowp_quant_job;
 
 /* Quantize input rows [r0, r1) into the job's outputs. */
