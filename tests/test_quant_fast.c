@@ -384,22 +384,27 @@ static void test_fp32_rule_sweep(void) {
  * smallest normal, in mid range and just below fmax. Each 1x128 block's first element fixes
  * its amax, so its scale fmax / amax is not a power of two; the rest are ties / scale, nudged.
  * BLOCK128, BLOCK128X128, ROW and TENSOR rowwise and columnwise, F32 and BF16 input; once with
- * six block maxima, once with one for all blocks (then the tensor's scale is the blocks'). */
+ * six block maxima, once with one for all blocks (then the tensor's scale is the blocks').
+ * The E8M0 kinds (MX32, BLOCK32X32) too, with 1x32 blocks whose maxima are fmax 2^k (their
+ * power-of-two factors make products of binary32 input subnormal as well). */
 static void test_fsub_ties(void) {
     static const double amaxes[] = {448.0 / 1.3, 0.37, 3.1e-3, 57344.0 / 3.7, 1.0e4, 2.5e-6};
     const int64_t R = 128, C = 128 * 6;
     float *f = malloc((size_t) (R * C) * sizeof *f);
-    for (int set = 0; set < 4; set++) {
-        const int fi = set & 1, one = set >> 1;
+    static const int pows[] = {-3, 0, 5, -20, 9, -40};
+    for (int set = 0; set < 6; set++) {
+        const int fi = set & 1, one = set >> 1 == 1, e8 = set >> 1 == 2;
+        const int64_t bw = e8 ? 32 : 128; /* block width */
         const lowp_format ef = fi ? LOWP_FORMAT_E5M2 : LOWP_FORMAT_E4M3;
         const int m = fi ? 2 : 3, emin = fi ? -14 : -6; /* mantissa bits, smallest normal */
         const double fmax = fi ? 57344.0 : 448.0;
         for (int64_t r = 0; r < R; r++)
-            for (int64_t b = 0; b < C / 128; b++) {
-                const double amax = amaxes[one ? 0 : (r + b) % 6], s = fmax / amax;
-                float *blk = f + r * C + 128 * b;
+            for (int64_t b = 0; b < C / bw; b++) {
+                const double amax = e8 ? ldexp(fmax, pows[b % 6]) : amaxes[one ? 0 : (r + b) % 6];
+                const double s = fmax / amax;
+                float *blk = f + r * C + bw * b;
                 blk[0] = (float) (r % 2 ? -amax : amax);
-                for (int c = 1; c < 128; c++) {
+                for (int c = 1; c < bw; c++) {
                     /* the binade of the scaled value: subnormal, smallest normal, any, top */
                     const uint32_t w = rnd_below(4);
                     const int e = w == 0   ? emin - 1 - (int) rnd_below(4)
@@ -421,11 +426,17 @@ static void test_fsub_ties(void) {
             const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
             void *data = as_format(f, (size_t) (R * C), xf);
             lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
-            static const lowp_scaling kinds[] = {LOWP_SCALING_BLOCK128, LOWP_SCALING_BLOCK128X128,
-                                                 LOWP_SCALING_ROW, LOWP_SCALING_TENSOR};
+            static const lowp_scaling kinds[2][4] = {{LOWP_SCALING_BLOCK128,
+                                                      LOWP_SCALING_BLOCK128X128, LOWP_SCALING_ROW,
+                                                      LOWP_SCALING_TENSOR},
+                                                     {LOWP_SCALING_MX32, LOWP_SCALING_BLOCK32X32,
+                                                      LOWP_SCALING_MX32, LOWP_SCALING_BLOCK32X32}};
             for (int k = 0; k < 4; k++)
                 for (int orient = 1; orient <= 3; orient++) {
-                    qcase q = {kinds[k], ef, LOWP_SCALE_MODE_DEFAULT, 0, 0.0f, 0.0f, orient};
+                    qcase q = {kinds[e8][k], ef,    LOWP_SCALE_MODE_DEFAULT, e8 ? -1 : 0, 0.0f,
+                               0.0f,         orient};
+                    if (e8 && k >= 2) /* the other mode of each: MX32 FLOOR, 32x32 RCEIL */
+                        q.mode = k == 2 ? LOWP_SCALE_MODE_FLOOR : LOWP_SCALE_MODE_RCEIL;
                     check_case(&x, &q);
                 }
             free(data);
@@ -476,19 +487,21 @@ static void test_large(void) {
  * kernels must fall back and still equal the reference (run on one thread, so that the
  * kernel runs where the MXCSR was changed). Inputs without binary32 subnormals, whose scaled
  * values reach the targets' subnormals (binary32 normals, which FTZ keeps): MX32 (enc16_sub)
- * and BLOCK128 (enc16_fsub, where a flushed product would lose those codes). */
+ * and BLOCK128 (enc16_fsub, where a flushed product would lose those codes), BF16 and F32
+ * input (MX32 on F32 input takes enc16_fsub too). */
 static void test_mxcsr(void) {
     const int64_t R = 64, C = 256;
     float *f = malloc((size_t) (R * C) * sizeof *f);
     for (int64_t i = 0; i < R * C; i++) f[i] = around((int) rnd_below(21) - 10);
-    void *data = as_format(f, (size_t) (R * C), LOWP_FORMAT_BF16);
-    lowp_tensor x = {LOWP_FORMAT_BF16, R, C, data, LOWP_DEVICE_HOST};
     static const qcase cases[] = {
         {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3},
         {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, 0, 0.0f, 0.0f, 3},
     };
-    for (int k = 0; k < 2; k++) {
-        const qcase q = cases[k];
+    for (int k = 0; k < 4; k++) {
+        const qcase q = cases[k % 2];
+        const lowp_format xf = k < 2 ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+        void *data = as_format(f, (size_t) (R * C), xf);
+        lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
         lowp_qtensor row = {q.ef, q.scaling, R, C, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
         lowp_qtensor col = {q.ef, q.scaling, C, R, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
         outs ro, fo;
@@ -504,8 +517,8 @@ static void test_mxcsr(void) {
         compare("col codes (FTZ/DAZ)", &q, &x, 1, ro.cd, fo.cd, ro.cdb);
         outs_free(&ro);
         outs_free(&fo);
+        free(data);
     }
-    free(data);
     free(f);
 }
 #else

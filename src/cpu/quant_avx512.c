@@ -12,8 +12,9 @@
  *   - the E8M0 scale rule vectorized over 16 blocks (mirrors lowp_rule_e8m0_code; the test
  *     sweeps amax bit patterns against the reference) and the binary32 rules, which are cheap
  *     per 128 elements or per row, called as the scalar functions of scale_rules.h;
- *   - 16-lane integer encoders: enc16 for any input, and enc16_sub, shorter, for BF16 input
- *     with power-of-two scales (see their comments);
+ *   - 16-lane integer encoders: enc16 for any input, enc16_sub, shorter, for BF16 input with
+ *     power-of-two scales, and enc16_fsub, as short but for a subnormal-product check, for
+ *     any input with binary32 or power-of-two scales (see their comments);
  *   - byte packing with two saturating packs and one permute per 64 codes (cheaper than four
  *     vpmovdb), nibble merging for E2M1, and for the columnwise copy a register transpose:
  *     4x4 byte tiles by vpshufb, then an 8x16 dword transpose by unpacks and vpermt2q.
@@ -220,9 +221,10 @@ AI int fsub_factors(__m512 s, lowp_format ef, __m512 *f) {
 }
 
 /* Codes of x scaled by f (the scale, or the factor of that encoder). */
-AI __m512i encx(__m512 x, __m512 f, lowp_format ef, int em) {
+AI __m512i encx(__m512 x, __m512 f, lowp_format xf, lowp_format ef, int em) {
     if (em == EM_FSUB) return enc16_fsub(x, f, ef);
-    if (em == EM_SUB) return enc16_sub(x, f, ef);
+    /* E8M0 factors are powers of two: binary32 input takes enc16_fsub's subnormal check */
+    if (em == EM_SUB) return xf == F32 ? enc16_fsub(x, f, ef) : enc16_sub(x, f, ef);
     return enc16(_mm512_mul_ps(x, f), ef, em == EM_FP32);
 }
 
@@ -362,8 +364,8 @@ AI __m512 e8m0_factors(__m512i code, lowp_format ef, int em) {
 }
 
 /* EM_SUB where the codes of lanes m allow it, else EM_E8: 2^(bias-code) must not underflow
- * (code <= bias + 149, NaN blocks aside), and em_ok says the input is BF16 and the MXCSR
- * keeps subnormals. */
+ * (code <= bias + 149, NaN blocks aside), and em_ok says the MXCSR keeps subnormals (BF16
+ * input then takes enc16_sub, binary32 input enc16_fsub: encx). */
 AI int e8_em(__m512i code, __mmask16 m, lowp_format ef, int em_ok) {
     if (!em_ok) return EM_E8;
     __mmask16 big = _mm512_mask_cmpgt_epu32_mask(m, code, V32(ef_bias(ef) + 149)) &
@@ -470,8 +472,8 @@ AI void enc_run(const char *xr, uint8_t *orow, int64_t p, int64_t n, __m512 s, l
         ld32(xr + (size_t) (p + i) * es, xf, 32, 1, &a, &b);
         ld32(xr + (size_t) (p + i + 32) * es, xf, 32, 1, &c, &d);
         st64(orow, p + i,
-             pack4(encx(a, s, ef, em), encx(b, s, ef, em), encx(c, s, ef, em), encx(d, s, ef, em),
-                   xf, ef, em, 0),
+             pack4(encx(a, s, xf, ef, em), encx(b, s, xf, ef, em), encx(c, s, xf, ef, em),
+                   encx(d, s, xf, ef, em), xf, ef, em, 0),
              ef, 64, 1, 0, nt);
     }
     if (i < n) {
@@ -482,8 +484,8 @@ AI void enc_run(const char *xr, uint8_t *orow, int64_t p, int64_t n, __m512 s, l
         else
             c = d = _mm512_setzero_ps();
         st64(orow, p + i,
-             pack4(encx(a, s, ef, em), encx(b, s, ef, em), encx(c, s, ef, em), encx(d, s, ef, em),
-                   xf, ef, em, 0),
+             pack4(encx(a, s, xf, ef, em), encx(b, s, xf, ef, em), encx(c, s, xf, ef, em),
+                   encx(d, s, xf, ef, em), xf, ef, em, 0),
              ef, k, 0, 0, 0);
     }
 }
@@ -524,8 +526,8 @@ AI void enc_blocks32(const char *xr, uint8_t *orow, int64_t p, int nblk, int64_t
         }
         const __m512 f0 = _mm512_set1_ps(f[k]), f1 = _mm512_set1_ps(f[k + 1]);
         st64(orow, q,
-             pack4(encx(a, f0, ef, em), encx(b, f0, ef, em), encx(c, f1, ef, em),
-                   encx(d, f1, ef, em), xf, ef, em, clip),
+             pack4(encx(a, f0, xf, ef, em), encx(b, f0, xf, ef, em), encx(c, f1, xf, ef, em),
+                   encx(d, f1, xf, ef, em), xf, ef, em, clip),
              ef, n, whole, (nan >> k) & 3u, nt);
     }
 }
@@ -544,7 +546,7 @@ AI void col_codes(const char *tile, size_t pitch, int h, __m512 f, lowp_format x
     for (int g = 0; g < 8; g++) {
         __m512i c[4];
         for (int u = 0; u < 4; u++)
-            c[u] = encx(ld_half(tile + (size_t) (4 * g + u) * pitch, xf, h), f, ef, em);
+            c[u] = encx(ld_half(tile + (size_t) (4 * g + u) * pitch, xf, h), f, xf, ef, em);
         /* lane L: a 4x4 byte tile (rows 4g.., lanes 4L..) row-major, shuffled to column-major:
          * dword k = the four rows' codes of lane k. */
         t[g] = _mm512_shuffle_epi8(
@@ -829,10 +831,11 @@ AI void mx_tile32(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, i
             __m512 lo, hi;
             ld32(tile + (size_t) i * 32 * es, xf, 32, 1, &lo, &hi);
             const __m512 fi = _mm512_set1_ps(f[i]);
-            __m256i b = em == EM_SUB ? pack2(encx(lo, fi, ef, EM_SUB), encx(hi, fi, ef, EM_SUB), xf,
-                                             ef, EM_SUB, clip_of(j))
-                                     : pack2(encx(lo, fi, ef, EM_E8), encx(hi, fi, ef, EM_E8), xf,
-                                             ef, EM_E8, 0);
+            __m256i b = em == EM_SUB
+                            ? pack2(encx(lo, fi, xf, ef, EM_SUB), encx(hi, fi, xf, ef, EM_SUB), xf,
+                                    ef, EM_SUB, clip_of(j))
+                            : pack2(encx(lo, fi, xf, ef, EM_E8), encx(hi, fi, xf, ef, EM_E8), xf,
+                                    ef, EM_E8, 0);
             st32(out + (size_t) (r0 + i) * ob, c0, b, ef, ncv, 0);
             if (code[i] == 0xFF) fill_nan(out + (size_t) (r0 + i) * ob, c0, ncv, ef);
         }
@@ -873,8 +876,8 @@ AI void tile64_rows(const lowp_quant_job *j, const char *tile, int64_t r0, int64
         const __m512 g0 = _mm512_set1_ps(f0[i]), g1 = _mm512_set1_ps(f1[i]);
         const unsigned nan2 = nan_any ? (c0s[i] == 0xFF) | (unsigned) (c1s[i] == 0xFF) << 1 : 0u;
         st64(out + (size_t) i * ob, c0,
-             pack4(encx(a, g0, ef, em), encx(b, g0, ef, em), encx(c, g1, ef, em),
-                   encx(d, g1, ef, em), xf, ef, em, clip),
+             pack4(encx(a, g0, xf, ef, em), encx(b, g0, xf, ef, em), encx(c, g1, xf, ef, em),
+                   encx(d, g1, xf, ef, em), xf, ef, em, clip),
              ef, 64, 1, nan2, nt);
     }
 }
@@ -1359,9 +1362,9 @@ static int want_nt(const lowp_qtensor *q) {
 }
 
 AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef) {
-    /* enc16_sub: BF16 input only (its exactness argument), and subnormals kept */
-    const int fs_ok = subnormals_kept(); /* enc16_fsub: any input */
-    const int em_ok = xf != F32 && fs_ok;
+    /* enc16_sub (BF16) and enc16_fsub (any input): subnormals kept */
+    const int fs_ok = subnormals_kept();
+    const int em_ok = fs_ok;
     /* non-temporal stores in the dual-axis kernel only (see the file comment) */
     const int dual = j->scaling == LOWP_SCALING_MX32 && j->col;
     const int nt_row = dual && want_nt(j->row);
