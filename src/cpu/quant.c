@@ -122,7 +122,7 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
             amax = tensor_amax(&j, threads, kernel == lowp_cpu_quant_avx512);
             have_amax = 1;
             j.tensor_scale = lowp_rule_fp32_scale(amax, j.et->fmax, j.eps, j.pow2);
-            j.tensor_fin = lowp_f2u(amax) < 0x7F800000u; /* amax >= 0 or NaN */
+            j.tensor_fin = lowp_f2u(amax) < 0x7F800000u; /* finite (amax is >= 0 or NaN) */
         }
         if (row) ((float *) row->scales)[0] = 1.0f / j.tensor_scale;
         if (col) ((float *) col->scales)[0] = 1.0f / j.tensor_scale;

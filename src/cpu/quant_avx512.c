@@ -146,9 +146,18 @@ AI __m512i enc16(__m512 y, lowp_format ef, int special) {
 /* How a kernel encodes: binary32 scales (NaN and Inf per element); binary32 scales of a
  * group whose amax is finite (EM_FIN: then |x * s| <= fmax (1 + 2^-23), as s <= fmax / amax
  * up to rounding, or s = FLT_MAX only for amax < fmax / FLT_MAX: no element needs the special
- * steps); E8M0 scales with enc16; E8M0 scales with enc16_sub; EM_FIN's groups with
- * enc16_fsub (its factor from fsub_factor). */
+ * steps); E8M0 scales with enc16; E8M0 scales with enc16_sub (enc16_fsub for binary32
+ * input); EM_FIN's groups with enc16_fsub (its factor from fsub_factors). */
 enum { EM_FP32 = 0, EM_E8 = 1, EM_SUB = 2, EM_FIN = 3, EM_FSUB = 4 };
+
+/* The binary32 patterns u rounded at bit sh, ties to even (the lsb test and a masked
+ * increment), shifted down: the carry of a rounding into the next binade lands in the
+ * exponent field; the sign bit moves to bit 31 - sh. */
+AI __m512i round_raw(__m512i u, int sh) {
+    __m512i t = _mm512_add_epi32(u, V32((1u << (sh - 1)) - 1u));
+    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, V32(1u << sh)), t, V32(1));
+    return _mm512_srli_epi32(t, sh);
+}
 
 /* Codes of E8M0 blocks for BF16 input: with f = 2^(bias - code), the product x * f is exact
  * whenever it matters (8 significant bits; a product too small to hold them is far below
@@ -161,11 +170,7 @@ enum { EM_FP32 = 0, EM_E8 = 1, EM_SUB = 2, EM_FIN = 3, EM_FSUB = 4 };
  * pack, on 32 codes at once. Needs subnormal results (FTZ/DAZ off, checked per call) and
  * f >= 2^-149 (code <= bias+149, checked per block group). */
 AI __m512i enc16_sub(__m512 x, __m512 f, lowp_format ef) {
-    const int sh = 23 - ef_mbits(ef);
-    const __m512i u = _mm512_castps_si512(_mm512_mul_ps(x, f));
-    __m512i t = _mm512_add_epi32(u, V32((1u << (sh - 1)) - 1u));
-    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, V32(1u << sh)), t, V32(1));
-    return _mm512_srli_epi32(t, sh);
+    return round_raw(_mm512_castps_si512(_mm512_mul_ps(x, f)), 23 - ef_mbits(ef));
 }
 
 /* Finishes 32 raw enc16_sub codes packed to 16-bit words: the sign from bit 31-sh to the
@@ -184,7 +189,8 @@ AI __m512i fixw(__m512i w, lowp_format ef, int em, int clip) {
 }
 
 /* EM_FIN's codes the way of enc16_sub, raw as it leaves them, for any binary32 x and a
- * binary32 scale s given as f = s * 2^(bias-127), a normal number (fsub_factor). The product
+ * binary32 scale s given as f = s * 2^(bias-127), a normal number (fsub_factors), or an E8M0
+ * factor 2^(bias-code) (a power of two, so s is again exact; binary32 input). The product
  * x * f is the reference's x * s moved by a power of two, rounded once: where it is normal,
  * it is exactly round(x * s) * 2^(bias-127), and the target's codes are its bit pattern
  * rounded at bit sh (the target's exponent field is binary32's there; the largest EM_FIN
@@ -197,9 +203,7 @@ AI __m512i enc16_fsub(__m512 x, __m512 f, lowp_format ef) {
     const int sh = 23 - ef_mbits(ef), bits = ef_bits(ef);
     const __m512 z = _mm512_mul_ps(x, f);
     const __m512i u = _mm512_castps_si512(z);
-    __m512i t = _mm512_add_epi32(u, V32((1u << (sh - 1)) - 1u));
-    t = _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, V32(1u << sh)), t, V32(1));
-    __m512i raw = _mm512_srli_epi32(t, sh);
+    __m512i raw = round_raw(u, sh);
     const __mmask16 sub = _mm512_fpclass_ps_mask(z, 0x20); /* denormal lanes */
     if (__builtin_expect(sub != 0, 0)) {
         const __m512 back = _mm512_castsi512_ps(V32((uint32_t) (254 - ef_bias(ef)) << 23));
@@ -491,13 +495,13 @@ AI void enc_run(const char *xr, uint8_t *orow, int64_t p, int64_t n, __m512 s, l
 }
 
 /* enc_run with the encoder chosen by the group's amax pattern and scale: EM_FSUB where
- * fs_ok (subnormals kept) and the factor is normal. */
+ * em_ok (subnormals kept) and the factor is normal. */
 AI void enc_run_a(const char *xr, uint8_t *orow, int64_t p, int64_t n, __m512 s, uint32_t amax,
-                  lowp_format xf, lowp_format ef, int fs_ok, int nt) {
+                  lowp_format xf, lowp_format ef, int em_ok, int nt) {
     __m512 f;
     if (fp32_em(amax) != EM_FIN)
         enc_run(xr, orow, p, n, s, xf, ef, EM_FP32, nt);
-    else if (fs_ok && fsub_factors(s, ef, &f))
+    else if (em_ok && fsub_factors(s, ef, &f))
         enc_run(xr, orow, p, n, f, xf, ef, EM_FSUB, nt);
     else
         enc_run(xr, orow, p, n, s, xf, ef, EM_FIN, nt);
@@ -1101,7 +1105,7 @@ AI __m512 fp32_scales16(__m512i am, float fmax, float eps, int pow2) {
  * the scalar rule and two divisions made a dependency chain the next block's loads waited on
  * (8192x4096 BF16, one thread: 0.54 of memcpy; see docs/benchmarks.md). */
 AI void b128_group(const lowp_quant_job *j, const char *xr, uint8_t *orow, float *sc, int64_t b0,
-                   lowp_format xf, lowp_format ef, int fs_ok, int nt) {
+                   lowp_format xf, lowp_format ef, int em_ok, int nt) {
     const int64_t C = j->cols, nb = (C + 127) / 128;
     const int g = nb - b0 < 16 ? (int) (nb - b0) : 16;
     const size_t es = xsize(xf);
@@ -1127,27 +1131,27 @@ AI void b128_group(const lowp_quant_job *j, const char *xr, uint8_t *orow, float
     _mm512_store_si512(av, am);
     for (int k = 0; k < g; k++) {
         const int64_t p = 128 * (b0 + k);
-        enc_run_a(xr, orow, p, min64(C - p, 128), _mm512_set1_ps(sv[k]), av[k], xf, ef, fs_ok, nt);
+        enc_run_a(xr, orow, p, min64(C - p, 128), _mm512_set1_ps(sv[k]), av[k], xf, ef, em_ok, nt);
     }
 }
 
 /* Rowwise copy: per row, groups of 16 blocks of 128 columns. */
 AI void b128_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
-                  int fs_ok, int nt) {
+                  int em_ok, int nt) {
     const int64_t C = j->cols, nb = (C + 127) / 128;
     const size_t ob = code_bytes(ef, C);
     for (int64_t r = r0; r < r1; r++) {
         const char *xr = xrow(j, xf, r);
         uint8_t *orow = (uint8_t *) j->row->data + (size_t) r * ob;
         float *sc = (float *) j->row->scales + (size_t) r * (size_t) nb;
-        for (int64_t b0 = 0; b0 < nb; b0 += 16) b128_group(j, xr, orow, sc, b0, xf, ef, fs_ok, nt);
+        for (int64_t b0 = 0; b0 < nb; b0 += 16) b128_group(j, xr, orow, sc, b0, xf, ef, em_ok, nt);
     }
 }
 
 /* Columnwise copy of the band [r0, r0+nr) (nr <= 128): per 32-column segment, the vertical
  * maxima of the band, the scalar rule per column, then 32-row chunks of codes. */
 AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef,
-                  int fs_ok) {
+                  int em_ok) {
     const int64_t C = j->cols, nbr = j->col_nbr;
     const size_t es = xsize(xf), stride = (size_t) C * es;
     float *sc = (float *) j->col->scales + (size_t) (r0 / 128);
@@ -1186,7 +1190,7 @@ AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format x
         const __m512 flo = _mm512_loadu_ps(s), fhi = _mm512_loadu_ps(s + 16);
         const int fin = fp32_em(_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi))) == EM_FIN;
         __m512 glo = flo, ghi = fhi;
-        const int fsub = fin && fs_ok && fsub_factors(flo, ef, &glo) & fsub_factors(fhi, ef, &ghi);
+        const int fsub = fin && em_ok && fsub_factors(flo, ef, &glo) & fsub_factors(fhi, ef, &ghi);
         for (int64_t i = 0; i < nr; i += 32) {
             if (fsub)
                 col_seg_x(j, r0 + i, min64(nr - i, 32), c0, ncv, glo, ghi, 0, xf, ef, EM_FSUB, 0);
@@ -1208,7 +1212,7 @@ AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format x
  * transposes. Per 512 columns, 16 32-column pieces: piece k of group g is in tile
  * (16 g + k) * 32 / bs of the chunk. */
 AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef,
-              int em_ok, int fs_ok, int nt, int64_t cw) {
+              int em_ok, int nt, int64_t cw) {
     const int e8 = j->scaling == LOWP_SCALING_BLOCK32X32, clip = clip_of(j);
     const int64_t bs = e8 ? 32 : 128, C = j->cols;
     const int64_t nbc = (C + bs - 1) / bs, nbr = j->col_nbr, tr = r0 / bs;
@@ -1295,7 +1299,7 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, l
                     for (int t = 0; t < ntl; t++) {
                         const int64_t p = c0 + 128 * t;
                         enc_run_a(xr, orow, p, min64(C - p, 128), _mm512_set1_ps(f[t]), am[t], xf,
-                                  ef, fs_ok, nt);
+                                  ef, em_ok, nt);
                     }
             }
         }
@@ -1307,7 +1311,7 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, l
                 const unsigned tn = e8 && (nan[t / 16] >> (t % 16)) & 1 ? 0xFFFFFFFFu : 0u;
                 __m512 gt = ft;
                 const int fsub =
-                    !e8 && fs_ok && fp32_em(am[t]) == EM_FIN && fsub_factors(ft, ef, &gt);
+                    !e8 && em_ok && fp32_em(am[t]) == EM_FIN && fsub_factors(ft, ef, &gt);
                 for (int64_t i = 0; i < nr; i += 32) {
                     const int64_t n = min64(nr - i, 32);
                     if (em == EM_SUB)
@@ -1331,7 +1335,7 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, l
 /* Rowwise copy: per row, the maximum, the scalar rule (stored as scale_inv), codes; the row
  * is reread from L1. */
 AI void row_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
-                 int fs_ok, int nt) {
+                 int em_ok, int nt) {
     const int64_t C = j->cols;
     const size_t es = xsize(xf), ob = code_bytes(ef, C);
     for (int64_t r = r0; r < r1; r++) {
@@ -1348,7 +1352,7 @@ AI void row_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf
         const float s = lowp_rule_fp32_scale(lowp_u2f(am), j->et->fmax, j->eps, j->pow2);
         ((float *) j->row->scales)[r] = 1.0f / s;
         enc_run_a(xr, (uint8_t *) j->row->data + (size_t) r * ob, 0, C, _mm512_set1_ps(s), am, xf,
-                  ef, fs_ok, nt);
+                  ef, em_ok, nt);
     }
 }
 
@@ -1362,9 +1366,8 @@ static int want_nt(const lowp_qtensor *q) {
 }
 
 AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef) {
-    /* enc16_sub (BF16) and enc16_fsub (any input): subnormals kept */
-    const int fs_ok = subnormals_kept();
-    const int em_ok = fs_ok;
+    /* enc16_sub (BF16) and enc16_fsub (any input) need subnormal results */
+    const int em_ok = subnormals_kept();
     /* non-temporal stores in the dual-axis kernel only (see the file comment) */
     const int dual = j->scaling == LOWP_SCALING_MX32 && j->col;
     const int nt_row = dual && want_nt(j->row);
@@ -1374,7 +1377,7 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
         /* a scale from this input's finite maximum bounds every scaled value (EM_FIN) */
         const __m512 s = _mm512_set1_ps(j->tensor_scale);
         __m512 g = s;
-        const int fsub = fs_ok && j->tensor_fin && fsub_factors(s, ef, &g);
+        const int fsub = em_ok && j->tensor_fin && fsub_factors(s, ef, &g);
         if (j->row) {
             const size_t ob = code_bytes(ef, j->cols);
             for (int64_t r = r0; r < r1; r++) {
@@ -1393,7 +1396,7 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
         break;
     }
     case LOWP_SCALING_ROW:
-        if (j->row) row_rows(j, r0, r1, xf, ef, fs_ok, nt_row);
+        if (j->row) row_rows(j, r0, r1, xf, ef, em_ok, nt_row);
         if (j->col) col_fp32(j, r0, r1, j->col_scale, 0.0f, xf, ef, EM_FP32);
         break;
     case LOWP_SCALING_MX32:
@@ -1403,10 +1406,10 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
             mx_rows(j, r0, r1, xf, ef, em_ok, nt_row);
         break;
     case LOWP_SCALING_BLOCK128:
-        if (j->row) b128_rows(j, r0, r1, xf, ef, fs_ok, nt_row);
+        if (j->row) b128_rows(j, r0, r1, xf, ef, em_ok, nt_row);
         if (j->col)
             for (int64_t r = r0; r < r1; r += 128)
-                b128_cols(j, r, min64(r1 - r, 128), xf, ef, fs_ok);
+                b128_cols(j, r, min64(r1 - r, 128), xf, ef, em_ok);
         break;
     case LOWP_SCALING_BLOCK32X32:
     case LOWP_SCALING_BLOCK128X128: {
@@ -1417,7 +1420,7 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
          * were slower however far ahead; chunks narrower than the row, slower still). */
         const int64_t cw = j->cols <= TILES_MAX_CW ? TILES_MAX_CW : 512;
         for (int64_t r = r0; r < r1; r += bs)
-            tiles(j, r, min64(r1 - r, bs), xf, ef, em_ok, fs_ok, nt_row, cw);
+            tiles(j, r, min64(r1 - r, bs), xf, ef, em_ok, nt_row, cw);
         break;
     }
     default: break;
