@@ -76,16 +76,18 @@ int lowp_bench_parse_int(const char *s, int *out) {
 }
 
 void *lowp_bench_alloc(size_t bytes) {
-    size_t rounded = (bytes + 63) & ~(size_t) 63;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    /* The library's own host memory (huge pages from 4 MiB up, as its models and trainer get):
+     * the kernels, and the memcpy and GEMM they are compared with, see the same pages. */
+    void *p = NULL;
+    if (lowp_malloc(LOWP_DEVICE_HOST, bytes, &p) != LOWP_OK) return NULL;
     /* Map every page now: a first touch inside a timed region would measure the kernel's
      * page-fault path, not the memory. */
-    if (p) memset(p, 0, rounded);
+    memset(p, 0, bytes);
     return p;
 }
 
 void lowp_bench_free(void *p) {
-    free(p);
+    lowp_free(LOWP_DEVICE_HOST, p);
 }
 
 void lowp_bench_memcpy(void *dst, const void *src, size_t bytes, int threads) {

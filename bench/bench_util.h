@@ -24,8 +24,9 @@ int lowp_bench_parse_size(const char *s, size_t *value, int *is_bytes);
 /* Parses a positive int ("25"); returns 0 on success, -1 otherwise. */
 int lowp_bench_parse_int(const char *s, int *out);
 
-/* A 64-byte aligned buffer whose pages are already mapped (written once), so that page
- * faults are not timed. NULL if out of memory; release with lowp_bench_free. */
+/* A 64-byte aligned buffer from lowp_malloc on the host (so on huge pages from 4 MiB up, like
+ * the library's own buffers), its pages already mapped (written once), so that page faults
+ * are not timed. NULL if out of memory; release with lowp_bench_free. */
 void *lowp_bench_alloc(size_t bytes);
 void lowp_bench_free(void *p);
 

@@ -156,6 +156,56 @@ static void test_cpu(void) {
     CHECK_OK(lowp_free(LOWP_DEVICE_HOST, NULL));
 }
 
+/* "hg" (MADV_HUGEPAGE) among the VmFlags of the mapping that holds p: 1 yes, 0 no, -1 when
+ * /proc/self/smaps cannot tell (not Linux). */
+static int advised_huge(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[1024];
+    int in = 0, found = -1;
+    const uintptr_t a = (uintptr_t) p;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+            in = a >= lo && a < hi;
+        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            found = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* Large host buffers (issue 14): from 4 MiB up 2 MiB aligned and advised MADV_HUGEPAGE,
+ * smaller ones not; LOWP_HUGEPAGES=0 turns the advice off. The data is ordinary memory
+ * either way. */
+static void test_hugepages(void) {
+    const size_t big = (size_t) 8 << 20, small = (size_t) 1 << 20;
+    void *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(lowp_malloc(LOWP_DEVICE_HOST, big + 100, &a));
+    CHECK_OK(lowp_malloc(LOWP_DEVICE_HOST, small, &b));
+    CHECK(a && (uintptr_t) a % ((size_t) 2 << 20) == 0);
+    CHECK(b && (uintptr_t) b % 64 == 0);
+    if (a) {
+        fill(a, big + 100, 7);
+        const int h = advised_huge(a);
+        if (h >= 0) CHECK(h == 1);
+    }
+    setenv("LOWP_HUGEPAGES", "0", 1);
+    CHECK_OK(lowp_malloc(LOWP_DEVICE_HOST, big, &c));
+    unsetenv("LOWP_HUGEPAGES");
+    CHECK(c && (uintptr_t) c % 64 == 0);
+    if (c) {
+        fill(c, big, 3);
+        const int h = advised_huge(c);
+        if (h >= 0) CHECK(h == 0);
+    }
+    CHECK_OK(lowp_free(LOWP_DEVICE_HOST, a));
+    CHECK_OK(lowp_free(LOWP_DEVICE_HOST, b));
+    CHECK_OK(lowp_free(LOWP_DEVICE_HOST, c));
+}
+
 static void test_describe(void) {
     char buf[512];
     lowp_caps c;
@@ -717,6 +767,7 @@ int main(int argc, char **argv) {
     }
 
     test_cpu();
+    test_hugepages();
     test_describe();
     CHECK(strcmp(lowp_backend_env_errors(), "") == 0);
     test_register_errors();

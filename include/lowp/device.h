@@ -212,7 +212,10 @@ LOWP_API lowp_status lowp_device_caps(lowp_device dev, lowp_caps *out);
 LOWP_API lowp_status lowp_device_synchronize(lowp_device dev);
 
 /* Device memory. lowp_malloc of 0 bytes succeeds; lowp_free of NULL does nothing. Free only
- * memory whose queued work has completed (synchronize first). */
+ * memory whose queued work has completed (synchronize first). On the host a buffer is 64-byte
+ * aligned; from 4 MiB up it is 2 MiB aligned and advised for transparent huge pages (Linux
+ * madvise; LOWP_HUGEPAGES=0 in the environment turns that off), as are the models' and the
+ * trainer's own large buffers. */
 LOWP_API lowp_status lowp_malloc(lowp_device dev, size_t nbytes, void **ptr);
 LOWP_API lowp_status lowp_free(lowp_device dev, void *ptr);
 /* Copy n bytes between any two devices. The copy is queued like other device work: on the

@@ -25,6 +25,15 @@ LOWP_HIDDEN lowp_status lowp_fail(lowp_status status, const char *fmt, ...) LOWP
 /* Append "; fmt..." to the last error (for adding context on the way up). */
 LOWP_HIDDEN void lowp_error_append(const char *fmt, ...) LOWP_PRINTF(1, 2);
 
+/* Host buffers (hostmem.c): 64-byte aligned; from LOWP_HUGE_MIN bytes up 2 MiB aligned and
+ * advised for transparent huge pages (unless LOWP_HUGEPAGES=0). NULL when out of memory;
+ * release with free(). lowp_host_zalloc zeroes the nbytes. */
+#define LOWP_HUGE_MIN ((size_t) 4 << 20)
+LOWP_HIDDEN void *lowp_host_alloc(size_t nbytes);
+LOWP_HIDDEN void *lowp_host_zalloc(size_t nbytes);
+/* Whether the environment leaves the huge-page advice on (LOWP_HUGEPAGES is not "0"). */
+LOWP_HIDDEN int lowp_hugepages_enabled(void);
+
 static inline uint32_t lowp_f2u(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);

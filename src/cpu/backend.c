@@ -9,6 +9,7 @@
 /* Cache-line alignment, and a whole number of 64-byte AVX-512 vectors per buffer, so that
  * kernels may use aligned full-width loads and stores up to the rounded end. */
 #define CPU_ALIGN 64
+_Static_assert(CPU_ALIGN == 64, "lowp_host_alloc gives 64-byte blocks");
 
 static lowp_status check_index(const char *fn, int32_t index) {
     if (index != 0)
@@ -41,11 +42,10 @@ static lowp_status cpu_alloc(void *ctx, int32_t index, size_t nbytes, void **ptr
     if (st != LOWP_OK) return st;
     if (nbytes > SIZE_MAX - (CPU_ALIGN - 1))
         return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_malloc: nbytes (%zu) is too large", nbytes);
-    /* aligned_alloc wants a multiple of the alignment; 0 bytes still gets a real pointer so
-     * that a successful lowp_malloc always returns something lowp_free accepts. */
-    size_t rounded = (nbytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
-    if (rounded == 0) rounded = CPU_ALIGN;
-    *ptr = aligned_alloc(CPU_ALIGN, rounded);
+    /* a whole number of CPU_ALIGN blocks; 0 bytes still gets a real pointer so that a
+     * successful lowp_malloc always returns something lowp_free accepts; large buffers on
+     * huge pages (hostmem.c) */
+    *ptr = lowp_host_alloc(nbytes);
     if (!*ptr)
         return lowp_fail(LOWP_ERR_OUT_OF_MEMORY,
                          "lowp_malloc: cannot allocate %zu bytes on the CPU", nbytes);

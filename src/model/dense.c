@@ -155,7 +155,7 @@ static lowp_status prepare(dense_state *s, int grads) {
     if (need > s->cap) {
         free(s->arena);
         s->cap = 0;
-        s->arena = aligned_alloc(64, need);
+        s->arena = lowp_host_alloc(need);
         if (!s->arena)
             return lowp_fail(LOWP_ERR_OUT_OF_MEMORY,
                              "lowp_moe_forward: %zu bytes of activations (B*T = %lld)", need,

@@ -339,7 +339,7 @@ static lowp_status alloc_arena(lowp_moe *m, const float *init_std, uint64_t seed
     const int64_t half = m->cfg.dim / m->cfg.heads / 2;
     const int64_t rope_floats = padded((int64_t) m->cfg.seq_len * half);
     const size_t bytes = (size_t) (2 * data_floats + 2 * rope_floats) * sizeof(float);
-    m->param_arena = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    m->param_arena = lowp_host_alloc(bytes);
     if (m->param_arena == NULL)
         return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: %zu bytes of parameters", bytes);
     memset(m->param_arena, 0, bytes);
@@ -592,7 +592,7 @@ static lowp_status act_prepare(lowp_moe *m, const moe_dims *d, int shared, int g
     if (need > m->act_cap) {
         free(m->act_arena);
         m->act_cap = 0;
-        m->act_arena = aligned_alloc(64, need);
+        m->act_arena = lowp_host_alloc(need);
         if (m->act_arena == NULL)
             return lowp_fail(LOWP_ERR_OUT_OF_MEMORY,
                              "lowp_moe_forward: %zu bytes of activations (B*T = %lld)", need,

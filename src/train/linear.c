@@ -95,8 +95,8 @@ static lowp_status qt_alloc(const char *fn, lowp_qtensor *q, const lowp_operand_
     size_t db, sb;
     lowp_status st = lowp_qtensor_nbytes(q, &db, &sb);
     if (st != LOWP_OK) return st;
-    q->data = malloc(db ? db : 1);
-    q->scales = sb ? malloc(sb) : NULL;
+    q->data = lowp_host_alloc(db);
+    q->scales = sb ? lowp_host_alloc(sb) : NULL;
     if (!q->data || (sb && !q->scales)) {
         free(q->data);
         free(q->scales);

@@ -144,7 +144,7 @@ lowp_status lowp_adamw_create(const lowp_param *params, int32_t n, const lowp_ad
     o->v = calloc(k, sizeof *o->v);
     int64_t total = 0;
     for (int32_t i = 0; i < n; i++) total += lowp_param_numel(&params[i]);
-    o->arena = calloc((size_t) (2 * total + 1), sizeof(float));
+    o->arena = lowp_host_zalloc((size_t) (2 * total + 1) * sizeof(float));
     if (!o->count || !o->m || !o->v || !o->arena) {
         lowp_adamw_free(o);
         return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld moments", fn,
