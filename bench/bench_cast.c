@@ -209,9 +209,10 @@ static void report(const cast_opts *o, run_result res[2][4]) {
                           k % 2 ? res[ti][k - 1].gbps : 0.0);
         return;
     }
-    printf("lowp bench cast: %zu elements (%.1f MiB of f32), satfinite RNE, path %s,\n"
+    printf("lowp bench cast: %zu elements (%.1f MiB of f32), satfinite RNE, path %s, pages %s "
+           "(from 4 MiB),\n"
            "median of %d repetitions interleaved with memcpy of the same byte count\n\n",
-           o->elems, (double) o->elems * 4 / (1 << 20), path_name, o->reps);
+           o->elems, (double) o->elems * 4 / (1 << 20), path_name, lowp_bench_pages(), o->reps);
     printf("%-12s %7s %12s %10s %9s %10s\n", "kernel", "threads", "MB moved", "ms", "GB/s",
            "vs memcpy");
     for (int ti = 0; ti < 2; ti++)

@@ -470,11 +470,13 @@ int lowp_bench_gemm(int argc, char **argv) {
     }
     char cpu[160];
     snprintf(cpu, sizeof cpu, "%s", caps.name);
-    printf("lowp bench gemm on %s: median of %d interleaved runs per kernel, F32 output;\n"
+    printf("lowp bench gemm on %s, pages %s (from 4 MiB): median of %d interleaved runs per "
+           "kernel, F32 "
+           "output;\n"
            "GFLOP/s = 2*M*N*K / time; ratio = GFLOP/s / oneDNN BF16's on the same shape and "
            "threads\n(grouped: %d experts, uneven groups; oneDNN runs the dense GEMM of the same "
            "FLOPs)\n",
-           cpu, reps, NGROUPS);
+           cpu, lowp_bench_pages(), reps, NGROUPS);
 #ifndef LOWP_HAVE_DNNL
     printf("peer missing: oneDNN was not found at build time (libdnnl-dev; `make bench` installs "
            "it): no ratios\n");

@@ -85,6 +85,7 @@ static void emit_json(const char *kernel, int threads, int64_t rows, int64_t col
     lowp_bench_json_int(&j, "cols", (long long) cols);
     lowp_bench_json_int(&j, "bytes", (long long) bytes);
     lowp_bench_json_int(&j, "reps", reps);
+    lowp_bench_json_str(&j, "pages", lowp_bench_pages());
     lowp_bench_json_num(&j, "seconds", seconds);
     lowp_bench_json_num(&j, "gbps", gbps);
     if (ratio > 0) {
@@ -261,9 +262,9 @@ int lowp_bench_quant(int argc, char **argv) {
     for (int ti = 0; ti < 2; ti++)
         if (time_rounds(&xt, mdst, in_bytes, kr, &cfg, ti + 1, o.reps, times, med[ti])) goto out;
     if (!o.json) {
-        printf("lowp bench quant: %lldx%lld bf16 -> e4m3, path %s,\n"
+        printf("lowp bench quant: %lldx%lld bf16 -> e4m3, path %s, pages %s (from 4 MiB),\n"
                "median of %d rounds (memcpy of the %.1f MiB input, then each kernel)\n\n",
-               (long long) o.rows, (long long) o.cols, path_name, o.reps,
+               (long long) o.rows, (long long) o.cols, path_name, lowp_bench_pages(), o.reps,
                (double) in_bytes / (1 << 20));
         printf("%-14s %7s %10s %10s %9s %10s\n", "kernel", "threads", "MB moved", "ms", "GB/s",
                "vs memcpy");

@@ -194,6 +194,7 @@ static void bench_print_json(const char *config, const char *recipe_name, int th
     lowp_bench_json_num(&j, "tokens_per_s", res->tps);
     lowp_bench_json_num(&j, "gflops", res->gflops);
     lowp_bench_json_num(&j, "bf16_gemm_gflops", gemm_rate);
+    lowp_bench_json_str(&j, "pages", lowp_bench_pages());
     lowp_bench_json_num(&j, "mfu", res->mfu);
     if (profile) {
         char key[48];
@@ -354,9 +355,9 @@ int lowp_bench_train(int argc, char **argv) {
     c.data = data;
     c.gemm_rate = bf16_gemm_rate(c.threads);
     if (!c.json) {
-        printf("lowp bench train: %d threads, batch %d, median of %d updates after 1 untimed; "
-               "BF16 GEMM 2048^3 %.1f GFLOP/s (MFU = GFLOP/s over it)\n",
-               c.threads, c.batch, c.steps, c.gemm_rate);
+        printf("lowp bench train: %d threads, batch %d, median of %d updates after 1 untimed, "
+               "pages %s (from 4 MiB); BF16 GEMM 2048^3 %.1f GFLOP/s (MFU = GFLOP/s over it)\n",
+               c.threads, c.batch, c.steps, lowp_bench_pages(), c.gemm_rate);
         printf("%-8s %-13s %8s %9s %9s %8s %6s", "config", "recipe", "active", "step_ms",
                "tokens/s", "GFLOP/s", "MFU");
         if (c.profile)

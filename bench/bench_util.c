@@ -90,6 +90,17 @@ void lowp_bench_free(void *p) {
     lowp_free(LOWP_DEVICE_HOST, p);
 }
 
+const char *lowp_bench_pages(void) {
+    const char *env = getenv("LOWP_HUGEPAGES");
+    if (env && strcmp(env, "0") == 0) return "4K";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return "4K";
+    char line[256] = {0};
+    const int on = fgets(line, sizeof line, f) != NULL && strstr(line, "[never]") == NULL;
+    fclose(f);
+    return on ? "2M" : "4K";
+}
+
 void lowp_bench_memcpy(void *dst, const void *src, size_t bytes, int threads) {
     if (threads <= 1) {
         memcpy(dst, src, bytes);

@@ -30,6 +30,10 @@ int lowp_bench_parse_int(const char *s, int *out);
 void *lowp_bench_alloc(size_t bytes);
 void lowp_bench_free(void *p);
 
+/* The pages lowp_bench_alloc's large buffers get: "2M" (transparent huge pages, advised), "4K"
+ * (LOWP_HUGEPAGES=0, or no transparent huge pages on this system), for the reports. */
+const char *lowp_bench_pages(void);
+
 /* memcpy of `bytes` split into `threads` contiguous parts copied by OpenMP threads. */
 void lowp_bench_memcpy(void *dst, const void *src, size_t bytes, int threads);
 
