@@ -8,7 +8,8 @@
  * only). NumPy advises its arrays from 4 MiB up in the same way; PyTorch's CPU allocator does
  * from 2 MiB when THP_MEM_ALLOC_ENABLE is set. Buffers of at least LOWP_HUGE_MIN bytes are
  * therefore 2 MiB aligned, a whole number of 2 MiB pages long (the last page's unused part
- * costs less than 2 MiB, a small fraction of such a buffer), and advised. The advice is a
+ * costs less than 2 MiB: at most half of the smallest such buffer, and a small fraction of the
+ * arenas that make up most of them), and advised. The advice is a
  * hint: where the kernel has huge pages off, or off Linux, such a buffer is ordinary memory.
  * LOWP_HUGEPAGES=0 in the environment turns the advice off. Every buffer is 64-byte aligned
  * and released with free(). */
