@@ -13,6 +13,7 @@
  * OPENBLAS_THREAD_TIMEOUT=4 are put in the environment (unless already set): OpenBLAS reads
  * them once, when it is loaded, and picks its AVX2 kernels on AMD cores without the first;
  * the second stops its idle threads from spinning into the next kernel's timing. */
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -37,10 +38,12 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: lowp bench gemm [--json] [--reps N] [--quick]\n"
+            "usage: lowp bench gemm [--json] [--reps N] [--quick] [--shape MxNxK]\n"
             "  --reps N   timed repetitions per kernel, interleaved (default %d)\n"
             "  --quick    smaller shapes (M=N=K=1024; M=2048 K=512 N=2048; grouped 2048 tokens,\n"
             "             K=512, N=1024) and 3 repetitions unless --reps is given\n"
+            "  --shape MxNxK  this dense shape only (for example a training step's GEMM,\n"
+            "             2048x1152x384), instead of the default shapes\n"
             "  --json     one JSON object per line instead of the table\n"
             "GFLOP/s = 2*M*N*K / median time of one GEMM (F32 output), on 1 and 2 threads; each\n"
             "kernel is compared with oneDNN's BF16 matmul on the same shape and threads.\n",
@@ -406,8 +409,24 @@ static void emit_json(const result *r, int reps) {
     lowp_bench_json_end(&j, stdout);
 }
 
+/* "MxNxK" into out[0..2] (each 1..65536); -1 when it is not one. */
+static int parse_shape(const char *s, int64_t out[3]) {
+    for (int i = 0; i < 3; i++) {
+        char *end;
+        errno = 0;
+        const long long v = strtoll(s, &end, 10);
+        if (end == s || errno != 0 || v < 1 || v > 65536) return -1;
+        if (i < 2 && *end != 'x') return -1;
+        if (i == 2 && *end != '\0') return -1;
+        out[i] = v;
+        s = end + 1;
+    }
+    return 0;
+}
+
 int lowp_bench_gemm(int argc, char **argv) {
     int json = 0, reps = 0, quick = 0;
+    int64_t only[3] = {0, 0, 0}; /* --shape: M, N, K */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -417,6 +436,13 @@ int lowp_bench_gemm(int argc, char **argv) {
             json = 1;
         } else if (strcmp(a, "--quick") == 0) {
             quick = 1;
+        } else if (strcmp(a, "--shape") == 0) {
+            if (i + 1 >= argc || parse_shape(argv[i + 1], only) != 0) {
+                fprintf(stderr, "lowp bench gemm: --shape needs MxNxK, three integers in "
+                                "1..65536 (for example 2048x1152x384)\n");
+                return 2;
+            }
+            i++;
         } else if (strcmp(a, "--reps") == 0) {
             if (i + 1 >= argc || lowp_bench_parse_int(argv[i + 1], &reps) != 0 || reps > 10000) {
                 fprintf(stderr, "lowp bench gemm: --reps needs an integer in 1..10000\n");
@@ -439,10 +465,11 @@ int lowp_bench_gemm(int argc, char **argv) {
     const int64_t qshapes[3][3] = {{1024, 1024, 1024}, {2048, 2048, 512}, {2048, 1024, 512}};
     result res[3 * 2 * K_COUNT];
     int nres = 0, status = 1;
-    for (int s = 0; s < 3; s++) {
-        const int64_t *sh = quick ? qshapes[s] : shapes[s];
+    const int nshapes = only[0] > 0 ? 1 : 3;
+    for (int s = 0; s < nshapes; s++) {
+        const int64_t *sh = only[0] > 0 ? only : quick ? qshapes[s] : shapes[s];
         problem p;
-        if (setup(&p, sh[0], sh[1], sh[2], s == 2) != 0) {
+        if (setup(&p, sh[0], sh[1], sh[2], nshapes == 3 && s == 2) != 0) {
             fprintf(stderr, "lowp bench gemm: out of memory or setup failed for %lldx%lldx%lld\n",
                     (long long) sh[0], (long long) sh[1], (long long) sh[2]);
             teardown(&p);

@@ -8,6 +8,7 @@ result must agree to a relative error of 1e-5 of ||C|| (binary32 accumulation). 
 2 and one line on stderr. Prints "N passed, M failed".
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -149,6 +150,21 @@ def test_bad_input():
     rep.check("gemm --help: exit 0", rc == 0 and "--offs" in out)
     rc, out, _ = run("bench", "--help")
     rep.check("bench --help: exit 0, lists the benchmarks", rc == 0 and "quant" in out and "gemm" in out)
+    # bench gemm --shape: one dense shape (odd sizes), every kernel on 1 and 2 threads, no grouped rows
+    rc, out, err = run("bench", "gemm", "--shape", "67x45x33", "--reps", "1", "--json")
+    rows = [json.loads(l) for l in out.splitlines() if l.strip()]
+    kernels = {r["kernel"] for r in rows}
+    rep.check("bench gemm --shape 67x45x33: exit 0, that shape only, the lowp kernels on 1 and 2 threads",
+              rc == 0 and rows and all((r["m"], r["n"], r["k"], r["groups"]) == (67, 45, 33, 0) for r in rows)
+              and {"lowp_bf16", "lowp_mxfp8", "lowp_block128", "lowp_block32x32", "lowp_f32"} <= kernels
+              and {r["threads"] for r in rows} == {1, 2} and all(r["gflops"] > 0 for r in rows),
+              [f"exit {rc}", err[-300:], out[:300]])
+    for bad in ("12x0x3", "12x5", "12x5x3x1", "axbxc", "70000x1x1", "-4x5x6", "4x5x6junk"):
+        rc, out, err = run("bench", "gemm", "--shape", bad)
+        rep.check(f"bench gemm --shape {bad}: exit 2, the error names --shape",
+                  rc == 2 and "--shape" in err and out == "", [f"exit {rc}", err[-300:]])
+    rc, out, err = run("bench", "gemm", "--shape")
+    rep.check("bench gemm --shape without a value: exit 2", rc == 2 and "--shape" in err, [f"exit {rc}", err[-300:]])
 
 
 def main():
