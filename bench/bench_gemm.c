@@ -412,6 +412,7 @@ static void emit_json(const result *r, int reps) {
 /* "MxNxK" into out[0..2] (each 1..65536); -1 when it is not one. */
 static int parse_shape(const char *s, int64_t out[3]) {
     for (int i = 0; i < 3; i++) {
+        if (*s < '0' || *s > '9') return -1; /* no sign, no spaces (strtoll takes both) */
         char *end;
         errno = 0;
         const long long v = strtoll(s, &end, 10);

@@ -159,7 +159,7 @@ def test_bad_input():
               and {"lowp_bf16", "lowp_mxfp8", "lowp_block128", "lowp_block32x32", "lowp_f32"} <= kernels
               and {r["threads"] for r in rows} == {1, 2} and all(r["gflops"] > 0 for r in rows),
               [f"exit {rc}", err[-300:], out[:300]])
-    for bad in ("12x0x3", "12x5", "12x5x3x1", "axbxc", "70000x1x1", "-4x5x6", "4x5x6junk"):
+    for bad in ("12x0x3", "12x5", "12x5x3x1", "axbxc", "70000x1x1", "-4x5x6", "4x5x6junk", "+4x5x6", "4x 5x6", " 4x5x6"):
         rc, out, err = run("bench", "gemm", "--shape", bad)
         rep.check(f"bench gemm --shape {bad}: exit 2, the error names --shape",
                   rc == 2 and "--shape" in err and out == "", [f"exit {rc}", err[-300:]])
