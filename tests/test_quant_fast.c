@@ -445,8 +445,9 @@ static void test_fsub_ties(void) {
     free(f);
 }
 
-/* Outputs of 8 MiB and more, 64-byte aligned, are written with non-temporal stores; the same
- * shape misaligned by one byte takes the ordinary stores. The common training kinds only. */
+/* Dual-axis outputs of 256 KiB and more, 64-byte aligned, are written with non-temporal stores
+ * (test_shapes' 256x4096 takes them too); the same shape misaligned by one byte takes the
+ * ordinary stores. The common training kinds only. */
 static void test_large(void) {
     const int64_t R = 2048, C = 4096;
     float *f = malloc((size_t) (R * C) * sizeof *f);
