@@ -1264,56 +1264,98 @@ AI void b128_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format x
     }
 }
 
-/* Columnwise copy of the band [r0, r0+nr) (nr <= 128): per 32-column segment, the vertical
- * maxima of the band, the scalar rule per column, then 32-row chunks of codes. */
+/* 64 rows from r (a multiple of 64) of a whole 32-column segment at c0, columnwise, with the
+ * per-lane scales flo, fhi of encoder em: both 32-row tiles encoded and transposed, then each
+ * column's 64 codes in one 64-byte store (nt: non-temporal), as the dual-axis MX32 kernel
+ * writes them. */
+AI void col_pair64(const lowp_quant_job *j, int64_t r, int64_t c0, __m512 flo, __m512 fhi,
+                   lowp_format xf, lowp_format ef, int em, int nt) {
+    _Alignas(64) char tile[2][32 * 32 * 4];
+    fill_tile(tile[0], j, r, 32, c0, 32, xf);
+    fill_tile(tile[1], j, r + 32, 32, c0, 32, xf);
+    for (int h = 0; h < 2; h++) {
+        __m512i z0[8], z1[8];
+        col_codes(tile[0], 32 * xsize(xf), h, h ? fhi : flo, xf, ef, em, 0, z0);
+        col_codes(tile[1], 32 * xsize(xf), h, h ? fhi : flo, xf, ef, em, 0, z1);
+        col_store64(j, z0, z1, r, c0, h, 0u, 0u, xf, ef, nt);
+    }
+}
+
+/* The codes of rows [r, r + n) of the segment at c0 (ncv columns present), encoder em. */
+AI void b128_col_codes(const lowp_quant_job *j, int64_t r, int64_t n, int64_t c0, int64_t ncv,
+                       __m512 flo, __m512 fhi, lowp_format xf, lowp_format ef, int em, int nt) {
+    int64_t i = 0;
+    if (ncv == 32 && r % 64 == 0) /* whole 64-byte lines of the column copy */
+        for (; i + 64 <= n; i += 64) col_pair64(j, r + i, c0, flo, fhi, xf, ef, em, nt);
+    for (; i < n; i += 32)
+        col_seg_x(j, r + i, min64(n - i, 32), c0, ncv, flo, fhi, 0, xf, ef, em, 0);
+}
+
+/* Columnwise copy of the band [r0, r0+nr) (nr <= 128), in chunks of up to 512 columns: the
+ * vertical maxima of the chunk in one row-major pass (whole rows of the chunk, not 32-column
+ * pieces a row apart: rows a multiple of 4 KiB apart share an L1 set), then per 32-column
+ * segment the rule for its 32 columns in one vector (fp32_scales16: the same compares and
+ * division as the scalar rule) and the codes, 64 rows at a time where the segment is whole.
+ * Each column's codes of a 32-row chunk, 32 bytes stored a row of the copy apart, were half
+ * lines read before being written, and at 1-2 KiB strides crowded a few L1 sets. */
 AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef,
-                  int em_ok) {
+                  int em_ok, int nt) {
     const int64_t C = j->cols, nbr = j->col_nbr;
     const size_t es = xsize(xf), stride = (size_t) C * es;
     float *sc = (float *) j->col->scales + (size_t) (r0 / 128);
-    for (int64_t c0 = 0; c0 < C; c0 += 32) {
-        const int64_t ncv = min64(C - c0, 32);
-        const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * es;
-        __m512i lo = _mm512_setzero_si512(), hi = lo;
+    for (int64_t k0 = 0; k0 < C; k0 += 512) {
+        const int64_t w = min64(C - k0, 512), nseg = (w + 31) / 32;
+        __m512i mx[32]; /* F32: two vectors per segment (ld32 halves); BF16: one, 16-bit */
+        for (int k = 0; k < 32; k++) mx[k] = _mm512_setzero_si512();
+        const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) k0) * es;
         for (int64_t i = 0; i < nr; i++) {
             const char *p = base + (size_t) i * stride;
-            if (xf == F32) {
-                __m512 a, b;
-                ld32(p, xf, ncv, ncv == 32, &a, &b);
-                lo =
-                    _mm512_max_epu32(lo, _mm512_and_si512(_mm512_castps_si512(a), V32(0x7FFFFFFF)));
-                hi =
-                    _mm512_max_epu32(hi, _mm512_and_si512(_mm512_castps_si512(b), V32(0x7FFFFFFF)));
-            } else {
-                __m512i v =
-                    ncv == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask32(ncv), p);
-                lo = _mm512_max_epu16(lo, _mm512_and_si512(v, V32(0x7FFF7FFF)));
+            for (int64_t g = 0; g < nseg; g++) {
+                const int64_t n = min64(w - 32 * g, 32);
+                const char *q = p + (size_t) (32 * g) * es;
+                if (xf == F32) {
+                    __m512 a, b;
+                    ld32(q, xf, n, n == 32, &a, &b);
+                    mx[2 * g] = _mm512_max_epu32(
+                        mx[2 * g], _mm512_and_si512(_mm512_castps_si512(a), V32(0x7FFFFFFF)));
+                    mx[2 * g + 1] = _mm512_max_epu32(
+                        mx[2 * g + 1], _mm512_and_si512(_mm512_castps_si512(b), V32(0x7FFFFFFF)));
+                } else {
+                    __m512i v =
+                        n == 32 ? _mm512_loadu_si512(q) : _mm512_maskz_loadu_epi16(mask32(n), q);
+                    mx[g] = _mm512_max_epu16(mx[g], _mm512_and_si512(v, V32(0x7FFF7FFF)));
+                }
             }
         }
-        if (xf != F32) {
-            hi = _mm512_unpackhi_epi16(_mm512_setzero_si512(), lo);
-            lo = _mm512_unpacklo_epi16(_mm512_setzero_si512(), lo);
-        }
-        uint32_t am[32];
-        float s[32];
-        _mm512_storeu_si512(am, lo);
-        _mm512_storeu_si512(am + 16, hi);
-        for (int k = 0; k < 32; k++) {
-            const int cc = lane_col(xf, k >> 4, k & 15);
-            s[k] = lowp_rule_fp32_scale(lowp_u2f(am[k]), j->et->fmax, j->eps, j->pow2);
-            if (cc < ncv) sc[(size_t) (c0 + cc) * (size_t) nbr] = 1.0f / s[k];
-        }
-        const __m512 flo = _mm512_loadu_ps(s), fhi = _mm512_loadu_ps(s + 16);
-        const int fin = fp32_em(_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi))) == EM_FIN;
-        __m512 glo = flo, ghi = fhi;
-        const int fsub = fin && em_ok && fsub_factors(flo, ef, &glo) & fsub_factors(fhi, ef, &ghi);
-        for (int64_t i = 0; i < nr; i += 32) {
+        for (int64_t g = 0; g < nseg; g++) {
+            const int64_t c0 = k0 + 32 * g, ncv = min64(C - c0, 32);
+            __m512i lo, hi;
+            if (xf == F32) {
+                lo = mx[2 * g];
+                hi = mx[2 * g + 1];
+            } else {
+                hi = _mm512_unpackhi_epi16(_mm512_setzero_si512(), mx[g]);
+                lo = _mm512_unpacklo_epi16(_mm512_setzero_si512(), mx[g]);
+            }
+            const __m512 flo = fp32_scales16(lo, j->et->fmax, j->eps, j->pow2);
+            const __m512 fhi = fp32_scales16(hi, j->et->fmax, j->eps, j->pow2);
+            float inv[32];
+            _mm512_storeu_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), flo));
+            _mm512_storeu_ps(inv + 16, _mm512_div_ps(_mm512_set1_ps(1.0f), fhi));
+            for (int k = 0; k < 32; k++) {
+                const int cc = lane_col(xf, k >> 4, k & 15);
+                if (cc < ncv) sc[(size_t) (c0 + cc) * (size_t) nbr] = inv[k];
+            }
+            const int fin = fp32_em(_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi))) == EM_FIN;
+            __m512 glo = flo, ghi = fhi;
+            const int fsub =
+                fin && em_ok && fsub_factors(flo, ef, &glo) & fsub_factors(fhi, ef, &ghi);
             if (fsub)
-                col_seg_x(j, r0 + i, min64(nr - i, 32), c0, ncv, glo, ghi, 0, xf, ef, EM_FSUB, 0);
+                b128_col_codes(j, r0, nr, c0, ncv, glo, ghi, xf, ef, EM_FSUB, nt);
             else if (fin)
-                col_seg_x(j, r0 + i, min64(nr - i, 32), c0, ncv, flo, fhi, 0, xf, ef, EM_FIN, 0);
+                b128_col_codes(j, r0, nr, c0, ncv, flo, fhi, xf, ef, EM_FIN, nt);
             else
-                col_seg_x(j, r0 + i, min64(nr - i, 32), c0, ncv, flo, fhi, 0, xf, ef, EM_FP32, 0);
+                b128_col_codes(j, r0, nr, c0, ncv, flo, fhi, xf, ef, EM_FP32, nt);
         }
     }
 }
@@ -1484,10 +1526,12 @@ static int want_nt(const lowp_qtensor *q) {
 AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef) {
     /* enc16_sub (BF16) and enc16_fsub (any input) need subnormal results */
     const int em_ok = subnormals_kept();
-    /* non-temporal stores in the dual-axis kernel only (see the file comment) */
+    /* non-temporal stores in the dual-axis kernel only (see the file comment), and for the
+     * columnwise BLOCK128 copy */
     const int dual = j->scaling == LOWP_SCALING_MX32 && j->col;
     const int nt_row = dual && want_nt(j->row);
-    const int nt_col = dual && want_nt(j->col) && j->col_ob % 64 == 0;
+    const int nt_col =
+        (dual || j->scaling == LOWP_SCALING_BLOCK128) && want_nt(j->col) && j->col_ob % 64 == 0;
     switch (j->scaling) {
     case LOWP_SCALING_TENSOR: {
         /* a scale from this input's finite maximum bounds every scaled value (EM_FIN) */
@@ -1522,10 +1566,17 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
             mx_rows(j, r0, r1, xf, ef, em_ok, nt_row);
         break;
     case LOWP_SCALING_BLOCK128:
-        if (j->row) b128_rows(j, r0, r1, xf, ef, em_ok, nt_row);
-        if (j->col)
-            for (int64_t r = r0; r < r1; r += 128)
-                b128_cols(j, r, min64(r1 - r, 128), xf, ef, em_ok);
+        if (!j->col) {
+            if (j->row) b128_rows(j, r0, r1, xf, ef, em_ok, nt_row);
+            break;
+        }
+        /* band by band, so that the columnwise pass reads a band the rowwise one has just
+         * brought into L2 */
+        for (int64_t r = r0; r < r1; r += 128) {
+            const int64_t n = min64(r1 - r, 128);
+            if (j->row) b128_rows(j, r, r + n, xf, ef, em_ok, nt_row);
+            b128_cols(j, r, n, xf, ef, em_ok, nt_col);
+        }
         break;
     case LOWP_SCALING_BLOCK32X32:
     case LOWP_SCALING_BLOCK128X128: {
