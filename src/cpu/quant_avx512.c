@@ -804,33 +804,66 @@ AI void col_seg_x(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, i
     col_seg(j, tile, r0, nr, c0, ncv, flo, fhi, nan, xf, ef, em, clip);
 }
 
+/* 64 rows from r (a multiple of 64) of a whole 32-column segment at c0, columnwise, with the
+ * per-lane scales flo, fhi of encoder em: both 32-row tiles encoded and transposed, then each
+ * column's 64 codes in one 64-byte store (nt: non-temporal), as the dual-axis MX32 kernel
+ * writes them. */
+AI void col_pair64(const lowp_quant_job *j, int64_t r, int64_t c0, __m512 flo, __m512 fhi,
+                   lowp_format xf, lowp_format ef, int em, int nt) {
+    _Alignas(64) char tile[2][32 * 32 * 4];
+    fill_tile(tile[0], j, r, 32, c0, 32, xf);
+    fill_tile(tile[1], j, r + 32, 32, c0, 32, xf);
+    for (int h = 0; h < 2; h++) {
+        __m512i z0[8], z1[8];
+        col_codes(tile[0], 32 * xsize(xf), h, h ? fhi : flo, xf, ef, em, 0, z0);
+        col_codes(tile[1], 32 * xsize(xf), h, h ? fhi : flo, xf, ef, em, 0, z1);
+        col_store64(j, z0, z1, r, c0, h, 0u, 0u, xf, ef, nt);
+    }
+}
+
+/* The column codes of rows [r, r + n) of the segment at c0 (ncv columns present), encoder em:
+ * 64 rows at a time where whole 64-byte lines of the copy are (col_pair64), else 32. */
+AI void col_rows(const lowp_quant_job *j, int64_t r, int64_t n, int64_t c0, int64_t ncv, __m512 flo,
+                 __m512 fhi, lowp_format xf, lowp_format ef, int em, int nt) {
+    int64_t i = 0;
+    if (ncv == 32 && r % 64 == 0) /* whole 64-byte lines of the column copy */
+        for (; i + 64 <= n; i += 64) col_pair64(j, r + i, c0, flo, fhi, xf, ef, em, nt);
+    for (; i < n; i += 32)
+        col_seg_x(j, r + i, min64(n - i, 32), c0, ncv, flo, fhi, 0, xf, ef, em, 0);
+}
+
 /* The columnwise copy of rows [r0, r1) with binary32 scales per column given as natural-order
- * values (cs != NULL, ROW) or one scale s for all (TENSOR), in 32-row chunks; encoder em
- * (EM_FP32, or for one scale also EM_FSUB with s the factor). */
+ * values (cs != NULL, ROW) or one scale s for all (TENSOR), in bands of up to 64 rows (aligned
+ * to 64) swept left to right, each segment's rows by col_rows; encoder em (EM_FP32, or for one
+ * scale also EM_FSUB with s the factor). Whole columns of 32-row pieces, 32-byte stores a
+ * row of the copy apart, were half lines read before being written. */
 AI void col_fp32(const lowp_quant_job *j, int64_t r0, int64_t r1, const float *cs, float s,
-                 lowp_format xf, lowp_format ef, int em) {
+                 lowp_format xf, lowp_format ef, int em, int nt) {
     const int64_t C = j->cols;
     __m512i ilo = _mm512_setzero_si512(), ihi = ilo;
     if (xf != F32) { /* the BF16 lane order of the columns */
         ilo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
         ihi = _mm512_add_epi32(ilo, V32(4));
     }
-    for (int64_t c0 = 0; c0 < C; c0 += 32) {
-        const int64_t ncv = min64(C - c0, 32);
-        __m512 flo = _mm512_set1_ps(s), fhi = flo;
-        if (cs) {
-            __m512 s0 = _mm512_maskz_loadu_ps(mask16(ncv), cs + c0);
-            __m512 s1 = _mm512_maskz_loadu_ps(mask16(ncv - 16), cs + c0 + 16);
-            if (xf == F32) {
-                flo = s0;
-                fhi = s1;
-            } else {
-                flo = _mm512_permutex2var_ps(s0, ilo, s1);
-                fhi = _mm512_permutex2var_ps(s0, ihi, s1);
+    for (int64_t rb = r0; rb < r1;) {
+        const int64_t re = min64(r1, (rb / 64 + 1) * 64);
+        for (int64_t c0 = 0; c0 < C; c0 += 32) {
+            const int64_t ncv = min64(C - c0, 32);
+            __m512 flo = _mm512_set1_ps(s), fhi = flo;
+            if (cs) {
+                __m512 s0 = _mm512_maskz_loadu_ps(mask16(ncv), cs + c0);
+                __m512 s1 = _mm512_maskz_loadu_ps(mask16(ncv - 16), cs + c0 + 16);
+                if (xf == F32) {
+                    flo = s0;
+                    fhi = s1;
+                } else {
+                    flo = _mm512_permutex2var_ps(s0, ilo, s1);
+                    fhi = _mm512_permutex2var_ps(s0, ihi, s1);
+                }
             }
+            col_rows(j, rb, re - rb, c0, ncv, flo, fhi, xf, ef, em, nt);
         }
-        for (int64_t r = r0; r < r1; r += 32)
-            col_seg_x(j, r, min64(r1 - r, 32), c0, ncv, flo, fhi, 0, xf, ef, em, 0);
+        rb = re;
     }
 }
 
@@ -1264,33 +1297,6 @@ AI void b128_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format x
     }
 }
 
-/* 64 rows from r (a multiple of 64) of a whole 32-column segment at c0, columnwise, with the
- * per-lane scales flo, fhi of encoder em: both 32-row tiles encoded and transposed, then each
- * column's 64 codes in one 64-byte store (nt: non-temporal), as the dual-axis MX32 kernel
- * writes them. */
-AI void col_pair64(const lowp_quant_job *j, int64_t r, int64_t c0, __m512 flo, __m512 fhi,
-                   lowp_format xf, lowp_format ef, int em, int nt) {
-    _Alignas(64) char tile[2][32 * 32 * 4];
-    fill_tile(tile[0], j, r, 32, c0, 32, xf);
-    fill_tile(tile[1], j, r + 32, 32, c0, 32, xf);
-    for (int h = 0; h < 2; h++) {
-        __m512i z0[8], z1[8];
-        col_codes(tile[0], 32 * xsize(xf), h, h ? fhi : flo, xf, ef, em, 0, z0);
-        col_codes(tile[1], 32 * xsize(xf), h, h ? fhi : flo, xf, ef, em, 0, z1);
-        col_store64(j, z0, z1, r, c0, h, 0u, 0u, xf, ef, nt);
-    }
-}
-
-/* The codes of rows [r, r + n) of the segment at c0 (ncv columns present), encoder em. */
-AI void b128_col_codes(const lowp_quant_job *j, int64_t r, int64_t n, int64_t c0, int64_t ncv,
-                       __m512 flo, __m512 fhi, lowp_format xf, lowp_format ef, int em, int nt) {
-    int64_t i = 0;
-    if (ncv == 32 && r % 64 == 0) /* whole 64-byte lines of the column copy */
-        for (; i + 64 <= n; i += 64) col_pair64(j, r + i, c0, flo, fhi, xf, ef, em, nt);
-    for (; i < n; i += 32)
-        col_seg_x(j, r + i, min64(n - i, 32), c0, ncv, flo, fhi, 0, xf, ef, em, 0);
-}
-
 /* Columnwise copy of the band [r0, r0+nr) (nr <= 128), in chunks of up to 512 columns: the
  * vertical maxima of the chunk in one row-major pass (whole rows of the chunk, not 32-column
  * pieces a row apart: rows a multiple of 4 KiB apart share an L1 set), then per 32-column
@@ -1351,11 +1357,11 @@ AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format x
             const int fsub =
                 fin && em_ok && fsub_factors(flo, ef, &glo) & fsub_factors(fhi, ef, &ghi);
             if (fsub)
-                b128_col_codes(j, r0, nr, c0, ncv, glo, ghi, xf, ef, EM_FSUB, nt);
+                col_rows(j, r0, nr, c0, ncv, glo, ghi, xf, ef, EM_FSUB, nt);
             else if (fin)
-                b128_col_codes(j, r0, nr, c0, ncv, flo, fhi, xf, ef, EM_FIN, nt);
+                col_rows(j, r0, nr, c0, ncv, flo, fhi, xf, ef, EM_FIN, nt);
             else
-                b128_col_codes(j, r0, nr, c0, ncv, flo, fhi, xf, ef, EM_FP32, nt);
+                col_rows(j, r0, nr, c0, ncv, flo, fhi, xf, ef, EM_FP32, nt);
         }
     }
 }
@@ -1527,20 +1533,24 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
     /* enc16_sub (BF16) and enc16_fsub (any input) need subnormal results */
     const int em_ok = subnormals_kept();
     /* non-temporal stores in the dual-axis kernel only (see the file comment), and for the
-     * columnwise BLOCK128 copy */
+     * columnwise copies of the binary32 kinds (64-byte lines too, col_rows) */
     const int dual = j->scaling == LOWP_SCALING_MX32 && j->col;
     const int nt_row = dual && want_nt(j->row);
-    const int nt_col =
-        (dual || j->scaling == LOWP_SCALING_BLOCK128) && want_nt(j->col) && j->col_ob % 64 == 0;
+    const int colk = dual || j->scaling == LOWP_SCALING_BLOCK128 ||
+                     j->scaling == LOWP_SCALING_ROW || j->scaling == LOWP_SCALING_TENSOR;
+    const int nt_col = colk && want_nt(j->col) && j->col_ob % 64 == 0;
     switch (j->scaling) {
     case LOWP_SCALING_TENSOR: {
         /* a scale from this input's finite maximum bounds every scaled value (EM_FIN) */
         const __m512 s = _mm512_set1_ps(j->tensor_scale);
         __m512 g = s;
         const int fsub = em_ok && j->tensor_fin && fsub_factors(s, ef, &g);
-        if (j->row) {
-            const size_t ob = code_bytes(ef, j->cols);
-            for (int64_t r = r0; r < r1; r++) {
+        const size_t ob = code_bytes(ef, j->cols);
+        /* band by band with a columnwise copy, as for BLOCK128 (the band is in L2) */
+        const int64_t band = j->col ? 64 : r1 - r0;
+        for (int64_t rb = r0; rb < r1;) {
+            const int64_t re = j->col ? min64(r1, (rb / band + 1) * band) : r1;
+            for (int64_t r = rb; j->row && r < re; r++) {
                 const char *xr = xrow(j, xf, r);
                 uint8_t *orow = (uint8_t *) j->row->data + (size_t) r * ob;
                 if (fsub)
@@ -1548,16 +1558,25 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
                 else
                     enc_run(xr, orow, 0, j->cols, s, xf, ef, EM_FP32, nt_row);
             }
+            if (j->col && fsub)
+                col_fp32(j, rb, re, NULL, _mm512_cvtss_f32(g), xf, ef, EM_FSUB, nt_col);
+            else if (j->col)
+                col_fp32(j, rb, re, NULL, j->tensor_scale, xf, ef, EM_FP32, nt_col);
+            rb = re;
         }
-        if (j->col && fsub)
-            col_fp32(j, r0, r1, NULL, _mm512_cvtss_f32(g), xf, ef, EM_FSUB);
-        else if (j->col)
-            col_fp32(j, r0, r1, NULL, j->tensor_scale, xf, ef, EM_FP32);
         break;
     }
     case LOWP_SCALING_ROW:
-        if (j->row) row_rows(j, r0, r1, xf, ef, em_ok, nt_row);
-        if (j->col) col_fp32(j, r0, r1, j->col_scale, 0.0f, xf, ef, EM_FP32);
+        if (!j->col) {
+            if (j->row) row_rows(j, r0, r1, xf, ef, em_ok, nt_row);
+            break;
+        }
+        for (int64_t rb = r0; rb < r1;) { /* band by band, as for TENSOR */
+            const int64_t re = min64(r1, (rb / 64 + 1) * 64);
+            if (j->row) row_rows(j, rb, re, xf, ef, em_ok, nt_row);
+            col_fp32(j, rb, re, j->col_scale, 0.0f, xf, ef, EM_FP32, nt_col);
+            rb = re;
+        }
         break;
     case LOWP_SCALING_MX32:
         if (j->col)
