@@ -42,15 +42,28 @@ static float tensor_amax(const lowp_quant_job *j, int threads, int fast) {
 }
 
 /* Per-column amax (for the columnwise copy of ROW scaling), NaN wins (its payload is not
- * kept: any NaN gives the same scale). */
-static lowp_status column_amax(const lowp_quant_job *j, float *amax, int fast) {
+ * kept: any NaN gives the same scale). The fast form splits the rows among the threads, each
+ * with its own maxima, merged after: a maximum is exact in any order. */
+static lowp_status column_amax(const lowp_quant_job *j, float *amax, int threads, int fast) {
     if (fast) {
-        uint32_t *acc = calloc((size_t) j->cols, sizeof *acc);
+        const int64_t C = j->cols;
+        int nt = j->rows * C > 65536 ? threads : 1;
+        if (nt > j->rows) nt = (int) j->rows;
+        if (nt < 1) nt = 1;
+        uint32_t *acc = calloc((size_t) C * (size_t) nt, sizeof *acc);
         if (!acc)
             return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_quantize: %lld column maxima",
-                             (long long) j->cols);
-        lowp_cpu_colamax_bits_avx512(j, 0, j->rows, acc);
-        for (int64_t c = 0; c < j->cols; c++) amax[c] = lowp_u2f(acc[c]);
+                             (long long) C);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (int t = 0; t < nt; t++)
+            lowp_cpu_colamax_bits_avx512(j, j->rows * t / nt, j->rows * (t + 1) / nt,
+                                         acc + (size_t) t * (size_t) C);
+        for (int64_t c = 0; c < C; c++) {
+            uint32_t b = acc[c];
+            for (int t = 1; t < nt; t++)
+                b = acc[(size_t) t * (size_t) C + c] > b ? acc[(size_t) t * (size_t) C + c] : b;
+            amax[c] = lowp_u2f(b);
+        }
         free(acc);
         return LOWP_OK;
     }
@@ -137,7 +150,7 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
         if (!colsc)
             return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_quantize: %lld column scales",
                              (long long) j.cols);
-        lowp_status cst = column_amax(&j, colsc, kernel == lowp_cpu_quant_avx512);
+        lowp_status cst = column_amax(&j, colsc, threads, kernel == lowp_cpu_quant_avx512);
         if (cst != LOWP_OK) {
             free(colsc);
             return cst;

@@ -1679,20 +1679,35 @@ uint32_t lowp_cpu_amax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t 
 void lowp_cpu_colamax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1, uint32_t *acc) {
     const lowp_format xf = j->xfmt;
     const int64_t C = j->cols;
-    for (int64_t r = r0; r < r1; r++) {
-        const char *xr = xrow(j, xf, r);
-        for (int64_t c = 0; c < C; c += 16) {
-            const __mmask16 m = mask16(C - c);
-            __m512i v;
-            if (xf == F32)
-                v = _mm512_maskz_loadu_epi32(m, (const float *) xr + c);
-            else /* natural order here: widen, then into the binary32 position */
-                v = _mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *) xr + c)),
-                    16);
-            v = _mm512_max_epu32(_mm512_and_si512(v, V32(0x7FFFFFFF)),
-                                 _mm512_maskz_loadu_epi32(m, acc + c));
-            _mm512_mask_storeu_epi32(acc + c, m, v);
+    /* 256 columns at a time, their maxima in registers over all the rows: a running maximum
+     * kept in acc was a load and a masked store per 16 elements, each load waiting on the
+     * store of the row before. */
+    for (int64_t c0 = 0; c0 < C; c0 += 256) {
+        const int64_t w = min64(C - c0, 256), nv = (w + 15) / 16;
+        __m512i m[16];
+        __mmask16 mk[16];
+        for (int k = 0; k < 16; k++) {
+            m[k] = _mm512_setzero_si512();
+            mk[k] = mask16(w - 16 * k);
+        }
+        for (int64_t r = r0; r < r1; r++) {
+            const char *xr = xrow(j, xf, r) + (size_t) c0 * xsize(xf);
+            for (int k = 0; k < 16; k++) {
+                if (k >= nv) break;
+                __m512i v;
+                if (xf == F32)
+                    v = _mm512_maskz_loadu_epi32(mk[k], (const float *) xr + 16 * k);
+                else /* natural order here: widen, then into the binary32 position */
+                    v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                                              mk[k], (const uint16_t *) xr + 16 * k)),
+                                          16);
+                m[k] = _mm512_max_epu32(m[k], _mm512_and_si512(v, V32(0x7FFFFFFF)));
+            }
+        }
+        for (int k = 0; k < nv; k++) {
+            uint32_t *a = acc + c0 + 16 * k;
+            _mm512_mask_storeu_epi32(a, mk[k],
+                                     _mm512_max_epu32(m[k], _mm512_maskz_loadu_epi32(mk[k], a)));
         }
     }
 }
