@@ -1,13 +1,14 @@
 /* `lowp bench quant`: throughput of lowp_quantize beside memcpy.
  *
- * Quantizes one BF16 input (default 8192x4096, 64 MiB: twice a 32 MiB L3) to E4M3 with the
- * training kinds: MXFP8 rowwise, MXFP8 dual-axis (rowwise and columnwise copies from one
- * call), BLOCK128 rowwise, BLOCK128x128 and BLOCK32x32 (one copy: the tile kinds serve both
- * GEMMs from it), on 1 and 2 threads. Bandwidth is (bytes read + bytes written) / median time,
- * the written bytes being codes plus scales. The memcpy baseline copies the input (B bytes
- * read, B written) and is timed in the same rounds: every round runs memcpy and then each
- * kernel once, so that the noise of a shared machine hits all of them alike, and the medians
- * of many such short rounds are reported.
+ * Quantizes one BF16 input (default 8192x4096, 64 MiB: twice a 32 MiB L3; --input f32 for the
+ * trainer's binary32 activations) to E4M3 with the training kinds: MXFP8 rowwise, MXFP8
+ * dual-axis (rowwise and columnwise copies from one call), BLOCK128 rowwise, BLOCK128x128 and
+ * BLOCK32x32 (one copy: the tile kinds serve both GEMMs from it), and the dual-axis forms of
+ * BLOCK128, rowwise (ROW) and tensorwise (TENSOR) scaling, on 1 and 2 threads. Bandwidth is (bytes
+ * read + bytes written) / median time, the written bytes being codes plus scales. The memcpy
+ * baseline copies the input (B bytes read, B written) and is timed in the same rounds: every round
+ * runs memcpy and then each kernel once, so that the noise of a shared machine hits all of them
+ * alike, and the medians of many such short rounds are reported.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -21,18 +22,20 @@
 #define DEFAULT_ROWS 8192
 #define DEFAULT_COLS 4096
 #define DEFAULT_REPS 21
-#define NKERNELS     5
+#define NKERNELS     8
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lowp bench quant [--json] [--rows R --cols C] [--reps N]\n"
-            "                        [--path auto|reference|avx512]\n"
-            "  --rows R, --cols C  shape of the BF16 input (default %dx%d)\n"
+            "                        [--path auto|reference|avx512] [--input bf16|f32]\n"
+            "  --rows R, --cols C  shape of the input (default %dx%d)\n"
+            "  --input F    the input's format, bf16 (default) or f32\n"
             "  --reps N     timed rounds; each runs memcpy and every kernel once (default %d)\n"
             "  --path P     the kernel path to measure (default auto)\n"
             "  --json       one JSON object per line instead of the table\n"
             "Kernels (E4M3 elements): mxfp8_row, mxfp8_dual (row + col copies), block128_row,\n"
-            "block128x128, block32x32. Bandwidth is (bytes read + bytes written) / median time\n"
+            "block128x128, block32x32, block128_dual, row_dual, tensor_dual. Bandwidth is (bytes "
+            "read + bytes written) / median time\n"
             "on 1 and 2 threads, beside a memcpy of the input timed in the same rounds.\n",
             DEFAULT_ROWS, DEFAULT_COLS, DEFAULT_REPS);
 }
@@ -46,7 +49,8 @@ typedef struct kernel_def {
 static const kernel_def KERNELS[NKERNELS] = {
     {"mxfp8_row", LOWP_SCALING_MX32, 0},        {"mxfp8_dual", LOWP_SCALING_MX32, 1},
     {"block128_row", LOWP_SCALING_BLOCK128, 0}, {"block128x128", LOWP_SCALING_BLOCK128X128, 0},
-    {"block32x32", LOWP_SCALING_BLOCK32X32, 0},
+    {"block32x32", LOWP_SCALING_BLOCK32X32, 0}, {"block128_dual", LOWP_SCALING_BLOCK128, 1},
+    {"row_dual", LOWP_SCALING_ROW, 1},          {"tensor_dual", LOWP_SCALING_TENSOR, 1},
 };
 
 typedef struct kernel_run {
@@ -74,12 +78,14 @@ static int parse_dim(const char *opt, const char *v, int64_t *out) {
     return 0;
 }
 
-static void emit_json(const char *kernel, int threads, int64_t rows, int64_t cols, size_t bytes,
-                      int reps, const char *path, double seconds, double gbps, double ratio) {
+static void emit_json(const char *kernel, const char *input, int threads, int64_t rows,
+                      int64_t cols, size_t bytes, int reps, const char *path, double seconds,
+                      double gbps, double ratio) {
     lowp_bench_json j;
     lowp_bench_json_begin(&j);
     lowp_bench_json_str(&j, "bench", "quant");
     lowp_bench_json_str(&j, "kernel", kernel);
+    lowp_bench_json_str(&j, "input", input);
     lowp_bench_json_int(&j, "threads", threads);
     lowp_bench_json_int(&j, "rows", (long long) rows);
     lowp_bench_json_int(&j, "cols", (long long) cols);
@@ -96,7 +102,7 @@ static void emit_json(const char *kernel, int threads, int64_t rows, int64_t col
 }
 
 typedef struct quant_opts {
-    int json, reps;
+    int json, reps, f32; /* f32: binary32 input */
     int64_t rows, cols;
     lowp_kernel_path path;
 } quant_opts;
@@ -111,7 +117,8 @@ static int parse_args(int argc, char **argv, quant_opts *o) {
         } else if (strcmp(a, "--json") == 0) {
             o->json = 1;
         } else if (strcmp(a, "--rows") == 0 || strcmp(a, "--cols") == 0 ||
-                   strcmp(a, "--reps") == 0 || strcmp(a, "--path") == 0) {
+                   strcmp(a, "--reps") == 0 || strcmp(a, "--path") == 0 ||
+                   strcmp(a, "--input") == 0) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "lowp bench quant: %s needs a value (see --help)\n", a);
                 return 2;
@@ -127,6 +134,12 @@ static int parse_args(int argc, char **argv, quant_opts *o) {
                             "lowp bench quant: --reps '%s' is not an integer in 1..100000\n", v);
                     return 2;
                 }
+            } else if (strcmp(a, "--input") == 0) {
+                if (strcmp(v, "bf16") != 0 && strcmp(v, "f32") != 0) {
+                    fprintf(stderr, "lowp bench quant: --input '%s' is not one of bf16, f32\n", v);
+                    return 2;
+                }
+                o->f32 = strcmp(v, "f32") == 0;
             } else if (lowp_bench_parse_path(v, &o->path) != 0) {
                 fprintf(stderr,
                         "lowp bench quant: --path '%s' is not one of auto, reference, avx512\n", v);
@@ -179,13 +192,18 @@ static int alloc_outputs(kernel_run *kr, int64_t rows, int64_t cols, size_t in_b
 }
 
 /* BF16 values with block magnitudes varying over a few binades, so that scales differ from
- * block to block (the kernels are branch-free: the mix only matters for realism). */
-static void fill_input(uint16_t *x, size_t n) {
+ * block to block (the kernels are branch-free: the mix only matters for realism); f32: the
+ * same values as binary32 with random low mantissa bits. */
+static void fill_input(void *x, size_t n, int f32) {
     uint64_t s = 0x2545F4914F6CDD1Dull;
     for (size_t i = 0; i < n; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         uint32_t e = 120u + ((uint32_t) (i / 32) * 0x9E3779B1u >> 29); /* 2^-7 .. 2^0 */
-        x[i] = (uint16_t) ((uint32_t) (s >> 63) << 15 | e << 7 | (uint32_t) ((s >> 40) & 0x7F));
+        const uint32_t h = (uint32_t) (s >> 63) << 15 | e << 7 | (uint32_t) ((s >> 40) & 0x7F);
+        if (f32)
+            ((uint32_t *) x)[i] = h << 16 | (uint32_t) ((s >> 20) & 0xFFFF);
+        else
+            ((uint16_t *) x)[i] = (uint16_t) h;
     }
 }
 
@@ -225,7 +243,8 @@ static void report(const quant_opts *o, const char *path_name, int threads, cons
         const double sec = med[k], gbps = sec > 0 ? (double) bytes / sec / 1e9 : 0;
         const double ratio = k && mgbps > 0 ? gbps / mgbps : 0;
         if (o->json) {
-            emit_json(name, threads, o->rows, o->cols, bytes, o->reps, path_name, sec, gbps, ratio);
+            emit_json(name, o->f32 ? "f32" : "bf16", threads, o->rows, o->cols, bytes, o->reps,
+                      path_name, sec, gbps, ratio);
         } else {
             printf("%-14s %7d %10.1f %10.3f %9.2f", name, threads, (double) bytes / 1e6, sec * 1e3,
                    gbps);
@@ -236,13 +255,13 @@ static void report(const quant_opts *o, const char *path_name, int threads, cons
 }
 
 int lowp_bench_quant(int argc, char **argv) {
-    quant_opts o = {0, DEFAULT_REPS, DEFAULT_ROWS, DEFAULT_COLS, LOWP_PATH_AUTO};
+    quant_opts o = {0, DEFAULT_REPS, 0, DEFAULT_ROWS, DEFAULT_COLS, LOWP_PATH_AUTO};
     const int pr = parse_args(argc, argv, &o);
     if (pr) return pr == 1 ? 0 : pr;
     const char *path_name = lowp_bench_path_name(o.path);
-    const size_t n = (size_t) o.rows * (size_t) o.cols, in_bytes = 2 * n;
+    const size_t n = (size_t) o.rows * (size_t) o.cols, in_bytes = (o.f32 ? 4 : 2) * n;
     int status = 1;
-    uint16_t *x = lowp_bench_alloc(in_bytes);
+    void *x = lowp_bench_alloc(in_bytes);
     uint8_t *mdst = lowp_bench_alloc(in_bytes);
     kernel_run kr[NKERNELS];
     memset(kr, 0, sizeof kr);
@@ -253,8 +272,9 @@ int lowp_bench_quant(int argc, char **argv) {
         goto out;
     }
     if (alloc_outputs(kr, o.rows, o.cols, in_bytes)) goto out;
-    fill_input(x, n);
-    lowp_tensor xt = {LOWP_FORMAT_BF16, o.rows, o.cols, x, LOWP_DEVICE_HOST};
+    fill_input(x, n, o.f32);
+    lowp_tensor xt = {o.f32 ? LOWP_FORMAT_F32 : LOWP_FORMAT_BF16, o.rows, o.cols, x,
+                      LOWP_DEVICE_HOST};
     lowp_quant_cfg cfg;
     lowp_quant_cfg_init(&cfg);
     cfg.path = o.path;
@@ -262,10 +282,10 @@ int lowp_bench_quant(int argc, char **argv) {
     for (int ti = 0; ti < 2; ti++)
         if (time_rounds(&xt, mdst, in_bytes, kr, &cfg, ti + 1, o.reps, times, med[ti])) goto out;
     if (!o.json) {
-        printf("lowp bench quant: %lldx%lld bf16 -> e4m3, path %s, pages %s (from 4 MiB),\n"
+        printf("lowp bench quant: %lldx%lld %s -> e4m3, path %s, pages %s (from 4 MiB),\n"
                "median of %d rounds (memcpy of the %.1f MiB input, then each kernel)\n\n",
-               (long long) o.rows, (long long) o.cols, path_name, lowp_bench_pages(), o.reps,
-               (double) in_bytes / (1 << 20));
+               (long long) o.rows, (long long) o.cols, o.f32 ? "f32" : "bf16", path_name,
+               lowp_bench_pages(), o.reps, (double) in_bytes / (1 << 20));
         printf("%-14s %7s %10s %10s %9s %10s\n", "kernel", "threads", "MB moved", "ms", "GB/s",
                "vs memcpy");
     }

@@ -279,6 +279,37 @@ def test_bad_inputs():
     rep.check("lowp help lists quantize and dequantize", rc == 0 and "quantize" in so and "dequantize" in so)
 
 
+def test_bench_quant():
+    """`lowp bench quant` on a small odd shape: every kernel on 1 and 2 threads, and --input
+    changing the bytes each one moves (binary32 input reads 4 bytes an element, BF16 2)."""
+    R, C = 67, 96
+    n, mx_scales = R * C, R * ((C + 31) // 32)
+    want = {"memcpy", "mxfp8_row", "mxfp8_dual", "block128_row", "block128x128", "block32x32",
+            "block128_dual", "row_dual", "tensor_dual"}
+    for inp, es in (("f32", 4), ("bf16", 2)):
+        args = ["bench", "quant", "--rows", R, "--cols", C, "--reps", 1, "--json"]
+        if inp == "f32":
+            args += ["--input", "f32"]
+        rc, so, se = run(*args)
+        rows = [json.loads(l) for l in so.splitlines() if l.strip()]
+        by = {(r["kernel"], r["threads"]): r for r in rows}
+        name = f"bench quant --input {inp}"
+        rep.check(name + ": exit 0, every kernel on 1 and 2 threads",
+                  rc == 0 and set(by) == {(k, t) for k in want for t in (1, 2)},
+                  [f"rc={rc} {se.strip()[-200:]}", str(sorted(by))])
+        if rc != 0 or not rows:
+            continue
+        rep.check(name + ": shape and input in every line",
+                  all((r["rows"], r["cols"], r["input"]) == (R, C, inp) for r in rows))
+        mc, mr = by.get(("memcpy", 1), {}), by.get(("mxfp8_row", 1), {})
+        rep.check(name + ": memcpy moves the input twice", mc.get("bytes") == 2 * es * n,
+                  [f"{mc.get('bytes')} != {2 * es * n}"])
+        rep.check(name + ": mxfp8_row reads the input, writes codes and scales",
+                  mr.get("bytes") == es * n + n + mx_scales, [f"{mr.get('bytes')} != {es * n + n + mx_scales}"])
+    expect_error("bench quant --input f16", ["bench", "quant", "--input", "f16"], "--input")
+    expect_error("bench quant --input (no value)", ["bench", "quant", "--input"], "--input")
+
+
 def main():
     try:
         shapes = [(1, 1), (37, 70), (130, 260)] if not Q.SANITIZE else [(1, 1), (37, 70)]
@@ -287,6 +318,7 @@ def main():
             test_tensor(f"random{R}x{C}", x)
         test_tensor("special", special_mosaic())
         test_bad_inputs()
+        test_bench_quant()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rep.finish()
