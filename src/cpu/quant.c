@@ -155,7 +155,9 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
             free(colsc);
             return cst;
         }
+        j.col_fin = 1;
         for (int64_t c = 0; c < j.cols; c++) {
+            if (!(lowp_f2u(colsc[c]) < 0x7F800000u)) j.col_fin = 0; /* Inf or NaN */
             colsc[c] = lowp_rule_fp32_scale(colsc[c], j.et->fmax, j.eps, j.pow2);
             ((float *) col->scales)[c] = 1.0f / colsc[c];
         }

@@ -834,11 +834,12 @@ AI void col_rows(const lowp_quant_job *j, int64_t r, int64_t n, int64_t c0, int6
 
 /* The columnwise copy of rows [r0, r1) with binary32 scales per column given as natural-order
  * values (cs != NULL, ROW) or one scale s for all (TENSOR), in bands of up to 64 rows (aligned
- * to 64) swept left to right, each segment's rows by col_rows; encoder em (EM_FP32, or for one
- * scale also EM_FSUB with s the factor). Whole columns of 32-row pieces, 32-byte stores a
- * row of the copy apart, were half lines read before being written. */
+ * to 64) swept left to right, each segment's rows by col_rows; encoder em (EM_FP32; for one
+ * scale also EM_FSUB with s the factor; EM_FIN where every maximum is finite, which takes
+ * EM_FSUB per segment where em_ok and the 32 factors are normal). Whole columns of 32-row pieces,
+ * 32-byte stores a row of the copy apart, were half lines read before being written. */
 AI void col_fp32(const lowp_quant_job *j, int64_t r0, int64_t r1, const float *cs, float s,
-                 lowp_format xf, lowp_format ef, int em, int nt) {
+                 lowp_format xf, lowp_format ef, int em, int em_ok, int nt) {
     const int64_t C = j->cols;
     __m512i ilo = _mm512_setzero_si512(), ihi = ilo;
     if (xf != F32) { /* the BF16 lane order of the columns */
@@ -861,7 +862,13 @@ AI void col_fp32(const lowp_quant_job *j, int64_t r0, int64_t r1, const float *c
                     fhi = _mm512_permutex2var_ps(s0, ihi, s1);
                 }
             }
-            col_rows(j, rb, re - rb, c0, ncv, flo, fhi, xf, ef, em, nt);
+            __m512 glo, ghi;
+            if (em == EM_FIN && em_ok && fsub_factors(flo, ef, &glo) & fsub_factors(fhi, ef, &ghi))
+                col_rows(j, rb, re - rb, c0, ncv, glo, ghi, xf, ef, EM_FSUB, nt);
+            else if (em == EM_FIN)
+                col_rows(j, rb, re - rb, c0, ncv, flo, fhi, xf, ef, EM_FIN, nt);
+            else
+                col_rows(j, rb, re - rb, c0, ncv, flo, fhi, xf, ef, em, nt);
         }
         rb = re;
     }
@@ -1559,9 +1566,9 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
                     enc_run(xr, orow, 0, j->cols, s, xf, ef, EM_FP32, nt_row);
             }
             if (j->col && fsub)
-                col_fp32(j, rb, re, NULL, _mm512_cvtss_f32(g), xf, ef, EM_FSUB, nt_col);
+                col_fp32(j, rb, re, NULL, _mm512_cvtss_f32(g), xf, ef, EM_FSUB, em_ok, nt_col);
             else if (j->col)
-                col_fp32(j, rb, re, NULL, j->tensor_scale, xf, ef, EM_FP32, nt_col);
+                col_fp32(j, rb, re, NULL, j->tensor_scale, xf, ef, EM_FP32, em_ok, nt_col);
             rb = re;
         }
         break;
@@ -1574,7 +1581,8 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
         for (int64_t rb = r0; rb < r1;) { /* band by band, as for TENSOR */
             const int64_t re = min64(r1, (rb / 64 + 1) * 64);
             if (j->row) row_rows(j, rb, re, xf, ef, em_ok, nt_row);
-            col_fp32(j, rb, re, j->col_scale, 0.0f, xf, ef, EM_FP32, nt_col);
+            col_fp32(j, rb, re, j->col_scale, 0.0f, xf, ef, j->col_fin ? EM_FIN : EM_FP32, em_ok,
+                     nt_col);
             rb = re;
         }
         break;
@@ -1679,35 +1687,36 @@ uint32_t lowp_cpu_amax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t 
 void lowp_cpu_colamax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1, uint32_t *acc) {
     const lowp_format xf = j->xfmt;
     const int64_t C = j->cols;
-    /* 256 columns at a time, their maxima in registers over all the rows: a running maximum
-     * kept in acc was a load and a masked store per 16 elements, each load waiting on the
-     * store of the row before. */
-    for (int64_t c0 = 0; c0 < C; c0 += 256) {
-        const int64_t w = min64(C - c0, 256), nv = (w + 15) / 16;
-        __m512i m[16];
-        __mmask16 mk[16];
-        for (int k = 0; k < 16; k++) {
-            m[k] = _mm512_setzero_si512();
-            mk[k] = mask16(w - 16 * k);
-        }
-        for (int64_t r = r0; r < r1; r++) {
-            const char *xr = xrow(j, xf, r) + (size_t) c0 * xsize(xf);
+    /* Bands of 16 rows, and in each 256 columns at a time with their maxima in registers
+     * over the band's rows: a running maximum kept in acc for every row was a load and a
+     * masked store per 16 elements, each load waiting on the store of the row before, and
+     * 256 columns down every row were 2-D strided reads the prefetchers follow badly. */
+    for (int64_t rb = r0; rb < r1; rb += 16) {
+        const int64_t re = min64(r1, rb + 16);
+        for (int64_t c0 = 0; c0 < C; c0 += 256) {
+            const int64_t w = min64(C - c0, 256), nv = (w + 15) / 16;
+            __m512i m[16];
+            __mmask16 mk[16];
             for (int k = 0; k < 16; k++) {
-                if (k >= nv) break;
-                __m512i v;
-                if (xf == F32)
-                    v = _mm512_maskz_loadu_epi32(mk[k], (const float *) xr + 16 * k);
-                else /* natural order here: widen, then into the binary32 position */
-                    v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
-                                              mk[k], (const uint16_t *) xr + 16 * k)),
-                                          16);
-                m[k] = _mm512_max_epu32(m[k], _mm512_and_si512(v, V32(0x7FFFFFFF)));
+                mk[k] = mask16(w - 16 * k);
+                m[k] = k < nv ? _mm512_maskz_loadu_epi32(mk[k], acc + c0 + 16 * k)
+                              : _mm512_setzero_si512();
             }
-        }
-        for (int k = 0; k < nv; k++) {
-            uint32_t *a = acc + c0 + 16 * k;
-            _mm512_mask_storeu_epi32(a, mk[k],
-                                     _mm512_max_epu32(m[k], _mm512_maskz_loadu_epi32(mk[k], a)));
+            for (int64_t r = rb; r < re; r++) {
+                const char *xr = xrow(j, xf, r) + (size_t) c0 * xsize(xf);
+                for (int k = 0; k < 16; k++) {
+                    if (k >= nv) break;
+                    __m512i v;
+                    if (xf == F32)
+                        v = _mm512_maskz_loadu_epi32(mk[k], (const float *) xr + 16 * k);
+                    else /* natural order here: widen, then into the binary32 position */
+                        v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                                                  mk[k], (const uint16_t *) xr + 16 * k)),
+                                              16);
+                    m[k] = _mm512_max_epu32(m[k], _mm512_and_si512(v, V32(0x7FFFFFFF)));
+                }
+            }
+            for (int k = 0; k < nv; k++) _mm512_mask_storeu_epi32(acc + c0 + 16 * k, mk[k], m[k]);
         }
     }
 }

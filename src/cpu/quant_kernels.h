@@ -24,6 +24,7 @@ typedef struct lowp_quant_job {
     float tensor_scale;     /* TENSOR: the scale to apply (computed or given) */
     int tensor_fin;         /* TENSOR: computed from this input's maximum, which is finite */
     const float *col_scale; /* ROW with a columnwise copy: scale per input column [cols] */
+    int col_fin;            /* ROW with a columnwise copy: every column's maximum is finite */
     int64_t band_rows;      /* bands start on multiples of this */
     /* The columnwise copy's pitches (AVX-512 kernels): code bytes and scale entries from one of
      * its rows to the next. setup_job sets those of col itself; the grouped path points col
