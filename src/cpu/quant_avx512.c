@@ -75,6 +75,10 @@ AI __mmask64 mask64(int64_t n) {
 AI int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
 }
+/* The end of the band of rows that starts at r: the next multiple of h, at most r1. */
+AI int64_t band_end(int64_t r, int64_t r1, int64_t h) {
+    return min64(r1, (r / h + 1) * h);
+}
 AI size_t xsize(lowp_format xf) {
     return xf == F32 ? 4 : 2;
 }
@@ -847,7 +851,7 @@ AI void col_fp32(const lowp_quant_job *j, int64_t r0, int64_t r1, const float *c
         ihi = _mm512_add_epi32(ilo, V32(4));
     }
     for (int64_t rb = r0; rb < r1;) {
-        const int64_t re = min64(r1, (rb / 64 + 1) * 64);
+        const int64_t re = band_end(rb, r1, 64);
         for (int64_t c0 = 0; c0 < C; c0 += 32) {
             const int64_t ncv = min64(C - c0, 32);
             __m512 flo = _mm512_set1_ps(s), fhi = flo;
@@ -1554,9 +1558,8 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
         const int fsub = em_ok && j->tensor_fin && fsub_factors(s, ef, &g);
         const size_t ob = code_bytes(ef, j->cols);
         /* band by band with a columnwise copy, as for BLOCK128 (the band is in L2) */
-        const int64_t band = j->col ? 64 : r1 - r0;
         for (int64_t rb = r0; rb < r1;) {
-            const int64_t re = j->col ? min64(r1, (rb / band + 1) * band) : r1;
+            const int64_t re = j->col ? band_end(rb, r1, 64) : r1;
             for (int64_t r = rb; j->row && r < re; r++) {
                 const char *xr = xrow(j, xf, r);
                 uint8_t *orow = (uint8_t *) j->row->data + (size_t) r * ob;
@@ -1579,7 +1582,7 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
             break;
         }
         for (int64_t rb = r0; rb < r1;) { /* band by band, as for TENSOR */
-            const int64_t re = min64(r1, (rb / 64 + 1) * 64);
+            const int64_t re = band_end(rb, r1, 64);
             if (j->row) row_rows(j, rb, re, xf, ef, em_ok, nt_row);
             col_fp32(j, rb, re, j->col_scale, 0.0f, xf, ef, j->col_fin ? EM_FIN : EM_FP32, em_ok,
                      nt_col);
