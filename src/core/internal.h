@@ -27,10 +27,17 @@ LOWP_HIDDEN void lowp_error_append(const char *fmt, ...) LOWP_PRINTF(1, 2);
 
 /* Host buffers (hostmem.c): 64-byte aligned; from LOWP_HUGE_MIN bytes up 2 MiB aligned and
  * advised for transparent huge pages (unless LOWP_HUGEPAGES=0). NULL when out of memory;
- * release with free(). lowp_host_zalloc zeroes the nbytes. */
+ * release with free() or lowp_host_free. lowp_host_zalloc zeroes the nbytes. */
 #define LOWP_HUGE_MIN ((size_t) 4 << 20)
 LOWP_HIDDEN void *lowp_host_alloc(size_t nbytes);
 LOWP_HIDDEN void *lowp_host_zalloc(size_t nbytes);
+/* Releases a buffer of lowp_host_alloc (or of malloc) into the cache of released blocks from
+ * LOWP_HOST_CACHE_MIN bytes up, for the next lowp_host_alloc of about its size; smaller
+ * blocks, and those the cache has no room for, are freed. For buffers that live for one call
+ * or one update. NULL is ignored. lowp_host_cache_drop frees every cached block. */
+#define LOWP_HOST_CACHE_MIN ((size_t) 256 << 10)
+LOWP_HIDDEN void lowp_host_free(void *p);
+LOWP_HIDDEN void lowp_host_cache_drop(void);
 /* Whether the environment leaves the huge-page advice on (LOWP_HUGEPAGES is not "0"). */
 LOWP_HIDDEN int lowp_hugepages_enabled(void);
 

@@ -53,12 +53,12 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
     float *ws = NULL;
     lowp_gemm_pack_tag one = {0}; /* one thread's tag needs no allocation */
     lowp_gemm_pack_tag *tags = threads > 1 ? calloc((size_t) threads, sizeof *tags) : &one;
-    if (per) ws = aligned_alloc(64, per * sizeof(float) * (size_t) threads);
+    const size_t ws_bytes = per * sizeof(float) * (size_t) threads;
+    if (per) ws = lowp_host_alloc(ws_bytes); /* released into the cache of such blocks */
     if ((per && !ws) || !tags) {
-        free(ws);
+        lowp_host_free(ws);
         if (tags != &one) free(tags);
-        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_gemm: workspace of %zu bytes",
-                         per * sizeof(float) * (size_t) threads);
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_gemm: workspace of %zu bytes", ws_bytes);
     }
     if (threads <= 1) {
         /* No OpenMP region at all: even a serialized one costs a team setup, and the attention
@@ -69,7 +69,7 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
             j.tag = &one;
             kernel(&j);
         }
-        free(ws);
+        lowp_host_free(ws);
         return LOWP_OK;
     }
     /* Largest pieces first (their multiply-adds; ties keep their order): with dynamic
@@ -97,7 +97,7 @@ static lowp_status run_jobs(lowp_gemm_job *jobs, int64_t count, gemm_kernel kern
         j.tag = &tags[t];
         kernel(&j);
     }
-    free(ws);
+    lowp_host_free(ws);
     free(tags);
     return LOWP_OK;
 }

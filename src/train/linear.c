@@ -107,9 +107,11 @@ static lowp_status qt_alloc(const char *fn, lowp_qtensor *q, const lowp_operand_
     return LOWP_OK;
 }
 
+/* Releases a qt_alloc copy; its blocks go to the cache of released host blocks (most copies
+ * live for one update, and the next update allocates the same sizes again). */
 static void qt_free(lowp_qtensor *q) {
-    free(q->data);
-    free(q->scales);
+    lowp_host_free(q->data);
+    lowp_host_free(q->scales);
     q->data = q->scales = NULL;
 }
 
