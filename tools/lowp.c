@@ -86,12 +86,15 @@ static int bench(int argc, char **argv) {
     return b->run(argc - 1, argv + 1);
 }
 
+/* The OpenMP wait policy is the runtime's default (with libgomp: spin about 300,000 times,
+ * then sleep) or what the environment sets. The tool cannot choose it: libgomp reads it in its
+ * own initializer, before main, and libc's initializer resets the environment that an
+ * executable's .preinit_array could have changed. A setenv here, as this tool did until the
+ * twelfth session, changed nothing (OMP_DISPLAY_ENV=verbose shows GOMP_SPINCOUNT). Measured
+ * on a 2-core machine (docs/benchmarks.md): the default is about 8% faster than
+ * OMP_WAIT_POLICY=passive on an idle machine, and passive 1.1-1.4x faster with another
+ * process busy on one core. */
 int main(int argc, char **argv) {
-    /* Training runs thousands of small parallel regions; OpenMP threads that spin between
-     * them steal the cores of a small or shared machine (measured: a tiny run 15x slower on a
-     * loaded 2-core machine). Sleep instead, unless the user chose otherwise. This must happen
-     * before the first parallel region, which is why the tool and not the library does it. */
-    setenv("OMP_WAIT_POLICY", "passive", 0);
     if (argc < 2) {
         usage(stdout);
         fprintf(stderr, "lowp: missing command (run `lowp help` for the list)\n");
