@@ -632,7 +632,8 @@ static void test_wgrad_jobs(void) {
     operand_drop(&b);
 }
 
-/* A C of 16 MiB or more (F32, no accumulate) is written with streaming stores. */
+/* A C of LOWP_GEMM_NT_BYTES or more (F32, no accumulate) is written with streaming stores (here
+ * 16 MiB: far past the threshold, with M not a multiple of the tile in the full run). */
 static void test_large_c(void) {
     const int64_t M = testutil_quick() ? 2048 : 2080, N = 2048, K = 40;
     const int pis[] = {0, 1, 7};

@@ -83,8 +83,12 @@ LOWP_HIDDEN void lowp_gemm_prefetch_rows(const lowp_qtensor *q, int64_t r0, int6
 LOWP_HIDDEN void lowp_gemm_prefetch_c(const lowp_gemm_job *j, int64_t m0, int rows, int64_t n0,
                                       int w);
 
-/* C outputs of at least this many bytes are written with streaming stores where possible. */
-#define LOWP_GEMM_NT_BYTES ((size_t) 16 << 20)
+/* C outputs of at least this many bytes are written with streaming stores where possible:
+ * about a core's L2 here (1 MiB on Zen 4 and 5), which the output could not stay in anyway.
+ * Ordinary stores read every line of C first and stalled the driver's epilogue (a third of its
+ * samples in a `medium` update); the threshold was 16 MiB, which no GEMM of a `medium` update
+ * reached. Measured in the trainer: GEMM phase 1.07x on one thread (docs/benchmarks.md). */
+#define LOWP_GEMM_NT_BYTES ((size_t) 1 << 20)
 
 /* Store rows [m0, m1) x columns [n0, n0 + w) (w <= 32) of C from v (row stride 32 floats,
  * v[0] is (m0, n0)), honouring accumulate and BF16 output (RNE, NaN -> 0x7FC0 | sign, as
