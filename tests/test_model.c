@@ -10,6 +10,7 @@
 #include "lowp/model.h"
 #include "testutil.h"
 #include "model_testutil.h"
+#include "core/internal.h"
 #include "cpu/cpu.h"
 #include "model/model_internal.h"
 #include "train/train_internal.h"
@@ -277,7 +278,20 @@ static void test_loss_falls(void) {
     CHECK(aux >= 1.0f - 1e-4f && aux < 4.0f); /* 1 when balanced, E when collapsed */
     free(mo);
     free(ve);
+    /* lowp_moe_free empties the cache of released host blocks (a block put there now, where
+     * the cache is on: glibc, huge pages and LOWP_HOST_CACHE_MB not 0) */
+    void *blk = lowp_host_alloc((size_t) 3 << 20);
+    CHECK(blk != NULL);
+    lowp_host_free(blk);
+    const char *env = getenv("LOWP_HOST_CACHE_MB");
+#ifdef __GLIBC__
+    if (!(env && strcmp(env, "0") == 0) && lowp_hugepages_enabled())
+        CHECK(lowp_host_cache_bytes() >= ((size_t) 3 << 20));
+#else
+    (void) env;
+#endif
     lowp_moe_free(m);
+    CHECK(lowp_host_cache_bytes() == 0);
 }
 
 /* (4) The same seed gives the same weights; a forward and backward give the same bits across

@@ -81,6 +81,8 @@ typedef struct lowp_moe lowp_moe;
  * configuration whose weights, gradients, Adam moments and RoPE tables would not fit the
  * physical memory (LOWP_ERR_INVALID_ARG). */
 LOWP_API lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe **out);
+/* Frees the model, and the library's cache of host blocks released by its updates (GEMM
+ * workspaces, quantized copies; LOWP_HOST_CACHE_MB in the README). NULL is ignored. */
 LOWP_API void lowp_moe_free(lowp_moe *m);
 LOWP_API lowp_status lowp_moe_get_config(const lowp_moe *m, lowp_moe_config *out);
 

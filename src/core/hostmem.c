@@ -136,6 +136,13 @@ void lowp_host_free(void *p) {
     free(p);
 }
 
+size_t lowp_host_cache_bytes(void) {
+    pthread_mutex_lock(&g_cache.lock);
+    const size_t b = g_cache.bytes;
+    pthread_mutex_unlock(&g_cache.lock);
+    return b;
+}
+
 void lowp_host_cache_drop(void) {
     pthread_mutex_lock(&g_cache.lock);
     for (int i = 0; i < g_cache.count; i++) free(g_cache.slot[i].p);
