@@ -73,6 +73,7 @@ enum {
     LOWP_CAP_AVX2 = 1u << 8,
     LOWP_CAP_FMA = 1u << 9,
     LOWP_CAP_AVX512DQ = 1u << 10,
+    LOWP_CAP_AVX512_VBMI = 1u << 11, /* byte permutes (vpermb, vpermt2b) */
     LOWP_CAP_ASYNC_QUEUE = 1u << 16, /* work completes after the call returns */
     LOWP_CAP_FP8_MATH = 1u << 17,    /* native FP8 matrix arithmetic */
     LOWP_CAP_MX_MATH = 1u << 18,     /* native block-scaled (MX) matrix arithmetic */

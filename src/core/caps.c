@@ -10,10 +10,10 @@
 
 /* Indexed by bit number; NULL for bits that have no meaning yet. */
 static const char *const k_cap_names[32] = {
-    [0] = "avx512f",     [1] = "avx512bw", [2] = "avx512vl",  [3] = "avx512_bf16",
-    [4] = "avx512_fp16", [5] = "amx_tile", [6] = "amx_bf16",  [7] = "amx_permitted",
-    [8] = "avx2",        [9] = "fma",      [10] = "avx512dq", [16] = "async_queue",
-    [17] = "fp8_math",   [18] = "mx_math",
+    [0] = "avx512f",      [1] = "avx512bw",  [2] = "avx512vl",  [3] = "avx512_bf16",
+    [4] = "avx512_fp16",  [5] = "amx_tile",  [6] = "amx_bf16",  [7] = "amx_permitted",
+    [8] = "avx2",         [9] = "fma",       [10] = "avx512dq", [11] = "avx512_vbmi",
+    [16] = "async_queue", [17] = "fp8_math", [18] = "mx_math",
 };
 
 uint32_t lowp_cap_from_name(const char *name, size_t len) {

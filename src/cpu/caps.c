@@ -23,7 +23,7 @@
 
 #define CAP_AVX512_ALL                                                                             \
     (LOWP_CAP_AVX512F | LOWP_CAP_AVX512BW | LOWP_CAP_AVX512VL | LOWP_CAP_AVX512DQ |                \
-     LOWP_CAP_AVX512_BF16 | LOWP_CAP_AVX512_FP16)
+     LOWP_CAP_AVX512_BF16 | LOWP_CAP_AVX512_FP16 | LOWP_CAP_AVX512_VBMI)
 #define CAP_AMX_ALL (LOWP_CAP_AMX_TILE | LOWP_CAP_AMX_BF16 | LOWP_CAP_AMX_PERMITTED)
 
 static lowp_caps g_caps;
@@ -85,6 +85,7 @@ static uint32_t detect_x86(char *name, size_t name_size) {
             if (bit(b7, 30)) flags |= LOWP_CAP_AVX512BW;
             if (bit(b7, 31)) flags |= LOWP_CAP_AVX512VL;
             if (bit(b7, 17)) flags |= LOWP_CAP_AVX512DQ;
+            if (bit(c7, 1)) flags |= LOWP_CAP_AVX512_VBMI;
             if (bit(d7, 23)) flags |= LOWP_CAP_AVX512_FP16;
             if (a7 >= 1) { /* a7 = the highest subleaf of leaf 7 */
                 uint32_t a71, b71, c71, d71;
