@@ -1663,6 +1663,229 @@ AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format x
 /* The widest column chunk of tiles(). */
 #define TILES_MAX_CW 8192
 
+/* ---- the byte encoder for rowwise copies ---- */
+
+/* The byte encoder's table for the binary32 scale s (a normal number): T[m], m = 0..127, from
+ * the products of 1 + m/128 and s's significand, made by the same binary32 multiply as the
+ * reference's. */
+AI void fp32_table(float s, lowp_format ef, uint8_t *t) {
+    const int mb = ef_mbits(ef);
+    const __m512 ms = _mm512_castsi512_ps(V32((lowp_f2u(s) & 0x7FFFFFu) | 0x3F800000u));
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int q = 0; q < 8; q++) {
+        const __m512 v = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_add_epi32(iota, V32(0x3F80 + 16 * q)), 16));
+        const __m512i c = round_raw(_mm512_castps_si512(_mm512_mul_ps(v, ms)), 23 - mb);
+        _mm_storeu_si128((__m128i *) (t + 16 * q),
+                         _mm512_cvtepi32_epi8(_mm512_sub_epi32(c, V32(127u << mb))));
+    }
+}
+
+/* Eoff of the binary32 scale s for the byte encoder, or -1 where it would be negative. */
+AI int fp32_eoff(float s, lowp_format ef) {
+    const int e = (int) ((lowp_f2u(s) >> 23) & 0xFF);
+    return e == 0 || e == 255 || 254 - ef_bias(ef) - e < 0 ? -1 : 254 - ef_bias(ef) - e;
+}
+
+/* The byte encoder on the 64 BF16 elements at p: magnitudes, the high bytes (for the signs) in
+ * *H and in *tiny the lanes below the target's normal range that are not zero (their
+ * magnitudes are wrong). */
+AIV __m512i benc(const char *p, __m512i ta, __m512i tb, __m512i eo, __m512i db, lowp_format ef,
+                 int clip, __m512i *H, __mmask64 *tiny) {
+    __m512i E, L;
+    bsplit(_mm512_loadu_si512(p), _mm512_loadu_si512(p + 64), &E, &L, H);
+    __m512i mag = bmag(E, _mm512_permutex2var_epi8(ta, L, tb), eo, db, ef, clip);
+    __mmask64 k = _mm512_cmple_epu8_mask(E, eo);
+    if (__builtin_expect(k != 0, 0)) { /* zeros (T[0] is not 0 for every scale) and tiny lanes */
+        mag = _mm512_maskz_mov_epi8(~k, mag);
+        const __m512i nz = _mm512_or_si512(E, L);
+        k &= _mm512_test_epi8_mask(nz, nz);
+    }
+    *tiny = k;
+    return mag;
+}
+
+AI void st64b(uint8_t *d, __m512i v, int nt) {
+    if (nt)
+        _mm512_stream_si512((__m512i *) d, v);
+    else
+        _mm512_storeu_si512(d, v);
+}
+
+/* A whole 128-element block of a BF16 row with one binary32 scale s (maximum pattern am,
+ * finite), from its table t and offset eo; each half holding lanes below the normal range is
+ * encoded again by enc_run_a (bit-exact there, and rare). */
+AIV void blk128_b(const char *xr, uint8_t *orow, int64_t p, const uint8_t *t, int eo, float s,
+                  uint32_t am, lowp_format ef, int em_ok, int nt) {
+    const __m512i ta = _mm512_loadu_si512(t), tb = _mm512_loadu_si512(t + 64);
+    const __m512i eov = _mm512_set1_epi8((char) eo);
+    const __m512i db = ld64(ef == LOWP_FORMAT_E4M3 ? k_db_e4m3 : k_db_e5m2);
+    for (int h = 0; h < 2; h++) {
+        const int64_t q = p + 64 * h;
+        __m512i H;
+        __mmask64 tiny;
+        const __m512i mag = benc(xr + 2 * q, ta, tb, eov, db, ef, 1, &H, &tiny);
+        if (tiny)
+            enc_run_a(xr, orow, q, 64, _mm512_set1_ps(s), am, LOWP_FORMAT_BF16, ef, em_ok, nt);
+        else
+            st64b(orow + q, bsign(H, mag), nt);
+    }
+}
+
+/* Tables of the binary32 scales, direct-mapped by the top 7 bits of the significand: the
+ * scales of BF16 maxima have 128 significands (the division of fmax by 128 values), so a
+ * row-by-row pass builds each table once. */
+typedef struct fp32_tables {
+    uint32_t tag[128]; /* significand | 1 << 31 of the table in t, 0: none */
+    _Alignas(64) uint8_t t[128][128];
+} fp32_tables;
+
+AI const uint8_t *fp32_table_of(fp32_tables *c, float s, lowp_format ef) {
+    const uint32_t ms = lowp_f2u(s) & 0x7FFFFFu, i = ms >> 16;
+    if (c->tag[i] != (ms | 1u << 31)) {
+        fp32_table(s, ef, c->t[i]);
+        c->tag[i] = ms | 1u << 31;
+    }
+    return c->t[i];
+}
+
+/* b128_group for BF16 input and 8-bit codes on the byte encoder: whole blocks with a finite
+ * maximum and a scale it takes (fp32_eoff); the rest as before. */
+AIV void b128_group_b(const lowp_quant_job *j, const char *xr, uint8_t *orow, float *sc, int64_t b0,
+                      lowp_format ef, int em_ok, int nt, fp32_tables *tc) {
+    const lowp_format xf = LOWP_FORMAT_BF16;
+    const int64_t C = j->cols, nb = (C + 127) / 128;
+    const int g = nb - b0 < 16 ? (int) (nb - b0) : 16;
+    __m512i m[16];
+    for (int k = 0; k < 16; k++) {
+        const int64_t p = 128 * (b0 + k), n = k < g ? min64(C - p, 128) : 0;
+        __m512i v = _mm512_setzero_si512();
+        if (n == 128) {
+            for (int q = 0; q < 4; q++)
+                v = _mm512_max_epu32(v, amax32(xr + (size_t) (p + 32 * q) * 2, xf, 32, 1));
+        } else {
+            for (int q = 0; 32 * q < n; q++)
+                v = _mm512_max_epu32(v, amax32(xr + (size_t) (p + 32 * q) * 2, xf, n - 32 * q, 0));
+        }
+        m[k] = v;
+    }
+    const __m512i am = tree16(m, 0);
+    const __m512 s = fp32_scales16(am, j->et->fmax, j->eps, j->pow2);
+    _mm512_mask_storeu_ps(sc + b0, mask16(g), _mm512_div_ps(_mm512_set1_ps(1.0f), s));
+    _Alignas(64) float sv[16];
+    _Alignas(64) uint32_t av[16];
+    _mm512_store_ps(sv, s);
+    _mm512_store_si512(av, am);
+    for (int k = 0; k < g; k++) {
+        const int64_t p = 128 * (b0 + k), n = min64(C - p, 128);
+        const int eo = n == 128 && av[k] < 0x7F800000u ? fp32_eoff(sv[k], ef) : -1;
+        if (eo >= 0)
+            blk128_b(xr, orow, p, fp32_table_of(tc, sv[k], ef), eo, sv[k], av[k], ef, em_ok, nt);
+        else
+            enc_run_a(xr, orow, p, n, _mm512_set1_ps(sv[k]), av[k], xf, ef, em_ok, nt);
+    }
+}
+
+/* b128_rows on b128_group_b. */
+AIV void b128_rows_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format ef, int em_ok,
+                     int nt) {
+    const int64_t C = j->cols, nb = (C + 127) / 128;
+    fp32_tables tc;
+    memset(tc.tag, 0, sizeof tc.tag);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *xr = xrow(j, LOWP_FORMAT_BF16, r);
+        uint8_t *orow = (uint8_t *) j->row->data + (size_t) r * (size_t) C;
+        float *sc = (float *) j->row->scales + (size_t) r * (size_t) nb;
+        for (int64_t b0 = 0; b0 < nb; b0 += 16)
+            b128_group_b(j, xr, orow, sc, b0, ef, em_ok, nt, &tc);
+    }
+}
+
+/* BLOCK128X128's row codes of the band [r0, r0+nr) x columns [c0, c0+w) on the byte encoder:
+ * tile t (128 columns) has scale f[t] and maximum pattern am[t]; one table per tile. */
+AIV void b128x128_rows_b(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, int64_t w,
+                         const float *f, const uint32_t *am, lowp_format ef, int em_ok, int nt) {
+    const int64_t C = j->cols, ntl = (w + 127) / 128;
+    _Alignas(64) uint8_t tab[TILES_MAX_CW / 128][128];
+    int eo[TILES_MAX_CW / 128];
+    for (int64_t t = 0; t < ntl; t++) {
+        eo[t] = c0 + 128 * t + 128 <= C && am[t] < 0x7F800000u ? fp32_eoff(f[t], ef) : -1;
+        if (eo[t] >= 0) fp32_table(f[t], ef, tab[t]);
+    }
+    for (int64_t i = 0; i < nr; i++) {
+        const char *xr = xrow(j, LOWP_FORMAT_BF16, r0 + i);
+        uint8_t *orow = (uint8_t *) j->row->data + (size_t) (r0 + i) * (size_t) C;
+        for (int64_t t = 0; t < ntl; t++) {
+            const int64_t p = c0 + 128 * t;
+            if (eo[t] >= 0)
+                blk128_b(xr, orow, p, tab[t], eo[t], f[t], am[t], ef, em_ok, nt);
+            else
+                enc_run_a(xr, orow, p, min64(C - p, 128), _mm512_set1_ps(f[t]), am[t],
+                          LOWP_FORMAT_BF16, ef, em_ok, nt);
+        }
+    }
+}
+
+/* BLOCK32X32's row codes of the band [r0, r0+nr) x columns [c0, c0+w) (w a multiple of 64) on
+ * the byte encoder, from the tiles' E8M0 codes code[t] (all at least bias, none 0xFF). */
+AIV void b32x32_rows_b(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, int64_t w,
+                       const uint32_t *code, lowp_format ef, int clip, int nt) {
+    const int64_t C = j->cols, nv = w / 64;
+    const int bias = ef_bias(ef), mb = ef_mbits(ef);
+    const uint8_t *t0 = ef == LOWP_FORMAT_E4M3 ? k_t0_e4m3 : k_t0_e5m2;
+    const __m512i ta = ld64(t0), tb = ld64(t0 + 64);
+    const __m512i db = ld64(ef == LOWP_FORMAT_E4M3 ? k_db_e4m3 : k_db_e5m2);
+    __m512i eo[TILES_MAX_CW / 64];
+    for (int64_t v = 0; v < nv; v++)
+        eo[v] = _mm512_mask_blend_epi8(
+            0xFFFFFFFF00000000ull, _mm512_set1_epi8((char) (code[2 * v] - (uint32_t) bias)),
+            _mm512_set1_epi8((char) (code[2 * v + 1] - (uint32_t) bias)));
+    for (int64_t i = 0; i < nr; i++) {
+        const char *xr = xrow(j, LOWP_FORMAT_BF16, r0 + i) + (size_t) c0 * 2;
+        uint8_t *orow = (uint8_t *) j->row->data + (size_t) (r0 + i) * (size_t) C + (size_t) c0;
+        for (int64_t v = 0; v < nv; v++) {
+            __m512i H;
+            __mmask64 tiny;
+            __m512i mag = benc(xr + 128 * v, ta, tb, eo[v], db, ef, clip, &H, &tiny);
+            if (tiny) {
+                const __m512i x0 = _mm512_loadu_si512(xr + 128 * v);
+                const __m512i x1 = _mm512_loadu_si512(xr + 128 * v + 64);
+                const short o0 = (short) ((code[2 * v] - (uint32_t) bias) << mb);
+                const short o1 = (short) ((code[2 * v + 1] - (uint32_t) bias) << mb);
+                mag = _mm512_mask_mov_epi8(
+                    mag, tiny, btiny(x0, x1, _mm512_set1_epi16(o0), _mm512_set1_epi16(o1), ef));
+            }
+            st64b(orow + 64 * v, bsign(H, mag), nt);
+        }
+    }
+}
+
+/* The rowwise entry points with the format and flags as constants. */
+#define ROWS_B(EF, SUF)                                                                            \
+    NIV void b128_rows_b_##SUF(const lowp_quant_job *j, int64_t r0, int64_t r1, int em_ok,         \
+                               int nt) {                                                           \
+        b128_rows_b(j, r0, r1, EF, em_ok, nt);                                                     \
+    }                                                                                              \
+    NIV void b128x128_rows_b_##SUF(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0,    \
+                                   int64_t w, const float *f, const uint32_t *am, int em_ok,       \
+                                   int nt) {                                                       \
+        b128x128_rows_b(j, r0, nr, c0, w, f, am, EF, em_ok, nt);                                   \
+    }                                                                                              \
+    NIV void b32x32_rows_b_##SUF(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0,      \
+                                 int64_t w, const uint32_t *code, int nt) {                        \
+        if (clip_of(j))                                                                            \
+            b32x32_rows_b(j, r0, nr, c0, w, code, EF, 1, nt);                                      \
+        else                                                                                       \
+            b32x32_rows_b(j, r0, nr, c0, w, code, EF, 0, nt);                                      \
+    }
+ROWS_B(LOWP_FORMAT_E4M3, e4m3)
+ROWS_B(LOWP_FORMAT_E5M2, e5m2)
+
+/* Whether the rowwise byte encoder takes this job: BF16 input, 8-bit codes, the CPU's VBMI. */
+AI int rows_b(lowp_format xf, lowp_format ef) {
+    return xf != F32 && ef != E2M1 && have_vbmi();
+}
+
 /* The band [r0, r0+nr) (nr <= bs), in chunks of cw columns (a multiple of 512): the tile
  * maxima in one row-major pass, then the row codes row by row and the column codes in 32x32
  * transposes. Per 512 columns, 16 32-column pieces: piece k of group g is in tile
@@ -1726,7 +1949,26 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, l
                     ((float *) j->col->scales)[(size_t) ((tc0 + t) * nbr + tr)] = 1.0f / f[t];
             }
         }
-        if (j->row) {
+        int done = 0; /* the row codes, by the byte encoder */
+        if (j->row && rows_b(xf, ef)) {
+            if (!e8) {
+                if (ef == LOWP_FORMAT_E4M3)
+                    b128x128_rows_b_e4m3(j, r0, nr, c0, w, f, am, em_ok, nt);
+                else
+                    b128x128_rows_b_e5m2(j, r0, nr, c0, w, f, am, em_ok, nt);
+                done = 1;
+            } else if (em_ok && w % 64 == 0) {
+                int ok = 1;
+                for (int t = 0; t < ntl; t++)
+                    ok &= am[t] >= (uint32_t) ef_bias(ef) && am[t] != 0xFF;
+                if (ok && ef == LOWP_FORMAT_E4M3)
+                    b32x32_rows_b_e4m3(j, r0, nr, c0, w, am, nt);
+                else if (ok)
+                    b32x32_rows_b_e5m2(j, r0, nr, c0, w, am, nt);
+                done = ok;
+            }
+        }
+        if (j->row && !done) {
             const size_t ob = code_bytes(ef, C);
             for (int64_t i = 0; i < nr; i++) {
                 const char *xr = xrow(j, xf, r0 + i);
@@ -1784,6 +2026,17 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, l
             }
         }
     }
+}
+
+/* BLOCK128's rowwise copy: on the byte encoder where rows_b takes it. */
+AI void b128_rows_any(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf,
+                      lowp_format ef, int em_ok, int nt) {
+    if (rows_b(xf, ef) && ef == LOWP_FORMAT_E4M3)
+        b128_rows_b_e4m3(j, r0, r1, em_ok, nt);
+    else if (rows_b(xf, ef))
+        b128_rows_b_e5m2(j, r0, r1, em_ok, nt);
+    else
+        b128_rows(j, r0, r1, xf, ef, em_ok, nt);
 }
 
 /* ---- ROW ---- */
@@ -1878,14 +2131,14 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
         break;
     case LOWP_SCALING_BLOCK128:
         if (!j->col) {
-            if (j->row) b128_rows(j, r0, r1, xf, ef, em_ok, nt_row);
+            if (j->row) b128_rows_any(j, r0, r1, xf, ef, em_ok, nt_row);
             break;
         }
         /* band by band, so that the columnwise pass reads a band the rowwise one has just
          * brought into L2 */
         for (int64_t r = r0; r < r1; r += 128) {
             const int64_t n = min64(r1 - r, 128);
-            if (j->row) b128_rows(j, r, r + n, xf, ef, em_ok, nt_row);
+            if (j->row) b128_rows_any(j, r, r + n, xf, ef, em_ok, nt_row);
             b128_cols(j, r, n, xf, ef, em_ok, nt_col);
         }
         break;
