@@ -210,6 +210,17 @@ static int runner_ok(runner r, const lowp_qtensor *a) {
     }
 }
 
+/* An IEEE binary32 job has no AMX kernel (the tiles multiply BF16 only): the AMX path must
+ * refuse it with LOWP_ERR_UNSUPPORTED and a message naming cfg.path, and leave C as it was. */
+static void amx_refuses_f32(lowp_status st, const lowp_tensor *c, const lowp_tensor *before,
+                            const char *what) {
+    const size_t bytes = (size_t) (c->rows * c->cols) * (c->format == LOWP_FORMAT_F32 ? 4 : 2);
+    CHECKF(st == LOWP_ERR_UNSUPPORTED && strstr(lowp_last_error(), "cfg.path") != NULL,
+           "%s: the AMX path gave status %d (%s), not LOWP_ERR_UNSUPPORTED naming cfg.path", what,
+           (int) st, lowp_last_error());
+    CHECKF(memcmp(c->data, before->data, bytes) == 0, "%s: a refused AMX call changed C", what);
+}
+
 static void fill_c(lowp_tensor *c) {
     const int64_t n = c->rows * c->cols;
     for (int64_t i = 0; i < n; i++) {
@@ -468,6 +479,12 @@ static void check_wgrad_pair(const lowp_qtensor *qa, const lowp_qtensor *qb, con
             memcpy(f2.data, fast.data, es * cn);
             cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
             cfg.threads = 1 + acc;
+            if (path == 1 && qa->format == LOWP_FORMAT_F32) {
+                amx_refuses_f32(lowp_cpu_grouped_gemm_wgrad(qa, qb, 0, offs, G, &f2, &cfg), &f2,
+                                &fast, "wgrad f32");
+                free(f2.data);
+                continue;
+            }
             CHECKF(lowp_cpu_grouped_gemm_wgrad(qa, qb, 0, offs, G, &f2, &cfg) == LOWP_OK, "%s",
                    lowp_last_error());
             char what[160];
@@ -824,6 +841,13 @@ static void test_wgrad_kn(void) {
                                        : LOWP_KERNEL_PATH_AMX;
                 memcpy(c1.data, c0.data, cb);
                 memcpy(c2.data, c0.data, cb);
+                if (path == 2 && kinds[ki].f == LOWP_FORMAT_F32) {
+                    amx_refuses_f32(lowp_cpu_grouped_gemm_wgrad(&a.q, &xt, 0, offs, G, &c1, &cfg),
+                                    &c1, &c0, "wgrad kn f32");
+                    amx_refuses_f32(lowp_cpu_grouped_gemm_wgrad(&a.q, &x.q, 1, offs, G, &c2, &cfg),
+                                    &c2, &c0, "wgrad kn f32 (b as [M, K])");
+                    continue;
+                }
                 CHECKF(lowp_cpu_grouped_gemm_wgrad(&a.q, &xt, 0, offs, G, &c1, &cfg) == LOWP_OK &&
                            lowp_cpu_grouped_gemm_wgrad(&a.q, &x.q, 1, offs, G, &c2, &cfg) ==
                                LOWP_OK,
