@@ -604,13 +604,23 @@ void lowp_gemm_prefetch_rows(const lowp_qtensor *q, int64_t r0, int64_t r1, int6
     const size_t lines = (len + 63) / 64, total = lines * (size_t) (r1 - r0);
     const size_t lo = total * (size_t) part / (size_t) parts,
                  hi = total * (size_t) (part + 1) / (size_t) parts;
+    if (lo >= hi) return;
     unsigned sink = 0;
-    for (size_t i = lo; i < hi; i++) {
-        size_t l;
-        const char *p = row_bytes(q, r0 + (int64_t) (i / lines), k0, k1, &l) + 64 * (i % lines);
-        /* A real load on each new page: a prefetch that misses the TLB may be dropped. */
-        if (i == lo || ((uintptr_t) p & 4095) < 64) sink += *(const volatile unsigned char *) p;
-        _mm_prefetch(p, _MM_HINT_T1);
+    /* Row by row, the row's start found once: a division and the format switch per 64-byte
+     * line were 3% of a `medium` update on an AMX machine, whose tiles leave the driver's
+     * loops exposed. */
+    int64_t r = r0 + (int64_t) (lo / lines);
+    size_t l = lo % lines;
+    for (size_t i = lo; i < hi; r++, l = 0) {
+        size_t unused;
+        const char *row = row_bytes(q, r, k0, k1, &unused);
+        const size_t lend = hi - i < lines - l ? l + (hi - i) : lines;
+        for (; l < lend; l++, i++) {
+            const char *p = row + 64 * l;
+            /* A real load on each new page: a prefetch that misses the TLB may be dropped. */
+            if (i == lo || ((uintptr_t) p & 4095) < 64) sink += *(const volatile unsigned char *) p;
+            _mm_prefetch(p, _MM_HINT_T1);
+        }
     }
     (void) sink;
 }
