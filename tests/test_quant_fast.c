@@ -446,8 +446,9 @@ static void test_fsub_ties(void) {
 }
 
 /* Dual-axis outputs of 256 KiB and more, 64-byte aligned, are written with non-temporal stores
- * (test_shapes' 256x4096 takes them too); the same shape misaligned by one byte takes the
- * ordinary stores. The common training kinds only. */
+ * (test_shapes' 256x4096 takes them too), and so are the byte encoder's rowwise copies of the
+ * block kinds from 4 MiB (BF16 input here: 8 MiB); the same shape misaligned by one byte takes
+ * the ordinary stores. The common training kinds only. */
 static void test_large(void) {
     const int64_t R = 2048, C = 4096;
     float *f = malloc((size_t) (R * C) * sizeof *f);
@@ -472,7 +473,7 @@ static void test_large(void) {
                 {LOWP_SCALING_TENSOR, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
             };
             for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-                if (g_mis && k > 0 && k != 4) continue; /* misaligned: MX32 and BLOCK32X32 */
+                if (g_mis && k > 0 && (k < 4 || k > 6)) continue; /* misaligned: MX32, blocks */
                 check_case(&x, &cases[k]);
             }
         }

@@ -37,8 +37,13 @@
  * quantization phase 15-22% shorter on `medium`, whose columnwise copies of [2048, 384]
  * activations are 768 KiB; no change measured below it). The
  * rowwise-only kernels write lines in order, which the caches handle as well without them
- * (measured: non-temporal stores 15% slower there), so they do not use them. An sfence ends
- * every call that used them.
+ * (measured: non-temporal stores 15% slower there), so they do not use them; except the byte
+ * encoder's rowwise copies of BLOCK128, BLOCK128X128 and BLOCK32X32 (BF16 input) of at least
+ * NT_ROWS_B_MIN_BYTES, which ran at memory speed only with them on a Xeon with AMX (8192x4096,
+ * one thread, ordinary against non-temporal stores: BLOCK128 0.86-0.93 -> 1.06-1.09 of memcpy,
+ * BLOCK128X128 0.76-0.83 -> 1.05-1.07, BLOCK32X32 0.81-0.86 -> 1.21-1.22; 4096x2048 1.05-1.10x;
+ * 2048x1024, whose 2 MiB copy stays in L2, no gain). An sfence ends every call that used
+ * them.
  *
  * The file also holds the dispatcher's whole-tensor passes (the TENSOR amax, the column
  * maxima of ROW's columnwise copy), which quant.c uses with these kernels.
@@ -66,6 +71,9 @@
 /* Dual-axis copies whose codes take at least this many bytes (a quarter of a 1 MiB L2) are
  * stored non-temporally. */
 #define NT_MIN_BYTES ((size_t) 256 << 10)
+/* The byte encoder's rowwise copies of the block kinds take them from here (see the file
+ * comment): beyond a core's L2, where the copy's lines go to memory anyway. */
+#define NT_ROWS_B_MIN_BYTES ((size_t) 4 << 20)
 
 static const lowp_format F32 = LOWP_FORMAT_F32;
 static const lowp_format E2M1 = LOWP_FORMAT_E2M1;
@@ -2079,10 +2087,17 @@ static int want_nt(const lowp_qtensor *q) {
 AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef) {
     /* enc16_sub (BF16) and enc16_fsub (any input) need subnormal results */
     const int em_ok = subnormals_kept();
-    /* non-temporal stores in the dual-axis kernel only (see the file comment), and for the
-     * columnwise copies of the binary32 kinds (64-byte lines too, col_rows) */
+    /* non-temporal stores in the dual-axis kernel, the byte encoder's large rowwise copies of
+     * the block kinds (see the file comment), and the columnwise copies of the binary32 kinds
+     * (64-byte lines too, col_rows) */
     const int dual = j->scaling == LOWP_SCALING_MX32 && j->col;
-    const int nt_row = dual && want_nt(j->row);
+    const int blk = j->scaling == LOWP_SCALING_BLOCK128 ||
+                    j->scaling == LOWP_SCALING_BLOCK128X128 ||
+                    j->scaling == LOWP_SCALING_BLOCK32X32;
+    const int nt_row =
+        want_nt(j->row) &&
+        (dual || (blk && rows_b(xf, ef) &&
+                  (size_t) j->row->rows * (size_t) j->row->cols >= NT_ROWS_B_MIN_BYTES));
     const int colk = dual || j->scaling == LOWP_SCALING_BLOCK128 ||
                      j->scaling == LOWP_SCALING_ROW || j->scaling == LOWP_SCALING_TENSOR;
     const int nt_col = colk && want_nt(j->col) && j->col_ob % 64 == 0;
