@@ -184,9 +184,14 @@ static lowp_status run_kn(runner r, const lowp_qtensor *a, const lowp_qtensor *b
         j.ws = ws_alloc(lowp_cpu_gemm_amx_ws_floats_emu(&j));
         lowp_cpu_gemm_amx_emu(&j);
     } else {
-        /* 8 KiB of packed B per block: several column blocks even on small shapes. */
+        /* 8 KiB of packed B per block: several column blocks even on small shapes; up to
+         * 16 KiB in one block when that holds all the columns (whole_n_bytes). */
         lowp_gemm_blk_kernel k = {r == RUN_F32X ? lowp_gemm_micro_f32fma : lowp_gemm_micro_dpbf16,
-                                  lowp_gemm_micro_f32x, 4, 8192, 0};
+                                  lowp_gemm_micro_f32x,
+                                  4,
+                                  8192,
+                                  0,
+                                  16384};
         if (!lowp_gemm_blk_supports(&j)) return LOWP_ERR_UNSUPPORTED;
         j.ws = ws_alloc(lowp_gemm_blk_ws_floats(&j, &k));
         lowp_gemm_blk_run(&j, &k);
@@ -625,7 +630,11 @@ static void test_wgrad_jobs(void) {
             j.c = &fast;
             lowp_gemm_blk_kernel k = {r == RUN_F32X ? lowp_gemm_micro_f32fma
                                                     : lowp_gemm_micro_dpbf16,
-                                      lowp_gemm_micro_f32x, 4, 4096, 0};
+                                      lowp_gemm_micro_f32x,
+                                      4,
+                                      4096,
+                                      0,
+                                      0};
             if (r == RUN_AMX_EMU) {
                 j.ws = ws_alloc(lowp_cpu_gemm_amx_ws_floats_emu(&j));
                 lowp_cpu_gemm_amx_emu(&j);

@@ -148,9 +148,9 @@ void lowp_gemm_micro_dpbf16(const uint16_t *a, const uint16_t *b, int64_t nkt, i
  * one Zen 4 core), no loss at small K (docs/benchmarks.md, "GEMM blocking"). */
 #define B_MIN_COLS 512
 static const lowp_gemm_blk_kernel k_dp = {lowp_gemm_micro_dpbf16, lowp_gemm_micro_f32x, 4,
-                                          B_BUDGET_BYTES, B_MIN_COLS};
+                                          B_BUDGET_BYTES,         B_MIN_COLS,           0};
 static const lowp_gemm_blk_kernel k_f32x = {lowp_gemm_micro_f32fma, lowp_gemm_micro_f32x, 4,
-                                            B_BUDGET_BYTES, B_MIN_COLS};
+                                            B_BUDGET_BYTES,         B_MIN_COLS,           0};
 
 /* ---- SGEMM: F32 x F32 ---- */
 

@@ -65,6 +65,7 @@ static int64_t nc_cols(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *k) {
     const int64_t lo = k->min_cols > 32 ? k->min_cols / 32 * 32 : 32;
     if (nc < lo) nc = lo;
     const int64_t ncap = rup32(j->n1 - j->n0 > 0 ? j->n1 - j->n0 : 1);
+    if ((size_t) ncap * 2 * (size_t) kp <= k->whole_n_bytes) return ncap;
     return nc < ncap ? nc : ncap;
 }
 

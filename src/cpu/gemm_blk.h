@@ -48,11 +48,14 @@ typedef struct lowp_gemm_blk_kernel {
      * decodes each A strip again, so a narrow block (128 columns at K = 4096 on a 1 MiB
      * budget) spends an eighth of the GEMM decoding A. */
     int64_t min_cols;
+    /* 0, or bytes: when all of a job's columns fit in this much packed B, one block takes them
+     * all, above the budget (a second block would decode every A strip again). */
+    size_t whole_n_bytes;
 } lowp_gemm_blk_kernel;
 
 /* Workspace (floats) of a job on kernel k, with Kp = K rounded up to 32 and NC = the columns of
  * a B block (b_budget_bytes / (2 Kp), rounded down to 32, at least
- * min_cols, at most N rounded up):
+ * min_cols, at most N rounded up; N rounded up when that fits in whole_n_bytes):
  *   NC * Kp / 2                  the packed B block (BF16)
  *   16 * Kp                      the decoded A strip (32 rows of Kp BF16)
  *   3 * 1024                     P tile, accumulator tile, packing scratch
