@@ -53,7 +53,10 @@
  * dual-axis MX32 tiles (both copies from one split of each row) and the rowwise copies of
  * BLOCK128, BLOCK128X128 and BLOCK32X32. Measured on an 8192x4096 input, one thread, Zen 4,
  * against the same kernels with it masked: dual-axis MX32 1.2-1.4x (1.5-1.7x in cache),
- * BLOCK128 1.8-2.0x, BLOCK128X128 1.7-1.8x, BLOCK32X32 1.1-1.2x; outputs bit-identical.
+ * BLOCK128 1.8-2.0x, BLOCK128X128 1.7-1.8x, BLOCK32X32 1.1-1.2x; outputs bit-identical. Its
+ * dual-axis tiles later got the band path: a chunk's maxima first, read row by row (as the
+ * prefetchers like), then its codes from L2, the column lines of each tile stored during the
+ * next (mx_bands_b).
  *
  * Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq; quant.c calls it only when the CPU
  * has AVX-512F/BW, and the byte encoder's functions (target attribute avx512vbmi) run only
@@ -1336,42 +1339,60 @@ AI void tr8x8q(const __m512i in[8], __m512i out[8]) {
     }
 }
 
-/* mx_tile64 on the byte encoder: the same tile, outputs and order of work (maxima and scales,
- * then each row's codes of both copies from one split of its 64 elements), the columnwise
- * codes transposed in registers: 8x8-byte blocks by a qword transpose and one vpermb per 8
- * rows, staged in a 4 KiB buffer, then a qword transpose per 8 columns into whole 64-byte
- * lines. The rows are read again from x, not copied to a buffer first (8 KiB apart, they
- * miss L1 on the second reading but stay in L2). Returns 0 having written nothing when a
- * block's scale code is below bias (its Eoff would be negative) or 0xFF (NaN and Inf blocks):
- * the caller runs mx_tile64 then. */
-AIV int mx_tile64b(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format ef, int want_row,
-                   int clip, int nt_row, int nt_col) {
+/* Column group q (8 columns) of a tile's staged 8x8-byte blocks tb as its 8 whole 64-byte
+ * lines of the columnwise copy: a qword transpose. */
+AI void col_lines(const uint8_t (*tb)[8][64], int q, uint8_t (*lines)[64]) {
+    __m512i v[8], w[8];
+    for (int g = 0; g < 8; g++) v[g] = _mm512_load_si512((const __m512i *) tb[g][q]);
+    tr8x8q(v, w);
+    for (int c = 0; c < 8; c++) _mm512_store_si512((__m512i *) lines[c], w[c]);
+}
+
+AI void col_store_line(uint8_t *d, __m512i v, int nt) {
+    if (nt)
+        _mm512_stream_si512((__m512i *) d, v);
+    else
+        _mm512_storeu_si512(d, v);
+}
+
+/* A tile's columnwise codes, transposed in 8x8-byte blocks ([8-row group][8-column group]),
+ * whose lines are still to be stored: rows r0.. of the copy (cout), columns c0... */
+typedef struct col_stage {
+    _Alignas(64) uint8_t tb[8][8][64];
+    uint8_t *cout;
+    int64_t c0;
+    int have;
+} col_stage;
+
+/* Stores all of a staged tile's lines. */
+AI void col_stage_flush(col_stage *s, size_t cob, int nt) {
+    for (int q = 0; q < 8; q++) {
+        _Alignas(64) uint8_t lines[8][64];
+        col_lines((const uint8_t(*)[8][64]) s->tb, q, lines);
+        for (int c = 0; c < 8; c++)
+            col_store_line(s->cout + (size_t) (s->c0 + 8 * q + c) * cob,
+                           _mm512_load_si512((const __m512i *) lines[c]), nt);
+    }
+    s->have = 0;
+}
+
+/* mx_tile64b's codes of both copies, the scales of the rows already stored (want_row): the
+ * column scales from the column maxima cm ([32-row block][32-column half], u16 |x| patterns),
+ * then each row's codes of both copies from one split of its 64 elements. The columnwise codes
+ * are transposed in registers (8x8-byte blocks by a qword transpose and one vpermb per 8 rows)
+ * and staged in cur; their lines (a qword transpose per 8 columns) are stored at the end, or,
+ * with prev (the band path), during the next tile: prev's column group g one line per row of
+ * row group g, so that the non-temporal stores of both copies are spread evenly over the work
+ * (stored in bursts at the end of each tile, they stalled it). Returns 0 having written
+ * nothing more when a column block's scale code is below bias or 0xFF. */
+AIV int mx_tile64b_enc(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format ef,
+                       int want_row, int clip, int nt_row, int nt_col, const __m512i cm[2][2],
+                       col_stage *cur, col_stage *prev) {
     const int64_t C = j->cols;
     const size_t stride = (size_t) C * 2;
     const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * 2;
     const int bias = ef_bias(ef), mb = ef_mbits(ef);
-    __m512i rc[2][4], cm[2][2];
-    for (int b = 0; b < 2; b++) {
-        __m512i c[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-        for (int g = 2 * b; g < 2 * b + 2; g++) {
-            __m512i rm[2][16];
-            for (int r = 0; r < 16; r++) {
-                const char *p = base + (size_t) (16 * g + r) * stride;
-                prefetch(p, 128);
-                prefetch(p, 192);
-                for (int k = 0; k < 2; k++) {
-                    const __m512i v = _mm512_loadu_si512(p + 64 * k);
-                    rm[k][r] = _mm512_and_si512(v, V32(0x7FFF7FFF));
-                    c[k] = _mm512_max_epu16(c[k], rm[k][r]);
-                }
-            }
-            if (want_row)
-                for (int k = 0; k < 2; k++) rc[k][g] = e8m0_codes(tree16(rm[k], 1), j->et, j->mode);
-        }
-        cm[b][0] = c[0];
-        cm[b][1] = c[1];
-    }
-    _Alignas(64) uint8_t rcode[2][64], ccode[2][64];
+    _Alignas(64) uint8_t ccode[2][64];
     __mmask16 bad = 0;
     const __m512i lowc = V32(bias), nanc = V32(0xFF);
     for (int b = 0; b < 2; b++)
@@ -1382,22 +1403,12 @@ AIV int mx_tile64b(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format 
                 e8m0_codes(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16), j->et, j->mode);
             bad |= _mm512_cmplt_epu32_mask(cv, lowc) | _mm512_cmpeq_epi32_mask(cv, nanc);
             _mm_store_si128((__m128i *) (ccode[b] + 16 * q), _mm512_cvtepi32_epi8(cv));
-            if (want_row) {
-                const __m512i rv = rc[b][q];
-                bad |= _mm512_cmplt_epu32_mask(rv, lowc) | _mm512_cmpeq_epi32_mask(rv, nanc);
-                _mm_store_si128((__m128i *) (rcode[b] + 16 * q), _mm512_cvtepi32_epi8(rv));
-            }
         }
     if (bad) return 0;
-    /* scales, as tile64_row_side and tile64_col_side store them */
-    if (want_row) {
-        const int64_t nbc = (C + 31) / 32;
-        uint8_t *sc = (uint8_t *) j->row->scales + (size_t) r0 * (size_t) nbc + (size_t) (c0 / 32);
-        for (int i = 0; i < 64; i++) {
-            const uint16_t pair = (uint16_t) (rcode[0][i] | rcode[1][i] << 8);
-            memcpy(sc + (size_t) i * (size_t) nbc, &pair, 2);
-        }
-    }
+    const int64_t nbc = (C + 31) / 32;
+    const uint8_t *rsc = want_row ? (const uint8_t *) j->row->scales + (size_t) r0 * (size_t) nbc +
+                                        (size_t) (c0 / 32)
+                                  : NULL;
     {
         const int64_t nbr = j->col_nbr;
         uint8_t *sc = (uint8_t *) j->col->scales + (size_t) (r0 / 32) + (size_t) c0 * (size_t) nbr;
@@ -1422,21 +1433,32 @@ AIV int mx_tile64b(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format 
     const __m512i db = ld64(ef == LOWP_FORMAT_E4M3 ? k_db_e4m3 : k_db_e5m2);
     const size_t ob = (size_t) C;
     uint8_t *rout = want_row ? (uint8_t *) j->row->data + (size_t) r0 * ob + (size_t) c0 : NULL;
-    _Alignas(64) uint8_t tbuf[8][8][64]; /* [8-row group][8-column group]: transposed blocks */
+    uint8_t(*tbuf)[8][64] = cur->tb; /* [8-row group][8-column group]: transposed blocks */
+    const size_t cob = j->col_ob;
+    const int pend = prev && prev->have;
     for (int g = 0; g < 8; g++) {
         __m512i cr[8], ct[8];
+        _Alignas(64) uint8_t lines[8][64];
+        if (pend) /* column group g of the previous tile, stored one line per row below */
+            col_lines(prev->tb, g, lines);
         for (int r = 0; r < 8; r++) {
             const int i = 8 * g + r, b = i >> 5;
             const char *p = base + (size_t) i * stride;
+            if (pend)
+                col_store_line(prev->cout + (size_t) (prev->c0 + 8 * g + r) * cob,
+                               _mm512_load_si512((const __m512i *) lines[r]), nt_col);
             const __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
             __m512i E, L, H;
             bsplit(x0, x1, &E, &L, &H);
             const __m512i T = _mm512_permutex2var_epi8(ta, L, tb);
             __m512i er = ec[b], mx = ec[b];
+            int rc0 = 0, rc1 = 0; /* the row's scale codes */
             if (want_row) {
+                rc0 = rsc[(size_t) i * (size_t) nbc];
+                rc1 = rsc[(size_t) i * (size_t) nbc + 1];
                 er = _mm512_mask_blend_epi8(0xFFFFFFFF00000000ull,
-                                            _mm512_set1_epi8((char) (rcode[0][i] - bias)),
-                                            _mm512_set1_epi8((char) (rcode[1][i] - bias)));
+                                            _mm512_set1_epi8((char) (rc0 - bias)),
+                                            _mm512_set1_epi8((char) (rc1 - bias)));
                 mx = _mm512_max_epu8(er, ec[b]);
             }
             __m512i cc = bmag(E, T, ec[b], db, ef, clip);
@@ -1452,8 +1474,8 @@ AIV int mx_tile64b(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format 
                 if (kr)
                     rr = _mm512_mask_mov_epi8(
                         rr, kr,
-                        btiny(x0, x1, _mm512_set1_epi16((short) ((rcode[0][i] - bias) << mb)),
-                              _mm512_set1_epi16((short) ((rcode[1][i] - bias) << mb)), ef));
+                        btiny(x0, x1, _mm512_set1_epi16((short) ((rc0 - bias) << mb)),
+                              _mm512_set1_epi16((short) ((rc1 - bias) << mb)), ef));
             }
             if (want_row) {
                 rr = bsign(H, rr);
@@ -1469,21 +1491,71 @@ AIV int mx_tile64b(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format 
         for (int q = 0; q < 8; q++)
             _mm512_store_si512((__m512i *) tbuf[g][q], _mm512_permutexvar_epi8(t8, ct[q]));
     }
-    uint8_t *cout = (uint8_t *) j->col->data + (size_t) r0;
-    const size_t cob = j->col_ob;
-    for (int q = 0; q < 8; q++) {
-        __m512i v[8], w[8];
-        for (int g = 0; g < 8; g++) v[g] = _mm512_load_si512((const __m512i *) tbuf[g][q]);
-        tr8x8q(v, w);
-        for (int c = 0; c < 8; c++) {
-            uint8_t *d = cout + (size_t) (c0 + 8 * q + c) * cob;
-            if (nt_col)
-                _mm512_stream_si512((__m512i *) d, w[c]);
-            else
-                _mm512_storeu_si512(d, w[c]);
+    cur->cout = (uint8_t *) j->col->data + (size_t) r0;
+    cur->c0 = c0;
+    cur->have = 1;
+    if (prev)
+        prev->have = 0;
+    else /* no next tile to store them during */
+        col_stage_flush(cur, cob, nt_col);
+    return 1;
+}
+
+/* mx_tile64 on the byte encoder: the same tile, outputs and order of work (maxima and scales,
+ * then each row's codes of both copies from one split of its 64 elements, mx_tile64b_enc). The
+ * rows are read again from x, not copied to a buffer first (8 KiB apart, they miss L1 on the
+ * second reading but stay in L2). Returns 0 when a block's scale code is below bias (its Eoff
+ * would be negative) or 0xFF (NaN and Inf blocks), having written at most the row scales: the
+ * caller runs mx_tile64 then. */
+AIV int mx_tile64b(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format ef, int want_row,
+                   int clip, int nt_row, int nt_col) {
+    const int64_t C = j->cols;
+    const size_t stride = (size_t) C * 2;
+    const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * 2;
+    __m512i rc[2][4], cm[2][2];
+    for (int b = 0; b < 2; b++) {
+        __m512i c[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int g = 2 * b; g < 2 * b + 2; g++) {
+            __m512i rm[2][16];
+            for (int r = 0; r < 16; r++) {
+                const char *p = base + (size_t) (16 * g + r) * stride;
+                prefetch(p, 128);
+                prefetch(p, 192);
+                for (int k = 0; k < 2; k++) {
+                    const __m512i v = _mm512_loadu_si512(p + 64 * k);
+                    rm[k][r] = _mm512_and_si512(v, V32(0x7FFF7FFF));
+                    c[k] = _mm512_max_epu16(c[k], rm[k][r]);
+                }
+            }
+            if (want_row)
+                for (int k = 0; k < 2; k++) rc[k][g] = e8m0_codes(tree16(rm[k], 1), j->et, j->mode);
+        }
+        cm[b][0] = c[0];
+        cm[b][1] = c[1];
+    }
+    if (want_row) {
+        const int bias = ef_bias(ef);
+        _Alignas(64) uint8_t rcode[2][64];
+        __mmask16 bad = 0;
+        for (int b = 0; b < 2; b++)
+            for (int q = 0; q < 4; q++) {
+                const __m512i rv = rc[b][q];
+                bad |=
+                    _mm512_cmplt_epu32_mask(rv, V32(bias)) | _mm512_cmpeq_epi32_mask(rv, V32(0xFF));
+                _mm_store_si128((__m128i *) (rcode[b] + 16 * q), _mm512_cvtepi32_epi8(rv));
+            }
+        if (bad) return 0;
+        /* the row scales, as tile64_row_side stores them */
+        const int64_t nbc = (C + 31) / 32;
+        uint8_t *sc = (uint8_t *) j->row->scales + (size_t) r0 * (size_t) nbc + (size_t) (c0 / 32);
+        for (int i = 0; i < 64; i++) {
+            const uint16_t pair = (uint16_t) (rcode[0][i] | rcode[1][i] << 8);
+            memcpy(sc + (size_t) i * (size_t) nbc, &pair, 2);
         }
     }
-    return 1;
+    col_stage st;
+    return mx_tile64b_enc(j, r0, c0, ef, want_row, clip, nt_row, nt_col, (const __m512i(*)[2]) cm,
+                          &st, NULL);
 }
 
 /* mx_tile64b with the job's flags as constants. */
@@ -1498,9 +1570,159 @@ AIV int mx_tile64b(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format 
 MX_TILE64B(mx_tile64b_e4m3, LOWP_FORMAT_E4M3)
 MX_TILE64B(mx_tile64b_e5m2, LOWP_FORMAT_E5M2)
 
+/* ---- the band path of the dual-axis byte encoder ---- */
+
+/* Super-bands of BAND_ROWS rows, in chunks of at most BAND_EL elements (256 KiB of BF16, in L2
+ * between the two phases). Measured (8192x4096, one thread): 256 rows beat 64 and 128, and
+ * 64K-element and 256K-element chunks were slower. */
+#define BAND_ROWS 256
+#define BAND_EL   ((int64_t) 1 << 17)
+
+/* A chunk: nb 64-row bands from r0, columns [w0, w0 + w) (w a multiple of 64); cm: the column
+ * maxima of each 32-row block (w u16 |x| patterns each, memory order); bad[b] bit t: tile t of
+ * band b, which the byte encoder does not take. */
+typedef struct band_chunk {
+    int64_t r0, w0, w;
+    int nb;
+    uint64_t bad[BAND_ROWS / 64];
+    _Alignas(64) uint16_t cm[BAND_EL / 32];
+} band_chunk;
+
+/* 16 blocks of one row at p (n of them, even; full: n == 16): the column maxima into cm
+ * (stored, for the first row of a 32-row block), the row codes to rs and, for a code the byte
+ * encoder does not take, the mark of its tile (t0 + block / 2) in *bad. */
+AIV void band_row16(const lowp_quant_job *j, const uint16_t *p, uint16_t *cm, int first,
+                    int want_row, uint8_t *rs, int n, int full, int bias, uint64_t *bad, int t0) {
+    __m512i rm[16];
+    for (int k = 0; k < 16; k++) {
+        if (!full && k >= n) {
+            rm[k] = _mm512_setzero_si512();
+            continue;
+        }
+        const __m512i a = _mm512_and_si512(_mm512_loadu_si512(p + 32 * k), V32(0x7FFF7FFF));
+        __m512i *q = (__m512i *) (cm + 32 * k);
+        rm[k] = a;
+        _mm512_store_si512(q, first ? a : _mm512_max_epu16(_mm512_load_si512(q), a));
+    }
+    if (!want_row) return;
+    const __m512i code = e8m0_codes(tree16(rm, 1), j->et, j->mode);
+    const __mmask16 m = full ? (__mmask16) 0xFFFF : mask16(n);
+    _mm512_mask_cvtepi32_storeu_epi8(rs, m, code);
+    const __mmask16 b =
+        (_mm512_cmplt_epu32_mask(code, V32(bias)) | _mm512_cmpeq_epi32_mask(code, V32(0xFF))) & m;
+    if (__builtin_expect(b != 0, 0))
+        for (int t = 0; t < 8; t++)
+            if ((b >> (2 * t)) & 3) *bad |= 1ull << (t0 + t);
+}
+
+/* The band path's first phase: chunk k's maxima, read row by row in runs of w elements, which
+ * the hardware prefetchers follow (mx_tile64b reads 64 rows of 128 bytes a tile, more streams
+ * than they track): the row codes to the row scales, the column maxima to k->cm, marks to
+ * k->bad. */
+AIV void band_maxima(const lowp_quant_job *j, band_chunk *k, lowp_format ef, int want_row) {
+    const int64_t C = j->cols, nbc = (C + 31) / 32, w = k->w;
+    const int bias = ef_bias(ef);
+    for (int b = 0; b < k->nb; b++) k->bad[b] = 0;
+    for (int i = 0; i < 64 * k->nb; i++) {
+        const uint16_t *p =
+            (const uint16_t *) j->x + (size_t) (k->r0 + i) * (size_t) C + (size_t) k->w0;
+        uint16_t *c = k->cm + (size_t) (i >> 5) * (size_t) w;
+        uint8_t *rs = want_row ? (uint8_t *) j->row->scales + (size_t) (k->r0 + i) * (size_t) nbc +
+                                     (size_t) (k->w0 / 32)
+                               : NULL;
+        uint64_t *bb = k->bad + (i >> 6);
+        const int first = (i & 31) == 0;
+        int64_t g = 0;
+        for (; g + 512 <= w; g += 512)
+            band_row16(j, p + g, c + g, first, want_row, rs ? rs + g / 32 : NULL, 16, 1, bias, bb,
+                       (int) (g / 64));
+        if (g < w)
+            band_row16(j, p + g, c + g, first, want_row, rs ? rs + g / 32 : NULL,
+                       (int) ((w - g) / 32), 0, bias, bb, (int) (g / 64));
+    }
+}
+
+/* The band path's second phase: chunk k's tiles (in L2 now), column by column, by
+ * mx_tile64b_enc from the column maxima and the row scales, each tile's column lines stored
+ * during the next one's rows. Tiles it does not take stay marked in k->bad. */
+AIV void band_codes(const lowp_quant_job *j, band_chunk *k, lowp_format ef, int want_row, int clip,
+                    int nt_row, int nt_col) {
+    const int64_t w = k->w;
+    col_stage stg[2];
+    int cs = 0;
+    stg[0].have = stg[1].have = 0;
+    for (int64_t c = 0; c < w; c += 64)
+        for (int b = 0; b < k->nb; b++) {
+            if (k->bad[b] >> (c / 64) & 1) continue;
+            __m512i m[2][2];
+            for (int h = 0; h < 2; h++)
+                for (int q = 0; q < 2; q++)
+                    m[h][q] = _mm512_load_si512(k->cm + (size_t) (2 * b + h) * (size_t) w +
+                                                (size_t) c + 32 * (size_t) q);
+            if (mx_tile64b_enc(j, k->r0 + 64 * b, k->w0 + c, ef, want_row, clip, nt_row, nt_col,
+                               (const __m512i(*)[2]) m, &stg[cs], &stg[cs ^ 1]))
+                cs ^= 1;
+            else
+                k->bad[b] |= 1ull << (c / 64);
+        }
+    if (stg[cs ^ 1].have) col_stage_flush(&stg[cs ^ 1], j->col_ob, nt_col);
+}
+
+/* Both phases of a chunk with the job's flags as constants. */
+#define MX_BAND64B(NAME, EF)                                                                       \
+    NIV void NAME(const lowp_quant_job *j, band_chunk *k, int nt_row, int nt_col) {                \
+        if (j->row) {                                                                              \
+            band_maxima(j, k, EF, 1);                                                              \
+            clip_of(j) ? band_codes(j, k, EF, 1, 1, nt_row, nt_col)                                \
+                       : band_codes(j, k, EF, 1, 0, nt_row, nt_col);                               \
+        } else {                                                                                   \
+            band_maxima(j, k, EF, 0);                                                              \
+            clip_of(j) ? band_codes(j, k, EF, 0, 1, 0, nt_col)                                     \
+                       : band_codes(j, k, EF, 0, 0, 0, nt_col);                                    \
+        }                                                                                          \
+    }
+MX_BAND64B(mx_band64b_e4m3, LOWP_FORMAT_E4M3)
+MX_BAND64B(mx_band64b_e5m2, LOWP_FORMAT_E5M2)
+
 /* Whether this CPU runs the byte encoder. */
 static int have_vbmi(void) {
     return (lowp_cpu_caps()->flags & LOWP_CAP_AVX512_VBMI) != 0;
+}
+
+/* mx_bands on the byte encoder's band path (BF16 input, 8-bit codes, r0 a multiple of 64, at
+ * least 64 rows and columns): super-bands of BAND_ROWS rows in chunks of whole tiles, each
+ * chunk's maxima read first (band_maxima) and its codes then taken from L2 (band_codes); the
+ * tiles it does not take by mx_tile64, the edges (the last columns short of 64, the last rows
+ * short of 64) by mx_tile32. One thread, 8192x4096, against mx_tile64b tile by tile: see
+ * docs/benchmarks.md ("Fifteenth session"). */
+AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
+                   int em_ok, int nt_row, int nt_col) {
+    const int64_t C = j->cols, C64 = C & ~(int64_t) 63, rend = r0 + (r1 - r0) / 64 * 64;
+    const int64_t W = min64(C64, BAND_EL / BAND_ROWS); /* a multiple of 64 */
+    _Alignas(64) band_chunk chunk;
+    band_chunk *k = &chunk;
+    for (int64_t sb = r0; sb < rend; sb += BAND_ROWS) {
+        k->r0 = sb;
+        k->nb = (int) (min64(sb + BAND_ROWS, rend) - sb) / 64;
+        for (k->w0 = 0; k->w0 < C64; k->w0 += W) {
+            k->w = min64(W, C64 - k->w0);
+            if (ef == LOWP_FORMAT_E4M3)
+                mx_band64b_e4m3(j, k, nt_row, nt_col);
+            else
+                mx_band64b_e5m2(j, k, nt_row, nt_col);
+            for (int b = 0; b < k->nb; b++)
+                for (int64_t c = 0; c < k->w; c += 64)
+                    if (k->bad[b] >> (c / 64) & 1)
+                        mx_tile64(j, sb + 64 * b, k->w0 + c, xf, ef, j->row != NULL, em_ok, nt_row,
+                                  nt_col);
+        }
+        for (int64_t r = sb; r < sb + 64 * k->nb; r += 32) /* the last columns */
+            for (int64_t c = C64; c < C; c += 32)
+                mx_tile32(j, r, 32, c, min64(C - c, 32), xf, ef, em_ok);
+    }
+    for (int64_t r = rend; r < r1; r += 32) /* the last rows */
+        for (int64_t c = 0; c < C; c += 32)
+            mx_tile32(j, r, min64(r1 - r, 32), c, min64(C - c, 32), xf, ef, em_ok);
 }
 
 /* MX32 with a columnwise copy over rows [r0, r1) (r0 a multiple of 32). 256-row super-bands,
@@ -1509,6 +1731,10 @@ AI void mx_bands(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf
                  int em_ok, int nt_row, int nt_col) {
     const int64_t C = j->cols;
     const int vb = em_ok && have_vbmi();
+    if (vb && xf != F32 && ef != E2M1 && r0 % 64 == 0 && r1 - r0 >= 64 && C >= 64) {
+        mx_bands_b(j, r0, r1, xf, ef, em_ok, nt_row, nt_col);
+        return;
+    }
     for (int64_t sb = r0; sb < r1; sb += 256) {
         const int64_t se = min64(sb + 256, r1);
         for (int64_t c0 = 0; c0 < C; c0 += 64) {
