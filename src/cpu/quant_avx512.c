@@ -501,6 +501,7 @@ AI int clip_of(const lowp_quant_job *j) {
 
 /* Codes [p, p+n) of an output row: the NaN block's codes (E2M1: 0, pad nibble included). */
 AI void fill_nan(uint8_t *orow, int64_t p, int64_t n, lowp_format ef) {
+    if (n <= 0) return; /* never, but newer GCCs' -Wstringop-overflow cannot tell */
     if (ef == E2M1)
         memset(orow + p / 2, 0, code_bytes(ef, n));
     else
