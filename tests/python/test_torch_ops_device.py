@@ -57,8 +57,10 @@ def test_device_linear_matches_cpu_native(name):
     dy = torch.randn(128, 96, generator=g)
     outs = []
     for dev in ("cpu", DEV):
-        xd = x.to(dev).requires_grad_()
-        wd = w.to(dev).requires_grad_()
+        # detach first: on the CPU, x.to("cpu") is x itself, and marking it would make the
+        # device leg's copy a non-leaf whose .grad stays None
+        xd = x.detach().to(dev).requires_grad_()
+        wd = w.detach().to(dev).requires_grad_()
         y = lt.linear(xd, wd, None, name)
         y.backward(dy.to(dev))
         outs.append([t.detach().cpu() for t in (y, xd.grad, wd.grad)])
