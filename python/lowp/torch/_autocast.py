@@ -23,15 +23,8 @@ import torch
 _ELIGIBLE = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@torch.compiler.assume_constant_result
-def _available(device_type) -> bool:
-    # a constant under torch.compile: Dynamo of torch 2.11 cannot trace the C function behind
-    # torch.amp.is_autocast_available (fullgraph compiles of lowp's ops failed on it)
-    return torch.amp.is_autocast_available(device_type)
-
-
 def _enabled(device_type) -> bool:
-    return _available(device_type) and torch.is_autocast_enabled(device_type)
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
 
 
 def autocast_dtype(device_type, default):
