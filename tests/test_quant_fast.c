@@ -483,6 +483,41 @@ static void test_large(void) {
     free(f);
 }
 
+/* The dual-axis byte encoder's band path on ordinary data, where nearly every tile takes it
+ * (gen's tiny, huge and zero blocks send many tiles to the fallback): each 32-element run of a
+ * row in one of 8 binades, random signs and mantissas, so that under FLOOR and EVEN a block's
+ * largest values often exceed the format's maximum and are clipped. 320x1100: a super-band and
+ * a short one, chunks of 512, 512 and 64 columns, 12 edge columns; BF16 input, MX32 E4M3 and
+ * E5M2, every mode, each orientation. */
+static void test_band_path(void) {
+    const int64_t R = 320, C = 1100;
+    float *f = malloc((size_t) (R * C) * sizeof *f);
+    int e = 0;
+    for (int64_t i = 0; i < R * C; i++) {
+        if (i % 32 == 0) e = (int) rnd_below(8) - 7;             /* the binade of this run of 32 */
+        const float m = 1.0f + (float) rnd_below(128) * 0x1p-7f; /* BF16-exact */
+        f[i] = (rnd_below(2) ? -1.0f : 1.0f) * ldexpf(m, e);
+    }
+    void *data = as_format(f, (size_t) (R * C), LOWP_FORMAT_BF16);
+    lowp_tensor x = {LOWP_FORMAT_BF16, R, C, data, LOWP_DEVICE_HOST};
+    static const lowp_scale_mode modes[] = {LOWP_SCALE_MODE_RCEIL, LOWP_SCALE_MODE_FLOOR,
+                                            LOWP_SCALE_MODE_CEIL, LOWP_SCALE_MODE_EVEN};
+    for (int fi = 0; fi < 2; fi++)
+        for (int m = 0; m < 4; m++)
+            for (int orient = 1; orient <= 3; orient++) {
+                const qcase q = {LOWP_SCALING_MX32,
+                                 fi ? LOWP_FORMAT_E5M2 : LOWP_FORMAT_E4M3,
+                                 modes[m],
+                                 -1,
+                                 0.0f,
+                                 0.0f,
+                                 orient};
+                check_case(&x, &q);
+            }
+    free(data);
+    free(f);
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 /* The fast encoders need subnormal products: with FTZ and DAZ set on the calling thread the
@@ -681,6 +716,8 @@ int main(void) {
     test_fsub_ties();
     printf("e8m0 sweep done (%d comparisons)\n", g_runs);
     test_shapes();
+    test_band_path();
+    printf("band path done (%d comparisons so far)\n", g_runs);
     test_grouped();
     printf("grouped done (%d comparisons so far)\n", g_runs);
     test_mxcsr();
