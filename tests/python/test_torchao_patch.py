@@ -251,8 +251,7 @@ def test_fp8_rowwise_grouped_mm_patched():
 
 
 def _bindings():
-    import importlib
-    return [getattr(importlib.import_module(t.module), t.name) for t in TP.TARGETS]
+    return [TP.binding(TP.resolve(t.module), t.name) for t in TP.TARGETS]
 
 
 def test_patch_unpatch_identity_and_behaviour():
@@ -373,6 +372,37 @@ def test_mx_mm_and_mxfp8_linear_module():
     y2.backward(D["dy"])
     identical((y.detach(), x.grad, m.weight.grad), (y2.detach(), x2.grad, w2.grad))
     assert LP.weight_cache(m.weight).quantizations == 1  # a plain weight: keyed by itself
+
+
+def test_mxfp8_linear_bias():
+    """torchao 0.18's MXFP8 weight wrapper drops F.linear's bias (unpatched: the output is the
+    bias-free one); patched, the bias is added after lowp's product and gets its gradient."""
+    b = torch.linspace(-1, 1, 96).to(BF)
+
+    def with_bias(recipe):
+        m = nn.Linear(64, 96, bias=True).to(BF)
+        with torch.no_grad():
+            m.weight.copy_(D["w"])
+            m.bias.copy_(b)
+        quantize_(m, MXFP8TrainingOpConfig.from_recipe(recipe))
+        assert isinstance(m.weight, TT.MXFP8TrainingWeightWrapperTensor)
+        return m
+
+    no_bias = run_linear(torchao_linear(R.MXFP8_EMULATED_RCEIL))
+    identical(run_linear(with_bias(R.MXFP8_EMULATED_RCEIL)), no_bias)  # torchao's own
+    lt.patch_torchao()
+    for recipe in (R.MXFP8_RCEIL, R.MXFP8_EMULATED_RCEIL):
+        m = with_bias(recipe)
+        y, dx, dw = run_linear(m)
+        ref = lowp_linear(recipe)
+        identical((y, dx, dw), ((ref[0] + b),) + tuple(ref[1:]))
+        assert not torch.equal(y, ref[0])
+        assert torch.equal(m.bias.grad, D["dy"].sum((0, 1)))
+        # the keyword form takes the same path
+        x = D["x"].clone()
+        assert torch.equal(torch.nn.functional.linear(x, m.weight, bias=m.bias).detach(), y)
+    lt.unpatch_torchao()
+    identical(run_linear(with_bias(R.MXFP8_EMULATED_RCEIL)), no_bias)
 
 
 def test_settings_mapped():

@@ -31,8 +31,8 @@ not) recomputes activations but reuses the weight's quantized copies.
 Limits: only torchao 0.18 is tested (`TESTED_VERSIONS`); another version, or a missing
 internal, is refused with nothing patched. Names bound before patching by user code (`from
 torchao... import _to_mxfp8_then_scaled_grouped_mm`) keep the original. torchao 0.18's MXFP8
-weight wrapper drops the bias of `F.linear(x, w, b)` (patched or not: the bias never reaches
-the patched function); use bias-free linears or add the bias outside.
+weight wrapper drops the bias of `F.linear(x, w, b)`; patched, it adds it (the patch replaces
+the wrapper's `__torch_function__` too), unpatched it still drops it.
 
 Benchmark: `python -m lowp.torch.patches.bench` (see docs/benchmarks.md).
 """

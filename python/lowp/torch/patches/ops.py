@@ -109,6 +109,26 @@ def make_unwrap_weight(original):
     return unwrap_weight
 
 
+def make_mx_torch_function(original):
+    """The MXFP8 weight wrapper's `__torch_function__` (a classmethod, `original`) that adds
+    the bias of `F.linear(x, w, b)` after the product, as torchao's FP8 wrapper does; torchao
+    0.18's MXFP8 one passes only x and w on and drops b. Everything else goes to `original`."""
+    fn = original.__func__
+
+    def __torch_function__(cls, func, types, args, kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) == "linear":
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if bias is not None:
+                rest = {k: v for k, v in kwargs.items() if k != "bias"}
+                out = fn(cls, func, types, tuple(args[:2]), rest)
+                return out + bias.to(out.dtype)
+        return fn(cls, func, types, args, kwargs)
+
+    __torch_function__.__wrapped__ = fn
+    return classmethod(__torch_function__)
+
+
 def weight_cache(weight) -> Optional[_lops.WeightCache]:
     """The WeightCache the patched ops keep for `weight` (a torchao training-weight wrapper
     parameter, or a plain weight tensor), or None when no patched op has seen it yet."""

@@ -34,7 +34,7 @@ _MOE = "torchao.prototype.moe_training"
 
 @dataclass(frozen=True)
 class _Target:
-    module: str
+    module: str  # a module, or "module:Class" for an attribute of a class
     name: str
     make: Callable[[object], object]  # original -> replacement (after all checks)
     params: Tuple[str, ...] = ()  # parameters the original must accept (its signature check)
@@ -94,6 +94,9 @@ TARGETS: Tuple[_Target, ...] = (
              ("input", "weight", "config")),
     # The wrapper's unwrap (tensor.py's imported name): remembers each weight's wrapper.
     _Target(_TENSOR, "unwrap_weight", _rep.make_unwrap_weight, ("wrapper_tensor",)),
+    # The MXFP8 weight wrapper's dispatch: torchao 0.18 drops F.linear's bias there.
+    _Target(f"{_TENSOR}:MXFP8TrainingWeightWrapperTensor", "__torch_function__",
+            _rep.make_mx_torch_function, ("func", "types", "args", "kwargs")),
     # Capability gate of quantize_ (asserts a torch nightly for MXFP8 configs).
     *_rebind((f"{_MOE}.conversion_utils",), "_get_tensor_cls_for_config",
              _tensor_cls_for_config, ("config",)),
@@ -135,6 +138,21 @@ def _tested(version: str) -> bool:
     return ".".join(parts[:2]) in TESTED_VERSIONS
 
 
+def resolve(module: str):
+    """The object a target's `module` names: the module, or the class of "module:Class"."""
+    mname, _, cname = module.partition(":")
+    m = importlib.import_module(mname)
+    return getattr(m, cname) if cname else m
+
+
+def binding(owner, name: str):
+    """What `owner.name` is bound to: for a class, the raw attribute in its own namespace (the
+    classmethod object, not a new bound method at each lookup), so identity compares."""
+    if isinstance(owner, type):
+        return vars(owner)[name] if name in vars(owner) else None
+    return getattr(owner, name, None)
+
+
 def _params(obj, method: Optional[str]):
     f = getattr(obj, method) if method else obj
     f = inspect.unwrap(f)
@@ -152,7 +170,7 @@ def _check(version: str):
     def mod(name):
         if name not in mods:
             try:
-                mods[name] = importlib.import_module(name)
+                mods[name] = resolve(name)
             except Exception as e:
                 raise RuntimeError(f"lowp.torch.patch_torchao: {where} has no module {name} "
                                    f"({type(e).__name__}: {e}); nothing was patched") from None
@@ -176,10 +194,10 @@ def _check(version: str):
     plan = []
     for t in TARGETS:
         m = mod(t.module)
-        if not hasattr(m, t.name):
+        if binding(m, t.name) is None:
             raise RuntimeError(f"lowp.torch.patch_torchao: {where} lacks {t.module}.{t.name}; "
                                "nothing was patched")
-        orig = getattr(m, t.name)
+        orig = getattr(m, t.name)  # for a class's classmethod, bound: its signature
         if t.params:
             try:
                 have = _params(orig, t.method)
@@ -196,7 +214,8 @@ def _check(version: str):
 
 def patch_torchao() -> None:
     """Route torchao 0.18's MXFP8 training linear and grouped mm, its FP8 rowwise grouped mm
-    and its capability gate through lowp's ops. Idempotent; `unpatch_torchao()` undoes it.
+    and its capability gate through lowp's ops, and make the MXFP8 weight wrapper add
+    `F.linear`'s bias (torchao 0.18 drops it). Idempotent; `unpatch_torchao()` undoes it.
     Raises RuntimeError (and patches nothing) on an untested torchao version or a missing
     internal."""
     with _LOCK:
@@ -204,11 +223,11 @@ def patch_torchao() -> None:
             return
         plan = _check(_version())
         # build every replacement before changing anything
-        repl = [(m, t, t.make(getattr(m, t.name))) for m, t in plan]
+        repl = [(m, t, t.make(binding(m, t.name))) for m, t in plan]
         saved = []
         try:
             for m, t, new in repl:
-                saved.append((m, t.name, getattr(m, t.name)))
+                saved.append((m, t.name, binding(m, t.name)))
                 setattr(m, t.name, new)
         except BaseException:
             for m, name, orig in reversed(saved):
@@ -232,4 +251,4 @@ def is_patched() -> bool:
 
 def patched_targets() -> List[str]:
     """'module.name' of every binding the patch replaces."""
-    return [f"{t.module}.{t.name}" for t in TARGETS]
+    return [f"{t.module.replace(':', '.')}.{t.name}" for t in TARGETS]
