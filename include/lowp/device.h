@@ -219,6 +219,15 @@ LOWP_API lowp_status lowp_device_synchronize(lowp_device dev);
  * trainer's own large buffers. */
 LOWP_API lowp_status lowp_malloc(lowp_device dev, size_t nbytes, void **ptr);
 LOWP_API lowp_status lowp_free(lowp_device dev, void *ptr);
+/* The host block cache. Host buffers that live for one call or one update (the GEMMs'
+ * workspaces, the quantized copies of activations and gradients) are released into a cache of
+ * at most LOWP_HOST_CACHE_MB MiB (environment, read once; default 512, 0 turns it off), so that
+ * the next call reuses them instead of faulting fresh pages in. lowp_host_cache_bytes is what
+ * it holds now; lowp_host_empty_cache hands every cached block back to the system, as
+ * torch.cuda.empty_cache does for PyTorch's caching allocator. A block in use is never in the
+ * cache, so emptying it is safe at any time, from any thread; lowp_moe_free empties it too. */
+LOWP_API size_t lowp_host_cache_bytes(void);
+LOWP_API void lowp_host_empty_cache(void);
 /* Copy n bytes between any two devices. The copy is queued like other device work: on the
  * non-CPU device when one side is the host, on the destination device when both are of one
  * type; synchronize that device before reading the result or reusing the source. Copies

@@ -30,7 +30,8 @@ from . import _arrays as A
 
 __all__ = [
     "QTensor", "cast", "decode", "quantize", "dequantize", "gemm", "gemm_kn", "grouped_gemm",
-    "info", "set_threads", "get_threads", "FORMATS", "SCALINGS", "SCALE_MODES",
+    "info", "set_threads", "get_threads", "empty_cache", "cached_bytes", "FORMATS", "SCALINGS",
+    "SCALE_MODES",
 ]
 
 
@@ -107,6 +108,21 @@ def info():
             d["cpu"] = b["devices"][0]
     d["threads"] = get_threads()
     return d
+
+
+def empty_cache():
+    """Hand every block of lowp's host block cache back to the system, like
+    ``torch.cuda.empty_cache()`` for PyTorch's caching allocator. lowp's calls release the
+    host buffers that live for one call (GEMM workspaces, quantized copies of activations and
+    gradients) into that cache and reuse them in the next call; it holds at most
+    ``LOWP_HOST_CACHE_MB`` MiB (environment, read once; default 512, 0 turns it off). Blocks
+    in use are never in it, so this is safe at any time. See ``cached_bytes()``."""
+    _lowp.host_empty_cache()
+
+
+def cached_bytes():
+    """Bytes of host memory lowp's block cache holds now (``empty_cache()`` frees them)."""
+    return int(_lowp.host_cache_bytes())
 
 
 # ---- names ----

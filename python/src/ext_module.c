@@ -240,6 +240,17 @@ static PyObject *py_version(PyObject *self, PyObject *noargs) {
     return PyUnicode_FromString(lowp_version());
 }
 
+static PyObject *py_host_cache_bytes(PyObject *self, PyObject *noargs) {
+    (void) self, (void) noargs;
+    return PyLong_FromSize_t(lowp_host_cache_bytes());
+}
+
+static PyObject *py_host_empty_cache(PyObject *self, PyObject *noargs) {
+    (void) self, (void) noargs;
+    Py_BEGIN_ALLOW_THREADS lowp_host_empty_cache();
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 /* The built-in training corpus (src/model/default_corpus.c; no public accessor yet). */
 extern const char lowp_default_corpus[];
 extern const size_t lowp_default_corpus_len;
@@ -252,6 +263,10 @@ static PyObject *py_default_corpus(PyObject *self, PyObject *noargs) {
 static PyMethodDef module_methods[] = {
     {"default_corpus", py_default_corpus, METH_NOARGS,
      "default_corpus() -> bytes: the built-in training corpus of lowp_data_default"},
+    {"host_cache_bytes", py_host_cache_bytes, METH_NOARGS,
+     "host_cache_bytes() -> int: bytes held by the host block cache (lowp_host_cache_bytes)"},
+    {"host_empty_cache", py_host_empty_cache, METH_NOARGS,
+     "host_empty_cache() -> None: frees the host block cache (lowp_host_empty_cache)"},
     {"info", py_info, METH_NOARGS, "info() -> dict: version, backends, devices and capabilities"},
     {"version", py_version, METH_NOARGS, "version() -> the library version string"},
     {NULL, NULL, 0, NULL},

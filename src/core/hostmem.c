@@ -38,6 +38,7 @@
 #endif
 
 #include "internal.h"
+#include "lowp/device.h"
 
 #define HUGE_PAGE ((size_t) 2 << 20)
 
@@ -143,7 +144,7 @@ size_t lowp_host_cache_bytes(void) {
     return b;
 }
 
-void lowp_host_cache_drop(void) {
+void lowp_host_empty_cache(void) {
     pthread_mutex_lock(&g_cache.lock);
     for (int i = 0; i < g_cache.count; i++) free(g_cache.slot[i].p);
     g_cache.count = 0;

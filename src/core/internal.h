@@ -34,13 +34,11 @@ LOWP_HIDDEN void *lowp_host_zalloc(size_t nbytes);
 /* Releases a buffer of lowp_host_alloc (or of malloc) into the cache of released blocks from
  * LOWP_HOST_CACHE_MIN bytes up, for the next lowp_host_alloc of about its size; smaller
  * blocks, and those the cache has no room for, are freed. For buffers that live for one call
- * or one update. NULL is ignored. lowp_host_cache_drop frees every cached block (lowp_moe_free
- * does, so that freeing a model gives its updates' blocks back); lowp_host_cache_bytes is what
- * the cache holds. */
+ * or one update. NULL is ignored. The public lowp_host_empty_cache frees every cached block
+ * (lowp_moe_free calls it, so that freeing a model gives its updates' blocks back);
+ * lowp_host_cache_bytes is what the cache holds. */
 #define LOWP_HOST_CACHE_MIN ((size_t) 256 << 10)
 LOWP_HIDDEN void lowp_host_free(void *p);
-LOWP_HIDDEN void lowp_host_cache_drop(void);
-LOWP_HIDDEN size_t lowp_host_cache_bytes(void);
 /* Whether the environment leaves the huge-page advice on (LOWP_HUGEPAGES is not "0"). */
 LOWP_HIDDEN int lowp_hugepages_enabled(void);
 

@@ -446,7 +446,7 @@ void lowp_moe_free(lowp_moe *m) {
     free(m);
     /* The blocks its updates released (GEMM workspaces, quantized copies) go back too; another
      * model's next update refills the cache. */
-    lowp_host_cache_drop();
+    lowp_host_empty_cache();
 }
 
 lowp_status lowp_moe_get_config(const lowp_moe *m, lowp_moe_config *out) {

@@ -402,6 +402,28 @@ def test_info():
     assert "threads" in d
 
 
+def test_host_block_cache_emptied():
+    """A GEMM's workspaces go to lowp's host block cache (on glibc with huge pages and the
+    cache on); empty_cache() hands them back and the next GEMM still gives the same result."""
+    import os
+    import sys
+    cache_on = (sys.platform.startswith("linux") and os.environ.get("LOWP_HUGEPAGES") != "0"
+                and os.environ.get("LOWP_HOST_CACHE_MB") != "0")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((1024, 1024)).astype(np.float32)
+    b = rng.standard_normal((1024, 1024)).astype(np.float32)
+    qa, qb = lowp.quantize(a, "e4m3", "mx32"), lowp.quantize(b, "e4m3", "mx32")
+    lowp.empty_cache()
+    assert lowp.cached_bytes() == 0
+    c1 = lowp.gemm(qa, qb)
+    if cache_on:
+        assert lowp.cached_bytes() >= 256 << 10  # LOWP_HOST_CACHE_MIN
+    lowp.empty_cache()
+    assert lowp.cached_bytes() == 0
+    assert np.array_equal(lowp.gemm(qa, qb), c1)
+    lowp.empty_cache()
+
+
 def test_concurrent_calls_from_python_threads():
     """The GIL is released around kernels: calls from several threads run side by side and
     give the serial results, and each thread's error carries its own message."""
