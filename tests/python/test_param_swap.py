@@ -295,6 +295,101 @@ def test_state_dict_save_load_weights_only():
     assert same(p[0].weight, m[0].weight.master)
 
 
+def _train(m, opt, x, steps):
+    for _ in range(steps):
+        m(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _pickled(m):
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+@pytest.mark.parametrize("cfg", ["mxfp8", "fp8_delayed"])
+@pytest.mark.parametrize("how", ["torch.save", "deepcopy"])
+def test_whole_module_pickle_and_deepcopy_continue_training(cfg, how):
+    """torch.save(model) / torch.load and copy.deepcopy(model) give a prepared model (wrapped
+    parameters, each delayed-scaling module with one state of its own, shared by its weights)
+    that trains on bit for bit as the original does, also when the copy is taken between an
+    optimizer step and the forward that runs the delayed update it owes."""
+    config = lt.Float8TensorwiseConfig(delayed=True) if cfg == "fp8_delayed" else cfg
+    m = mlp()
+    quantize_(m, ParamSwapConfig(weight_config=config))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    x = torch.randn(16, 64)
+    _train(m, opt, x, 3)  # ends with a step: a delayed update is owed
+    m2 = _pickled(m) if how == "torch.save" else copy.deepcopy(m)
+    for i in (0, 2):
+        w, w2 = m[i].weight, m2[i].weight
+        assert isinstance(w2, LowpWeight) and isinstance(w2, nn.Parameter) and w2.requires_grad
+        assert same(w2.master, w.master) and w2.config == w.config
+        assert w2.cache is not w.cache
+        if cfg == "fp8_delayed":
+            st = m2[i]._lowp_fp8_state
+            assert w2.fp8_state is st and st is not w.fp8_state
+            assert w2._token in st._tracked
+        else:
+            assert w2.fp8_state is None
+    opt2 = torch.optim.SGD(m2.parameters(), lr=0.05)
+    _train(m, opt, x, 2)
+    _train(m2, opt2, x, 2)
+    sd, sd2 = m.state_dict(), m2.state_dict()
+    assert sd.keys() == sd2.keys()
+    assert all(same(sd[k], sd2[k]) for k in sd)
+    # and the copy taken after a forward (no update owed) too
+    m(x).square().mean().backward()
+    m3 = _pickled(m) if how == "torch.save" else copy.deepcopy(m)
+    opt.zero_grad()  # gradients are not copied: start both without
+    opt3 = torch.optim.SGD(m3.parameters(), lr=0.05)
+    _train(m, opt, x, 2)
+    _train(m3, opt3, x, 2)
+    sd, sd3 = m.state_dict(), m3.state_dict()
+    assert all(same(sd[k], sd3[k]) for k in sd)
+
+
+def test_delayed_state_dict_resume_bit_identical():
+    """A state dict saved after an optimizer step (amaxes staged, an update owed) and loaded
+    into a freshly prepared model: training goes on bit for bit as the uninterrupted run, whose
+    next forward runs that update. Loaded before any training (nothing staged), nothing is
+    owed."""
+    def prepared(seed):
+        m = mlp(seed)
+        quantize_(m, ParamSwapConfig(weight_config=lt.Float8TensorwiseConfig(delayed=True)))
+        return m
+
+    m = prepared(0)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    x = torch.randn(16, 64)
+    fresh = prepared(1)
+    fresh.load_state_dict(prepared(0).state_dict())
+    assert not fresh[0]._lowp_fp8_state._pending
+    _train(m, opt, x, 3)
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    m2 = prepared(5)
+    m2.load_state_dict(torch.load(buf, weights_only=True))
+    assert m2[0]._lowp_fp8_state._pending
+    opt2 = torch.optim.SGD(m2.parameters(), lr=0.05)
+    _train(m, opt, x, 2)
+    _train(m2, opt2, x, 2)
+    sd, sd2 = m.state_dict(), m2.state_dict()
+    assert all(same(sd[k], sd2[k]) for k in sd)
+
+
+def test_delayed_state_pickle_drops_the_group():
+    """A process group does not pickle: the unpickled state uses the default group (None)."""
+    st = lt.fp8_state.DelayedScalingState()
+    st.group = object()  # stands for a ProcessGroup
+    st2 = copy.deepcopy(st)
+    assert st2.group is None and st.group is not None
+    assert torch.equal(st2.amax_history, st.amax_history) and not st2._pending
+
+
 # ---- point 4: quantized once per optimizer step ----
 
 

@@ -27,6 +27,7 @@ weight, grad_output). It implements the ``fp8_state`` protocol of ``lowp.torch.l
 import io
 import math
 import struct
+import weakref
 import zlib
 
 import numpy as np
@@ -212,7 +213,9 @@ class DelayedScalingState:
         self.skipped_records = 0
         self.updates = 0
         self._seen = {}
+        self._sources = {}  # token -> weak reference to the tensor whose version it saw
         self._tracked = set()
+        self._pending = False  # unpickled with an update owed: run it at the first use
 
     @classmethod
     def for_config(cls, config, device=None):
@@ -251,14 +254,31 @@ class DelayedScalingState:
     def track(self, token):
         self._tracked.add(token)
 
-    def before_use(self, token, version):
+    def before_use(self, token, version, source=None):
         """Called before a wrapped weight's matmul: runs the update when this weight's version
-        differs from the one it had at its previous use (an optimizer step happened)."""
+        differs from the one it had at its previous use (an optimizer step happened), or at
+        the first use after unpickling a state that owed one. ``source``: the tensor whose
+        version ``version`` is (kept weakly, for pickling)."""
         seen = self._seen.get(token)
-        if seen is not None and seen != version:
+        if (seen is not None and seen != version) or (seen is None and self._pending):
             self.update()
             self._seen = {}
+            self._pending = False
         self._seen[token] = version
+        if source is not None:
+            self._sources[token] = weakref.ref(source)
+
+    def _owes_update(self):
+        """Whether a weight used since the last update has changed since (an optimizer step):
+        its next use runs the update."""
+        if self._pending:
+            return True
+        for token, version in self._seen.items():
+            ref = self._sources.get(token)
+            src = ref() if ref is not None else None
+            if src is not None and src._version != version:
+                return True
+        return False
 
     def update(self):
         """Reduce the staging amaxes (distributed), then NUMERICS.md section 5."""
@@ -282,6 +302,21 @@ class DelayedScalingState:
         h.copy_(torch.where((newest != 0)[:, None], rolled, h))
         self.updates += 1
 
+    # ---- pickling (a whole-module torch.save) ----
+    def __getstate__(self):
+        # The per-step bookkeeping is keyed by this process's weight tokens: the unpickled
+        # weights track themselves again. A process group does not pickle: the default group
+        # (None) is used until set_reduce_group names another.
+        # Whether an update is owed (a step since the last use) is kept: the unpickled state
+        # runs it at its first use, as this one would.
+        d = dict(self.__dict__)
+        d["_pending"] = self._owes_update()
+        d["_seen"], d["_sources"], d["_tracked"], d["group"] = {}, {}, set(), None
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+
     # ---- device placement ----
     def to(self, device):
         device = torch.device(device)
@@ -303,6 +338,12 @@ class DelayedScalingState:
         self.scales.copy_(scales.to(self.device))
         synchronize_device(self.device)
         self._seen = {}
+        # A checkpoint is taken at a step boundary (after optimizer.step(), where trainers save
+        # it): amaxes staged in row 0 since the last update mean that update is owed, and the
+        # first forward runs it, as it would have in the run that saved it. After an update
+        # row 0 is zero, so a checkpoint taken right after one (the C trainer's, which updates
+        # at the step) owes nothing.
+        self._pending = bool((self.amax_history[:, 0] != 0).any())
 
     def state_tensor(self):
         b = self.state_blob()
@@ -334,6 +375,11 @@ class _ExtraStateMixin:
         # The module's own device: where its state already lives (never a fixed "cuda").
         st.load_blob(state)
 
+    def __reduce_ex__(self, proto):
+        # Pickled by its base class (this class, made at attach, has the base's name and
+        # cannot be found by it), the state put back by Module.__setstate__.
+        return (_new_attached, (type(self)._lowp_base_class,), dict(self.__dict__))
+
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
         st = getattr(self, "_lowp_fp8_state", None)
@@ -352,13 +398,27 @@ def attach(module, state):
     object.__setattr__(module, "_lowp_fp8_state", state)
     cls = type(module)
     if not issubclass(cls, _ExtraStateMixin):
-        new = _CLASSES.get(cls)
-        if new is None:
-            new = type(cls.__name__, (_ExtraStateMixin, cls), {"_lowp_base_class": cls})
-            new.__module__ = cls.__module__
-            new.__qualname__ = cls.__qualname__
-            _CLASSES[cls] = new
-        module.__class__ = new
+        module.__class__ = _attached_class(cls)
+
+
+def _attached_class(cls):
+    new = _CLASSES.get(cls)
+    if new is None:
+        new = type(cls.__name__, (_ExtraStateMixin, cls), {"_lowp_base_class": cls})
+        new.__module__ = cls.__module__
+        new.__qualname__ = cls.__qualname__
+        _CLASSES[cls] = new
+    return new
+
+
+def _new_attached(cls):
+    """An empty instance of ``cls`` with the extra-state methods (unpickling a module that
+    :func:`attach` gave them; pickle then restores its state)."""
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise TypeError("_new_attached: cls must be an nn.Module class, got %r" % (cls,))
+    obj = cls.__new__(cls)
+    obj.__class__ = _attached_class(cls)
+    return obj
 
 
 def detach_state(module):
@@ -388,3 +448,4 @@ def update_all(model):
     for _, st in fp8_states(model):
         st.update()
         st._seen = {}
+        st._pending = False

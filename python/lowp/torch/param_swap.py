@@ -255,16 +255,29 @@ class LowpWeight(torch.Tensor):
         new._gathered_at = self._root._version
         return new, (data,)
 
-    # ---- pickling: the master weight alone ----
+    # ---- pickling ----
     def __reduce_ex__(self, proto):
+        # A parameter (a whole-module torch.save) comes back wrapped, with its config and FP8
+        # state; anything else (state_dict entries are detached) is the master weight alone, a
+        # plain tensor that torch.load(weights_only=True) reads.
+        if isinstance(self, nn.Parameter):
+            return (_rebuild_parameter,
+                    (self._data.detach(), self._config, self.requires_grad, self._fp8_state))
         return self._data.detach().__reduce_ex__(proto)
 
     def __deepcopy__(self, memo):
         import copy
 
+        # The FP8 state is copied through the memo: a deep copy of a model gives its module
+        # and its weights one new state (sharing the original's, the copy's amaxes went there).
+        st = copy.deepcopy(self._fp8_state, memo)
         new = LowpWeight(self._data.detach().clone(), copy.deepcopy(self._config, memo),
-                         fp8_state=self._fp8_state, token=self._token)
+                         fp8_state=st)
+        if st is not None:
+            st.track(new._token)
         new.requires_grad_(self.requires_grad)
+        if isinstance(self, nn.Parameter):  # a parameter's copy is a parameter too
+            new = nn.Parameter(new, requires_grad=self.requires_grad)
         memo[id(self)] = new
         return new
 
@@ -330,7 +343,7 @@ def _opkw(w):
 def _live_fp8_state(w):
     st = w._fp8_state
     if st is not None and not _in_backward():
-        st.before_use(w._token, w._version_source._version)
+        st.before_use(w._token, w._version_source._version, w._version_source)
     return st
 
 
@@ -579,6 +592,18 @@ def wrap_parameters(module, config, params_filter_fn=None):
             setattr(mod, lf, newp)
         wrapped.append(fqn)
     return wrapped
+
+
+def _rebuild_parameter(master, config, requires_grad, fp8_state):
+    """Unpickling a wrapped parameter: the same wrapper around the master weight, a new weight
+    cache, tracked by its module's FP8 state (pickled with the module)."""
+    if not isinstance(master, torch.Tensor) or isinstance(master, LowpWeight):
+        raise TypeError("_rebuild_parameter: master must be a plain tensor, got %s"
+                        % type(master).__name__)
+    p = nn.Parameter(LowpWeight(master, config, fp8_state=fp8_state), requires_grad=requires_grad)
+    if fp8_state is not None:
+        fp8_state.track(p._token)
+    return p
 
 
 def unwrap_parameters(module):
