@@ -302,6 +302,15 @@ def _train(m, opt, x, steps):
         opt.zero_grad()
 
 
+def _continue_alike(m, opt, m2, x):
+    """Two more steps of m (with its optimizer) and of m2 (a new SGD like it): same bits."""
+    opt2 = torch.optim.SGD(m2.parameters(), lr=0.05)
+    _train(m, opt, x, 2)
+    _train(m2, opt2, x, 2)
+    sd, sd2 = m.state_dict(), m2.state_dict()
+    assert sd.keys() == sd2.keys() and all(same(sd[k], sd2[k]) for k in sd)
+
+
 def _pickled(m):
     buf = io.BytesIO()
     torch.save(m, buf)
@@ -334,21 +343,12 @@ def test_whole_module_pickle_and_deepcopy_continue_training(cfg, how):
             assert w2._token in st._tracked
         else:
             assert w2.fp8_state is None
-    opt2 = torch.optim.SGD(m2.parameters(), lr=0.05)
-    _train(m, opt, x, 2)
-    _train(m2, opt2, x, 2)
-    sd, sd2 = m.state_dict(), m2.state_dict()
-    assert sd.keys() == sd2.keys()
-    assert all(same(sd[k], sd2[k]) for k in sd)
+    _continue_alike(m, opt, m2, x)
     # and the copy taken after a forward (no update owed) too
     m(x).square().mean().backward()
     m3 = _pickled(m) if how == "torch.save" else copy.deepcopy(m)
     opt.zero_grad()  # gradients are not copied: start both without
-    opt3 = torch.optim.SGD(m3.parameters(), lr=0.05)
-    _train(m, opt, x, 2)
-    _train(m3, opt3, x, 2)
-    sd, sd3 = m.state_dict(), m3.state_dict()
-    assert all(same(sd[k], sd3[k]) for k in sd)
+    _continue_alike(m, opt, m3, x)
 
 
 def test_delayed_state_dict_resume_bit_identical():
@@ -374,11 +374,7 @@ def test_delayed_state_dict_resume_bit_identical():
     m2 = prepared(5)
     m2.load_state_dict(torch.load(buf, weights_only=True))
     assert m2[0]._lowp_fp8_state._pending
-    opt2 = torch.optim.SGD(m2.parameters(), lr=0.05)
-    _train(m, opt, x, 2)
-    _train(m2, opt2, x, 2)
-    sd, sd2 = m.state_dict(), m2.state_dict()
-    assert all(same(sd[k], sd2[k]) for k in sd)
+    _continue_alike(m, opt, m2, x)
 
 
 def test_delayed_state_pickle_drops_the_group():
