@@ -405,6 +405,34 @@ def test_mxfp8_linear_bias():
     identical(run_linear(with_bias(R.MXFP8_EMULATED_RCEIL)), no_bias)
 
 
+def test_mxfp8_wrapper_mm_matmul_addmm():
+    """torchao 0.18's MXFP8 wrapper runs torch.mm(x, w) as F.linear(x, w) (x w^T); patched,
+    torch.mm / matmul / @ with the wrapper on the right are x w, and addmm(b, x, w) is
+    x w + b, each the bits of lowp's linear on w^T, gradients included."""
+    cfg = lt.MXQuantizeConfig(scale_mode="rceil")
+    x96 = torch.randn(32, 96, generator=torch.Generator().manual_seed(4)).to(BF)
+    dy = torch.randn(32, 64, generator=torch.Generator().manual_seed(5)).to(BF)
+    m = torchao_linear(R.MXFP8_EMULATED_RCEIL)  # weight [96, 64]
+    assert torch.mm(D["x"][0], m.weight).shape == (48, 96)  # torchao's own: x w^T
+    lt.patch_torchao()
+    m = torchao_linear(R.MXFP8_RCEIL)
+    w = D["w"].clone().requires_grad_()
+    xr = x96.clone().requires_grad_()
+    ref = lt.linear(xr, w.t(), None, cfg)
+    ref.backward(dy)
+    for op in (torch.mm, torch.matmul, lambda a, b: a @ b):
+        xp = x96.clone().requires_grad_()
+        y = op(xp, m.weight)
+        y.backward(dy)
+        identical((y.detach(), xp.grad, m.weight.grad), (ref.detach(), xr.grad, w.grad))
+        m.weight.grad = None
+    b = torch.linspace(-1, 1, 64).to(BF)
+    assert torch.equal(torch.addmm(b, x96, m.weight), ref.detach() + b)
+    # x @ w.t() is the linear itself
+    x = D["x"][0]
+    assert torch.equal(x @ m.weight.t(), torch.nn.functional.linear(x, m.weight))
+
+
 def test_settings_mapped():
     """FLOOR maps to lowp's FLOOR; out_dtype float32 keeps binary32; padding changes nothing."""
     from torchao.prototype.mx_formats.config import ScaleCalculationMode as SCM

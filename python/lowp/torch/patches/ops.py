@@ -110,19 +110,37 @@ def make_unwrap_weight(original):
 
 
 def make_mx_torch_function(original):
-    """The MXFP8 weight wrapper's `__torch_function__` (a classmethod, `original`) that adds
-    the bias of `F.linear(x, w, b)` after the product, as torchao's FP8 wrapper does; torchao
-    0.18's MXFP8 one passes only x and w on and drops b. Everything else goes to `original`."""
+    """The MXFP8 weight wrapper's `__torch_function__` (a classmethod, `original`) with the
+    semantics of the ops it takes over. torchao 0.18's runs every one of linear, mm, matmul
+    and addmm as `F.linear(args[0], args[1])`: it drops `F.linear`'s bias, computes
+    `torch.mm(x, w)` and `x @ w` as x w^T, and asserts on `torch.addmm(b, x, w)`. Here:
+    - `F.linear(x, w, b)`: the product, then `+ b` (as torchao's FP8 wrapper does);
+    - `torch.mm(x, w)`, `torch.matmul(x, w)` / `x @ w` with a 2-D wrapper w on the right:
+      `F.linear(x, w.t())`, which is x w;
+    - `torch.addmm(b, x, w)` (beta = alpha = 1): `F.linear(x, w.t())` then `+ b`.
+    Everything else goes to `original` (grouped mm, other ops, other operand orders)."""
     fn = original.__func__
+    lin = torch.nn.functional.linear
+
+    def is_weight(cls, t):
+        return isinstance(t, cls) and t.dim() == 2
 
     def __torch_function__(cls, func, types, args, kwargs=None):
         kwargs = kwargs or {}
-        if getattr(func, "__name__", None) == "linear":
+        name = getattr(func, "__name__", None)
+        if name == "linear":
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             if bias is not None:
                 rest = {k: v for k, v in kwargs.items() if k != "bias"}
                 out = fn(cls, func, types, tuple(args[:2]), rest)
                 return out + bias.to(out.dtype)
+        elif (name in ("mm", "matmul") and len(args) == 2 and not kwargs
+              and not isinstance(args[0], cls) and is_weight(cls, args[1])):
+            return fn(cls, lin, types, (args[0], args[1].t()), {})
+        elif (name == "addmm" and len(args) == 3 and not kwargs and not isinstance(args[1], cls)
+              and not isinstance(args[0], cls) and is_weight(cls, args[2])):
+            out = fn(cls, lin, types, (args[1], args[2].t()), {})
+            return out + args[0].to(out.dtype)
         return fn(cls, func, types, args, kwargs)
 
     __torch_function__.__wrapped__ = fn

@@ -94,7 +94,8 @@ TARGETS: Tuple[_Target, ...] = (
              ("input", "weight", "config")),
     # The wrapper's unwrap (tensor.py's imported name): remembers each weight's wrapper.
     _Target(_TENSOR, "unwrap_weight", _rep.make_unwrap_weight, ("wrapper_tensor",)),
-    # The MXFP8 weight wrapper's dispatch: torchao 0.18 drops F.linear's bias there.
+    # The MXFP8 weight wrapper's dispatch: torchao 0.18 drops F.linear's bias there and runs
+    # mm / matmul / addmm as a linear.
     _Target(f"{_TENSOR}:MXFP8TrainingWeightWrapperTensor", "__torch_function__",
             _rep.make_mx_torch_function, ("func", "types", "args", "kwargs")),
     # Capability gate of quantize_ (asserts a torch nightly for MXFP8 configs).
@@ -214,8 +215,9 @@ def _check(version: str):
 
 def patch_torchao() -> None:
     """Route torchao 0.18's MXFP8 training linear and grouped mm, its FP8 rowwise grouped mm
-    and its capability gate through lowp's ops, and make the MXFP8 weight wrapper add
-    `F.linear`'s bias (torchao 0.18 drops it). Idempotent; `unpatch_torchao()` undoes it.
+    and its capability gate through lowp's ops, and give the MXFP8 weight wrapper the
+    semantics of linear's bias and of mm / matmul / addmm (torchao 0.18 drops the bias and runs
+    the others as a linear). Idempotent; `unpatch_torchao()` undoes it.
     Raises RuntimeError (and patches nothing) on an untested torchao version or a missing
     internal."""
     with _LOCK:
