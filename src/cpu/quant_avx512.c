@@ -1605,8 +1605,8 @@ MX_TILE64B(mx_tile64b_e5m2, LOWP_FORMAT_E5M2)
 #define BAND_ROWS 256
 #define BAND_EL   ((int64_t) 1 << 17)
 /* Inputs of at least this many bytes have each chunk's successor prefetched (band_pf): 8192x4096,
- * one thread, 1.08-1.14x; 4096x2048 1.06-1.10x; 2048x1024 1.04-1.07x; 1000x1030, in cache,
- * 1.04-1.07x slower with it. */
+ * one thread, 1.08-1.19x (two sets of alternating runs); 4096x2048 1.06-1.10x;
+ * 2048x1024 1.04-1.07x; 1000x1030, in cache, 1.04-1.07x slower with it. */
 #define BAND_PF_MIN_BYTES ((size_t) 4 << 20)
 
 /* A chunk: nb 64-row bands from r0, columns [w0, w0 + w) (w a multiple of 64); cm: the column

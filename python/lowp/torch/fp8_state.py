@@ -314,9 +314,6 @@ class DelayedScalingState:
         d["_seen"], d["_sources"], d["_tracked"], d["group"] = {}, {}, set(), None
         return d
 
-    def __setstate__(self, d):
-        self.__dict__.update(d)
-
     # ---- device placement ----
     def to(self, device):
         device = torch.device(device)
