@@ -486,9 +486,10 @@ static void test_large(void) {
 /* The dual-axis byte encoder's band path on ordinary data, where nearly every tile takes it
  * (gen's tiny, huge and zero blocks send many tiles to the fallback): each 32-element run of a
  * row in one of 8 binades, random signs and mantissas, so that under FLOOR and EVEN a block's
- * largest values often exceed the format's maximum and are clipped. 320x1100: a super-band and
- * a short one, chunks of 512, 512 and 64 columns, 12 edge columns; BF16 input, MX32 E4M3 and
- * E5M2, every mode, each orientation. */
+ * largest values often exceed the format's maximum and are clipped. 320x1100: on one thread
+ * five 64-row super-bands, on two one super-band each, of 192 and 128 rows (short of 256);
+ * chunks of 512, 512 and 64 columns, 12 edge columns; BF16 input, MX32 E4M3 and E5M2, every
+ * mode, each orientation. */
 static void test_band_path(void) {
     const int64_t R = 320, C = 1100;
     float *f = malloc((size_t) (R * C) * sizeof *f);

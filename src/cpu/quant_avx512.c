@@ -1599,11 +1599,18 @@ MX_TILE64B(mx_tile64b_e5m2, LOWP_FORMAT_E5M2)
 
 /* ---- the band path of the dual-axis byte encoder ---- */
 
-/* Super-bands of BAND_ROWS rows, in chunks of at most BAND_EL elements (256 KiB of BF16, in L2
- * between the two phases). Measured (8192x4096, one thread): 256 rows beat 64, 128 and 512
- * (512: 1.2x slower), and 64K-element and 256K-element chunks were slower. */
-#define BAND_ROWS 256
-#define BAND_EL   ((int64_t) 1 << 17)
+/* Super-bands of at most BAND_ROWS rows, in chunks of at most BAND_EL elements (256 KiB of BF16,
+ * in L2 between the two phases). Measured (8192x4096): before the next chunk was prefetched
+ * (band_pf), 256 rows by 512 columns beat 64, 128 and 512 rows on one thread (512: 1.2x
+ * slower), and 64K-element and 256K-element chunks were slower. With the prefetch, on one
+ * thread, 64 rows by 512 columns (BAND_ROWS_1) beat 256 by 1.1-1.3x (8192x4096, 4096x4096,
+ * 16384x2048; other shapes within noise), while on two threads they were 1.3x slower than 256,
+ * for a reason not found (two one-thread processes side by side kept the gain): so 64 rows
+ * when one call takes every row of the input, 256 otherwise (docs/benchmarks.md, "Seventeenth
+ * session"). */
+#define BAND_ROWS   256
+#define BAND_ROWS_1 64
+#define BAND_EL     ((int64_t) 1 << 17)
 /* Inputs of at least this many bytes have each chunk's successor prefetched (band_pf): 8192x4096,
  * one thread, 1.08-1.19x (two sets of alternating runs); 4096x2048 1.06-1.10x;
  * 2048x1024 1.04-1.07x; 1000x1030, in cache, 1.04-1.07x slower with it. */
@@ -1723,7 +1730,7 @@ static int have_vbmi(void) {
 }
 
 /* mx_bands on the byte encoder's band path (BF16 input, 8-bit codes, r0 a multiple of 64, at
- * least 64 rows and columns): super-bands of BAND_ROWS rows in chunks of whole tiles, each
+ * least 64 rows and columns): super-bands of br rows in chunks of whole tiles, each
  * chunk's maxima read first (band_maxima) and its codes then taken from L2 (band_codes); the
  * tiles it does not take by mx_tile64, the edges (the last columns short of 64, the last rows
  * short of 64) by mx_tile32. One thread, 8192x4096, against mx_tile64b tile by tile: see
@@ -1731,23 +1738,24 @@ static int have_vbmi(void) {
 AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
                    int em_ok, int nt_row, int nt_col) {
     const int64_t C = j->cols, C64 = C & ~(int64_t) 63, rend = r0 + (r1 - r0) / 64 * 64;
-    const int64_t W = min64(C64, BAND_EL / BAND_ROWS); /* a multiple of 64 */
+    const int64_t br = r0 == 0 && r1 == j->rows ? BAND_ROWS_1 : BAND_ROWS; /* see BAND_ROWS */
+    const int64_t W = min64(C64, BAND_EL / BAND_ROWS);                     /* a multiple of 64 */
     const int pf = (size_t) j->rows * (size_t) C * 2 >= BAND_PF_MIN_BYTES;
     _Alignas(64) band_chunk chunk;
     band_chunk *k = &chunk;
-    for (int64_t sb = r0; sb < rend; sb += BAND_ROWS) {
+    for (int64_t sb = r0; sb < rend; sb += br) {
         k->r0 = sb;
-        k->nb = (int) (min64(sb + BAND_ROWS, rend) - sb) / 64;
+        k->nb = (int) (min64(sb + br, rend) - sb) / 64;
         for (k->w0 = 0; k->w0 < C64; k->w0 += W) {
             k->w = min64(W, C64 - k->w0);
             /* the next chunk: the next columns of this super-band, or the next super-band's
              * first columns */
-            const int64_t nw0 = k->w0 + W < C64 ? k->w0 + W : 0, nr0 = nw0 ? sb : sb + BAND_ROWS;
+            const int64_t nw0 = k->w0 + W < C64 ? k->w0 + W : 0, nr0 = nw0 ? sb : sb + br;
             k->pf.p = (const char *) j->x + ((size_t) nr0 * (size_t) C + (size_t) nw0) * 2;
             k->pf.stride = (size_t) C * 2;
             k->pf.off = 0;
             k->pf.row_bytes = (size_t) min64(W, C64 - nw0) * 2;
-            k->pf.rows_left = pf ? min64(nr0 + BAND_ROWS, rend) - nr0 : 0; /* <= 0: none */
+            k->pf.rows_left = pf ? min64(nr0 + br, rend) - nr0 : 0; /* <= 0: none */
             if (ef == LOWP_FORMAT_E4M3)
                 mx_band64b_e4m3(j, k, nt_row, nt_col);
             else
