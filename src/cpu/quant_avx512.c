@@ -1604,10 +1604,10 @@ MX_TILE64B(mx_tile64b_e5m2, LOWP_FORMAT_E5M2)
  * (band_pf), 256 rows by 512 columns beat 64, 128 and 512 rows on one thread (512: 1.2x
  * slower), and 64K-element and 256K-element chunks were slower. With the prefetch, on one
  * thread, 64 rows by 512 columns (BAND_ROWS_1) beat 256 by 1.1-1.3x (8192x4096, 4096x4096,
- * 16384x2048; other shapes within noise), while on two threads they were 1.3x slower than 256,
- * for a reason not found (two one-thread processes side by side kept the gain): so 64 rows
- * when one call takes every row of the input, 256 otherwise (docs/benchmarks.md, "Seventeenth
- * session"). */
+ * 16384x2048; other shapes within noise), while on two threads they were 1.3x slower than 256
+ * (the column scales' scattered 2-byte stores: skipped, timing only, 64 rows on two threads
+ * ran 1.9x faster): so 64 rows when one call takes every row of the input, 256 otherwise
+ * (docs/benchmarks.md, "Seventeenth session"). */
 #define BAND_ROWS   256
 #define BAND_ROWS_1 64
 #define BAND_EL     ((int64_t) 1 << 17)
