@@ -486,12 +486,11 @@ static void test_large(void) {
 /* The dual-axis byte encoder's band path on ordinary data, where nearly every tile takes it
  * (gen's tiny, huge and zero blocks send many tiles to the fallback): each 32-element run of a
  * row in one of 8 binades, random signs and mantissas, so that under FLOOR and EVEN a block's
- * largest values often exceed the format's maximum and are clipped. 320x1100: on one thread
- * five 64-row super-bands, on two one super-band each, of 192 and 128 rows (short of 256);
- * chunks of 512, 512 and 64 columns, 12 edge columns; BF16 input, MX32 E4M3 and E5M2, every
- * mode, each orientation. */
-static void test_band_path(void) {
-    const int64_t R = 320, C = 1100;
+ * largest values often exceed the format's maximum and are clipped; `tall` adds a block of
+ * Inf and one of values below the byte encoder's smallest scale, whose tiles take the
+ * fallback inside the band path. BF16 input, MX32 E4M3 and E5M2, every mode; orientations
+ * from o0 to 3. */
+static void band_case(int64_t R, int64_t C, int tall, int o0) {
     float *f = malloc((size_t) (R * C) * sizeof *f);
     int e = 0;
     for (int64_t i = 0; i < R * C; i++) {
@@ -499,13 +498,18 @@ static void test_band_path(void) {
         const float m = 1.0f + (float) rnd_below(128) * 0x1p-7f; /* BF16-exact */
         f[i] = (rnd_below(2) ? -1.0f : 1.0f) * ldexpf(m, e);
     }
+    if (tall) {
+        f[2100 * C + 600] = INFINITY;         /* the tile of rows 2048-2111, columns 576-639 */
+        for (int64_t r = 2976; r < 3008; r++) /* rows 2944-3007, columns 128-191 */
+            for (int64_t c = 128; c < 160; c++) f[r * C + c] = ldexpf(1.0f, -125);
+    }
     void *data = as_format(f, (size_t) (R * C), LOWP_FORMAT_BF16);
     lowp_tensor x = {LOWP_FORMAT_BF16, R, C, data, LOWP_DEVICE_HOST};
     static const lowp_scale_mode modes[] = {LOWP_SCALE_MODE_RCEIL, LOWP_SCALE_MODE_FLOOR,
                                             LOWP_SCALE_MODE_CEIL, LOWP_SCALE_MODE_EVEN};
     for (int fi = 0; fi < 2; fi++)
         for (int m = 0; m < 4; m++)
-            for (int orient = 1; orient <= 3; orient++) {
+            for (int orient = o0; orient <= 3; orient++) {
                 const qcase q = {LOWP_SCALING_MX32,
                                  fi ? LOWP_FORMAT_E5M2 : LOWP_FORMAT_E4M3,
                                  modes[m],
@@ -517,6 +521,19 @@ static void test_band_path(void) {
             }
     free(data);
     free(f);
+}
+
+/* The band path's shapes, in 64-row super-bands with the column scales staged in groups of
+ * 64 blocks (2048 rows). 320x1100: five super-bands on one thread, three and two on two (rows
+ * 0-191 and 192-319, so the second thread's group starts at its block 6); chunks of 512, 512
+ * and 64 columns, 12 edge columns; every orientation. 4320x1100, the columnwise copies: on
+ * one thread three groups, the last of 6 blocks (rows 4096-4287; the last 32 rows by
+ * mx_tile32); on two threads rows 0-2175 and 2176-4319, so that a group ends inside the first
+ * thread's rows and the next starts inside the second's; two tiles take the fallback, whose
+ * column scales are copied into the staging. */
+static void test_band_path(void) {
+    band_case(320, 1100, 0, 1);
+    band_case(4320, 1100, 1, 2);
 }
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -63,6 +63,7 @@
  * when it also has AVX512_VBMI. It never fails: the ops layer validated the arguments.
  */
 #include <immintrin.h>
+#include <stdlib.h>
 
 #include "core/scale_rules.h"
 #include "cpu.h"
@@ -1406,11 +1407,13 @@ AI void col_stage_flush(col_stage *s, size_t cob, int nt) {
  * with prev (the band path), during the next tile: prev's column group g one line per row of
  * row group g, so that the non-temporal stores of both copies are spread evenly over the work
  * (stored in bursts at the end of each tile, they stalled it); with pf (the band path, or
- * NULL), two of the next chunk's lines prefetched per row. Returns 0 having written nothing
- * more when a column block's scale code is below bias or 0xFF. */
+ * NULL), two of the next chunk's lines prefetched per row. The column scales go to the copy,
+ * or with cst (the band path's staging, or NULL) to two 64-byte rows of it, at cst and
+ * cst + cst_ld. Returns 0 having written nothing more when a column block's scale code is
+ * below bias or 0xFF. */
 AIV int mx_tile64b_enc(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format ef,
                        int want_row, int clip, int nt_row, int nt_col, const __m512i cm[2][2],
-                       col_stage *cur, col_stage *prev, band_pf *pf) {
+                       col_stage *cur, col_stage *prev, band_pf *pf, uint8_t *cst, size_t cst_ld) {
     const int64_t C = j->cols;
     const size_t stride = (size_t) C * 2;
     const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * 2;
@@ -1432,7 +1435,10 @@ AIV int mx_tile64b_enc(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_for
     const uint8_t *rsc = want_row ? (const uint8_t *) j->row->scales + (size_t) r0 * (size_t) nbc +
                                         (size_t) (c0 / 32)
                                   : NULL;
-    {
+    if (cst) { /* the band path's staging, two rows of column scales (SC_GROUP_BLOCKS) */
+        _mm512_store_si512((__m512i *) cst, ld64(ccode[0]));
+        _mm512_store_si512((__m512i *) (cst + cst_ld), ld64(ccode[1]));
+    } else {
         const int64_t nbr = j->col_nbr;
         uint8_t *sc = (uint8_t *) j->col->scales + (size_t) (r0 / 32) + (size_t) c0 * (size_t) nbr;
         for (int c = 0; c < 64; c++) {
@@ -1582,7 +1588,7 @@ AIV int mx_tile64b(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format 
     }
     col_stage st;
     return mx_tile64b_enc(j, r0, c0, ef, want_row, clip, nt_row, nt_col, (const __m512i(*)[2]) cm,
-                          &st, NULL, NULL);
+                          &st, NULL, NULL, NULL, 0);
 }
 
 /* mx_tile64b with the job's flags as constants. */
@@ -1606,8 +1612,10 @@ MX_TILE64B(mx_tile64b_e5m2, LOWP_FORMAT_E5M2)
  * thread, 64 rows by 512 columns (BAND_ROWS_1) beat 256 by 1.1-1.3x (8192x4096, 4096x4096,
  * 16384x2048; other shapes within noise), while on two threads they were 1.3x slower than 256
  * (the column scales' scattered 2-byte stores: skipped, timing only, 64 rows on two threads
- * ran 1.9x faster): so 64 rows when one call takes every row of the input, 256 otherwise
- * (docs/benchmarks.md, "Seventeenth session"). */
+ * ran 1.9x faster). With those scales staged (SC_GROUP_BLOCKS), 64 rows beat 128 and 256 on
+ * two threads too (8192x4096: 4.4-4.5 ms against 4.5-5.0 and 5.5-5.8): so 64 rows whenever the
+ * scales are staged, and otherwise when one call takes every row of the input, 256 else
+ * (docs/benchmarks.md, "Seventeenth session" and "Eighteenth session"). */
 #define BAND_ROWS   256
 #define BAND_ROWS_1 64
 #define BAND_EL     ((int64_t) 1 << 17)
@@ -1616,14 +1624,29 @@ MX_TILE64B(mx_tile64b_e5m2, LOWP_FORMAT_E5M2)
  * 2048x1024 1.04-1.07x; 1000x1030, in cache, 1.04-1.07x slower with it. */
 #define BAND_PF_MIN_BYTES ((size_t) 4 << 20)
 
+/* The band path's column scales, staged (SC_GROUP_BLOCKS): the codes of SC_GROUP_BLOCKS 32-row
+ * blocks (2048 rows) of every column, one staging row per block, written by band_codes two
+ * whole 64-byte rows a tile and stored, once the group's rows are done, as one 64-byte line
+ * per column (scale_flush). Stored directly, two bytes per column and 64 lines 256 bytes
+ * apart a tile (8192x4096), they cost 1-4 ms of an 8192x4096 call (docs/benchmarks.md,
+ * "Seventeenth session"); staged, the call took 9.5-9.8 ms on one thread against 11.0-11.5,
+ * and with 64-row super-bands on two threads 4.4-4.5 against 6.0-6.2 (256 rows, direct):
+ * "Eighteenth session". Taken when the staging (SC_GROUP_BLOCKS rows of the whole tiles'
+ * columns) is at most SC_STAGE_MAX_BYTES (inputs up to 65536 columns) and can be allocated. */
+#define SC_GROUP_BLOCKS    64
+#define SC_STAGE_MAX_BYTES ((size_t) 4 << 20)
+
 /* A chunk: nb 64-row bands from r0, columns [w0, w0 + w) (w a multiple of 64); cm: the column
  * maxima of each 32-row block (w u16 |x| patterns each, memory order); bad[b] bit t: tile t of
- * band b, which the byte encoder does not take; pf: the next chunk's lines, to prefetch. */
+ * band b, which the byte encoder does not take; pf: the next chunk's lines, to prefetch; cst:
+ * the column scales' staging (row b of it: block b of its group), cst_ld bytes a row. */
 typedef struct band_chunk {
     int64_t r0, w0, w;
     int nb;
     uint64_t bad[BAND_ROWS / 64];
     band_pf pf;
+    uint8_t *cst; /* column-scale staging (SC_GROUP_BLOCKS) or NULL */
+    size_t cst_ld;
     _Alignas(64) uint16_t cm[BAND_EL / 32];
 } band_chunk;
 
@@ -1699,8 +1722,12 @@ AIV void band_codes(const lowp_quant_job *j, band_chunk *k, lowp_format ef, int 
                 for (int q = 0; q < 2; q++)
                     m[h][q] = _mm512_load_si512(k->cm + (size_t) (2 * b + h) * (size_t) w +
                                                 (size_t) c + 32 * (size_t) q);
+            uint8_t *cst =
+                k->cst ? k->cst + (size_t) ((k->r0 / 32 + 2 * b) % SC_GROUP_BLOCKS) * k->cst_ld +
+                             (size_t) (k->w0 + c)
+                       : NULL;
             if (mx_tile64b_enc(j, k->r0 + 64 * b, k->w0 + c, ef, want_row, clip, nt_row, nt_col,
-                               (const __m512i(*)[2]) m, &stg[cs], &stg[cs ^ 1], pf))
+                               (const __m512i(*)[2]) m, &stg[cs], &stg[cs ^ 1], pf, cst, k->cst_ld))
                 cs ^= 1;
             else
                 k->bad[b] |= 1ull << (c / 64);
@@ -1729,28 +1756,71 @@ static int have_vbmi(void) {
     return (lowp_cpu_caps()->flags & LOWP_CAP_AVX512_VBMI) != 0;
 }
 
+/* Staged rows [lo, hi) of the group of column-scale blocks from block gb (st: its staging,
+ * ld bytes a row; C64 columns) into the copy's scales: 64x64-byte transposes, and lines
+ * stored under a mask of those rows (a thread's rows may start or end inside a group; the
+ * grouped path's spans need not be aligned). */
+NIV void scale_flush(const lowp_quant_job *j, const uint8_t *st, size_t ld, int64_t C64, int64_t gb,
+                     int lo, int hi) {
+    const int64_t nbr = j->col_nbr;
+    const __mmask64 m = mask64(hi) & ~mask64(lo);
+    const __m512i t8 = ld64(k_tr8);
+    uint8_t *sc = (uint8_t *) j->col->scales + (size_t) gb;
+    for (int64_t c0 = 0; c0 < C64; c0 += 64) {
+        _Alignas(64) uint8_t tb[8][8][64];
+        for (int g = 0; g < 8; g++) {
+            __m512i v[8], t[8];
+            for (int r = 0; r < 8; r++) /* rows outside [lo, hi) were not staged */
+                v[r] = 8 * g + r >= lo && 8 * g + r < hi
+                           ? _mm512_load_si512(
+                                 (const __m512i *) (st + (size_t) (8 * g + r) * ld + (size_t) c0))
+                           : _mm512_setzero_si512();
+            tr8x8q(v, t);
+            for (int q = 0; q < 8; q++)
+                _mm512_store_si512((__m512i *) tb[g][q], _mm512_permutexvar_epi8(t8, t[q]));
+        }
+        for (int q = 0; q < 8; q++) {
+            _Alignas(64) uint8_t lines[8][64];
+            col_lines((const uint8_t(*)[8][64]) tb, q, lines);
+            for (int c = 0; c < 8; c++)
+                _mm512_mask_storeu_epi8(sc + (size_t) (c0 + 8 * q + c) * (size_t) nbr, m,
+                                        _mm512_load_si512((const __m512i *) lines[c]));
+        }
+    }
+}
+
 /* mx_bands on the byte encoder's band path (BF16 input, 8-bit codes, r0 a multiple of 64, at
  * least 64 rows and columns): super-bands of br rows in chunks of whole tiles, each
  * chunk's maxima read first (band_maxima) and its codes then taken from L2 (band_codes); the
- * tiles it does not take by mx_tile64, the edges (the last columns short of 64, the last rows
- * short of 64) by mx_tile32. One thread, 8192x4096, against mx_tile64b tile by tile: see
- * docs/benchmarks.md ("Fifteenth session"). */
+ * tiles it does not take by mx_tile64 (their column scales copied into the staging), the
+ * edges (the last columns short of 64, the last rows short of 64) by mx_tile32. With staged
+ * column scales the super-bands have 64 rows (BAND_ROWS), so that none crosses a group's end,
+ * and each group is stored when its last super-band is done. One thread, 8192x4096, against
+ * mx_tile64b tile by tile: see docs/benchmarks.md ("Fifteenth session"). */
 AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
                    int em_ok, int nt_row, int nt_col) {
     const int64_t C = j->cols, C64 = C & ~(int64_t) 63, rend = r0 + (r1 - r0) / 64 * 64;
-    const int64_t br = r0 == 0 && r1 == j->rows ? BAND_ROWS_1 : BAND_ROWS; /* see BAND_ROWS */
-    const int64_t W = min64(C64, BAND_EL / BAND_ROWS);                     /* a multiple of 64 */
+    const int64_t W = min64(C64, BAND_EL / BAND_ROWS); /* a multiple of 64 */
     const int pf = (size_t) j->rows * (size_t) C * 2 >= BAND_PF_MIN_BYTES;
     _Alignas(64) band_chunk chunk;
     band_chunk *k = &chunk;
-    for (int64_t sb = r0; sb < rend; sb += br) {
+    const size_t ld = (size_t) C64; /* a multiple of 64 */
+    uint8_t *st =
+        ld * SC_GROUP_BLOCKS <= SC_STAGE_MAX_BYTES ? aligned_alloc(64, ld * SC_GROUP_BLOCKS) : NULL;
+    const int sd = st != NULL;
+    k->cst = st;
+    k->cst_ld = ld;
+    /* see BAND_ROWS and SC_GROUP_BLOCKS */
+    const int64_t br = sd || (r0 == 0 && r1 == j->rows) ? BAND_ROWS_1 : BAND_ROWS;
+    for (int64_t sb = r0, se; sb < rend; sb = se) {
+        se = min64(sb + br, rend);
         k->r0 = sb;
-        k->nb = (int) (min64(sb + br, rend) - sb) / 64;
+        k->nb = (int) (se - sb) / 64;
         for (k->w0 = 0; k->w0 < C64; k->w0 += W) {
             k->w = min64(W, C64 - k->w0);
             /* the next chunk: the next columns of this super-band, or the next super-band's
              * first columns */
-            const int64_t nw0 = k->w0 + W < C64 ? k->w0 + W : 0, nr0 = nw0 ? sb : sb + br;
+            const int64_t nw0 = k->w0 + W < C64 ? k->w0 + W : 0, nr0 = nw0 ? sb : se;
             k->pf.p = (const char *) j->x + ((size_t) nr0 * (size_t) C + (size_t) nw0) * 2;
             k->pf.stride = (size_t) C * 2;
             k->pf.off = 0;
@@ -1762,14 +1832,31 @@ AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format 
                 mx_band64b_e5m2(j, k, nt_row, nt_col);
             for (int b = 0; b < k->nb; b++)
                 for (int64_t c = 0; c < k->w; c += 64)
-                    if (k->bad[b] >> (c / 64) & 1)
-                        mx_tile64(j, sb + 64 * b, k->w0 + c, xf, ef, j->row != NULL, em_ok, nt_row,
-                                  nt_col);
+                    if (k->bad[b] >> (c / 64) & 1) {
+                        const int64_t rt = sb + 64 * b, ct = k->w0 + c;
+                        mx_tile64(j, rt, ct, xf, ef, j->row != NULL, em_ok, nt_row, nt_col);
+                        if (st) { /* its column scales, into the staging */
+                            const uint8_t *cs =
+                                (const uint8_t *) j->col->scales + (size_t) (rt / 32);
+                            for (int h = 0; h < 2; h++) {
+                                uint8_t *d = st + (size_t) ((rt / 32 + h) % SC_GROUP_BLOCKS) * ld +
+                                             (size_t) ct;
+                                for (int64_t q = 0; q < 64; q++)
+                                    d[q] = cs[(size_t) (ct + q) * (size_t) j->col_nbr + (size_t) h];
+                            }
+                        }
+                    }
         }
-        for (int64_t r = sb; r < sb + 64 * k->nb; r += 32) /* the last columns */
+        for (int64_t r = sb; r < se; r += 32) /* the last columns */
             for (int64_t c = C64; c < C; c += 32)
                 mx_tile32(j, r, 32, c, min64(C - c, 32), xf, ef, em_ok);
+        if (st && (se % (32 * SC_GROUP_BLOCKS) == 0 || se == rend)) {
+            const int64_t gb = (se - 1) / 32 / SC_GROUP_BLOCKS * SC_GROUP_BLOCKS;
+            scale_flush(j, st, ld, C64, gb, (int) (gb > r0 / 32 ? 0 : r0 / 32 - gb),
+                        (int) (se / 32 - gb));
+        }
     }
+    free(st);
     for (int64_t r = rend; r < r1; r += 32) /* the last rows */
         for (int64_t c = 0; c < C; c += 32)
             mx_tile32(j, r, min64(r1 - r, 32), c, min64(C - c, 32), xf, ef, em_ok);
