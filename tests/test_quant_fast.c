@@ -648,6 +648,9 @@ static void test_grouped(void) {
         {700, 160, 5, {129, 257, 300, 301, 700}},
         {250, 65, 4, {64, 64, 190, 250}},
         {900, 96, 2, {31, 900}},
+        /* spans of at least 256 KiB starting at 0, 900 and 1830 (the last two inside a
+         * line): the band path's carried column lines (col_carry), with fallback tiles */
+        {3000, 330, 3, {900, 1830, 3000}},
     };
     static const lowp_format efs[] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E5M2, LOWP_FORMAT_E2M1};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {

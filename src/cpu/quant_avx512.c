@@ -1278,6 +1278,8 @@ AI void mx_tile64(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format x
 static const uint8_t k_even[64] __attribute__((aligned(64))) = {L64(EVEN_B, 0)};
 static const uint8_t k_odd[64] __attribute__((aligned(64))) = {L64(ODD_B, 0)};
 static const uint8_t k_tr8[64] __attribute__((aligned(64))) = {L64(TR8_B, 0)};
+#define IOTA_B(k) (k)
+static const uint8_t k_iota[64] __attribute__((aligned(64))) = {L64(IOTA_B, 0)};
 static const uint8_t k_t0_e4m3[128] __attribute__((aligned(64))) = {L64(T0_E4, 0), L64(T0_E4, 64)};
 static const uint8_t k_t0_e5m2[128] __attribute__((aligned(64))) = {L64(T0_E5, 0), L64(T0_E5, 64)};
 static const uint8_t k_db_e4m3[64] __attribute__((aligned(64))) = {L64(DB_E4, 0)};
@@ -1378,23 +1380,71 @@ AI void band_pf_step(band_pf *f) {
     }
 }
 
+/* The band path's columnwise lines when the copy's rows are not whole 64-byte lines (the
+ * grouped path's spans, or a number of input rows not a multiple of 64): per column c, the
+ * bytes of its last segment that begin the next line (buf + 64 c, the segment rotated: bytes
+ * [0, a) of a line a bytes into which the segment began), and whether it holds them (have[c]).
+ * Each segment then completes the line its predecessor began and is stored as a whole line
+ * (col_put). Stored as two pieces of lines (ordinary stores), each of the copy's lines was
+ * read for ownership, 64 lines rows apart a tile: one thread, 4128x4096 ran at 0.33-0.34 of
+ * memcpy against 0.95-0.96 with the carry, and 8192x2048 in 8 groups (lowp_quantize_grouped)
+ * took 10.5-11.7 ms against 4.5 (docs/benchmarks.md, "Eighteenth session"). */
+typedef struct col_carry {
+    uint8_t *buf, *have;
+} col_carry;
+
 /* A tile's columnwise codes, transposed in 8x8-byte blocks ([8-row group][8-column group]),
- * whose lines are still to be stored: rows r0.. of the copy (cout), columns c0... */
+ * whose lines are still to be stored: rows r0.. of the copy (cout), columns c0...; cc: the
+ * band path's carry (col_carry), or NULL. */
 typedef struct col_stage {
     _Alignas(64) uint8_t tb[8][8][64];
     uint8_t *cout;
     int64_t c0;
     int have;
+    col_carry *cc;
 } col_stage;
 
+/* Column c's 64 codes v, from d in the copy: stored as they are (col_store_line) without a
+ * carry or when d starts a line; else the line d is in, its first a bytes from the carry when
+ * it holds them (then the whole line, non-temporal with nt) or left as they are (a masked
+ * store), and the rest of v into the carry. */
+AIV void col_put(col_carry *cc, int64_t c, uint8_t *d, __m512i v, int nt) {
+    const unsigned a = (unsigned) ((uintptr_t) d & 63);
+    if (!cc || a == 0) {
+        col_store_line(d, v, nt);
+        return;
+    }
+    const __m512i idx = _mm512_and_si512(_mm512_sub_epi8(ld64(k_iota), _mm512_set1_epi8((char) a)),
+                                         _mm512_set1_epi8(63));
+    const __m512i rot = _mm512_permutexvar_epi8(idx, v); /* rot[i] = v[(i - a) mod 64] */
+    uint8_t *line = d - a, *slot = cc->buf + 64 * (size_t) c;
+    if (cc->have[c])
+        col_store_line(
+            line, _mm512_mask_blend_epi8(mask64(a), rot, _mm512_load_si512((__m512i *) slot)), nt);
+    else
+        _mm512_mask_storeu_epi8(line, ~mask64(a), rot);
+    _mm512_store_si512((__m512i *) slot, rot);
+    cc->have[c] = 1;
+}
+
+/* Column c's carried bytes, if any, into the line they begin (the line of d, its segment's
+ * start, for a segment not stored by col_put: the carry then is empty; or the line after the
+ * last segment's, d + 64). */
+AIV void col_carry_out(col_carry *cc, int64_t c, uint8_t *d) {
+    const unsigned a = (unsigned) ((uintptr_t) d & 63);
+    if (!cc->have[c]) return;
+    _mm512_mask_storeu_epi8(d - a, mask64(a), _mm512_load_si512((__m512i *) (cc->buf + 64 * c)));
+    cc->have[c] = 0;
+}
+
 /* Stores all of a staged tile's lines. */
-AI void col_stage_flush(col_stage *s, size_t cob, int nt) {
+AIV void col_stage_flush(col_stage *s, size_t cob, int nt) {
     for (int q = 0; q < 8; q++) {
         _Alignas(64) uint8_t lines[8][64];
         col_lines((const uint8_t(*)[8][64]) s->tb, q, lines);
         for (int c = 0; c < 8; c++)
-            col_store_line(s->cout + (size_t) (s->c0 + 8 * q + c) * cob,
-                           _mm512_load_si512((const __m512i *) lines[c]), nt);
+            col_put(s->cc, s->c0 + 8 * q + c, s->cout + (size_t) (s->c0 + 8 * q + c) * cob,
+                    _mm512_load_si512((const __m512i *) lines[c]), nt);
     }
     s->have = 0;
 }
@@ -1478,8 +1528,9 @@ AIV int mx_tile64b_enc(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_for
                 band_pf_step(pf);
             }
             if (pend)
-                col_store_line(prev->cout + (size_t) (prev->c0 + 8 * g + r) * cob,
-                               _mm512_load_si512((const __m512i *) lines[r]), nt_col);
+                col_put(prev->cc, prev->c0 + 8 * g + r,
+                        prev->cout + (size_t) (prev->c0 + 8 * g + r) * cob,
+                        _mm512_load_si512((const __m512i *) lines[r]), nt_col);
             const __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
             __m512i E, L, H;
             bsplit(x0, x1, &E, &L, &H);
@@ -1587,6 +1638,7 @@ AIV int mx_tile64b(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format 
         }
     }
     col_stage st;
+    st.cc = NULL;
     return mx_tile64b_enc(j, r0, c0, ef, want_row, clip, nt_row, nt_col, (const __m512i(*)[2]) cm,
                           &st, NULL, NULL, NULL, 0);
 }
@@ -1647,6 +1699,7 @@ typedef struct band_chunk {
     band_pf pf;
     uint8_t *cst; /* column-scale staging (SC_GROUP_BLOCKS) or NULL */
     size_t cst_ld;
+    col_carry *cc; /* or NULL */
     _Alignas(64) uint16_t cm[BAND_EL / 32];
 } band_chunk;
 
@@ -1713,6 +1766,7 @@ AIV void band_codes(const lowp_quant_job *j, band_chunk *k, lowp_format ef, int 
     col_stage stg[2];
     int cs = 0;
     stg[0].have = stg[1].have = 0;
+    stg[0].cc = stg[1].cc = k->cc;
     band_pf *pf = k->pf.rows_left > 0 ? &k->pf : NULL;
     for (int64_t c = 0; c < w; c += 64)
         for (int b = 0; b < k->nb; b++) {
@@ -1789,6 +1843,15 @@ NIV void scale_flush(const lowp_quant_job *j, const uint8_t *st, size_t ld, int6
     }
 }
 
+/* The carries of columns [c0, c1) into the lines of their rows from r: the line after each
+ * column's last segment (r: where it ended), or the first line of a segment stored without
+ * col_put (r: where it starts; the fallback's tiles). */
+NIV void col_carry_flush(col_carry *cc, const lowp_quant_job *j, int64_t c0, int64_t c1,
+                         int64_t r) {
+    for (int64_t c = c0; c < c1; c++)
+        col_carry_out(cc, c, (uint8_t *) j->col->data + (size_t) c * j->col_ob + (size_t) r);
+}
+
 /* mx_bands on the byte encoder's band path (BF16 input, 8-bit codes, r0 a multiple of 64, at
  * least 64 rows and columns): super-bands of br rows in chunks of whole tiles, each
  * chunk's maxima read first (band_maxima) and its codes then taken from L2 (band_codes); the
@@ -1798,18 +1861,31 @@ NIV void scale_flush(const lowp_quant_job *j, const uint8_t *st, size_t ld, int6
  * and each group is stored when its last super-band is done. One thread, 8192x4096, against
  * mx_tile64b tile by tile: see docs/benchmarks.md ("Fifteenth session"). */
 AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
-                   int em_ok, int nt_row, int nt_col) {
+                   int em_ok, int nt_row, int nt_col, int col_big) {
     const int64_t C = j->cols, C64 = C & ~(int64_t) 63, rend = r0 + (r1 - r0) / 64 * 64;
     const int64_t W = min64(C64, BAND_EL / BAND_ROWS); /* a multiple of 64 */
     const int pf = (size_t) j->rows * (size_t) C * 2 >= BAND_PF_MIN_BYTES;
     _Alignas(64) band_chunk chunk;
     band_chunk *k = &chunk;
     const size_t ld = (size_t) C64; /* a multiple of 64 */
-    uint8_t *st =
-        ld * SC_GROUP_BLOCKS <= SC_STAGE_MAX_BYTES ? aligned_alloc(64, ld * SC_GROUP_BLOCKS) : NULL;
+    /* the carry: with staged scales (64-row super-bands, so that each column's segments come
+     * in order), for a copy large enough for non-temporal stores whose rows are not lines */
+    const int carry = col_big && !nt_col;
+    uint8_t *st = ld * SC_GROUP_BLOCKS <= SC_STAGE_MAX_BYTES
+                      ? aligned_alloc(64, ld * (SC_GROUP_BLOCKS + (carry ? 65 : 0)))
+                      : NULL;
     const int sd = st != NULL;
     k->cst = st;
     k->cst_ld = ld;
+    col_carry cc = {NULL, NULL};
+    k->cc = NULL;
+    if (sd && carry) {
+        cc.buf = st + ld * SC_GROUP_BLOCKS;
+        cc.have = cc.buf + ld * 64;
+        memset(cc.have, 0, ld);
+        k->cc = &cc;
+    }
+    const int ntc = k->cc ? 1 : nt_col; /* the band path's column lines */
     /* see BAND_ROWS and SC_GROUP_BLOCKS */
     const int64_t br = sd || (r0 == 0 && r1 == j->rows) ? BAND_ROWS_1 : BAND_ROWS;
     for (int64_t sb = r0, se; sb < rend; sb = se) {
@@ -1827,13 +1903,14 @@ AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format 
             k->pf.row_bytes = (size_t) min64(W, C64 - nw0) * 2;
             k->pf.rows_left = pf ? min64(nr0 + br, rend) - nr0 : 0; /* <= 0: none */
             if (ef == LOWP_FORMAT_E4M3)
-                mx_band64b_e4m3(j, k, nt_row, nt_col);
+                mx_band64b_e4m3(j, k, nt_row, ntc);
             else
-                mx_band64b_e5m2(j, k, nt_row, nt_col);
+                mx_band64b_e5m2(j, k, nt_row, ntc);
             for (int b = 0; b < k->nb; b++)
                 for (int64_t c = 0; c < k->w; c += 64)
                     if (k->bad[b] >> (c / 64) & 1) {
                         const int64_t rt = sb + 64 * b, ct = k->w0 + c;
+                        if (k->cc) col_carry_flush(k->cc, j, ct, ct + 64, rt);
                         mx_tile64(j, rt, ct, xf, ef, j->row != NULL, em_ok, nt_row, nt_col);
                         if (st) { /* its column scales, into the staging */
                             const uint8_t *cs =
@@ -1856,6 +1933,8 @@ AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format 
                         (int) (se / 32 - gb));
         }
     }
+    if (k->cc && rend > r0) /* the carries, into the lines after the last segments */
+        col_carry_flush(k->cc, j, 0, C64, rend);
     free(st);
     for (int64_t r = rend; r < r1; r += 32) /* the last rows */
         for (int64_t c = 0; c < C; c += 32)
@@ -1863,13 +1942,14 @@ AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format 
 }
 
 /* MX32 with a columnwise copy over rows [r0, r1) (r0 a multiple of 32). 256-row super-bands,
- * swept left to right in 64x64 tiles (edges in 32x32 tiles). */
+ * swept left to right in 64x64 tiles (edges in 32x32 tiles). col_big: the columnwise copy is
+ * large enough for non-temporal stores (nt_col: and its rows are whole lines). */
 AI void mx_bands(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
-                 int em_ok, int nt_row, int nt_col) {
+                 int em_ok, int nt_row, int nt_col, int col_big) {
     const int64_t C = j->cols;
     const int vb = em_ok && have_vbmi();
     if (vb && xf != F32 && ef != E2M1 && r0 % 64 == 0 && r1 - r0 >= 64 && C >= 64) {
-        mx_bands_b(j, r0, r1, xf, ef, em_ok, nt_row, nt_col);
+        mx_bands_b(j, r0, r1, xf, ef, em_ok, nt_row, nt_col, col_big);
         return;
     }
     for (int64_t sb = r0; sb < r1; sb += 256) {
@@ -2441,10 +2521,12 @@ AI void row_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf
 /* ---- entry points ---- */
 
 /* Non-temporal stores for a copy: large enough, 8-bit codes, and 64-byte aligned rows. */
+static int big_for_nt(const lowp_qtensor *q) {
+    return q && q->format != LOWP_FORMAT_E2M1 &&
+           (size_t) q->rows * (size_t) q->cols >= NT_MIN_BYTES;
+}
 static int want_nt(const lowp_qtensor *q) {
-    if (!q || q->format == LOWP_FORMAT_E2M1) return 0;
-    const size_t bytes = (size_t) q->rows * (size_t) q->cols;
-    return bytes >= NT_MIN_BYTES && (uintptr_t) q->data % 64 == 0 && q->cols % 64 == 0;
+    return big_for_nt(q) && (uintptr_t) q->data % 64 == 0 && q->cols % 64 == 0;
 }
 
 AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef) {
@@ -2464,6 +2546,7 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
     const int colk = dual || j->scaling == LOWP_SCALING_BLOCK128 ||
                      j->scaling == LOWP_SCALING_ROW || j->scaling == LOWP_SCALING_TENSOR;
     const int nt_col = colk && want_nt(j->col) && j->col_ob % 64 == 0;
+    const int col_big = colk && big_for_nt(j->col);
     switch (j->scaling) {
     case LOWP_SCALING_TENSOR: {
         /* a scale from this input's finite maximum bounds every scaled value (EM_FIN) */
@@ -2505,7 +2588,7 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
         break;
     case LOWP_SCALING_MX32:
         if (j->col)
-            mx_bands(j, r0, r1, xf, ef, em_ok, nt_row, nt_col); /* and the row copy */
+            mx_bands(j, r0, r1, xf, ef, em_ok, nt_row, nt_col, col_big); /* and the row copy */
         else
             mx_rows(j, r0, r1, xf, ef, em_ok, nt_row);
         break;
