@@ -487,9 +487,9 @@ static void test_large(void) {
  * (gen's tiny, huge and zero blocks send many tiles to the fallback): each 32-element run of a
  * row in one of 8 binades, random signs and mantissas, so that under FLOOR and EVEN a block's
  * largest values often exceed the format's maximum and are clipped; `tall` adds a block of
- * Inf and one of values below the byte encoder's smallest scale, whose tiles take the
- * fallback inside the band path. BF16 input, MX32 E4M3 and E5M2, every mode; orientations
- * from o0 to 3. */
+ * Inf, one of values below the byte encoder's smallest scale and a column block of them,
+ * whose tiles take the fallback inside the band path. BF16 input, MX32 E4M3 and E5M2, every
+ * mode; orientations from o0 to 3. */
 static void band_case(int64_t R, int64_t C, int tall, int o0) {
     float *f = malloc((size_t) (R * C) * sizeof *f);
     int e = 0;
@@ -502,6 +502,9 @@ static void band_case(int64_t R, int64_t C, int tall, int o0) {
         f[2100 * C + 600] = INFINITY;         /* the tile of rows 2048-2111, columns 576-639 */
         for (int64_t r = 2976; r < 3008; r++) /* rows 2944-3007, columns 128-191 */
             for (int64_t c = 128; c < 160; c++) f[r * C + c] = ldexpf(1.0f, -125);
+        /* a column block alone (its rows' blocks are ordinary): rows 3200-3263, columns
+         * 640-703, found only when the tile's codes begin */
+        for (int64_t r = 3200; r < 3232; r++) f[r * C + 700] = ldexpf(1.0f, -125);
     }
     void *data = as_format(f, (size_t) (R * C), LOWP_FORMAT_BF16);
     lowp_tensor x = {LOWP_FORMAT_BF16, R, C, data, LOWP_DEVICE_HOST};

@@ -1388,7 +1388,10 @@ AI void band_pf_step(band_pf *f) {
  * (col_put). Stored as two pieces of lines (ordinary stores), each of the copy's lines was
  * read for ownership, 64 lines rows apart a tile: one thread, 4128x4096 ran at 0.33-0.34 of
  * memcpy against 0.95-0.96 with the carry, and 8192x2048 in 8 groups (lowp_quantize_grouped)
- * took 10.5-11.7 ms against 4.5 (docs/benchmarks.md, "Eighteenth session"). */
+ * took 10.5-11.7 ms against 4.5 (docs/benchmarks.md, "Eighteenth session"). The row copy
+ * uses the same carry along each row of a super-band (band_chunk's rc) when its rows are not
+ * whole lines (columns not a multiple of 64): 4096x4128 0.30-0.31 of memcpy, 0.81-0.85 with
+ * it. */
 typedef struct col_carry {
     uint8_t *buf, *have;
 } col_carry;
@@ -1463,7 +1466,8 @@ AIV void col_stage_flush(col_stage *s, size_t cob, int nt) {
  * below bias or 0xFF. */
 AIV int mx_tile64b_enc(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format ef,
                        int want_row, int clip, int nt_row, int nt_col, const __m512i cm[2][2],
-                       col_stage *cur, col_stage *prev, band_pf *pf, uint8_t *cst, size_t cst_ld) {
+                       col_stage *cur, col_stage *prev, band_pf *pf, uint8_t *cst, size_t cst_ld,
+                       col_carry *rc) {
     const int64_t C = j->cols;
     const size_t stride = (size_t) C * 2;
     const char *base = (const char *) j->x + ((size_t) r0 * (size_t) C + (size_t) c0) * 2;
@@ -1563,7 +1567,9 @@ AIV int mx_tile64b_enc(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_for
             }
             if (want_row) {
                 rr = bsign(H, rr);
-                if (nt_row)
+                if (rc)
+                    col_put(rc, i, rout + (size_t) i * ob, rr, 1);
+                else if (nt_row)
                     _mm512_stream_si512((__m512i *) (rout + (size_t) i * ob), rr);
                 else
                     _mm512_storeu_si512(rout + (size_t) i * ob, rr);
@@ -1640,7 +1646,7 @@ AIV int mx_tile64b(const lowp_quant_job *j, int64_t r0, int64_t c0, lowp_format 
     col_stage st;
     st.cc = NULL;
     return mx_tile64b_enc(j, r0, c0, ef, want_row, clip, nt_row, nt_col, (const __m512i(*)[2]) cm,
-                          &st, NULL, NULL, NULL, 0);
+                          &st, NULL, NULL, NULL, 0, NULL);
 }
 
 /* mx_tile64b with the job's flags as constants. */
@@ -1700,6 +1706,7 @@ typedef struct band_chunk {
     uint8_t *cst; /* column-scale staging (SC_GROUP_BLOCKS) or NULL */
     size_t cst_ld;
     col_carry *cc; /* or NULL */
+    col_carry *rc; /* the row copy's carry (64 rows), or NULL */
     _Alignas(64) uint16_t cm[BAND_EL / 32];
 } band_chunk;
 
@@ -1757,6 +1764,15 @@ AIV void band_maxima(const lowp_quant_job *j, band_chunk *k, lowp_format ef, int
     }
 }
 
+/* With the row copy's carry (one super-band of 64 rows, k->nb 1), the carried bytes of each
+ * row into the first line of the tile at chunk column c, which mx_tile64 stores later. */
+NIV void row_carry_out(const lowp_quant_job *j, band_chunk *k, int64_t c) {
+    if (!k->rc) return;
+    uint8_t *d =
+        (uint8_t *) j->row->data + (size_t) k->r0 * (size_t) j->cols + (size_t) (k->w0 + c);
+    for (int i = 0; i < 64; i++) col_carry_out(k->rc, i, d + (size_t) i * (size_t) j->cols);
+}
+
 /* The band path's second phase: chunk k's tiles (in L2 now), column by column, by
  * mx_tile64b_enc from the column maxima and the row scales, each tile's column lines stored
  * during the next one's rows. Tiles it does not take stay marked in k->bad. */
@@ -1770,7 +1786,10 @@ AIV void band_codes(const lowp_quant_job *j, band_chunk *k, lowp_format ef, int 
     band_pf *pf = k->pf.rows_left > 0 ? &k->pf : NULL;
     for (int64_t c = 0; c < w; c += 64)
         for (int b = 0; b < k->nb; b++) {
-            if (k->bad[b] >> (c / 64) & 1) continue;
+            if (k->bad[b] >> (c / 64) & 1) {
+                row_carry_out(j, k, c);
+                continue;
+            }
             __m512i m[2][2];
             for (int h = 0; h < 2; h++)
                 for (int q = 0; q < 2; q++)
@@ -1781,10 +1800,13 @@ AIV void band_codes(const lowp_quant_job *j, band_chunk *k, lowp_format ef, int 
                              (size_t) (k->w0 + c)
                        : NULL;
             if (mx_tile64b_enc(j, k->r0 + 64 * b, k->w0 + c, ef, want_row, clip, nt_row, nt_col,
-                               (const __m512i(*)[2]) m, &stg[cs], &stg[cs ^ 1], pf, cst, k->cst_ld))
+                               (const __m512i(*)[2]) m, &stg[cs], &stg[cs ^ 1], pf, cst, k->cst_ld,
+                               k->rc))
                 cs ^= 1;
-            else
+            else {
                 k->bad[b] |= 1ull << (c / 64);
+                row_carry_out(j, k, c);
+            }
         }
     if (stg[cs ^ 1].have) col_stage_flush(&stg[cs ^ 1], j->col_ob, nt_col);
 }
@@ -1861,7 +1883,7 @@ NIV void col_carry_flush(col_carry *cc, const lowp_quant_job *j, int64_t c0, int
  * and each group is stored when its last super-band is done. One thread, 8192x4096, against
  * mx_tile64b tile by tile: see docs/benchmarks.md ("Fifteenth session"). */
 AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
-                   int em_ok, int nt_row, int nt_col, int col_big) {
+                   int em_ok, int nt_row, int nt_col, int col_big, int row_big) {
     const int64_t C = j->cols, C64 = C & ~(int64_t) 63, rend = r0 + (r1 - r0) / 64 * 64;
     const int64_t W = min64(C64, BAND_EL / BAND_ROWS); /* a multiple of 64 */
     const int pf = (size_t) j->rows * (size_t) C * 2 >= BAND_PF_MIN_BYTES;
@@ -1886,6 +1908,11 @@ AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format 
         k->cc = &cc;
     }
     const int ntc = k->cc ? 1 : nt_col; /* the band path's column lines */
+    /* the same for the row copy, along each row of a super-band */
+    _Alignas(64) uint8_t rbuf[64 * 64], rhave[64];
+    col_carry rc = {rbuf, rhave};
+    k->rc = sd && j->row && row_big && !nt_row ? &rc : NULL;
+    memset(rhave, 0, sizeof rhave); /* and emptied again at the end of each super-band */
     /* see BAND_ROWS and SC_GROUP_BLOCKS */
     const int64_t br = sd || (r0 == 0 && r1 == j->rows) ? BAND_ROWS_1 : BAND_ROWS;
     for (int64_t sb = r0, se; sb < rend; sb = se) {
@@ -1924,7 +1951,8 @@ AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format 
                         }
                     }
         }
-        for (int64_t r = sb; r < se; r += 32) /* the last columns */
+        if (k->rc) row_carry_out(j, k, C64 - k->w0); /* after each row's last segment */
+        for (int64_t r = sb; r < se; r += 32)        /* the last columns */
             for (int64_t c = C64; c < C; c += 32)
                 mx_tile32(j, r, 32, c, min64(C - c, 32), xf, ef, em_ok);
         if (st && (se % (32 * SC_GROUP_BLOCKS) == 0 || se == rend)) {
@@ -1945,11 +1973,11 @@ AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format 
  * swept left to right in 64x64 tiles (edges in 32x32 tiles). col_big: the columnwise copy is
  * large enough for non-temporal stores (nt_col: and its rows are whole lines). */
 AI void mx_bands(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
-                 int em_ok, int nt_row, int nt_col, int col_big) {
+                 int em_ok, int nt_row, int nt_col, int col_big, int row_big) {
     const int64_t C = j->cols;
     const int vb = em_ok && have_vbmi();
     if (vb && xf != F32 && ef != E2M1 && r0 % 64 == 0 && r1 - r0 >= 64 && C >= 64) {
-        mx_bands_b(j, r0, r1, xf, ef, em_ok, nt_row, nt_col, col_big);
+        mx_bands_b(j, r0, r1, xf, ef, em_ok, nt_row, nt_col, col_big, row_big);
         return;
     }
     for (int64_t sb = r0; sb < r1; sb += 256) {
@@ -2588,7 +2616,8 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
         break;
     case LOWP_SCALING_MX32:
         if (j->col)
-            mx_bands(j, r0, r1, xf, ef, em_ok, nt_row, nt_col, col_big); /* and the row copy */
+            mx_bands(j, r0, r1, xf, ef, em_ok, nt_row, nt_col, col_big,
+                     big_for_nt(j->row)); /* and the row copy */
         else
             mx_rows(j, r0, r1, xf, ef, em_ok, nt_row);
         break;
