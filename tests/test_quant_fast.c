@@ -483,6 +483,37 @@ static void test_large(void) {
     free(f);
 }
 
+/* Columnwise copies of at least 256 KiB whose rows are not whole 64-byte lines: the
+ * binary32-scale kinds (ROW, TENSOR, BLOCK128) complete each column's lines across 64-row
+ * pieces (col_carry in col_store64). 2080 rows: the last band is short, and on two threads
+ * the second thread's rows start inside a line (ROW and TENSOR: row 1040); 2048 rows with the
+ * outputs one byte off alignment: every band whole, so the carries are emptied at the end of the
+ * rows. gen's NaN, Inf, tiny and zero blocks; F32 and BF16 input. */
+static void test_unaligned_rows(void) {
+    const int64_t C = 200;
+    static const qcase cases[] = {
+        {LOWP_SCALING_ROW, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 3},
+        {LOWP_SCALING_ROW, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 2},
+        {LOWP_SCALING_TENSOR, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 3},
+        {LOWP_SCALING_TENSOR, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 2},
+        {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 3},
+    };
+    for (g_mis = 0; g_mis <= 1; g_mis++) {
+        const int64_t R = g_mis ? 2048 : 2080;
+        float *f = malloc((size_t) (R * C) * sizeof *f);
+        gen(f, R, C, 1);
+        for (int xi = 0; xi < 2; xi++) {
+            const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+            void *data = as_format(f, (size_t) (R * C), xf);
+            lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
+            for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) check_case(&x, &cases[k]);
+            free(data);
+        }
+        free(f);
+    }
+    g_mis = 0;
+}
+
 /* The dual-axis byte encoder's band path on ordinary data, where nearly every tile takes it
  * (gen's tiny, huge and zero blocks send many tiles to the fallback): each 32-element run of a
  * row in one of 8 binades, random signs and mantissas, so that under FLOOR and EVEN a block's
@@ -747,6 +778,7 @@ int main(void) {
     test_mxcsr();
     if (!g_quick) {
         test_large();
+        test_unaligned_rows();
         printf("large (non-temporal) cases done (%d comparisons)\n", g_runs);
     }
     printf("%d quantize calls compared with the reference\n", g_runs);

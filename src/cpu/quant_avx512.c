@@ -715,6 +715,55 @@ AI int lane_of(int i, int hi) {
     return 8 * (i >> 2) + (i & 3) + 4 * hi;
 }
 
+/* The band path's columnwise lines when the copy's rows are not whole 64-byte lines (the
+ * grouped path's spans, or a number of input rows not a multiple of 64): per column c, the
+ * bytes of its last segment that begin the next line (buf + 64 c, the segment rotated: bytes
+ * [0, a) of a line a bytes into which the segment began), and whether it holds them (have[c]).
+ * Each segment then completes the line its predecessor began and is stored as a whole line
+ * (col_put). Stored as two pieces of lines (ordinary stores), each of the copy's lines was
+ * read for ownership, 64 lines rows apart a tile: one thread, 4128x4096 ran at 0.33-0.34 of
+ * memcpy against 0.95-0.96 with the carry, and 8192x2048 in 8 groups (lowp_quantize_grouped)
+ * took 10.5-11.7 ms against 4.5 (docs/benchmarks.md, "Eighteenth session"). The row copy
+ * uses the same carry along each row of a super-band (band_chunk's rc) when its rows are not
+ * whole lines (columns not a multiple of 64): 4096x4128 0.30-0.31 of memcpy, 0.81-0.85 with
+ * it. So do the binary32-scale kinds' column copies (col_store64, by col_put_s): 4128x4096
+ * block128_dual 0.26-0.27 of memcpy, 0.48-0.50 with it. */
+typedef struct col_carry {
+    uint8_t *buf, *have;
+} col_carry;
+
+/* Column c's carried bytes, if any, into the line they begin (the line of d, its segment's
+ * start, for a segment not stored by col_put: the carry then is empty; or the line after the
+ * last segment's, d + 64). */
+AI void col_carry_out(col_carry *cc, int64_t c, uint8_t *d) {
+    const unsigned a = (unsigned) ((uintptr_t) d & 63);
+    if (!cc->have[c]) return;
+    _mm512_mask_storeu_epi8(d - a, mask64(a), _mm512_load_si512((__m512i *) (cc->buf + 64 * c)));
+    cc->have[c] = 0;
+}
+
+/* col_put without the byte permutation (the binary32-scale kinds' column copies, which run
+ * without AVX512_VBMI): the line assembled in a buffer from the carry and v. Always
+ * non-temporal where the line is whole. */
+AI void col_put_s(col_carry *cc, int64_t c, uint8_t *d, __m512i v) {
+    const unsigned a = (unsigned) ((uintptr_t) d & 63);
+    if (a == 0) {
+        _mm512_stream_si512((__m512i *) d, v);
+        return;
+    }
+    _Alignas(64) uint8_t t[128];
+    uint8_t *slot = cc->buf + 64 * (size_t) c;
+    _mm512_store_si512((__m512i *) t, _mm512_load_si512((const __m512i *) slot));
+    _mm512_storeu_si512(t + a, v);
+    const __m512i line = _mm512_load_si512((const __m512i *) t);
+    if (cc->have[c])
+        _mm512_stream_si512((__m512i *) (d - a), line);
+    else
+        _mm512_mask_storeu_epi8(d - a, ~mask64(a), line);
+    _mm512_store_si512((__m512i *) slot, _mm512_load_si512((const __m512i *) (t + 64)));
+    cc->have[c] = 1;
+}
+
 /* Stores col_codes output for the 32-row block at input row r0 (nr rows present), columns
  * c0 + lane_col(h, k) (ncv present in the segment); bit k of nan marks NaN lanes. */
 AI void col_store32(const lowp_quant_job *j, const __m512i z[8], int64_t r0, int64_t nr, int64_t c0,
@@ -752,7 +801,7 @@ AI void col_store32(const lowp_quant_job *j, const __m512i z[8], int64_t r0, int
  * store (E2M1: 32). nan0/nan1: NaN lanes of the upper/lower block. */
 AI void col_store64(const lowp_quant_job *j, const __m512i z0[8], const __m512i z1[8], int64_t r0,
                     int64_t c0, int h, unsigned nan0, unsigned nan1, lowp_format xf, lowp_format ef,
-                    int nt) {
+                    int nt, col_carry *cc) {
     uint8_t *out = (uint8_t *) j->col->data;
     const size_t ob = j->col_ob;
     const size_t off = ef == E2M1 ? (size_t) r0 / 2 : (size_t) r0;
@@ -776,7 +825,9 @@ AI void col_store64(const lowp_quant_job *j, const __m512i z0[8], const __m512i 
                                              (n2 & 1 ? 0xFFFFFFFFull : 0ull) |
                                                  (n2 & 2 ? 0xFFFFFFFF00000000ull : 0ull),
                                              _mm512_set1_epi8((char) ef_nancode(ef)));
-                if (nt)
+                if (cc)
+                    col_put_s(cc, c0 + lane_col(xf, h, k), d, w);
+                else if (nt)
                     _mm512_stream_si512((__m512i *) d, w);
                 else
                     _mm512_storeu_si512(d, w);
@@ -835,7 +886,7 @@ AI void col_seg_x(const lowp_quant_job *j, int64_t r0, int64_t nr, int64_t c0, i
  * column's 64 codes in one 64-byte store (nt: non-temporal), as the dual-axis MX32 kernel
  * writes them. */
 AI void col_pair64(const lowp_quant_job *j, int64_t r, int64_t c0, __m512 flo, __m512 fhi,
-                   lowp_format xf, lowp_format ef, int em, int nt) {
+                   lowp_format xf, lowp_format ef, int em, int nt, col_carry *cc) {
     _Alignas(64) char tile[2][32 * 32 * 4];
     fill_tile(tile[0], j, r, 32, c0, 32, xf);
     fill_tile(tile[1], j, r + 32, 32, c0, 32, xf);
@@ -843,17 +894,21 @@ AI void col_pair64(const lowp_quant_job *j, int64_t r, int64_t c0, __m512 flo, _
         __m512i z0[8], z1[8];
         col_codes(tile[0], 32 * xsize(xf), h, h ? fhi : flo, xf, ef, em, 0, z0);
         col_codes(tile[1], 32 * xsize(xf), h, h ? fhi : flo, xf, ef, em, 0, z1);
-        col_store64(j, z0, z1, r, c0, h, 0u, 0u, xf, ef, nt);
+        col_store64(j, z0, z1, r, c0, h, 0u, 0u, xf, ef, nt, cc);
     }
 }
 
 /* The column codes of rows [r, r + n) of the segment at c0 (ncv columns present), encoder em:
  * 64 rows at a time where whole 64-byte lines of the copy are (col_pair64), else 32. */
 AI void col_rows(const lowp_quant_job *j, int64_t r, int64_t n, int64_t c0, int64_t ncv, __m512 flo,
-                 __m512 fhi, lowp_format xf, lowp_format ef, int em, int nt) {
+                 __m512 fhi, lowp_format xf, lowp_format ef, int em, int nt, col_carry *cc) {
     int64_t i = 0;
     if (ncv == 32 && r % 64 == 0) /* whole 64-byte lines of the column copy */
-        for (; i + 64 <= n; i += 64) col_pair64(j, r + i, c0, flo, fhi, xf, ef, em, nt);
+        for (; i + 64 <= n; i += 64) col_pair64(j, r + i, c0, flo, fhi, xf, ef, em, nt, cc);
+    if (cc && i < n) /* the carries into the first line of the rows stored directly */
+        for (int64_t c = c0; c < c0 + ncv; c++)
+            col_carry_out(cc, c,
+                          (uint8_t *) j->col->data + (size_t) c * j->col_ob + (size_t) (r + i));
     for (; i < n; i += 32)
         col_seg_x(j, r + i, min64(n - i, 32), c0, ncv, flo, fhi, 0, xf, ef, em, 0);
 }
@@ -865,7 +920,7 @@ AI void col_rows(const lowp_quant_job *j, int64_t r, int64_t n, int64_t c0, int6
  * EM_FSUB per segment where em_ok and the 32 factors are normal). Whole columns of 32-row pieces,
  * 32-byte stores a row of the copy apart, were half lines read before being written. */
 AI void col_fp32(const lowp_quant_job *j, int64_t r0, int64_t r1, const float *cs, float s,
-                 lowp_format xf, lowp_format ef, int em, int em_ok, int nt) {
+                 lowp_format xf, lowp_format ef, int em, int em_ok, int nt, col_carry *cc) {
     const int64_t C = j->cols;
     __m512i ilo = _mm512_setzero_si512(), ihi = ilo;
     if (xf != F32) { /* the BF16 lane order of the columns */
@@ -890,11 +945,11 @@ AI void col_fp32(const lowp_quant_job *j, int64_t r0, int64_t r1, const float *c
             }
             __m512 glo, ghi;
             if (em == EM_FIN && em_ok && fsub_factors(flo, ef, &glo) & fsub_factors(fhi, ef, &ghi))
-                col_rows(j, rb, re - rb, c0, ncv, glo, ghi, xf, ef, EM_FSUB, nt);
+                col_rows(j, rb, re - rb, c0, ncv, glo, ghi, xf, ef, EM_FSUB, nt, cc);
             else if (em == EM_FIN)
-                col_rows(j, rb, re - rb, c0, ncv, flo, fhi, xf, ef, EM_FIN, nt);
+                col_rows(j, rb, re - rb, c0, ncv, flo, fhi, xf, ef, EM_FIN, nt, cc);
             else
-                col_rows(j, rb, re - rb, c0, ncv, flo, fhi, xf, ef, em, nt);
+                col_rows(j, rb, re - rb, c0, ncv, flo, fhi, xf, ef, em, nt, cc);
         }
         rb = re;
     }
@@ -1081,7 +1136,7 @@ AI void tile64_cols(const lowp_quant_job *j, const char *tile, int64_t r0, int64
             col_codes(tile + 32 * pitch + 32 * s * es, pitch, h, f[1][2 * s + h], xf, ef, em, clip,
                       z1);
             col_store64(j, z0, z1, r0, c0 + 32 * s, h, nan_any ? nan[0][2 * s + h] : 0u,
-                        nan_any ? nan[1][2 * s + h] : 0u, xf, ef, nt);
+                        nan_any ? nan[1][2 * s + h] : 0u, xf, ef, nt, NULL);
         }
 }
 
@@ -1380,22 +1435,6 @@ AI void band_pf_step(band_pf *f) {
     }
 }
 
-/* The band path's columnwise lines when the copy's rows are not whole 64-byte lines (the
- * grouped path's spans, or a number of input rows not a multiple of 64): per column c, the
- * bytes of its last segment that begin the next line (buf + 64 c, the segment rotated: bytes
- * [0, a) of a line a bytes into which the segment began), and whether it holds them (have[c]).
- * Each segment then completes the line its predecessor began and is stored as a whole line
- * (col_put). Stored as two pieces of lines (ordinary stores), each of the copy's lines was
- * read for ownership, 64 lines rows apart a tile: one thread, 4128x4096 ran at 0.33-0.34 of
- * memcpy against 0.95-0.96 with the carry, and 8192x2048 in 8 groups (lowp_quantize_grouped)
- * took 10.5-11.7 ms against 4.5 (docs/benchmarks.md, "Eighteenth session"). The row copy
- * uses the same carry along each row of a super-band (band_chunk's rc) when its rows are not
- * whole lines (columns not a multiple of 64): 4096x4128 0.30-0.31 of memcpy, 0.81-0.85 with
- * it. */
-typedef struct col_carry {
-    uint8_t *buf, *have;
-} col_carry;
-
 /* A tile's columnwise codes, transposed in 8x8-byte blocks ([8-row group][8-column group]),
  * whose lines are still to be stored: rows r0.. of the copy (cout), columns c0...; cc: the
  * band path's carry (col_carry), or NULL. */
@@ -1428,16 +1467,6 @@ AIV void col_put(col_carry *cc, int64_t c, uint8_t *d, __m512i v, int nt) {
         _mm512_mask_storeu_epi8(line, ~mask64(a), rot);
     _mm512_store_si512((__m512i *) slot, rot);
     cc->have[c] = 1;
-}
-
-/* Column c's carried bytes, if any, into the line they begin (the line of d, its segment's
- * start, for a segment not stored by col_put: the carry then is empty; or the line after the
- * last segment's, d + 64). */
-AIV void col_carry_out(col_carry *cc, int64_t c, uint8_t *d) {
-    const unsigned a = (unsigned) ((uintptr_t) d & 63);
-    if (!cc->have[c]) return;
-    _mm512_mask_storeu_epi8(d - a, mask64(a), _mm512_load_si512((__m512i *) (cc->buf + 64 * c)));
-    cc->have[c] = 0;
 }
 
 /* Stores all of a staged tile's lines. */
@@ -2078,7 +2107,7 @@ AI void b128_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format x
  * Each column's codes of a 32-row chunk, 32 bytes stored a row of the copy apart, were half
  * lines read before being written, and at 1-2 KiB strides crowded a few L1 sets. */
 AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format xf, lowp_format ef,
-                  int em_ok, int nt) {
+                  int em_ok, int nt, col_carry *car) {
     const int64_t C = j->cols, nbr = j->col_nbr;
     const size_t es = xsize(xf), stride = (size_t) C * es;
     float *sc = (float *) j->col->scales + (size_t) (r0 / 128);
@@ -2130,11 +2159,11 @@ AI void b128_cols(const lowp_quant_job *j, int64_t r0, int64_t nr, lowp_format x
             const int fsub =
                 fin && em_ok && fsub_factors(flo, ef, &glo) & fsub_factors(fhi, ef, &ghi);
             if (fsub)
-                col_rows(j, r0, nr, c0, ncv, glo, ghi, xf, ef, EM_FSUB, nt);
+                col_rows(j, r0, nr, c0, ncv, glo, ghi, xf, ef, EM_FSUB, nt, car);
             else if (fin)
-                col_rows(j, r0, nr, c0, ncv, flo, fhi, xf, ef, EM_FIN, nt);
+                col_rows(j, r0, nr, c0, ncv, flo, fhi, xf, ef, EM_FIN, nt, car);
             else
-                col_rows(j, r0, nr, c0, ncv, flo, fhi, xf, ef, EM_FP32, nt);
+                col_rows(j, r0, nr, c0, ncv, flo, fhi, xf, ef, EM_FP32, nt, car);
         }
     }
 }
@@ -2557,6 +2586,27 @@ static int want_nt(const lowp_qtensor *q) {
     return big_for_nt(q) && (uintptr_t) q->data % 64 == 0 && q->cols % 64 == 0;
 }
 
+/* A carry for the C columns of the job's columnwise copy (col_carry), in cc, when `on`
+ * and its buffers can be allocated: returns cc, or NULL. */
+static col_carry *carry_open(col_carry *cc, int64_t C, int on) {
+    if (!on) return NULL;
+    const size_t n = ((size_t) C * 65 + 63) / 64 * 64;
+    cc->buf = aligned_alloc(64, n);
+    if (!cc->buf) return NULL;
+    cc->have = cc->buf + (size_t) C * 64;
+    memset(cc->have, 0, (size_t) C);
+    return cc;
+}
+
+/* The carries of the job's columns into the lines after their last segments (which end at
+ * row r1), and the buffers freed. */
+AI void carry_close(col_carry *cc, const lowp_quant_job *j, int64_t r1) {
+    if (!cc) return;
+    for (int64_t c = 0; c < j->cols; c++)
+        col_carry_out(cc, c, (uint8_t *) j->col->data + (size_t) c * j->col_ob + (size_t) r1);
+    free(cc->buf);
+}
+
 AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef) {
     /* enc16_sub (BF16) and enc16_fsub (any input) need subnormal results */
     const int em_ok = subnormals_kept();
@@ -2582,6 +2632,7 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
         __m512 g = s;
         const int fsub = em_ok && j->tensor_fin && fsub_factors(s, ef, &g);
         const size_t ob = code_bytes(ef, j->cols);
+        col_carry cb, *cc = carry_open(&cb, j->cols, col_big && !nt_col);
         /* band by band with a columnwise copy, as for BLOCK128 (the band is in L2) */
         for (int64_t rb = r0; rb < r1;) {
             const int64_t re = j->col ? band_end(rb, r1, 64) : r1;
@@ -2594,11 +2645,12 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
                     enc_run(xr, orow, 0, j->cols, s, xf, ef, EM_FP32, nt_row);
             }
             if (j->col && fsub)
-                col_fp32(j, rb, re, NULL, _mm512_cvtss_f32(g), xf, ef, EM_FSUB, em_ok, nt_col);
+                col_fp32(j, rb, re, NULL, _mm512_cvtss_f32(g), xf, ef, EM_FSUB, em_ok, nt_col, cc);
             else if (j->col)
-                col_fp32(j, rb, re, NULL, j->tensor_scale, xf, ef, EM_FP32, em_ok, nt_col);
+                col_fp32(j, rb, re, NULL, j->tensor_scale, xf, ef, EM_FP32, em_ok, nt_col, cc);
             rb = re;
         }
+        carry_close(cc, j, r1);
         break;
     }
     case LOWP_SCALING_ROW:
@@ -2606,12 +2658,16 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
             if (j->row) row_rows(j, r0, r1, xf, ef, em_ok, nt_row);
             break;
         }
-        for (int64_t rb = r0; rb < r1;) { /* band by band, as for TENSOR */
-            const int64_t re = band_end(rb, r1, 64);
-            if (j->row) row_rows(j, rb, re, xf, ef, em_ok, nt_row);
-            col_fp32(j, rb, re, j->col_scale, 0.0f, xf, ef, j->col_fin ? EM_FIN : EM_FP32, em_ok,
-                     nt_col);
-            rb = re;
+        {
+            col_carry cb, *cc = carry_open(&cb, j->cols, col_big && !nt_col);
+            for (int64_t rb = r0; rb < r1;) { /* band by band, as for TENSOR */
+                const int64_t re = band_end(rb, r1, 64);
+                if (j->row) row_rows(j, rb, re, xf, ef, em_ok, nt_row);
+                col_fp32(j, rb, re, j->col_scale, 0.0f, xf, ef, j->col_fin ? EM_FIN : EM_FP32,
+                         em_ok, nt_col, cc);
+                rb = re;
+            }
+            carry_close(cc, j, r1);
         }
         break;
     case LOWP_SCALING_MX32:
@@ -2626,12 +2682,16 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
             if (j->row) b128_rows_any(j, r0, r1, xf, ef, em_ok, nt_row);
             break;
         }
-        /* band by band, so that the columnwise pass reads a band the rowwise one has just
-         * brought into L2 */
-        for (int64_t r = r0; r < r1; r += 128) {
-            const int64_t n = min64(r1 - r, 128);
-            if (j->row) b128_rows_any(j, r, r + n, xf, ef, em_ok, nt_row);
-            b128_cols(j, r, n, xf, ef, em_ok, nt_col);
+        {
+            col_carry cb, *cc = carry_open(&cb, j->cols, col_big && !nt_col);
+            /* band by band, so that the columnwise pass reads a band the rowwise one has just
+             * brought into L2 */
+            for (int64_t r = r0; r < r1; r += 128) {
+                const int64_t n = min64(r1 - r, 128);
+                if (j->row) b128_rows_any(j, r, r + n, xf, ef, em_ok, nt_row);
+                b128_cols(j, r, n, xf, ef, em_ok, nt_col, cc);
+            }
+            carry_close(cc, j, r1);
         }
         break;
     case LOWP_SCALING_BLOCK32X32:
