@@ -445,52 +445,50 @@ static void test_fsub_ties(void) {
     free(f);
 }
 
-/* Dual-axis outputs of 256 KiB and more, 64-byte aligned, are written with non-temporal stores
- * (test_shapes' 256x4096 takes them too), and so are the byte encoder's rowwise copies of the
- * block kinds from 4 MiB (BF16 input here: 8 MiB); the same shape misaligned by one byte takes
- * the ordinary stores. The common training kinds only. */
-static void test_large(void) {
-    const int64_t R = 2048, C = 4096;
+/* gen's R x C input (with specials), as F32 and as BF16, through the cases k of cases[0, n)
+ * whose bit k is set in `which`. */
+static void check_gen(int64_t R, int64_t C, const qcase *cases, size_t n, unsigned which) {
     float *f = malloc((size_t) (R * C) * sizeof *f);
     gen(f, R, C, 1);
     for (int xi = 0; xi < 2; xi++) {
         const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
         void *data = as_format(f, (size_t) (R * C), xf);
         lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
-        for (g_mis = 0; g_mis <= 1; g_mis++) {
-            static const qcase cases[] = {
-                {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3},
-                {LOWP_SCALING_MX32, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_FLOOR, -1, 0.0f, 0.0f, 1},
-                {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_EVEN, -1, 0.0f, 0.0f, 2},
-                {LOWP_SCALING_MX32, LOWP_FORMAT_E2M1, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3},
-                {LOWP_SCALING_BLOCK32X32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f,
-                 3},
-                {LOWP_SCALING_BLOCK128X128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f,
-                 0.0f, 1},
-                {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f,
-                 1},
-                {LOWP_SCALING_ROW, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
-                {LOWP_SCALING_TENSOR, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
-            };
-            for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-                if (g_mis && k > 0 && (k < 4 || k > 6)) continue; /* misaligned: MX32, blocks */
-                check_case(&x, &cases[k]);
-            }
-        }
-        g_mis = 0;
+        for (size_t k = 0; k < n; k++)
+            if (which >> k & 1) check_case(&x, &cases[k]);
         free(data);
     }
     free(f);
+}
+
+/* Dual-axis outputs of 256 KiB and more, 64-byte aligned, are written with non-temporal stores
+ * (test_shapes' 256x4096 takes them too), and so are the byte encoder's rowwise copies of the
+ * block kinds from 4 MiB (BF16 input here: 8 MiB); the same shape misaligned by one byte takes
+ * the ordinary stores. The common training kinds only. */
+static void test_large(void) {
+    static const qcase cases[] = {
+        {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3},
+        {LOWP_SCALING_MX32, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_FLOOR, -1, 0.0f, 0.0f, 1},
+        {LOWP_SCALING_MX32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_EVEN, -1, 0.0f, 0.0f, 2},
+        {LOWP_SCALING_MX32, LOWP_FORMAT_E2M1, LOWP_SCALE_MODE_RCEIL, -1, 0.0f, 0.0f, 3},
+        {LOWP_SCALING_BLOCK32X32, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 3},
+        {LOWP_SCALING_BLOCK128X128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
+        {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
+        {LOWP_SCALING_ROW, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
+        {LOWP_SCALING_TENSOR, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 1},
+    };
+    for (g_mis = 0; g_mis <= 1; g_mis++) /* misaligned: MX32 E4M3 and the block kinds */
+        check_gen(2048, 4096, cases, sizeof cases / sizeof cases[0], g_mis ? 0x71u : ~0u);
+    g_mis = 0;
 }
 
 /* Columnwise copies of at least 256 KiB whose rows are not whole 64-byte lines: the
  * binary32-scale kinds (ROW, TENSOR, BLOCK128) complete each column's lines across 64-row
  * pieces (col_carry in col_store64). 2080 rows: the last band is short, and on two threads
  * the second thread's rows start inside a line (ROW and TENSOR: row 1040); 2048 rows with the
- * outputs one byte off alignment: every band whole, so the carries are emptied at the end of the
- * rows. gen's NaN, Inf, tiny and zero blocks; F32 and BF16 input. */
+ * outputs one byte off alignment: every band whole, so the carries are emptied at the end of
+ * the rows. gen's NaN, Inf, tiny and zero blocks; F32 and BF16 input. */
 static void test_unaligned_rows(void) {
-    const int64_t C = 200;
     static const qcase cases[] = {
         {LOWP_SCALING_ROW, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 3},
         {LOWP_SCALING_ROW, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 2},
@@ -498,19 +496,8 @@ static void test_unaligned_rows(void) {
         {LOWP_SCALING_TENSOR, LOWP_FORMAT_E5M2, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 2},
         {LOWP_SCALING_BLOCK128, LOWP_FORMAT_E4M3, LOWP_SCALE_MODE_DEFAULT, -1, 0.0f, 0.0f, 3},
     };
-    for (g_mis = 0; g_mis <= 1; g_mis++) {
-        const int64_t R = g_mis ? 2048 : 2080;
-        float *f = malloc((size_t) (R * C) * sizeof *f);
-        gen(f, R, C, 1);
-        for (int xi = 0; xi < 2; xi++) {
-            const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
-            void *data = as_format(f, (size_t) (R * C), xf);
-            lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
-            for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) check_case(&x, &cases[k]);
-            free(data);
-        }
-        free(f);
-    }
+    for (g_mis = 0; g_mis <= 1; g_mis++)
+        check_gen(g_mis ? 2048 : 2080, 200, cases, sizeof cases / sizeof cases[0], ~0u);
     g_mis = 0;
 }
 
