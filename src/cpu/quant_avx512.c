@@ -35,7 +35,10 @@
  * (measured: 30% faster on an 8192x4096 input; with the threshold lowered from 8 MiB to 256
  * KiB, 1.5-1.7x on 1024x2048, 2048x1024 and 2048x2048 BF16 inputs, and the trainer's
  * quantization phase 15-22% shorter on `medium`, whose columnwise copies of [2048, 384]
- * activations are 768 KiB; no change measured below it). The
+ * activations are 768 KiB; no change measured below it). Where a copy's rows are not whole
+ * lines (a dimension not a multiple of 64, a misaligned output, the grouped path's spans),
+ * each line is completed from the bytes its predecessor segment left (col_carry) and stored
+ * whole all the same. The
  * rowwise-only kernels write lines in order, which the caches handle as well without them
  * (measured: non-temporal stores 15% slower there), so they do not use them; except the byte
  * encoder's rowwise copies of BLOCK128, BLOCK128X128 and BLOCK32X32 (BF16 input) of at least
