@@ -557,6 +557,13 @@ static void test_band_path(void) {
     band_case(4320, 1100, 1, 2);
 }
 
+/* The band path without the column-scale staging (more than SC_STAGE_MAX_BYTES of it: 65,600
+ * columns, a multiple of 64): on two threads its 256-row super-bands (rows 0-127 and 128-191,
+ * short of 256), with the column scales stored directly. */
+static void test_band_unstaged(void) {
+    band_case(192, 65600, 0, 3);
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 /* The fast encoders need subnormal products: with FTZ and DAZ set on the calling thread the
@@ -766,6 +773,7 @@ int main(void) {
     if (!g_quick) {
         test_large();
         test_unaligned_rows();
+        test_band_unstaged();
         printf("large (non-temporal) cases done (%d comparisons)\n", g_runs);
     }
     printf("%d quantize calls compared with the reference\n", g_runs);

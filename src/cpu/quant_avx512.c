@@ -747,7 +747,9 @@ AI void col_carry_out(col_carry *cc, int64_t c, uint8_t *d) {
 
 /* col_put without the byte permutation (the binary32-scale kinds' column copies, which run
  * without AVX512_VBMI): the line assembled in a buffer from the carry and v. Always
- * non-temporal where the line is whole. */
+ * non-temporal where the line is whole. The band path keeps col_put's permutation: with this
+ * buffer (its loads span two stores, so they wait for them), 4128x4096 on two threads took
+ * 4.1-4.4 ms against 2.6-2.8. */
 AI void col_put_s(col_carry *cc, int64_t c, uint8_t *d, __m512i v) {
     const unsigned a = (unsigned) ((uintptr_t) d & 63);
     if (a == 0) {
