@@ -960,6 +960,68 @@ static void test_part(void) {
     }
 }
 
+/* lowp_cpu_sgp_pack / lowp_cpu_sgp_mul (the attention core's products on panels packed once)
+ * against lowp_cpu_gemm_part on the same operands, bit for bit: both orientations of b, widths
+ * that end inside a panel, row counts past one chunk of strips, contraction ranges that start
+ * inside the panels, and operands with NaN/Inf, values whose products overflow, values whose
+ * products are denormal, and large values in the first column of the range only (the exact
+ * sequence where products could overflow). */
+static void test_sgp(void) {
+    static const int64_t cases[][7] = {
+        /* m, n (b's extent), k (b's extent), n1, k0, k1, spice */
+        {37, 45, 50, 45, 3, 47, 0}, {12, 64, 64, 64, 16, 32, 0},    {200, 256, 64, 200, 0, 64, 0},
+        {5, 16, 9, 16, 0, 9, 0},    {130, 70, 300, 70, 64, 300, 0}, {49, 96, 96, 90, 7, 96, 1},
+        {25, 40, 33, 40, 0, 33, 2}, {25, 40, 33, 33, 1, 33, 3},     {30, 40, 40, 40, 5, 40, 4},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int64_t m = cases[ci][0], n = cases[ci][1], k = cases[ci][2], n1 = cases[ci][3],
+                      k0 = cases[ci][4], k1 = cases[ci][5], spice = cases[ci][6];
+        for (int kn = 0; kn < 2; kn++) {
+            const int64_t lda = k + 5, ldb = (kn ? n : k) + 3, ldc = n1 + 2;
+            const int64_t brows = kn ? k : n;
+            float *a = malloc(sizeof(float) * (size_t) (m * lda));
+            float *b = malloc(sizeof(float) * (size_t) (brows * ldb));
+            float *c = malloc(sizeof(float) * (size_t) (m * ldc));
+            float *cr = malloc(sizeof(float) * (size_t) (m * ldc));
+            float *pk = aligned_alloc(64, (lowp_cpu_sgp_floats(n, k) + 15) / 16 * 64);
+            for (int64_t i = 0; i < m * lda; i++) a[i] = gauss();
+            for (int64_t i = 0; i < brows * ldb; i++) b[i] = gauss();
+            if (spice == 1) { /* NaN, Inf, -Inf in a and b */
+                a[3 * lda + k0 + 1] = NAN, a[(m - 1) * lda + k1 - 1] = INFINITY;
+                b[2 * ldb + 5] = -INFINITY;
+            } else if (spice == 2) { /* products that overflow in some rows */
+                for (int64_t i = 0; i < lda; i++) a[7 * lda + i] *= 1e30f;
+                for (int64_t i = 0; i < ldb; i++) b[ldb + i] *= 1e20f;
+            } else if (spice == 4) { /* b's largest values at k = k0 only (exact sequence),
+                                      * times small ones of a: products of ordinary size */
+                for (int64_t j = 0; j < n; j++) b[kn ? k0 * ldb + j : j * ldb + k0] *= 1e37f;
+                for (int64_t i = 0; i < m; i++) a[i * lda + k0] *= 1e-37f;
+            } else if (spice == 3) { /* products among the denormals */
+                for (int64_t i = 0; i < m * lda; i++) a[i] *= 1e-20f;
+                for (int64_t i = 0; i < brows * ldb; i++) b[i] *= 1e-20f;
+            }
+            for (int64_t i = 0; i < m * ldc; i++) c[i] = cr[i] = -7.25f;
+            lowp_cpu_sgp_pack(b, ldb, kn, n, k, pk);
+            lowp_cpu_sgp_mul(a + k0, lda, m, pk, n, k, n1, k0, k1, c, ldc);
+            lowp_qtensor qa = {
+                LOWP_FORMAT_F32, LOWP_SCALING_NONE, m, lda, a, NULL, LOWP_DEVICE_HOST, NULL, 0};
+            lowp_qtensor qb = {
+                LOWP_FORMAT_F32, LOWP_SCALING_NONE, brows, ldb, b, NULL, LOWP_DEVICE_HOST, NULL, 0};
+            lowp_tensor tc = {LOWP_FORMAT_F32, m, ldc, cr, LOWP_DEVICE_HOST};
+            CHECK(lowp_cpu_gemm_part(&qa, &qb, kn, &tc, m, 0, n1, k0, k1) == LOWP_OK);
+            int same = memcmp(c, cr, sizeof(float) * (size_t) (m * ldc)) == 0, nonfinite = 0;
+            for (int64_t i = 0; i < m * ldc; i++) nonfinite += !isfinite(c[i]);
+            CHECKF(same && (spice != 1 || nonfinite > 0) && (spice != 2 || nonfinite > 0),
+                   "sgp m %lld n %lld k %lld n1 %lld k [%lld, %lld) kn %d spice %lld: same %d, "
+                   "non-finite %d",
+                   (long long) m, (long long) n, (long long) k, (long long) n1, (long long) k0,
+                   (long long) k1, kn, (long long) spice, same, nonfinite);
+            g_cases++;
+            free(a), free(b), free(c), free(cr), free(pk);
+        }
+    }
+}
+
 int main(void) {
     tu_seed(0x243F6A8885A308D3ull);
     const uint32_t f = lowp_cpu_caps()->flags;
@@ -986,6 +1048,7 @@ int main(void) {
     test_kn();
     test_wgrad_kn();
     test_part();
+    test_sgp();
     printf("test_gemm_fast: %d GEMM comparisons\n", g_cases);
     return testutil_finish();
 }

@@ -105,6 +105,21 @@ LOWP_HIDDEN lowp_status lowp_cpu_gemm_part(const struct lowp_qtensor *a,
                                            int64_t m, int64_t n0, int64_t n1, int64_t k0,
                                            int64_t k1);
 
+/* Binary32 products whose right operand serves many calls (the attention core's heads): B
+ * packed once into panels of 32 columns n, then C (m, n) = c[m * ldc + n] = the sum over k in
+ * [k0, k1) of a[m * lda + k - k0] b (n, k), for m < `m` and n < n1. Each element is the same
+ * sequence of operations as lowp_cpu_gemm_part's on the AVX-512 kernels (fused multiply-adds in k
+ * order from +0, or the exact sequence where products could overflow or reach the denormals), so
+ * the bits match it. b: [n, k] (row stride ldb) or, kn, [k, n]. The panels take
+ * lowp_cpu_sgp_floats(n, k) floats at a 64-byte boundary. One thread; only where
+ * lowp_cpu_has_avx512(). */
+LOWP_HIDDEN size_t lowp_cpu_sgp_floats(int64_t n, int64_t k);
+LOWP_HIDDEN void lowp_cpu_sgp_pack(const float *b, int64_t ldb, int kn, int64_t n, int64_t k,
+                                   float *panels);
+LOWP_HIDDEN void lowp_cpu_sgp_mul(const float *a, int64_t lda, int64_t m, const float *panels,
+                                  int64_t n, int64_t k, int64_t n1, int64_t k0, int64_t k1,
+                                  float *c, int64_t ldc);
+
 /* The training layer's dual-axis copies of expert inputs: the rowwise copy `row` of x and the
  * grouped columnwise copy `col` (group_offs set) from one read, as lowp_cpu_quantize(x, row,
  * NULL) and lowp_cpu_quantize_grouped(x, col) would make them, bit for bit. Host tensors whose

@@ -2,7 +2,9 @@
  * and, for every other pair, the blocked BF16 driver (gemm_blk.c) on a VDPBF16PS
  * micro-kernel (CPUs with AVX512_BF16) or on a binary32 FMA micro-kernel (without it); both
  * fall back, tile by tile, on the exact micro-kernel (the reference's operation sequence)
- * where DAZ/FTZ or fused products could change a result beyond rounding.
+ * where DAZ/FTZ or fused products could change a result beyond rounding. The attention core's
+ * products, whose right operands serve many calls, run the SGEMM's micro-kernels on panels
+ * packed once per head (lowp_cpu_sgp_*).
  *
  * SGEMM workspace (floats): NC * Kp16 packed B ([K][32] panels; Kp16 = K rounded up to 16,
  * NC = B_BUDGET_BYTES / (4 Kp16) rounded down to 32, at least 32, at most N rounded up)
@@ -202,15 +204,19 @@ static void tr16(const float *src, float *dst, int64_t dst_stride) {
     }
 }
 
+/* The masks of a panel's two 16-lane halves for its first w columns (w <= 32). */
+static void half_masks(int w, __mmask16 *m0, __mmask16 *m1) {
+    *m0 = (__mmask16) (w >= 16 ? 0xFFFF : (1u << w) - 1);
+    *m1 = (__mmask16) (w >= 32 ? 0xFFFF : w > 16 ? (1u << (w - 16)) - 1 : 0);
+}
+
 /* Pack rows [n0, n0 + w) of B (w <= 32), columns [k0, k1), as [kp][32] floats. */
 static void sg_pack(const lowp_gemm_job *j, int64_t n0, int w, float *dst, float *tmp) {
     const float *B = (const float *) j->b->data;
     const int64_t K = j->k1 - j->k0, ldb = j->b->cols;
     if (j->b_kn) { /* stored [K, N]: each k's 32 columns are one stretch of row k */
-        const __mmask16 m0 = (__mmask16) (w >= 16 ? 0xFFFF : (1u << w) - 1),
-                        m1 = (__mmask16) (w >= 32  ? 0xFFFF
-                                          : w > 16 ? (1u << (w - 16)) - 1
-                                                   : 0);
+        __mmask16 m0, m1;
+        half_masks(w, &m0, &m1);
         const int64_t kp = (K + 15) / 16 * 16;
         for (int64_t k = 0; k < kp; k++) {
             const float *src = B + (j->k0 + k) * ldb + n0;
@@ -351,6 +357,89 @@ static void sgemm(const lowp_gemm_job *j) {
         }
     }
     _mm_sfence(); /* order the streaming stores of C before the job ends */
+}
+
+/* ---- SGEMM on panels packed once (lowp_cpu_sgp_*, cpu.h) ---- */
+
+size_t lowp_cpu_sgp_floats(int64_t n, int64_t k) {
+    const int64_t np = (n + SG_NR - 1) / SG_NR;
+    return (size_t) (np * k * SG_NR + np * k);
+}
+
+void lowp_cpu_sgp_pack(const float *b, int64_t ldb, int kn, int64_t n, int64_t k, float *pk) {
+    const int64_t np = (n + SG_NR - 1) / SG_NR;
+    int *ex = (int *) (pk + np * k * SG_NR);
+    for (int64_t p = 0; p < np; p++) {
+        const int w = (int) (n - SG_NR * p < SG_NR ? n - SG_NR * p : SG_NR);
+        float *dst = pk + p * k * SG_NR;
+        if (kn) { /* b [k, n]: each k's columns are one stretch of row k */
+            __mmask16 m0, m1;
+            half_masks(w, &m0, &m1);
+            for (int64_t kk = 0; kk < k; kk++) {
+                const float *src = b + kk * ldb + SG_NR * p;
+                _mm512_store_ps(dst + kk * SG_NR, _mm512_maskz_loadu_ps(m0, src));
+                _mm512_store_ps(dst + kk * SG_NR + 16, _mm512_maskz_loadu_ps(m1, src + 16));
+            }
+        } else { /* b [n, k]: the panel's w rows, transposed */
+            lowp_cpu_transpose_f32_avx512(b + SG_NR * p * ldb, w, k, ldb, dst, SG_NR);
+            for (int64_t kk = 0; w < SG_NR && kk < k; kk++)
+                for (int i = w; i < SG_NR; i++) dst[kk * SG_NR + i] = 0.0f;
+        }
+        for (int64_t kk = 0; kk < k; kk++) ex[p * k + kk] = max_exp_f32(dst + kk * SG_NR, SG_NR);
+    }
+}
+
+/* Strips of rows whose largest exponents sgp_mul finds before it walks the panels. */
+#define SGP_STRIPS 16
+
+void lowp_cpu_sgp_mul(const float *a, int64_t lda, int64_t m, const float *pk, int64_t n, int64_t k,
+                      int64_t n1, int64_t k0, int64_t k1, float *c, int64_t ldc) {
+    const int64_t np = (n + SG_NR - 1) / SG_NR, K = k1 - k0;
+    const int *ex = (const int *) (pk + np * k * SG_NR);
+    _Alignas(64) float P[SG_MR * SG_NR];
+    for (int64_t s0 = 0; s0 < m; s0 += SG_MR * SGP_STRIPS) {
+        const int64_t s1 = m - s0 < SG_MR * SGP_STRIPS ? m : s0 + SG_MR * SGP_STRIPS;
+        int ea[SGP_STRIPS];
+        for (int64_t m0 = s0; m0 < s1; m0 += SG_MR) {
+            const int64_t rows = s1 - m0 < SG_MR ? s1 - m0 : SG_MR;
+            int e = 0;
+            for (int64_t i = 0; i < rows; i++) {
+                const int ei = max_exp_f32(a + (m0 + i) * lda, K);
+                e = ei > e ? ei : e;
+            }
+            ea[(m0 - s0) / SG_MR] = e;
+        }
+        for (int64_t p = 0; SG_NR * p < n1; p++) {
+            const float *panel = pk + (p * k + k0) * SG_NR;
+            int eb = 0;
+            for (int64_t kk = k0; kk < k1; kk++) eb = ex[p * k + kk] > eb ? ex[p * k + kk] : eb;
+            const int64_t c0 = SG_NR * p;
+            const int w = (int) (n1 - c0 < SG_NR ? n1 - c0 : SG_NR);
+            __mmask16 m0k, m1k;
+            half_masks(w, &m0k, &m1k);
+            for (int64_t m0 = s0; m0 < s1; m0 += SG_MR) {
+                const int rows = (int) (s1 - m0 < SG_MR ? s1 - m0 : SG_MR);
+                const float *ar[SG_MR]; /* rows past the end repeat the last; not stored */
+                for (int i = 0; i < SG_MR; i++) ar[i] = a + (m0 + (i < rows ? i : rows - 1)) * lda;
+                if (sg_needs_seq(ea[(m0 - s0) / SG_MR], eb, K))
+                    sg_12_seq(ar, panel, K, P);
+                else if (rows > 4)
+                    sg_12(ar, panel, K, P);
+                else
+                    sg_4(ar, panel, K, P);
+                for (int i = 0; i < rows; i++) {
+                    float *cr = c + (m0 + i) * ldc + c0;
+                    if (w == SG_NR) {
+                        _mm512_storeu_ps(cr, _mm512_load_ps(P + SG_NR * i));
+                        _mm512_storeu_ps(cr + 16, _mm512_load_ps(P + SG_NR * i + 16));
+                    } else {
+                        _mm512_mask_storeu_ps(cr, m0k, _mm512_load_ps(P + SG_NR * i));
+                        _mm512_mask_storeu_ps(cr + 16, m1k, _mm512_load_ps(P + SG_NR * i + 16));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /* ---- entry points ---- */

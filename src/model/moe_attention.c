@@ -40,13 +40,14 @@ static void rope_rotate(float *x, const moe_dims *d, const float *cosv, const fl
 }
 
 /* The attention core runs per task (sequence b, head h) on the binary32 GEMM kernels, one
- * thread per task, so no sum depends on the thread count. The products read the head's
- * columns of q, k, v, o and their gradients where they lie in the [N, D] activations
- * (lowp_cpu_gemm_part: row stride D, the head's columns as the contraction or the output
- * range), with no copies in or out; the scores and probabilities of a task are a contiguous
- * [T, T] block of att. The products run by blocks of query rows (S, O, dP, dQ) or of keys
- * (dK, dV) over the part of the square that the causal mask leaves nonzero (att_block);
- * products with a [T, T] or [T, D] operand on the right read it as stored (b_kn). */
+ * thread per task, so no sum depends on the thread count. The left operands are read where
+ * they lie: the head's columns of q and dO in the [N, D] activations (row stride D), and the
+ * scores and probabilities of a task, a contiguous [T, T] block of att. The right operands (the
+ * head's K, V, Q, dO) are packed once per task into the SGEMM's panels (att_op) where the
+ * AVX-512 kernels run, and read as they lie by lowp_cpu_gemm_part elsewhere; the outputs go
+ * straight to the head's columns of o, dq, dk, dv. The products run by blocks of query rows
+ * (S, O, dP, dQ) or of keys (dK, dV) over the part of the square that the causal mask leaves
+ * nonzero (att_block). */
 
 /* c (i, n) = c[i * ldc + n] for i < m, n in [n0, n1): the sum over kk in [k0, k1) of
  * a[i * lda + kk] times b[n * ldb + kk] (kn: b[kk * ldb + n]); b has brows rows. One thread,
@@ -64,6 +65,50 @@ static lowp_status mm_part(const float *a, int64_t lda, int64_t m, const float *
     return lowp_cpu_gemm_part(&qa, &qb, kn, &ct, m, n0, n1, k0, k1);
 }
 
+/* The right operand of a task's products, one head of one sequence: b [n, k] (row stride ldb)
+ * or, kn, [k, n]. Where the AVX-512 kernels run it is packed once per task (pk) and every
+ * product of the task reads the panels (lowp_cpu_sgp_mul, the same bits as lowp_cpu_gemm_part);
+ * packing it again for each block of rows took a third of the attention core's GEMM time. */
+typedef struct att_op {
+    const float *b;
+    int64_t ldb, n, k;
+    int kn;
+    float *pk; /* NULL: lowp_cpu_gemm_part on b as it lies */
+} att_op;
+
+static void op_set(att_op *o, const float *b, int64_t ldb, int kn, int64_t n, int64_t k,
+                   float *pk) {
+    o->b = b, o->ldb = ldb, o->n = n, o->k = k, o->kn = kn, o->pk = pk;
+    if (pk) lowp_cpu_sgp_pack(b, ldb, kn, n, k, pk);
+}
+
+/* c[i * ldc + n] for i < m, n < n1: the sum over kk in [k0, k1) of a[i * lda + kk - k0] times
+ * the operand's (n, kk). One thread, binary32. */
+static lowp_status op_mul(const float *a, int64_t lda, int64_t m, const att_op *o, int64_t n1,
+                          int64_t k0, int64_t k1, float *c, int64_t ldc) {
+    if (o->pk) {
+        lowp_cpu_sgp_mul(a, lda, m, o->pk, o->n, o->k, n1, k0, k1, c, ldc);
+        return LOWP_OK;
+    }
+    const float *b = o->kn ? o->b + k0 * o->ldb : o->b + k0;
+    return mm_part(a, lda, m, b, o->ldb, o->kn ? o->k - k0 : o->n, o->kn, 0, n1, 0, k1 - k0, c,
+                   ldc);
+}
+
+/* A thread's panels for `count` operands of [T, hd] (either orientation) in one buffer (*buf,
+ * freed by the caller), or pk[i] = NULL where the products run on lowp_cpu_gemm_part. 0 when
+ * memory ran out. */
+static int op_buffers(const moe_dims *d, int count, float **buf, float **pk) {
+    *buf = NULL;
+    for (int i = 0; i < count; i++) pk[i] = NULL;
+    if (!lowp_cpu_has_avx512()) return 1;
+    const size_t a = lowp_cpu_sgp_floats(d->T, d->hd), b = lowp_cpu_sgp_floats(d->hd, d->T);
+    const size_t each = ((a > b ? a : b) + 15) / 16 * 16; /* whole 64-byte lines */
+    *buf = aligned_alloc(64, (size_t) count * each * sizeof(float));
+    for (int i = 0; *buf && i < count; i++) pk[i] = *buf + (size_t) i * each;
+    return *buf != NULL;
+}
+
 /* Query rows per block of the attention core: a block of rows [i0, i0 + r) multiplies only
  * the keys [0, i0 + r) it can see, so the score and value products of the causal triangle
  * cost about (1 + R / T) / 2 of the square's. A multiple of the SGEMM's 12-row strips; short
@@ -71,14 +116,6 @@ static lowp_status mm_part(const float *a, int64_t lda, int64_t m, const float *
  * 24% -> 27% of an update). */
 static int64_t att_block(int64_t T) {
     return T >= 192 ? 48 : T;
-}
-
-/* dst rows [0, r) (row stride T) = src [r, L], and 0 in columns [L, T). */
-static void put_rows(const float *src, int64_t r, int64_t L, int64_t T, float *dst) {
-    for (int64_t t = 0; t < r; t++) {
-        memcpy(dst + t * T, src + t * L, (size_t) L * sizeof(float));
-        memset(dst + t * T + L, 0, (size_t) (T - L) * sizeof(float));
-    }
 }
 
 /* Row t of the scores s [T] -> causal softmax probabilities of s * scale (0 past t). */
@@ -209,28 +246,32 @@ lowp_status moe_attention_core_forward(const moe_dims *d, const float *q, const 
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
         const int64_t R = att_block(T);
-        float *sb = malloc((size_t) (R * T) * sizeof(float)); /* a block's scores: [r, L] */
-        if (!sb) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
+        float *pbuf, *pk[2];
+        if (!op_buffers(d, 2, &pbuf, pk))
+            keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
             if (failed(&all)) continue;
-            const int64_t seq = (task / d->nh) * T * D, h0 = (task % d->nh) * hd;
+            const int64_t seq = (task / d->nh) * T * D + (task % d->nh) * hd; /* head's (0, 0) */
             float *p = att + task * T * T; /* [T, T]: the probabilities, 0 past the diagonal */
+            att_op kh, vh;                 /* K [T keys, hd], V [T keys, hd] read as [k, n] */
+            op_set(&kh, k + seq, D, 0, T, hd, pk[0]);
+            op_set(&vh, v + seq, D, 1, hd, T, pk[1]);
             lowp_status st = LOWP_OK;
             for (int64_t i0 = 0; i0 < T && st == LOWP_OK; i0 += R) {
                 /* rows [i0, i0 + r) see keys [0, L) */
                 const int64_t r = T - i0 < R ? T - i0 : R, L = i0 + r;
+                float *pb = p + i0 * T; /* the block's rows of P, in place of their scores */
                 /* S = Q K^T over the head's columns */
-                st = mm_part(q + seq + i0 * D, D, r, k + seq, D, L, 0, 0, L, h0, h0 + hd, sb, L);
+                st = op_mul(q + seq + i0 * D, D, r, &kh, L, 0, hd, pb, T);
                 if (st != LOWP_OK) break;
-                moe_softmax_block(sb, r, L, i0, scale);
+                moe_softmax_block(pb, r, T, i0, scale);
                 /* O = P V, into the head's columns of o */
-                st = mm_part(sb, L, r, v + seq, D, L, 1, h0, h0 + hd, 0, L, o + seq + i0 * D, D);
-                put_rows(sb, r, L, T, p + i0 * T);
+                st = op_mul(pb, T, r, &vh, hd, 0, L, o + seq + i0 * D, D);
             }
             keep_first(&all, st);
         }
-        free(sb);
+        free(pbuf);
     }
     return all;
 }
@@ -265,41 +306,46 @@ lowp_status moe_attention_core_backward(const moe_dims *d, const float *q, const
 #pragma omp parallel num_threads(nthreads) if (work >= MOE_PARALLEL_MIN)
     {
         const int64_t R = att_block(T);
-        float *buf = malloc((size_t) (T * T + 2 * R * T) * sizeof(float));
-        float *ds = buf;        /* dS [T, T] */
-        float *db = ds + T * T; /* a block's dP, then dS: [r, L] */
-        float *tb = db + R * T; /* a key block of dS or P, transposed: [c, T - j0] */
-        if (!buf) keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
+        float *buf = malloc((size_t) (T * T + R * T) * sizeof(float));
+        float *ds = buf;        /* dP, then dS [T, T] */
+        float *tb = ds + T * T; /* a key block of dS or P, transposed: [c, T - j0] */
+        float *pbuf, *pk[4];
+        if (!op_buffers(d, 4, &pbuf, pk) || !buf)
+            keep_first(&all, lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "attention: scratch"));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < d->B * d->nh; task++) {
             if (failed(&all)) continue;
-            const int64_t seq = (task / d->nh) * T * D, h0 = (task % d->nh) * hd;
+            const int64_t seq = (task / d->nh) * T * D + (task % d->nh) * hd; /* head's (0, 0) */
             const float *p = att + task * T * T;
+            att_op vh, kh, qh, doh; /* V [T keys, hd]; K, Q, dO read as [k, n] */
+            op_set(&vh, v + seq, D, 0, T, hd, pk[0]);
+            op_set(&kh, k + seq, D, 1, hd, T, pk[1]);
+            op_set(&qh, q + seq, D, 1, hd, T, pk[2]);
+            op_set(&doh, do_ + seq, D, 1, hd, T, pk[3]);
             lowp_status st = LOWP_OK;
             for (int64_t i0 = 0; i0 < T && st == LOWP_OK; i0 += R) {
                 const int64_t r = T - i0 < R ? T - i0 : R, L = i0 + r; /* as in the forward */
+                float *db = ds + i0 * T;
                 /* dP = dO V^T over the head's columns */
-                st = mm_part(do_ + seq + i0 * D, D, r, v + seq, D, L, 0, 0, L, h0, h0 + hd, db, L);
+                st = op_mul(do_ + seq + i0 * D, D, r, &vh, L, 0, hd, db, T);
                 if (st != LOWP_OK) break;
-                moe_ds_block(p, T, db, r, L, i0, scale);
+                moe_ds_block(p, T, db, r, T, i0, scale);
                 /* dQ = dS K, into the head's columns of dq */
-                st = mm_part(db, L, r, k + seq, D, L, 1, h0, h0 + hd, 0, L, dq + seq + i0 * D, D);
-                put_rows(db, r, L, T, ds + i0 * T);
+                st = op_mul(db, T, r, &kh, hd, 0, L, dq + seq + i0 * D, D);
             }
             for (int64_t j0 = 0; j0 < T && st == LOWP_OK; j0 += R) {
                 const int64_t c = T - j0 < R ? T - j0 : R, n = T - j0;
                 /* dK rows [j0, j0 + c) = (dS block)^T Q rows [j0, T); dV from P and dO */
                 block_transpose(ds + j0 * T + j0, n, c, T, tb);
-                st = mm_part(tb, n, c, q + seq + j0 * D, D, n, 1, h0, h0 + hd, 0, n,
-                             dk + seq + j0 * D, D);
+                st = op_mul(tb, n, c, &qh, hd, j0, T, dk + seq + j0 * D, D);
                 if (st != LOWP_OK) break;
                 block_transpose(p + j0 * T + j0, n, c, T, tb);
-                st = mm_part(tb, n, c, do_ + seq + j0 * D, D, n, 1, h0, h0 + hd, 0, n,
-                             dv + seq + j0 * D, D);
+                st = op_mul(tb, n, c, &doh, hd, j0, T, dv + seq + j0 * D, D);
             }
             keep_first(&all, st);
         }
         free(buf);
+        free(pbuf);
     }
     return all;
 }
