@@ -193,6 +193,8 @@ int lowp_bench_parse_path(const char *v, lowp_kernel_path *out) {
         *out = LOWP_PATH_REFERENCE;
     else if (strcmp(v, "avx512") == 0)
         *out = LOWP_PATH_AVX512;
+    else if (strcmp(v, "avx2") == 0)
+        *out = LOWP_KERNEL_PATH_AVX2;
     else
         return -1;
     return 0;
@@ -201,6 +203,7 @@ int lowp_bench_parse_path(const char *v, lowp_kernel_path *out) {
 const char *lowp_bench_path_name(lowp_kernel_path path) {
     if (path == LOWP_PATH_REFERENCE) return "reference";
     if (path == LOWP_PATH_AVX512) return "avx512";
+    if (path == LOWP_KERNEL_PATH_AVX2) return "avx2";
     const uint32_t need =
         LOWP_CAP_AVX512F | LOWP_CAP_AVX512BW | LOWP_CAP_AVX512VL | LOWP_CAP_AVX512DQ;
     lowp_caps caps;

@@ -1,9 +1,10 @@
 /* The fast CPU GEMM kernels (AVX-512 SGEMM, the blocked BF16 driver on its VDPBF16PS, IEEE
- * binary32 and AMX micro-kernels) against the scalar reference (docs/numerics.md section 6): for
- * every operand pair and element format, relative Frobenius error <= 1e-5 of ||C|| and NaN/Inf
- * in exactly the reference's positions, on awkward shapes, with accumulate and BF16 output, on
- * 1 and 2 threads, for split-M and split-K grouped GEMMs, with NaN/Inf inputs and blocks of
- * extreme scale. The AMX kernel also runs here under a scalar model of the tile instructions
+ * binary32 and AMX micro-kernels, the AVX2 kernel) against the scalar reference
+ * (docs/numerics.md section 6): for every operand pair and element format, relative Frobenius
+ * error <= 1e-5 of ||C|| and NaN/Inf in exactly the reference's positions (the AVX2 kernel on
+ * 8-bit and 4-bit elements: the reference's bits), on awkward shapes, with accumulate and BF16
+ * output, on 1 and 2 threads, for split-M and split-K grouped GEMMs, with NaN/Inf inputs and blocks
+ * of extreme scale. The AMX kernel also runs here under a scalar model of the tile instructions
  * (this file includes src/cpu/gemm_amx.c with LOWP_AMX_EMULATE), so its layouts are tested on
  * machines without AMX; the real one runs where AMX is granted. */
 #include <float.h>
@@ -126,6 +127,26 @@ static int compare(const char *what, const lowp_tensor *fast, const lowp_tensor 
     return ok;
 }
 
+/* The AVX2 kernel on 8-bit and 4-bit elements sums as the reference does, and their products
+ * are exact: every element that is not NaN has the reference's bits. */
+static void check_bits(const char *what, const lowp_tensor *fast, const lowp_tensor *ref) {
+    const int64_t n = ref->rows * ref->cols;
+    int64_t diff = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const float f = c_at(fast, i), r = c_at(ref, i);
+        if ((isnan(f) && isnan(r)) || memcmp(&f, &r, sizeof f) == 0) continue;
+        if (first < 0) first = i;
+        diff++;
+    }
+    CHECKF(diff == 0, "%s: %lld elements differ from the reference's bits (first at %lld: %a %a)",
+           what, (long long) diff, (long long) first, first >= 0 ? (double) c_at(fast, first) : 0.0,
+           first >= 0 ? (double) c_at(ref, first) : 0.0);
+}
+
+static int narrow(lowp_format f) {
+    return f != LOWP_FORMAT_F32 && f != LOWP_FORMAT_BF16;
+}
+
 /* ---- runners ---- */
 
 typedef enum runner {
@@ -134,6 +155,7 @@ typedef enum runner {
     RUN_AMX_EMU,  /* the AMX kernel on the scalar tile model, one job */
     RUN_F32X,     /* the driver on the FMA micro-kernel (no AVX512_BF16), small B blocks */
     RUN_DP_SMALL, /* the driver on the VDPBF16PS micro-kernel, small B blocks, one job */
+    RUN_AVX2,     /* lowp_cpu_gemm, path AVX2 */
 } runner;
 
 static const char *runner_name(runner r) {
@@ -142,11 +164,12 @@ static const char *runner_name(runner r) {
     case RUN_AMX: return "amx";
     case RUN_AMX_EMU: return "amx-emu";
     case RUN_F32X: return "fma-small";
+    case RUN_AVX2: return "avx2";
     default: return "dp-small";
     }
 }
 
-static int g_have_avx512, g_have_amx, g_have_bf16;
+static int g_have_avx512, g_have_amx, g_have_bf16, g_have_avx2;
 
 /* b_kn: b is given [K, N] (lowp_gemm_kn). */
 static void job_of(lowp_gemm_job *j, const lowp_qtensor *a, const lowp_qtensor *b, int b_kn,
@@ -173,8 +196,10 @@ static lowp_status run_kn(runner r, const lowp_qtensor *a, const lowp_qtensor *b
     lowp_gemm_cfg_init(&cfg);
     cfg.accumulate = accumulate;
     cfg.threads = threads;
-    if (r == RUN_AVX512 || r == RUN_AMX) {
-        cfg.path = r == RUN_AVX512 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
+    if (r == RUN_AVX512 || r == RUN_AMX || r == RUN_AVX2) {
+        cfg.path = r == RUN_AVX512 ? LOWP_KERNEL_PATH_AVX512
+                   : r == RUN_AMX  ? LOWP_KERNEL_PATH_AMX
+                                   : LOWP_KERNEL_PATH_AVX2;
         return lowp_cpu_gemm(a, b, b_kn, c, &cfg);
     }
     lowp_gemm_job j;
@@ -211,6 +236,7 @@ static int runner_ok(runner r, const lowp_qtensor *a) {
     case RUN_AMX: return g_have_amx && a->format != LOWP_FORMAT_F32;
     case RUN_AMX_EMU: return g_have_avx512 && a->format != LOWP_FORMAT_F32;
     case RUN_F32X: return g_have_avx512 && a->format != LOWP_FORMAT_F32;
+    case RUN_AVX2: return g_have_avx2;
     default: return g_have_avx512 && g_have_bf16 && a->format != LOWP_FORMAT_F32;
     }
 }
@@ -255,7 +281,7 @@ static void check_gemm(const char *name, const lowp_qtensor *a, const lowp_qtens
     cfg.accumulate = accumulate;
     cfg.path = LOWP_KERNEL_PATH_REFERENCE;
     CHECK(lowp_cpu_gemm(a, b, 0, &ref, &cfg) == LOWP_OK);
-    for (runner r = RUN_AVX512; r <= RUN_DP_SMALL; r++) {
+    for (runner r = RUN_AVX512; r <= RUN_AVX2; r++) {
         if (!runner_ok(r, a)) continue;
         if (r == RUN_AMX_EMU && !emu) continue;
         memcpy(fast.data, init.data, es * (size_t) (M * N));
@@ -266,6 +292,7 @@ static void check_gemm(const char *name, const lowp_qtensor *a, const lowp_qtens
                  cfmt == LOWP_FORMAT_F32 ? "f32" : "bf16", threads);
         CHECKF(st == LOWP_OK, "%s: %s", what, lowp_last_error());
         if (st == LOWP_OK) compare(what, &fast, &ref);
+        if (st == LOWP_OK && r == RUN_AVX2 && narrow(a->format)) check_bits(what, &fast, &ref);
         g_cases++;
     }
     free(init.data);
@@ -418,9 +445,10 @@ static void grouped_case(const int32_t *sizes, int G, int64_t N, int64_t K, cons
             lowp_gemm_cfg cfg;
             lowp_gemm_cfg_init(&cfg);
             cfg.accumulate = acc;
-            for (int path = 0; path < 2; path++) {
+            for (int path = 0; path < 3; path++) {
                 if (path == 0 && !g_have_avx512) continue;
                 if (path == 1 && !g_have_amx) continue;
+                if (path == 2 && !g_have_avx2) continue;
                 memcpy(fast.data, ref.data, es * (size_t) (Mtot * N));
                 lowp_tensor r2 = ref;
                 r2.data = malloc(es * (size_t) (Mtot * N));
@@ -428,13 +456,19 @@ static void grouped_case(const int32_t *sizes, int G, int64_t N, int64_t K, cons
                 cfg.path = LOWP_KERNEL_PATH_REFERENCE;
                 cfg.threads = 1;
                 CHECK(lowp_cpu_grouped_gemm(&a.q, bq, 0, offs, G, &r2, &cfg) == LOWP_OK);
-                cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
+                cfg.path = path == 0   ? LOWP_KERNEL_PATH_AVX512
+                           : path == 1 ? LOWP_KERNEL_PATH_AMX
+                                       : LOWP_KERNEL_PATH_AVX2;
                 cfg.threads = 2 - acc;
                 CHECK(lowp_cpu_grouped_gemm(&a.q, bq, 0, offs, G, &fast, &cfg) == LOWP_OK);
                 char what[160];
                 snprintf(what, sizeof what, "grouped %s %s acc=%d", p->name,
-                         path ? "amx" : "avx512", acc);
+                         path == 0   ? "avx512"
+                         : path == 1 ? "amx"
+                                     : "avx2",
+                         acc);
                 compare(what, &fast, &r2);
+                if (path == 2 && narrow(p->fa)) check_bits(what, &fast, &r2);
                 /* Rows past offs[G-1] keep their old values. */
                 CHECKF(memcmp((char *) fast.data + es * (size_t) (M * N),
                               (char *) ref.data + es * (size_t) (M * N), es * 5 * (size_t) N) == 0,
@@ -482,13 +516,16 @@ static void check_wgrad_pair(const lowp_qtensor *qa, const lowp_qtensor *qb, con
         cfg.path = LOWP_KERNEL_PATH_REFERENCE;
         CHECKF(lowp_cpu_grouped_gemm_wgrad(qa, qb, 0, offs, G, &ref, &cfg) == LOWP_OK, "%s",
                lowp_last_error());
-        for (int path = 0; path < 2; path++) {
+        for (int path = 0; path < 3; path++) {
             if (path == 0 && !g_have_avx512) continue;
             if (path == 1 && !g_have_amx) continue;
+            if (path == 2 && !g_have_avx2) continue;
             lowp_tensor f2 = fast;
             f2.data = malloc(es * cn);
             memcpy(f2.data, fast.data, es * cn);
-            cfg.path = path == 0 ? LOWP_KERNEL_PATH_AVX512 : LOWP_KERNEL_PATH_AMX;
+            cfg.path = path == 0   ? LOWP_KERNEL_PATH_AVX512
+                       : path == 1 ? LOWP_KERNEL_PATH_AMX
+                                   : LOWP_KERNEL_PATH_AVX2;
             cfg.threads = 1 + acc;
             if (path == 1 && qa->format == LOWP_FORMAT_F32) {
                 amx_refuses_f32(lowp_cpu_grouped_gemm_wgrad(qa, qb, 0, offs, G, &f2, &cfg), &f2,
@@ -505,8 +542,13 @@ static void check_wgrad_pair(const lowp_qtensor *qa, const lowp_qtensor *qb, con
                      : qa->format == LOWP_FORMAT_E4M3 ? "e4m3"
                      : qa->format == LOWP_FORMAT_E5M2 ? "e5m2"
                                                       : "e2m1",
-                     lowp_scaling_name(qa->scaling), path ? "amx" : "avx512", acc);
+                     lowp_scaling_name(qa->scaling),
+                     path == 0   ? "avx512"
+                     : path == 1 ? "amx"
+                                 : "avx2",
+                     acc);
             compare(what, &f2, &ref);
+            if (path == 2 && narrow(qa->format)) check_bits(what, &f2, &ref);
             free(f2.data);
             g_cases++;
         }
@@ -617,7 +659,7 @@ static void test_wgrad_jobs(void) {
         float *cr = calloc((size_t) (N * K), sizeof(float)), *cf = calloc((size_t) (N * K), 4);
         lowp_tensor ref = {LOWP_FORMAT_F32, N, K, cr, LOWP_DEVICE_HOST}, fast = ref;
         fast.data = cf;
-        for (runner r = RUN_AMX_EMU; r <= RUN_DP_SMALL; r++) {
+        for (runner r = RUN_AMX_EMU; r <= RUN_AVX2; r++) {
             if (!runner_ok(r, &qa)) continue;
             lowp_gemm_job j;
             job_of(&j, &qa, &qb, 0, &ref, 0);
@@ -638,6 +680,9 @@ static void test_wgrad_jobs(void) {
             if (r == RUN_AMX_EMU) {
                 j.ws = ws_alloc(lowp_cpu_gemm_amx_ws_floats_emu(&j));
                 lowp_cpu_gemm_amx_emu(&j);
+            } else if (r == RUN_AVX2) {
+                j.ws = ws_alloc(lowp_cpu_gemm_avx2_ws_floats(&j));
+                lowp_cpu_gemm_avx2(&j);
             } else {
                 j.ws = ws_alloc(lowp_gemm_blk_ws_floats(&j, &k));
                 lowp_gemm_blk_run(&j, &k);
@@ -647,6 +692,7 @@ static void test_wgrad_jobs(void) {
             snprintf(what, sizeof what, "wgrad job g=%d k0=%lld %s", g, (long long) start,
                      runner_name(r));
             compare(what, &fast, &ref);
+            if (r == RUN_AVX2) check_bits(what, &fast, &ref);
             g_cases++;
         }
         free(cr);
@@ -785,7 +831,7 @@ static void test_kn(void) {
                 c1.data = malloc(cb);
                 c2.data = malloc(cb);
                 fill_c(&c0);
-                for (int r = -1; r <= RUN_DP_SMALL; r++) { /* -1: the reference */
+                for (int r = -1; r <= RUN_AVX2; r++) { /* -1: the reference */
                     if (r >= 0 && !runner_ok((runner) r, &a.q)) continue;
                     memcpy(c1.data, c0.data, cb);
                     memcpy(c2.data, c0.data, cb);
@@ -845,15 +891,18 @@ static void test_wgrad_kn(void) {
             c1.data = malloc(cb);
             c2.data = malloc(cb);
             fill_c(&c0);
-            for (int path = 0; path < 3; path++) {
+            for (int path = 0; path < 4; path++) {
+                if (path == 1 && !g_have_avx512) continue;
                 if (path == 2 && !g_have_amx) continue;
+                if (path == 3 && !g_have_avx2) continue;
                 lowp_gemm_cfg cfg;
                 lowp_gemm_cfg_init(&cfg);
                 cfg.accumulate = acc;
                 cfg.threads = 1 + acc;
                 cfg.path = path == 0   ? LOWP_KERNEL_PATH_REFERENCE
                            : path == 1 ? LOWP_KERNEL_PATH_AVX512
-                                       : LOWP_KERNEL_PATH_AMX;
+                           : path == 2 ? LOWP_KERNEL_PATH_AMX
+                                       : LOWP_KERNEL_PATH_AVX2;
                 memcpy(c1.data, c0.data, cb);
                 memcpy(c2.data, c0.data, cb);
                 if (path == 2 && kinds[ki].f == LOWP_FORMAT_F32) {
@@ -879,6 +928,49 @@ static void test_wgrad_kn(void) {
         free(xt.scales);
         operand_drop(&a);
         operand_drop(&x);
+    }
+}
+
+/* MX operands built from raw codes: every pair of scale codes from 0 to 254 (and 0xFF) meets
+ * elements that make block sums with many significant bits, some tiny (subnormal codes only):
+ * where A's factor 2^(eA - 127) would make such a sum denormal and B's scales it back up, only
+ * the exact product ldexpf(s, eA + eB - 254) has the reference's bits (the AVX2 kernel's
+ * binary64 path). On every fast runner against the reference; the AVX2 kernel bit for bit. */
+static void test_mx_scale_range(void) {
+    static const uint8_t codes[] = {0, 1, 10, 32, 33, 60, 127, 200, 217, 218, 240, 254, 0xFF};
+    const int nc = (int) sizeof codes;
+    const int64_t M = nc * 2, N = nc * 2 + 3, K = 96; /* 3 blocks a row */
+    const lowp_format fmts[] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E5M2};
+    for (int fi = 0; fi < 2; fi++) {
+        lowp_qtensor q[2];
+        for (int o = 0; o < 2; o++) {
+            const int64_t rows = o ? N : M;
+            lowp_qtensor t = {fmts[fi], LOWP_SCALING_MX32, rows, K, NULL,
+                              NULL,     LOWP_DEVICE_HOST,  NULL, 0};
+            size_t db, sb;
+            CHECK(lowp_qtensor_nbytes(&t, &db, &sb) == LOWP_OK);
+            t.data = malloc(db);
+            t.scales = malloc(sb);
+            uint8_t *d = t.data, *sc = t.scales;
+            for (int64_t r = 0; r < rows; r++) {
+                const int small = (r / nc) % 2; /* the second half: subnormal codes only */
+                for (int64_t k = 0; k < K; k++) {
+                    uint8_t c = (uint8_t) (urand() * (small ? 7 : 0x7E)) + 1; /* no NaN/Inf */
+                    if (fmts[fi] == LOWP_FORMAT_E5M2 && !small) c = (uint8_t) (c % 0x7B + 1);
+                    if (small && fmts[fi] == LOWP_FORMAT_E5M2) c = (uint8_t) (1 + c % 3);
+                    d[r * K + k] = (uint8_t) (c | (urand() < 0.5 ? 0x80 : 0));
+                }
+                for (int64_t b = 0; b < K / 32; b++)
+                    sc[r * (K / 32) + b] = codes[(r + (o ? 3 * b : b)) % nc];
+            }
+            q[o] = t;
+        }
+        for (int out = 0; out < 2; out++) {
+            char name[64];
+            snprintf(name, sizeof name, "mx scale codes %s", fi ? "e5m2" : "e4m3");
+            check_gemm(name, &q[0], &q[1], out ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32, out, 1, 1);
+        }
+        for (int o = 0; o < 2; o++) free(q[o].data), free(q[o].scales);
     }
 }
 
@@ -1028,15 +1120,18 @@ int main(void) {
     g_have_avx512 = (f & LOWP_CAP_AVX512F) && (f & LOWP_CAP_AVX512BW) && (f & LOWP_CAP_AVX512VL);
     g_have_bf16 = (f & LOWP_CAP_AVX512_BF16) != 0;
     g_have_amx = g_have_avx512 && (f & LOWP_CAP_AMX_BF16) && (f & LOWP_CAP_AMX_PERMITTED);
-    if (!g_have_avx512) {
-        printf("test_gemm_fast: skipped: no AVX-512 F/BW/VL on this CPU (the fast kernels, and "
-               "the AMX model that runs on them, need it)\n");
+    g_have_avx2 = (f & LOWP_CAP_AVX2) && (f & LOWP_CAP_FMA);
+    if (!g_have_avx512 && !g_have_avx2) {
+        printf("test_gemm_fast: skipped: neither AVX-512 F/BW/VL nor AVX2 and FMA on this CPU\n");
         return testutil_finish();
     }
-    if (!g_have_amx)
+    if (!g_have_avx512)
+        printf("test_gemm_fast: no AVX-512 F/BW/VL: the AVX2 kernel only (the AVX-512 and AMX "
+               "kernels, and the AMX model that runs on them, need it)\n");
+    if (g_have_avx512 && !g_have_amx)
         printf(
             "test_gemm_fast: AMX not granted here: the AMX kernel runs on the tile model only\n");
-    if (!g_have_bf16)
+    if (g_have_avx512 && !g_have_bf16)
         printf("test_gemm_fast: no AVX512_BF16: the VDPBF16PS micro-kernel is not tested\n");
     test_pairs();
     test_specials();
@@ -1048,7 +1143,8 @@ int main(void) {
     test_kn();
     test_wgrad_kn();
     test_part();
-    test_sgp();
+    test_mx_scale_range();
+    if (g_have_avx512) test_sgp();
     printf("test_gemm_fast: %d GEMM comparisons\n", g_cases);
     return testutil_finish();
 }

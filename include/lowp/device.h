@@ -83,12 +83,14 @@ enum {
  * and benchmarks force one to compare them. The rule, the same for every op: REFERENCE runs the
  * scalar golden model; a forced fast path runs that kernel or fails with LOWP_ERR_UNSUPPORTED
  * naming why (the CPU lacks it, or it has no kernel for this job); AUTO runs the fastest kernel
- * the CPU and the job allow (AMX, then AVX-512, then the reference). Other backends ignore it. */
+ * the CPU and the job allow (AMX, then AVX-512, then AVX2, then the reference). Other backends
+ * ignore it. */
 typedef enum lowp_kernel_path {
     LOWP_KERNEL_PATH_AUTO = 0,
     LOWP_KERNEL_PATH_REFERENCE = 1,
     LOWP_KERNEL_PATH_AVX512 = 2, /* AVX-512F/BW/VL/DQ */
     LOWP_KERNEL_PATH_AMX = 3,    /* AMX-BF16 (GEMM only: cast and quantize have no AMX kernel) */
+    LOWP_KERNEL_PATH_AVX2 = 4,   /* AVX2 and FMA (GEMM only) */
     LOWP_KERNEL_PATH_COUNT
 } lowp_kernel_path;
 

@@ -22,7 +22,7 @@ lowp_status lowp_cpu_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_c
     lowp_cpu_kernel which;
     lowp_status st = lowp_cpu_pick_kernel(
         "lowp_cast", cfg->path,
-        lowp_cpu_cast_avx512_supports(src->format, dst->format, cfg->rounding), 0, &which);
+        lowp_cpu_cast_avx512_supports(src->format, dst->format, cfg->rounding), 0, 0, &which);
     if (st != LOWP_OK) return st;
     cast_kernel kernel = which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_cast_avx512 : lowp_cpu_cast_ref;
 

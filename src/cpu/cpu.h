@@ -46,14 +46,15 @@ typedef enum lowp_cpu_kernel {
     LOWP_CPU_KERNEL_REFERENCE = 0,
     LOWP_CPU_KERNEL_AVX512 = 1,
     LOWP_CPU_KERNEL_AMX = 2,
+    LOWP_CPU_KERNEL_AVX2 = 3,
 } lowp_cpu_kernel;
 
 /* The one kernel-path rule of lowp_kernel_path (lowp/device.h) for the three dispatchers
- * (cast.c, quant.c, gemm.c; src/cpu/dispatch.c). avx512_job / amx_job: whether that kernel
- * handles this job (its format, scaling, pair); whether the CPU has it is checked here. A
- * forced path that cannot run fails with a message naming `fn`, the path and the reason. */
+ * (cast.c, quant.c, gemm.c; src/cpu/dispatch.c). avx512_job / amx_job / avx2_job: whether that
+ * kernel handles this job (its format, scaling, pair); whether the CPU has it is checked here.
+ * A forced path that cannot run fails with a message naming `fn`, the path and the reason. */
 LOWP_HIDDEN lowp_status lowp_cpu_pick_kernel(const char *fn, lowp_kernel_path path, int avx512_job,
-                                             int amx_job, lowp_cpu_kernel *out);
+                                             int amx_job, int avx2_job, lowp_cpu_kernel *out);
 
 /* The threads a dispatcher runs with for cfg.threads = `want`: lowp_thread_count
  * (lowp/threads.h), then no more than `work` pieces of work when work >= 1. */

@@ -8,9 +8,14 @@ static int cpu_has_amx(void) {
     return (f & LOWP_CAP_AMX_BF16) && (f & LOWP_CAP_AMX_PERMITTED) && lowp_cpu_has_avx512();
 }
 
+static int cpu_has_avx2(void) {
+    const uint32_t f = lowp_cpu_caps()->flags;
+    return (f & LOWP_CAP_AVX2) && (f & LOWP_CAP_FMA);
+}
+
 lowp_status lowp_cpu_pick_kernel(const char *fn, lowp_kernel_path path, int avx512_job, int amx_job,
-                                 lowp_cpu_kernel *out) {
-    const int have512 = lowp_cpu_has_avx512(), have_amx = cpu_has_amx();
+                                 int avx2_job, lowp_cpu_kernel *out) {
+    const int have512 = lowp_cpu_has_avx512(), have_amx = cpu_has_amx(), have2 = cpu_has_avx2();
     *out = LOWP_CPU_KERNEL_REFERENCE;
     switch (path) {
     case LOWP_KERNEL_PATH_REFERENCE: return LOWP_OK;
@@ -40,12 +45,26 @@ lowp_status lowp_cpu_pick_kernel(const char *fn, lowp_kernel_path path, int avx5
                              fn);
         *out = LOWP_CPU_KERNEL_AMX;
         return LOWP_OK;
+    case LOWP_KERNEL_PATH_AVX2:
+        if (!have2)
+            return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                             "%s: cfg.path (LOWP_KERNEL_PATH_AVX2) but this CPU lacks AVX2 and FMA",
+                             fn);
+        if (!avx2_job)
+            return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                             "%s: cfg.path (LOWP_KERNEL_PATH_AVX2) but there is no AVX2 kernel "
+                             "for this job",
+                             fn);
+        *out = LOWP_CPU_KERNEL_AVX2;
+        return LOWP_OK;
     case LOWP_KERNEL_PATH_AUTO:
     default:
         if (have_amx && amx_job)
             *out = LOWP_CPU_KERNEL_AMX;
         else if (have512 && avx512_job)
             *out = LOWP_CPU_KERNEL_AVX512;
+        else if (have2 && avx2_job)
+            *out = LOWP_CPU_KERNEL_AVX2;
         return LOWP_OK;
     }
 }

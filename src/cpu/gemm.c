@@ -1,5 +1,5 @@
 /* CPU GEMM dispatcher: turns lowp_gemm, split-M and split-K grouped GEMMs into jobs over row
- * ranges, picks the kernel (AMX, AVX-512 or the reference) and runs the jobs on the threads,
+ * ranges, picks the kernel (AMX, AVX-512, AVX2 or the reference) and runs the jobs on the threads,
  * each with its own bounded workspace. Arguments were validated by src/ops/gemm.c. */
 #include <omp.h>
 #include <stdlib.h>
@@ -12,11 +12,13 @@ typedef void (*gemm_kernel)(const lowp_gemm_job *);
 
 static gemm_kernel pick(const lowp_gemm_job *j, lowp_kernel_path path, lowp_status *st) {
     lowp_cpu_kernel which;
-    *st = lowp_cpu_pick_kernel("lowp_gemm", path, lowp_cpu_gemm_avx512_supports(j),
-                               lowp_cpu_gemm_amx_supports(j), &which);
+    *st =
+        lowp_cpu_pick_kernel("lowp_gemm", path, lowp_cpu_gemm_avx512_supports(j),
+                             lowp_cpu_gemm_amx_supports(j), lowp_cpu_gemm_avx2_supports(j), &which);
     if (*st != LOWP_OK) return NULL;
     return which == LOWP_CPU_KERNEL_AMX      ? lowp_cpu_gemm_amx
            : which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_gemm_avx512
+           : which == LOWP_CPU_KERNEL_AVX2   ? lowp_cpu_gemm_avx2
                                              : lowp_cpu_gemm_ref;
 }
 
@@ -27,6 +29,9 @@ static size_t ws_floats(gemm_kernel k, const lowp_gemm_job *j) {
         if (m > n) n = m;
     } else if (k == lowp_cpu_gemm_avx512) {
         size_t m = lowp_cpu_gemm_avx512_ws_floats(j);
+        if (m > n) n = m;
+    } else if (k == lowp_cpu_gemm_avx2) {
+        size_t m = lowp_cpu_gemm_avx2_ws_floats(j);
         if (m > n) n = m;
     }
     return n;

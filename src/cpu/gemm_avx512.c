@@ -300,15 +300,6 @@ static int max_exp_f32(const float *x, int64_t n) {
     return (int) (_mm512_reduce_max_epu32(m) >> 23);
 }
 
-/* FMA may differ from the reference in more than rounding only when products or sums can
- * overflow (a product rounded to Inf there, Inf - Inf = NaN) or reach the denormals. */
-static int sg_needs_seq(int ea, int eb, int64_t K) {
-    int lg = 0;
-    while (((int64_t) 1 << lg) < K) lg++;
-    const int e = ea + eb;
-    return e - 252 + lg >= 127 || e <= 152;
-}
-
 static void sgemm(const lowp_gemm_job *j) {
     const int64_t K = j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 0, kp = (K + 15) / 16 * 16;
     const int64_t nc = sg_nc(j), lda = j->a->cols;
@@ -345,7 +336,7 @@ static void sgemm(const lowp_gemm_job *j) {
                 if (next_rows > 0 && p >= npan - pf_parts)
                     lowp_gemm_prefetch_rows(j->a, next, next + next_rows, j->k0, j->k1,
                                             p - (npan - pf_parts), pf_parts);
-                if (sg_needs_seq(ea, pexp[p], K)) {
+                if (lowp_gemm_fma_needs_seq(ea, pexp[p], K)) {
                     sg_12_seq(ar, panel, K, P);
                 } else if (rows > 4) {
                     sg_12(ar, panel, K, P);
@@ -421,7 +412,7 @@ void lowp_cpu_sgp_mul(const float *a, int64_t lda, int64_t m, const float *pk, i
                 const int rows = (int) (s1 - m0 < SG_MR ? s1 - m0 : SG_MR);
                 const float *ar[SG_MR]; /* rows past the end repeat the last; not stored */
                 for (int i = 0; i < SG_MR; i++) ar[i] = a + (m0 + (i < rows ? i : rows - 1)) * lda;
-                if (sg_needs_seq(ea[(m0 - s0) / SG_MR], eb, K))
+                if (lowp_gemm_fma_needs_seq(ea[(m0 - s0) / SG_MR], eb, K))
                     sg_12_seq(ar, panel, K, P);
                 else if (rows > 4)
                     sg_12(ar, panel, K, P);

@@ -44,6 +44,32 @@ static inline size_t lowp_gemm_ref_ws_floats(const lowp_gemm_job *j) {
 
 LOWP_HIDDEN void lowp_cpu_gemm_ref(const lowp_gemm_job *j);
 
+/* The reference's element and scale readers (gemm_ref.c), shared with the AVX2 kernel. */
+/* lut[c] = the value of code c of an 8-bit (or 4-bit) format f; nothing for wider formats. */
+LOWP_HIDDEN void lowp_gemm_decode_lut(lowp_format f, float lut[256]);
+/* out[i] = element (r, k0 + i) of q for k0 + i < k1, exactly (codes only, no scales). */
+LOWP_HIDDEN void lowp_gemm_decode_row(const lowp_qtensor *q, int64_t r, int64_t k0, int64_t k1,
+                                      const float *lut, float *out);
+/* Scale of operand q's row r for K-block `blk` (binary32 kinds: TENSOR, ROW, BLOCK128,
+ * BLOCK128X128; nb scale blocks a row); kn: q is given [K, N] and r is its column, so a
+ * 128x128 tile's scale is found with the roles of the indices swapped. */
+LOWP_HIDDEN float lowp_gemm_scale_f32(const lowp_qtensor *q, int kn, int64_t r, int64_t blk,
+                                      int64_t nb);
+/* E8M0 code of operand q's row r for K-block `blk` (MX32, BLOCK32X32; kn as above). */
+LOWP_HIDDEN uint8_t lowp_gemm_scale_e8m0(const lowp_qtensor *q, int kn, int64_t r, int64_t blk,
+                                         int64_t nb);
+
+/* Whether a binary32 FMA sum over K of products of elements whose largest biased exponents are
+ * ea and eb may differ from the reference's rounded multiply and add beyond rounding: when
+ * products or sums could overflow (a product rounded to Inf there, Inf - Inf = NaN) or reach
+ * the denormals. */
+static inline int lowp_gemm_fma_needs_seq(int ea, int eb, int64_t K) {
+    int lg = 0;
+    while (((int64_t) 1 << lg) < K) lg++;
+    const int e = ea + eb;
+    return e - 252 + lg >= 127 || e <= 152;
+}
+
 /* Fast kernels; supports() says which jobs they take, ws_floats() how much workspace. */
 LOWP_HIDDEN int lowp_cpu_gemm_amx_supports(const lowp_gemm_job *j);
 LOWP_HIDDEN size_t lowp_cpu_gemm_amx_ws_floats(const lowp_gemm_job *j);
@@ -51,5 +77,8 @@ LOWP_HIDDEN void lowp_cpu_gemm_amx(const lowp_gemm_job *j);
 LOWP_HIDDEN int lowp_cpu_gemm_avx512_supports(const lowp_gemm_job *j);
 LOWP_HIDDEN size_t lowp_cpu_gemm_avx512_ws_floats(const lowp_gemm_job *j);
 LOWP_HIDDEN void lowp_cpu_gemm_avx512(const lowp_gemm_job *j);
+LOWP_HIDDEN int lowp_cpu_gemm_avx2_supports(const lowp_gemm_job *j);
+LOWP_HIDDEN size_t lowp_cpu_gemm_avx2_ws_floats(const lowp_gemm_job *j);
+LOWP_HIDDEN void lowp_cpu_gemm_avx2(const lowp_gemm_job *j);
 
 #endif

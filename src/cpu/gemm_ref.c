@@ -8,9 +8,8 @@
 #include "core/scale_rules.h"
 #include "gemm_kernels.h"
 
-/* Decode columns [k0, k1) of row r of q into out (codes only, no scales). */
-static void decode_row(const lowp_qtensor *q, int64_t r, int64_t k0, int64_t k1, const float *lut,
-                       float *out) {
+void lowp_gemm_decode_row(const lowp_qtensor *q, int64_t r, int64_t k0, int64_t k1,
+                          const float *lut, float *out) {
     const int64_t n = k1 - k0;
     switch (q->format) {
     case LOWP_FORMAT_F32: {
@@ -56,16 +55,14 @@ static void decode_col(const lowp_qtensor *q, int64_t n, int64_t k0, int64_t k1,
     }
 }
 
-static void build_lut(lowp_format f, float lut[256]) {
+void lowp_gemm_decode_lut(lowp_format f, float lut[256]) {
     const lowp_format_traits *t;
     lowp_format_get(f, &t);
     if (t->bits > 8) return;
     for (uint32_t c = 0; c < (1u << t->bits); c++) lut[c] = t->decode(c);
 }
 
-/* Scale of operand q's row r for K-block `blk` (binary32 kinds); kn: q is given [K, N] and r is
- * its column, so a 128x128 tile's scale is found with the roles of the indices swapped. */
-static float fp32_scale_at(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
+float lowp_gemm_scale_f32(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
     const float *s = (const float *) q->scales;
     switch (q->scaling) {
     case LOWP_SCALING_TENSOR: return s[0];
@@ -75,8 +72,7 @@ static float fp32_scale_at(const lowp_qtensor *q, int kn, int64_t r, int64_t blk
     }
 }
 
-/* E8M0 code of operand q's row r for K-block `blk` (kn as above). */
-static uint8_t e8m0_code_at(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
+uint8_t lowp_gemm_scale_e8m0(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
     const uint8_t *s = (const uint8_t *) q->scales;
     if (q->scaling == LOWP_SCALING_BLOCK32X32)
         return kn ? s[blk * nb + r / 32] : s[(r / 32) * nb + blk];
@@ -87,8 +83,8 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
     const lowp_qtensor *a = j->a, *b = j->b;
     const int64_t K = j->k1 - j->k0;
     float lut_a[256], lut_b[256];
-    build_lut(a->format, lut_a);
-    build_lut(b->format, lut_b);
+    lowp_gemm_decode_lut(a->format, lut_a);
+    lowp_gemm_decode_lut(b->format, lut_b);
     int64_t sra, nba, srb, nbb;
     lowp_qtensor_scale_shape(a, &sra, &nba, NULL);
     lowp_qtensor_scale_shape(b, &srb, &nbb, NULL);
@@ -103,10 +99,10 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
     for (int64_t n0 = j->n0; n0 < j->n1; n0 += LOWP_GEMM_REF_PANEL) {
         const int64_t n1 = n0 + LOWP_GEMM_REF_PANEL < j->n1 ? n0 + LOWP_GEMM_REF_PANEL : j->n1;
         for (int64_t n = n0; n < n1; n++)
-            (j->b_kn ? decode_col : decode_row)(b, n, j->k0, j->k1, lut_b,
-                                                bpanel + (size_t) (n - n0) * (size_t) K);
+            (j->b_kn ? decode_col : lowp_gemm_decode_row)(b, n, j->k0, j->k1, lut_b,
+                                                          bpanel + (size_t) (n - n0) * (size_t) K);
         for (int64_t m = j->m0; m < j->m1; m++) {
-            decode_row(a, m, j->k0, j->k1, lut_a, arow);
+            lowp_gemm_decode_row(a, m, j->k0, j->k1, lut_a, arow);
             for (int64_t n = n0; n < n1; n++) {
                 const float *bp = bpanel + (size_t) (n - n0) * (size_t) K;
                 float acc = 0.0f;
@@ -115,21 +111,22 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
                     float s = 0.0f;
                     for (int64_t i = k; i < ke; i++) s += arow[i] * bp[i];
                     if (e8) {
-                        uint8_t ca = e8m0_code_at(a, 0, m, j->a_blk + blk, nba);
-                        uint8_t cb = e8m0_code_at(b, j->b_kn, n, j->b_blk + blk, nbb);
+                        uint8_t ca = lowp_gemm_scale_e8m0(a, 0, m, j->a_blk + blk, nba);
+                        uint8_t cb = lowp_gemm_scale_e8m0(b, j->b_kn, n, j->b_blk + blk, nbb);
                         /* Combine the exponents as integers: 2^-127 * 2^-127 underflows. */
                         s = (ca == 0xFF || cb == 0xFF) ? NAN : ldexpf(s, (int) ca + (int) cb - 254);
                         acc += s;
                     } else if (blk128) {
-                        float sa = fp32_scale_at(a, 0, m, j->a_blk + blk, nba);
-                        float sb = fp32_scale_at(b, j->b_kn, n, j->b_blk + blk, nbb);
+                        float sa = lowp_gemm_scale_f32(a, 0, m, j->a_blk + blk, nba);
+                        float sb = lowp_gemm_scale_f32(b, j->b_kn, n, j->b_blk + blk, nbb);
                         acc += s * sa * sb;
                     } else {
                         acc += s;
                     }
                 }
                 if (j->pair == LOWP_PAIR_TENSOR || j->pair == LOWP_PAIR_ROW)
-                    acc = acc * fp32_scale_at(a, 0, m, 0, 1) * fp32_scale_at(b, j->b_kn, n, 0, 1);
+                    acc = acc * lowp_gemm_scale_f32(a, 0, m, 0, 1) *
+                          lowp_gemm_scale_f32(b, j->b_kn, n, 0, 1);
                 const size_t ci = (size_t) (j->c_row_base + m) * (size_t) j->c->cols + (size_t) n;
                 if (bf16_out) {
                     uint16_t *c = (uint16_t *) j->c->data;

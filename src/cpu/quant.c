@@ -112,7 +112,7 @@ static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtens
 static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, const char *fn,
                                lowp_status *st) {
     lowp_cpu_kernel which;
-    *st = lowp_cpu_pick_kernel(fn, path, lowp_cpu_quant_avx512_supports(j), 0, &which);
+    *st = lowp_cpu_pick_kernel(fn, path, lowp_cpu_quant_avx512_supports(j), 0, 0, &which);
     if (*st != LOWP_OK) return NULL;
     return which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512 : lowp_cpu_quant_ref;
 }
@@ -250,7 +250,7 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
     lowp_cpu_kernel which;
     lowp_status st = lowp_cpu_pick_kernel(
         "lowp_quantize_grouped", cfg->path,
-        j.efmt != LOWP_FORMAT_E2M1 && lowp_cpu_quant_avx512_supports(&j), 0, &which);
+        j.efmt != LOWP_FORMAT_E2M1 && lowp_cpu_quant_avx512_supports(&j), 0, 0, &which);
     if (st != LOWP_OK) return st;
     const int fast = which == LOWP_CPU_KERNEL_AVX512;
     if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads, fast);
@@ -270,7 +270,7 @@ int lowp_cpu_quantize_grouped_dual(const lowp_tensor *x, lowp_qtensor *row, lowp
         (j.scaling != LOWP_SCALING_MX32 && j.scaling != LOWP_SCALING_BLOCK128))
         return 0;
     lowp_cpu_kernel which;
-    if (lowp_cpu_pick_kernel("lowp_quantize_grouped", cfg->path, 1, 0, &which) != LOWP_OK ||
+    if (lowp_cpu_pick_kernel("lowp_quantize_grouped", cfg->path, 1, 0, 0, &which) != LOWP_OK ||
         which != LOWP_CPU_KERNEL_AVX512)
         return 0;
     return quantize_grouped_fast(&j, row, cfg, lowp_cpu_threads(cfg->threads, 0));
