@@ -1,5 +1,7 @@
-/* lowp_quantize: the AVX-512 kernels against the scalar reference, bit for bit, through the
- * public API (cfg.path = LOWP_KERNEL_PATH_REFERENCE vs LOWP_KERNEL_PATH_AVX512).
+/* lowp_quantize: the AVX-512 kernels (or, on CPUs without AVX-512 and under
+ * LOWP_CPU_DISABLE=avx512, the AVX2 kernel) against the scalar reference, bit for bit, through
+ * the public API (cfg.path = LOWP_KERNEL_PATH_REFERENCE vs LOWP_KERNEL_PATH_AVX512 or _AVX2; the
+ * AVX2 kernel has no E2M1, whose cases it skips).
  *
  * Every scaling kind, element format, scale mode (E8M0 kinds) or pow2/eps setting (binary32
  * kinds), orientation (rowwise, columnwise, both from one call) and input format (F32, BF16)
@@ -23,7 +25,9 @@
 #include "testutil.h"
 
 static int g_quick;
-static int g_runs; /* quantize calls compared */
+static int g_runs;                                        /* quantize calls compared */
+static lowp_kernel_path g_path = LOWP_KERNEL_PATH_AVX512; /* the fast kernel under test */
+static const char *g_path_name = "avx512";
 
 /* ---- inputs ---- */
 
@@ -158,11 +162,12 @@ static void compare(const char *what, const qcase *q, const lowp_tensor *x, int 
                     const uint8_t *ref, const uint8_t *fast, size_t n) {
     long d = first_diff(ref, fast, n);
     CHECKF(d < 0,
-           "%s differs at byte %ld (ref 0x%02X, avx512 0x%02X): %s %s mode %d pow2 %d eps %g "
+           "%s differs at byte %ld (ref 0x%02X, %s 0x%02X): %s %s mode %d pow2 %d eps %g "
            "scale %g orient %d, x %s %lldx%lld, threads %d, misaligned %d",
-           what, d, d >= 0 ? ref[d] : 0, d >= 0 ? fast[d] : 0, lowp_scaling_name(q->scaling),
-           fname(q->ef), (int) q->mode, q->pow2, (double) q->eps, (double) q->scale, q->orient,
-           fname(x->format), (long long) x->rows, (long long) x->cols, threads, g_mis);
+           what, d, d >= 0 ? ref[d] : 0, g_path_name, d >= 0 ? fast[d] : 0,
+           lowp_scaling_name(q->scaling), fname(q->ef), (int) q->mode, q->pow2, (double) q->eps,
+           (double) q->scale, q->orient, fname(x->format), (long long) x->rows, (long long) x->cols,
+           threads, g_mis);
     if (d >= 0 && ++g_fail_reports > 30) {
         fprintf(stderr, "too many failures, stopping\n");
         exit(testutil_finish());
@@ -170,6 +175,7 @@ static void compare(const char *what, const qcase *q, const lowp_tensor *x, int 
 }
 
 static void check_case(const lowp_tensor *x, const qcase *q) {
+    if (g_path == LOWP_KERNEL_PATH_AVX2 && q->ef == LOWP_FORMAT_E2M1) return; /* no such kernel */
     lowp_qtensor row = {q->ef, q->scaling, x->rows, x->cols, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
     lowp_qtensor col = {q->ef, q->scaling, x->cols, x->rows, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
     outs ro, fo;
@@ -180,8 +186,8 @@ static void check_case(const lowp_tensor *x, const qcase *q) {
     CHECKF(st == LOWP_OK, "reference: %s", lowp_last_error());
     for (int threads = 1; threads <= 2; threads++) {
         float amax_fast = -2.0f;
-        st = run(x, q, LOWP_KERNEL_PATH_AVX512, threads, &fo, 0x5A, &amax_fast);
-        CHECKF(st == LOWP_OK, "avx512: %s", lowp_last_error());
+        st = run(x, q, g_path, threads, &fo, 0x5A, &amax_fast);
+        CHECKF(st == LOWP_OK, "%s: %s", g_path_name, lowp_last_error());
         g_runs++;
         if (q->orient & 1) {
             compare("row codes", q, x, threads, ro.rd, fo.rd, ro.rdb);
@@ -594,7 +600,7 @@ static void test_mxcsr(void) {
         const unsigned csr = _mm_getcsr();
         _mm_setcsr(csr | 0x8040u);
         CHECK(run(&x, &q, LOWP_KERNEL_PATH_REFERENCE, 1, &ro, 0xA5, &amax) == LOWP_OK);
-        CHECK(run(&x, &q, LOWP_KERNEL_PATH_AVX512, 1, &fo, 0x5A, &amax) == LOWP_OK);
+        CHECK(run(&x, &q, g_path, 1, &fo, 0x5A, &amax) == LOWP_OK);
         _mm_setcsr(csr);
         compare("row codes (FTZ/DAZ)", &q, &x, 1, ro.rd, fo.rd, ro.rdb);
         compare("col codes (FTZ/DAZ)", &q, &x, 1, ro.cd, fo.cd, ro.cdb);
@@ -737,8 +743,8 @@ static void test_grouped(void) {
     }
 }
 
-/* Returns 1 when LOWP_KERNEL_PATH_AVX512 can run lowp_quantize here; prints why not otherwise. */
-static int avx512_available(void) {
+/* Returns 1 when `path` can run lowp_quantize here; prints why not otherwise. */
+static int path_available(lowp_kernel_path path) {
     float v = 1.0f;
     uint8_t code = 0, scale = 0;
     lowp_tensor x = {LOWP_FORMAT_F32, 1, 1, &v, LOWP_DEVICE_HOST};
@@ -746,10 +752,12 @@ static int avx512_available(void) {
                         &scale,           LOWP_DEVICE_HOST,  NULL, 0};
     lowp_quant_cfg cfg;
     lowp_quant_cfg_init(&cfg);
-    cfg.path = LOWP_KERNEL_PATH_AVX512;
+    cfg.path = path;
     lowp_status st = lowp_quantize(&x, &row, NULL, &cfg);
     if (st == LOWP_ERR_UNSUPPORTED) {
-        printf("skip: LOWP_KERNEL_PATH_AVX512 unsupported here (%s)\n", lowp_last_error());
+        printf("%s unsupported here (%s)\n",
+               path == LOWP_KERNEL_PATH_AVX2 ? "LOWP_KERNEL_PATH_AVX2" : "LOWP_KERNEL_PATH_AVX512",
+               lowp_last_error());
         return 0;
     }
     CHECKF(st == LOWP_OK, "probe: %s", lowp_last_error());
@@ -759,7 +767,15 @@ static int avx512_available(void) {
 int main(void) {
     tu_seed(0x243F6A8885A308D3ull);
     g_quick = testutil_quick();
-    if (!avx512_available()) return testutil_finish();
+    if (!path_available(LOWP_KERNEL_PATH_AVX512)) {
+        if (!path_available(LOWP_KERNEL_PATH_AVX2)) {
+            printf("skip: no fast quantization kernel here\n");
+            return testutil_finish();
+        }
+        g_path = LOWP_KERNEL_PATH_AVX2;
+        g_path_name = "avx2";
+        printf("testing the AVX2 kernel\n");
+    }
     test_e8m0_sweep();
     test_fp32_rule_sweep();
     test_fsub_ties();

@@ -1,5 +1,5 @@
 /* CPU quantization dispatcher: settles the job (modes, defaults, whole-tensor scales), picks
- * the kernel (reference or AVX-512) and runs bands of rows on the threads. Arguments were
+ * the kernel (reference, AVX-512 or AVX2) and runs bands of rows on the threads. Arguments were
  * validated by the ops layer (src/ops/quant.c). */
 #include <omp.h>
 #include <stdlib.h>
@@ -16,9 +16,29 @@ typedef void (*band_kernel)(const lowp_quant_job *, int64_t, int64_t);
 LOWP_HIDDEN uint32_t lowp_cpu_amax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1);
 LOWP_HIDDEN void lowp_cpu_colamax_bits_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1,
                                               uint32_t *acc);
+/* The same on AVX2 (quant_avx2.c). */
+LOWP_HIDDEN uint32_t lowp_cpu_amax_bits_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1);
+LOWP_HIDDEN void lowp_cpu_colamax_bits_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1,
+                                            uint32_t *acc);
+
+typedef uint32_t (*amax_bits_fn)(const lowp_quant_job *, int64_t, int64_t);
+typedef void (*colamax_bits_fn)(const lowp_quant_job *, int64_t, int64_t, uint32_t *);
+
+/* The whole-tensor passes' vector forms for the kernel that was picked (NULL: scalar). */
+static amax_bits_fn amax_bits_of(band_kernel k) {
+    return k == lowp_cpu_quant_avx512 ? lowp_cpu_amax_bits_avx512
+           : k == lowp_cpu_quant_avx2 ? lowp_cpu_amax_bits_avx2
+                                      : NULL;
+}
+
+static colamax_bits_fn colamax_bits_of(band_kernel k) {
+    return k == lowp_cpu_quant_avx512 ? lowp_cpu_colamax_bits_avx512
+           : k == lowp_cpu_quant_avx2 ? lowp_cpu_colamax_bits_avx2
+                                      : NULL;
+}
 
 /* amax over the whole input (NaN wins), in parallel. */
-static float tensor_amax(const lowp_quant_job *j, int threads, int fast) {
+static float tensor_amax(const lowp_quant_job *j, int threads, amax_bits_fn fast) {
     float m = 0.0f;
     int nan = 0;
 #pragma omp parallel for num_threads(threads) reduction(max                                        \
@@ -28,7 +48,7 @@ static float tensor_amax(const lowp_quant_job *j, int threads, int fast) {
     for (int64_t r = 0; r < j->rows; r++) {
         float mr = 0.0f;
         if (fast) {
-            uint32_t b = lowp_cpu_amax_bits_avx512(j, r, r + 1);
+            uint32_t b = fast(j, r, r + 1);
             mr = b > 0x7F800000u ? NAN : lowp_u2f(b);
         } else {
             for (int64_t c = 0; c < j->cols; c++) mr = lowp_amax_acc(mr, lowp_job_x(j, r, c));
@@ -44,7 +64,8 @@ static float tensor_amax(const lowp_quant_job *j, int threads, int fast) {
 /* Per-column amax (for the columnwise copy of ROW scaling), NaN wins (its payload is not
  * kept: any NaN gives the same scale). The fast form splits the rows among the threads, each
  * with its own maxima, merged after: a maximum is exact in any order. */
-static lowp_status column_amax(const lowp_quant_job *j, float *amax, int threads, int fast) {
+static lowp_status column_amax(const lowp_quant_job *j, float *amax, int threads,
+                               colamax_bits_fn fast) {
     if (fast) {
         const int64_t C = j->cols;
         int nt = j->rows * C > 65536 ? threads : 1;
@@ -56,8 +77,7 @@ static lowp_status column_amax(const lowp_quant_job *j, float *amax, int threads
                              (long long) C);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
         for (int t = 0; t < nt; t++)
-            lowp_cpu_colamax_bits_avx512(j, j->rows * t / nt, j->rows * (t + 1) / nt,
-                                         acc + (size_t) t * (size_t) C);
+            fast(j, j->rows * t / nt, j->rows * (t + 1) / nt, acc + (size_t) t * (size_t) C);
         for (int64_t c = 0; c < C; c++) {
             uint32_t b = acc[c];
             for (int t = 1; t < nt; t++)
@@ -112,9 +132,12 @@ static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtens
 static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, const char *fn,
                                lowp_status *st) {
     lowp_cpu_kernel which;
-    *st = lowp_cpu_pick_kernel(fn, path, lowp_cpu_quant_avx512_supports(j), 0, 0, &which);
+    *st = lowp_cpu_pick_kernel(fn, path, lowp_cpu_quant_avx512_supports(j), 0,
+                               lowp_cpu_quant_avx2_supports(j), &which);
     if (*st != LOWP_OK) return NULL;
-    return which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512 : lowp_cpu_quant_ref;
+    return which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512
+           : which == LOWP_CPU_KERNEL_AVX2 ? lowp_cpu_quant_avx2
+                                           : lowp_cpu_quant_ref;
 }
 
 lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qtensor *col,
@@ -132,7 +155,7 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
         if (cfg->scale) {
             j.tensor_scale = *cfg->scale;
         } else {
-            amax = tensor_amax(&j, threads, kernel == lowp_cpu_quant_avx512);
+            amax = tensor_amax(&j, threads, amax_bits_of(kernel));
             have_amax = 1;
             j.tensor_scale = lowp_rule_fp32_scale(amax, j.et->fmax, j.eps, j.pow2);
             j.tensor_fin = lowp_f2u(amax) < 0x7F800000u; /* finite (amax is >= 0 or NaN) */
@@ -141,7 +164,7 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
         if (col) ((float *) col->scales)[0] = 1.0f / j.tensor_scale;
     }
     if (cfg->amax_out) {
-        if (!have_amax) amax = tensor_amax(&j, threads, kernel == lowp_cpu_quant_avx512);
+        if (!have_amax) amax = tensor_amax(&j, threads, amax_bits_of(kernel));
         *cfg->amax_out = amax;
     }
     float *colsc = NULL;
@@ -150,7 +173,7 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
         if (!colsc)
             return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_quantize: %lld column scales",
                              (long long) j.cols);
-        lowp_status cst = column_amax(&j, colsc, threads, kernel == lowp_cpu_quant_avx512);
+        lowp_status cst = column_amax(&j, colsc, threads, colamax_bits_of(kernel));
         if (cst != LOWP_OK) {
             free(colsc);
             return cst;
@@ -180,8 +203,8 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
     return LOWP_OK;
 }
 
-/* Grouped columnwise quantization on the AVX-512 kernel. A group's blocks run along its own
- * tokens [start, end), exactly as the blocks of an ungrouped columnwise copy of just those
+/* Grouped columnwise quantization on a fast kernel (AVX-512 or AVX2). A group's blocks run along
+ * its own tokens [start, end), exactly as the blocks of an ungrouped columnwise copy of just those
  * rows do, so each group is quantized as an ungrouped job on its rows whose columnwise copy
  * is the group's span of the grouped output: codes from column start of each output row,
  * scales from the group's first block, at the whole output's pitches (col_ob, col_nbr).
@@ -191,7 +214,7 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
  * `row` (a rowwise copy of all of x, the same format and scaling), each group's job fills its
  * rows of it too, from the same read. Returns 1 (it cannot fail). */
 static int quantize_grouped_fast(const lowp_quant_job *j, lowp_qtensor *row,
-                                 const lowp_quant_cfg *cfg, int threads) {
+                                 const lowp_quant_cfg *cfg, int threads, band_kernel kernel) {
     const lowp_qtensor *q = j->col;
     const int64_t bs = j->scaling == LOWP_SCALING_MX32 ? 32 : 128, C = j->cols;
     const size_t ss = j->scaling == LOWP_SCALING_MX32 ? 1 : sizeof(float); /* scale bytes */
@@ -233,7 +256,7 @@ static int quantize_grouped_fast(const lowp_quant_job *j, lowp_qtensor *row,
         setup_job(&sj, &xv, row ? &rsub : NULL, &sub, cfg);
         sj.col_ob = (size_t) j->rows;
         sj.col_nbr = nbt;
-        lowp_cpu_quant_avx512(&sj, 0, n);
+        kernel(&sj, 0, n);
     }
     if (used < j->rows)
         for (int64_t c = 0; c < C; c++)
@@ -250,11 +273,14 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
     lowp_cpu_kernel which;
     lowp_status st = lowp_cpu_pick_kernel(
         "lowp_quantize_grouped", cfg->path,
-        j.efmt != LOWP_FORMAT_E2M1 && lowp_cpu_quant_avx512_supports(&j), 0, 0, &which);
+        j.efmt != LOWP_FORMAT_E2M1 && lowp_cpu_quant_avx512_supports(&j), 0,
+        j.efmt != LOWP_FORMAT_E2M1 && lowp_cpu_quant_avx2_supports(&j), &which);
     if (st != LOWP_OK) return st;
-    const int fast = which == LOWP_CPU_KERNEL_AVX512;
-    if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads, fast);
-    if (fast && quantize_grouped_fast(&j, NULL, cfg, threads)) return LOWP_OK;
+    const band_kernel fast = which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512
+                             : which == LOWP_CPU_KERNEL_AVX2 ? lowp_cpu_quant_avx2
+                                                             : NULL;
+    if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads, amax_bits_of(fast));
+    if (fast && quantize_grouped_fast(&j, NULL, cfg, threads, fast)) return LOWP_OK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (j.rows * j.cols > 32768)
     for (int64_t c = 0; c < j.cols; c++) lowp_cpu_quant_grouped_ref(&j, c, c + 1);
     return LOWP_OK;
@@ -266,14 +292,17 @@ int lowp_cpu_quantize_grouped_dual(const lowp_tensor *x, lowp_qtensor *row, lowp
         return 0; /* rows past the last group: lowp_quantize's rowwise copy has them */
     lowp_quant_job j;
     setup_job(&j, x, NULL, col, cfg);
-    if (j.efmt == LOWP_FORMAT_E2M1 || !lowp_cpu_quant_avx512_supports(&j) ||
+    if (j.efmt == LOWP_FORMAT_E2M1 ||
         (j.scaling != LOWP_SCALING_MX32 && j.scaling != LOWP_SCALING_BLOCK128))
         return 0;
     lowp_cpu_kernel which;
-    if (lowp_cpu_pick_kernel("lowp_quantize_grouped", cfg->path, 1, 0, 0, &which) != LOWP_OK ||
-        which != LOWP_CPU_KERNEL_AVX512)
+    if (lowp_cpu_pick_kernel("lowp_quantize_grouped", cfg->path, lowp_cpu_quant_avx512_supports(&j),
+                             0, lowp_cpu_quant_avx2_supports(&j), &which) != LOWP_OK ||
+        (which != LOWP_CPU_KERNEL_AVX512 && which != LOWP_CPU_KERNEL_AVX2))
         return 0;
-    return quantize_grouped_fast(&j, row, cfg, lowp_cpu_threads(cfg->threads, 0));
+    return quantize_grouped_fast(&j, row, cfg, lowp_cpu_threads(cfg->threads, 0),
+                                 which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512
+                                                                 : lowp_cpu_quant_avx2);
 }
 
 lowp_status lowp_cpu_dequantize(const lowp_qtensor *q, lowp_tensor *out) {

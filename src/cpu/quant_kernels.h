@@ -47,6 +47,10 @@ LOWP_HIDDEN void lowp_cpu_dequant_ref(const lowp_qtensor *q, float *out, int64_t
 LOWP_HIDDEN int lowp_cpu_quant_avx512_supports(const lowp_quant_job *j);
 LOWP_HIDDEN void lowp_cpu_quant_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1);
 
+/* The AVX2 kernel (E4M3 and E5M2 outputs), bit-exact with the reference. */
+LOWP_HIDDEN int lowp_cpu_quant_avx2_supports(const lowp_quant_job *j);
+LOWP_HIDDEN void lowp_cpu_quant_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1);
+
 /* Element x[r][c] of a job's input as binary32 (exact for BF16). */
 static inline float lowp_job_x(const lowp_quant_job *j, int64_t r, int64_t c) {
     size_t i = (size_t) r * (size_t) j->cols + (size_t) c;
