@@ -90,7 +90,7 @@ typedef enum lowp_kernel_path {
     LOWP_KERNEL_PATH_REFERENCE = 1,
     LOWP_KERNEL_PATH_AVX512 = 2, /* AVX-512F/BW/VL/DQ */
     LOWP_KERNEL_PATH_AMX = 3,    /* AMX-BF16 (GEMM only: cast and quantize have no AMX kernel) */
-    LOWP_KERNEL_PATH_AVX2 = 4,   /* AVX2 and FMA (GEMM; quantize to E4M3/E5M2) */
+    LOWP_KERNEL_PATH_AVX2 = 4, /* AVX2 and FMA (GEMM; quantize to E4M3/E5M2; F32 <-> BF16 casts) */
     LOWP_KERNEL_PATH_COUNT
 } lowp_kernel_path;
 

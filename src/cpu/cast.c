@@ -1,4 +1,4 @@
-/* CPU cast dispatcher: picks the kernel (reference or AVX-512) and splits the tensor into
+/* CPU cast dispatcher: picks the kernel (reference, AVX-512 or AVX2) and splits the tensor into
  * pieces for the threads. Arguments were validated by the ops layer (src/ops/cast.c). */
 #include <omp.h>
 
@@ -22,9 +22,12 @@ lowp_status lowp_cpu_cast(const lowp_tensor *src, lowp_tensor *dst, const lowp_c
     lowp_cpu_kernel which;
     lowp_status st = lowp_cpu_pick_kernel(
         "lowp_cast", cfg->path,
-        lowp_cpu_cast_avx512_supports(src->format, dst->format, cfg->rounding), 0, 0, &which);
+        lowp_cpu_cast_avx512_supports(src->format, dst->format, cfg->rounding), 0,
+        lowp_cpu_cast_avx2_supports(src->format, dst->format, cfg->rounding), &which);
     if (st != LOWP_OK) return st;
-    cast_kernel kernel = which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_cast_avx512 : lowp_cpu_cast_ref;
+    cast_kernel kernel = which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_cast_avx512
+                         : which == LOWP_CPU_KERNEL_AVX2 ? lowp_cpu_cast_avx2
+                                                         : lowp_cpu_cast_ref;
 
     int64_t rows = src->rows, cols = src->cols;
     if (rows == 0 || cols == 0) return LOWP_OK;

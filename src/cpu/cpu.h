@@ -86,6 +86,10 @@ LOWP_HIDDEN void lowp_cpu_cast_ref(const lowp_cast_piece *p);
 LOWP_HIDDEN int lowp_cpu_cast_avx512_supports(lowp_format src, lowp_format dst,
                                               lowp_rounding rounding);
 LOWP_HIDDEN void lowp_cpu_cast_avx512(const lowp_cast_piece *p);
+/* The AVX2 kernel: binary32 <-> BF16 (no stochastic rounding). */
+LOWP_HIDDEN int lowp_cpu_cast_avx2_supports(lowp_format src, lowp_format dst,
+                                            lowp_rounding rounding);
+LOWP_HIDDEN void lowp_cpu_cast_avx2(const lowp_cast_piece *p);
 
 /* Quantization entry points (src/cpu/quant.c), arguments validated by src/ops/quant.c. */
 struct lowp_qtensor;
