@@ -223,12 +223,9 @@ static void test_threads_and_preset(void) {
 /* The vector GELU (libmvec's erff and expf) against binary64: g and gd over a sweep of
  * magnitudes (and zero, the tails where Phi saturates, a length that ends mid-vector), within a
  * few units of the formula's binary32 rounding; the same value wherever an element sits. The
- * scalar libm path meets the same bound (checked here too). */
-static void test_vector_gelu(void) {
-    if (!lowp_cpu_has_avx512()) {
-        printf("vector GELU: no AVX-512 here, skipped\n");
-        return;
-    }
+ * scalar libm path meets the same bound (checked here too). Each vector set the CPU has
+ * (libmvec's AVX-512 and AVX2 variants). */
+static void vector_gelu(const lowp_cpu_vmath *vm) {
     enum { N = 20003 };
     static float u[N], g[N], gd[N], g2[N];
     for (int i = 0; i < N; i++) {
@@ -241,7 +238,7 @@ static void test_vector_gelu(void) {
     u[2] = 1e-30f;
     u[3] = -20.0f;
     u[4] = 20.0f;
-    lowp_cpu_gelu_avx512(u, g, gd, N);
+    vm->gelu(u, g, gd, N);
     double worst_g = 0, worst_d = 0, worst_sg = 0, worst_sd = 0;
     for (int i = 0; i < N; i++) {
         const double x = u[i], cdf = 0.5 * (1.0 + erf(x * 0.70710678118654752440));
@@ -263,8 +260,8 @@ static void test_vector_gelu(void) {
     printf("scalar GELU (libm): worst error g %.2f, gelu' %.2f units\n", worst_sg, worst_sd);
     CHECKF(worst_sg <= 4.0 && worst_sd <= 4.0, "the bound is not the formula's: scalar %.2f %.2f",
            worst_sg, worst_sd);
-    printf("vector GELU: worst error g %.2f, gelu' %.2f units over %d values\n", worst_g, worst_d,
-           N);
+    printf("vector GELU (%s): worst error g %.2f, gelu' %.2f units over %d values\n", vm->name,
+           worst_g, worst_d, N);
     CHECKF(worst_g <= 4.0, "g: %.2f units", worst_g);
     CHECKF(worst_d <= 4.0, "gelu': %.2f units", worst_d);
     /* position: the same inputs shifted by 5 elements, without gd */
@@ -272,10 +269,20 @@ static void test_vector_gelu(void) {
     memcpy(us + 5, u, sizeof u);
     for (int i = 0; i < 5; i++) us[i] = 1.0f;
     static float gs[N + 5];
-    lowp_cpu_gelu_avx512(us, gs, NULL, N + 5);
-    lowp_cpu_gelu_avx512(u, g2, NULL, 7); /* a short call: one partial vector */
+    vm->gelu(us, gs, NULL, N + 5);
+    vm->gelu(u, g2, NULL, 7); /* a short call: one partial vector */
     CHECK(memcmp(gs + 5, g, sizeof g) == 0);
     CHECK(memcmp(g2, g, 7 * sizeof *g) == 0);
+}
+
+static void test_vector_gelu(void) {
+    for (int v = 0; v < 2; v++) {
+        const lowp_cpu_vmath *vm = lowp_cpu_vmath_of(v);
+        if (vm)
+            vector_gelu(vm);
+        else
+            printf("vector GELU: no %s here, skipped\n", v ? "AVX2" : "AVX-512");
+    }
 }
 #else
 static void test_vector_gelu(void) {

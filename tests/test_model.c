@@ -549,11 +549,10 @@ static void test_attention_rows(void) {
                 if (x[j] > mx) mx = x[j];
             }
             for (int64_t j = 0; j < n; j++) x[j] -= mx;
-#if LOWP_HAVE_LIBMVEC
-            if (lowp_cpu_has_avx512())
-                lowp_cpu_expf_avx512(x, n);
+            const lowp_cpu_vmath *vm = lowp_cpu_vmath_pick();
+            if (vm)
+                vm->expf(x, n);
             else
-#endif
                 for (int64_t j = 0; j < n; j++) x[j] = expf(x[j]);
             for (int64_t j = 0; j < n; j++) sum += x[j];
             const float inv = 1.0f / sum;

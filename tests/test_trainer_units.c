@@ -384,12 +384,9 @@ static void test_clip_into_update(void) {
 /* The vector SwiGLU (sigmoid on libmvec's expf) against binary64, beside moe_ffn.c's scalar
  * formula on libm's expf: u1 swept over -30 .. 30 (sigmoid saturating both ways), u3 and ds
  * random; s, du1, du3 within a few units of the formula's rounding (du1's 1 - sigmoid(u1)
- * cancels for large u1: an absolute |u1| 2^-24 of its factor); a length ending mid-vector. */
-static void test_vector_swiglu(void) {
-    if (!lowp_cpu_has_avx512()) {
-        printf("vector SwiGLU: no AVX-512 here, skipped\n");
-        return;
-    }
+ * cancels for large u1: an absolute |u1| 2^-24 of its factor); a length ending mid-vector. Each
+ * vector set the CPU has (libmvec's AVX-512 and AVX2 variants). */
+static void vector_swiglu(const lowp_cpu_vmath *vm) {
     enum { N = 30011 };
     static float u1[N], u3[N], ds[N], s[N], du1[N], du3[N];
     uint64_t r = 12345;
@@ -402,8 +399,8 @@ static void test_vector_swiglu(void) {
     }
     u1[0] = 0.0f;
     u1[1] = -0.0f;
-    lowp_cpu_swiglu_fwd_avx512(u1, u3, s, N);
-    lowp_cpu_swiglu_bwd_avx512(u1, u3, ds, du1, du3, N);
+    vm->swiglu_fwd(u1, u3, s, N);
+    vm->swiglu_bwd(u1, u3, ds, du1, du3, N);
     double worst[2][3] = {{0}};
     for (int i = 0; i < N; i++) {
         const double a = u1[i], b = u3[i], d = ds[i], sg = 1.0 / (1.0 + exp(-a));
@@ -422,28 +419,39 @@ static void test_vector_swiglu(void) {
                 if (e[q] > worst[k][q]) worst[k][q] = e[q];
         }
     }
-    printf("SwiGLU worst error units (s, du1, du3): vector %.2f %.2f %.2f, scalar %.2f %.2f %.2f\n",
-           worst[0][0], worst[0][1], worst[0][2], worst[1][0], worst[1][1], worst[1][2]);
+    printf("SwiGLU worst error units (s, du1, du3): vector (%s) %.2f %.2f %.2f, scalar %.2f %.2f "
+           "%.2f\n",
+           vm->name, worst[0][0], worst[0][1], worst[0][2], worst[1][0], worst[1][1], worst[1][2]);
     for (int k = 0; k < 2; k++)
         for (int q = 0; q < 3; q++)
             CHECKF(worst[k][q] <= 6.0, "%s %d: %.2f", k ? "scalar" : "vector", q, worst[k][q]);
     static float s2[N];
-    lowp_cpu_swiglu_fwd_avx512(u1 + 3, u3 + 3, s2, 21); /* shifted, short: same values */
+    vm->swiglu_fwd(u1 + 3, u3 + 3, s2, 21); /* shifted, short: same values */
     CHECK(memcmp(s2, s + 3, 21 * sizeof *s) == 0);
     /* the attention softmax's exponentials: x - max <= 0, down to where expf underflows */
     static float x[N];
     for (int i = 0; i < N; i++) x[i] = (float) (-110.0 * i / (N - 1));
     x[N - 1] = -INFINITY; /* a masked-out score gives 0 */
     memcpy(s2, x, sizeof x);
-    lowp_cpu_expf_avx512(x, N);
+    vm->expf(x, N);
     double we = 0;
     for (int i = 0; i < N - 1; i++) {
         const double e = testutil_err_units(x[i], exp((double) s2[i]), 0x1p-149);
         if (e > we) we = e;
     }
-    printf("vector expf: worst %.2f ulp over [-110, 0]\n", we);
+    printf("vector expf (%s): worst %.2f ulp over [-110, 0]\n", vm->name, we);
     CHECKF(we <= 4.0, "expf: %.2f ulp", we);
     CHECK(x[N - 1] == 0.0f);
+}
+
+static void test_vector_swiglu(void) {
+    for (int v = 0; v < 2; v++) {
+        const lowp_cpu_vmath *vm = lowp_cpu_vmath_of(v);
+        if (vm)
+            vector_swiglu(vm);
+        else
+            printf("vector SwiGLU: no %s here, skipped\n", v ? "AVX2" : "AVX-512");
+    }
 }
 #else
 static void test_vector_swiglu(void) {

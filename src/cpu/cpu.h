@@ -41,6 +41,29 @@ LOWP_HIDDEN void lowp_cpu_swiglu_fwd_avx512(const float *u1, const float *u3, fl
 LOWP_HIDDEN void lowp_cpu_swiglu_bwd_avx512(const float *u1, const float *u3, const float *ds,
                                             float *du1, float *du3, int64_t n);
 
+/* The vector forms of the models' transcendental kernels on libmvec: AVX-512 (vmath_avx512.c)
+ * or AVX2 (vmath_avx2.c, 8 lanes). */
+LOWP_HIDDEN void lowp_cpu_gelu_avx2(const float *u, float *g, float *gd, int64_t n);
+LOWP_HIDDEN void lowp_cpu_expf_avx2(float *x, int64_t n);
+LOWP_HIDDEN void lowp_cpu_swiglu_fwd_avx2(const float *u1, const float *u3, float *s, int64_t n);
+LOWP_HIDDEN void lowp_cpu_swiglu_bwd_avx2(const float *u1, const float *u3, const float *ds,
+                                          float *du1, float *du3, int64_t n);
+
+typedef struct lowp_cpu_vmath {
+    const char *name; /* "avx512" or "avx2" */
+    void (*gelu)(const float *u, float *g, float *gd, int64_t n);
+    void (*expf)(float *x, int64_t n);
+    void (*swiglu_fwd)(const float *u1, const float *u3, float *s, int64_t n);
+    void (*swiglu_bwd)(const float *u1, const float *u3, const float *ds, float *du1, float *du3,
+                       int64_t n);
+} lowp_cpu_vmath;
+
+/* The set this CPU runs (AVX-512 first, then AVX2 and FMA), or NULL where the scalar libm code
+ * runs (built without libmvec, or neither). `lowp_cpu_vmath_of(1)` is the AVX2 set wherever
+ * the CPU has it, for tests. */
+LOWP_HIDDEN const lowp_cpu_vmath *lowp_cpu_vmath_pick(void);
+LOWP_HIDDEN const lowp_cpu_vmath *lowp_cpu_vmath_of(int avx2);
+
 /* The kernel a CPU dispatcher runs. */
 typedef enum lowp_cpu_kernel {
     LOWP_CPU_KERNEL_REFERENCE = 0,

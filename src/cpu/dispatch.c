@@ -69,6 +69,28 @@ lowp_status lowp_cpu_pick_kernel(const char *fn, lowp_kernel_path path, int avx5
     }
 }
 
+#if LOWP_HAVE_LIBMVEC
+static const lowp_cpu_vmath g_vmath512 = {"avx512", lowp_cpu_gelu_avx512, lowp_cpu_expf_avx512,
+                                          lowp_cpu_swiglu_fwd_avx512, lowp_cpu_swiglu_bwd_avx512};
+static const lowp_cpu_vmath g_vmath2 = {"avx2", lowp_cpu_gelu_avx2, lowp_cpu_expf_avx2,
+                                        lowp_cpu_swiglu_fwd_avx2, lowp_cpu_swiglu_bwd_avx2};
+#endif
+
+const lowp_cpu_vmath *lowp_cpu_vmath_of(int avx2) {
+#if LOWP_HAVE_LIBMVEC
+    if (avx2) return cpu_has_avx2() ? &g_vmath2 : NULL;
+    return lowp_cpu_has_avx512() ? &g_vmath512 : NULL;
+#else
+    (void) avx2;
+    return NULL;
+#endif
+}
+
+const lowp_cpu_vmath *lowp_cpu_vmath_pick(void) {
+    const lowp_cpu_vmath *v = lowp_cpu_vmath_of(0);
+    return v ? v : lowp_cpu_vmath_of(1);
+}
+
 int lowp_cpu_threads(int32_t want, int64_t work) {
     int n = lowp_thread_count(want);
     if (work >= 1 && work < n) n = (int) work;

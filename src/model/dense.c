@@ -230,18 +230,17 @@ static void layernorm_backward(const float *x, const float *w, const float *mean
 /* g = gelu(u) = u Phi(u) over n elements, and gd = gelu'(u) = Phi(u) + u phi(u) for the
  * backward (when gd is not NULL): the erff is the costly part, so it is computed once. */
 static void gelu_forward(const float *u, float *g, float *gd, int64_t n, int nthreads) {
-#if LOWP_HAVE_LIBMVEC
-    if (lowp_cpu_has_avx512()) {
+    const lowp_cpu_vmath *vm = lowp_cpu_vmath_pick();
+    if (vm) {
         /* spans of whole vectors per thread, so that no vector straddles two threads */
         const int64_t span = 4096, spans = (n + span - 1) / span;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
         for (int64_t s = 0; s < spans; s++) {
             const int64_t i = s * span, len = n - i < span ? n - i : span;
-            lowp_cpu_gelu_avx512(u + i, g + i, gd ? gd + i : NULL, len);
+            vm->gelu(u + i, g + i, gd ? gd + i : NULL, len);
         }
         return;
     }
-#endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float x = u[i], cdf = 0.5f * (1.0f + erff(x * DENSE_SQRT1_2));

@@ -126,13 +126,12 @@ static void softmax_row(float *s, int64_t T, int64_t t, float scale) {
         if (s[j] > mx) mx = s[j];
     }
     float sum = 0.0f;
-#if LOWP_HAVE_LIBMVEC
-    if (lowp_cpu_has_avx512()) { /* the same steps, the exponentials 16 at a time */
+    const lowp_cpu_vmath *vm = lowp_cpu_vmath_pick();
+    if (vm) { /* the same steps, the exponentials 16 (AVX-512) or 8 at a time */
         for (int64_t j = 0; j <= t; j++) s[j] -= mx;
-        lowp_cpu_expf_avx512(s, t + 1);
+        vm->expf(s, t + 1);
         for (int64_t j = 0; j <= t; j++) sum += s[j];
     } else
-#endif
         for (int64_t j = 0; j <= t; j++) {
             s[j] = expf(s[j] - mx);
             sum += s[j];
@@ -146,7 +145,8 @@ static void softmax_row(float *s, int64_t T, int64_t t, float scale) {
  * L): the running maxima and the sums of the eight rows side by side, each row's still
  * sequential in its own order (the same bits as softmax_row), so that the eight dependent
  * chains overlap instead of running one after another. */
-static void softmax_rows8(float *s, int64_t ld, int64_t L, int64_t t0, float scale) {
+static void softmax_rows8(const lowp_cpu_vmath *vm, float *s, int64_t ld, int64_t L, int64_t t0,
+                          float scale) {
     float *row[8], mx[8], sum[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) row[i] = s + i * ld, mx[i] = -INFINITY, sum[i] = 0.0f;
@@ -166,7 +166,7 @@ static void softmax_rows8(float *s, int64_t ld, int64_t L, int64_t t0, float sca
         }
     for (int i = 0; i < 8; i++) {
         for (int64_t j = 0; j <= t0 + i; j++) row[i][j] -= mx[i];
-        lowp_cpu_expf_avx512(row[i], t0 + i + 1);
+        vm->expf(row[i], t0 + i + 1);
     }
     for (int64_t j = 0; j < common; j++) {
 #pragma GCC unroll 8
@@ -185,10 +185,9 @@ static void softmax_rows8(float *s, int64_t ld, int64_t L, int64_t t0, float sca
  * each, eight at a time where the vector exponential runs. */
 void moe_softmax_block(float *sb, int64_t r, int64_t L, int64_t i0, float scale) {
     int64_t t = 0;
-#if LOWP_HAVE_LIBMVEC
-    if (lowp_cpu_has_avx512())
-        for (; t + 8 <= r; t += 8) softmax_rows8(sb + t * L, L, L, i0 + t, scale);
-#endif
+    const lowp_cpu_vmath *vm = lowp_cpu_vmath_pick();
+    if (vm)
+        for (; t + 8 <= r; t += 8) softmax_rows8(vm, sb + t * L, L, L, i0 + t, scale);
     for (; t < r; t++) softmax_row(sb + t * L, L, i0 + t, scale);
 }
 

@@ -29,14 +29,13 @@ static float sigmoidf(float u) {
 #define VSPAN 4096
 
 static void swiglu_forward(const float *u1, const float *u3, float *s, int64_t n, int nthreads) {
-#if LOWP_HAVE_LIBMVEC
-    if (lowp_cpu_has_avx512()) {
+    const lowp_cpu_vmath *vm = lowp_cpu_vmath_pick();
+    if (vm) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
         for (int64_t i = 0; i < n; i += VSPAN)
-            lowp_cpu_swiglu_fwd_avx512(u1 + i, u3 + i, s + i, n - i < VSPAN ? n - i : VSPAN);
+            vm->swiglu_fwd(u1 + i, u3 + i, s + i, n - i < VSPAN ? n - i : VSPAN);
         return;
     }
-#endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) s[i] = u1[i] * sigmoidf(u1[i]) * u3[i];
 }
@@ -45,16 +44,15 @@ static void swiglu_forward(const float *u1, const float *u3, float *s, int64_t n
  *   du1 = ds * u3 * silu'(u1),   du3 = ds * silu(u1). */
 static void swiglu_backward(const float *u1, const float *u3, const float *ds, float *du1,
                             float *du3, int64_t n, int nthreads) {
-#if LOWP_HAVE_LIBMVEC
-    if (lowp_cpu_has_avx512()) {
+    const lowp_cpu_vmath *vm = lowp_cpu_vmath_pick();
+    if (vm) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
         for (int64_t i = 0; i < n; i += VSPAN) {
             const int64_t len = n - i < VSPAN ? n - i : VSPAN;
-            lowp_cpu_swiglu_bwd_avx512(u1 + i, u3 + i, ds + i, du1 + i, du3 + i, len);
+            vm->swiglu_bwd(u1 + i, u3 + i, ds + i, du1 + i, du3 + i, len);
         }
         return;
     }
-#endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float sg = sigmoidf(u1[i]);
