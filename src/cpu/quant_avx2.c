@@ -38,10 +38,12 @@ int lowp_cpu_quant_avx2_supports(const lowp_quant_job *j) {
 
 /* ---- loads ---- */
 
-/* Elements (r, c .. c + n) of the input as binary32, zeros past n (n <= 8). */
-AI __m256 ld8(const lowp_quant_job *j, int64_t r, int64_t c, int n) {
+/* Elements (r, c .. c + n) of the input as binary32, zeros past n (n <= 8). The input format
+ * is the job's; the kernel's instances (run_*) fix it, so the test folds away. */
+#define ld8(j, r, c, n) ld8_(j, r, c, n, BF)
+AI __m256 ld8_(const lowp_quant_job *j, int64_t r, int64_t c, int n, const int BF) {
     const size_t i = (size_t) r * (size_t) j->cols + (size_t) c;
-    if (j->xfmt == LOWP_FORMAT_BF16) {
+    if (BF) {
         const uint16_t *p = (const uint16_t *) j->x + i;
         __m128i h;
         if (n == 8) {
@@ -63,27 +65,30 @@ AI __m256i abs_bits(__m256 v) {
     return _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7FFFFFFF));
 }
 
-static uint32_t hmax(__m256i m) {
-    uint32_t v[8];
-    _mm256_storeu_si256((__m256i *) v, m);
-    uint32_t r = v[0];
-    for (int l = 1; l < 8; l++) r = v[l] > r ? v[l] : r;
-    return r;
+AI uint32_t hmax(__m256i m) {
+    __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xB1));
+    return (uint32_t) _mm_cvtsi128_si32(h);
 }
 
 /* Lane-wise maxima of |x| bits over rows [r0, r1) of the 8 (n) columns from c. */
-static __m256i col_amax8(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t c, int n) {
+AI __m256i col_amax8(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t c, int n,
+                     const int BF) {
     __m256i m = _mm256_setzero_si256();
     for (int64_t r = r0; r < r1; r++) m = _mm256_max_epu32(m, abs_bits(ld8(j, r, c, n)));
     return m;
 }
 
 /* Maximum of |x| bits over [r0, r1) x [c0, c1). */
-static uint32_t rect_amax(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+AI uint32_t rect_amax(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                      const int BF) {
     __m256i m = _mm256_setzero_si256();
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t c = c0; c < c1; c += 8)
-            m = _mm256_max_epu32(m, abs_bits(ld8(j, r, c, c1 - c < 8 ? (int) (c1 - c) : 8)));
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t c = c0;
+        for (; c + 8 <= c1; c += 8) m = _mm256_max_epu32(m, abs_bits(ld8(j, r, c, 8)));
+        if (c < c1) m = _mm256_max_epu32(m, abs_bits(ld8(j, r, c, (int) (c1 - c))));
+    }
     return hmax(m);
 }
 
@@ -152,10 +157,15 @@ AI __m256i enc_lanes(__m256 x, const lanes *ln, const int E5) {
 
 /* Row r, columns [c0, c1), into the rowwise copy; one factor set for all of them. */
 AI void emit_row(const lowp_quant_job *j, int64_t r, int64_t c0, int64_t c1, const lanes *ln,
-                 const int E5) {
+                 const int E5, const int BF) {
     uint8_t *o = (uint8_t *) j->row->data + (size_t) r * (size_t) j->cols;
-    for (int64_t c = c0; c < c1; c += 8) {
-        const int n = c1 - c < 8 ? (int) (c1 - c) : 8;
+    int64_t c = c0;
+    for (; c + 8 <= c1; c += 8) {
+        const uint64_t v = pack8(enc_lanes(ld8(j, r, c, 8), ln, E5));
+        memcpy(o + c, &v, 8);
+    }
+    if (c < c1) {
+        const int n = (int) (c1 - c);
         put_bytes(o + c, pack8(enc_lanes(ld8(j, r, c, n), ln, E5)), n);
     }
 }
@@ -163,7 +173,7 @@ AI void emit_row(const lowp_quant_job *j, int64_t r, int64_t c0, int64_t c1, con
 /* Rows [r0, r1) x the n (<= 8) columns from c into the columnwise copy, lane l's factors for
  * column c + l. */
 AI void emit_cols(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t c, int n,
-                  const lanes *ln, const int E5) {
+                  const lanes *ln, const int E5, const int BF) {
     uint8_t *o = (uint8_t *) j->col->data;
     const size_t ob = j->col_ob;
     for (int64_t r = r0; r < r1; r += 8) {
@@ -202,13 +212,14 @@ static lanes uniform(float f, int nan) {
 /* ---- the scalings ---- */
 
 /* MX32 or BLOCK128 along rows: block b of row r. */
-AI void row_blocks(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, const int E5) {
+AI void row_blocks(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, const int E5,
+                   const int BF) {
     const int64_t C = j->cols, nb = (C + bs - 1) / bs;
     const int e8 = j->scaling == LOWP_SCALING_MX32;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t b = 0; b < nb; b++) {
             const int64_t c0 = b * bs, c1 = c0 + bs < C ? c0 + bs : C;
-            const float amax = amax_of(rect_amax(j, r, r + 1, c0, c1));
+            const float amax = amax_of(rect_amax(j, r, r + 1, c0, c1, BF));
             lanes ln;
             if (e8) {
                 const uint8_t code = lowp_rule_e8m0_code(amax, j->et, j->mode);
@@ -219,12 +230,13 @@ AI void row_blocks(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, 
                 ((float *) j->row->scales)[r * nb + b] = 1.0f / s;
                 ln = uniform(s, 0);
             }
-            emit_row(j, r, c0, c1, &ln, E5);
+            emit_row(j, r, c0, c1, &ln, E5, BF);
         }
 }
 
 /* MX32 or BLOCK128 along columns: the blocks of input rows [rb * bs, ...) within [r0, r1). */
-AI void col_blocks(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, const int E5) {
+AI void col_blocks(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, const int E5,
+                   const int BF) {
     const int64_t R = j->rows, C = j->cols;
     const int e8 = j->scaling == LOWP_SCALING_MX32;
     for (int64_t rb = r0 / bs; rb * bs < r1; rb++) {
@@ -232,7 +244,7 @@ AI void col_blocks(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, 
         for (int64_t c = 0; c < C; c += 8) {
             const int n = C - c < 8 ? (int) (C - c) : 8;
             uint32_t m[8];
-            _mm256_storeu_si256((__m256i *) m, col_amax8(j, ra, re, c, n));
+            _mm256_storeu_si256((__m256i *) m, col_amax8(j, ra, re, c, n, BF));
             float f[8] = {0};
             int32_t nan[8] = {0};
             for (int l = 0; l < n; l++) {
@@ -248,20 +260,21 @@ AI void col_blocks(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, 
                 }
             }
             const lanes ln = {_mm256_loadu_ps(f), _mm256_loadu_si256((const __m256i *) nan)};
-            emit_cols(j, ra, re, c, n, &ln, E5);
+            emit_cols(j, ra, re, c, n, &ln, E5, BF);
         }
     }
 }
 
 /* BLOCK128X128 or BLOCK32X32: one scale per tile, both copies. */
-AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, const int E5) {
+AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, const int E5,
+              const int BF) {
     const int64_t R = j->rows, C = j->cols, nbr = (R + bs - 1) / bs, nbc = (C + bs - 1) / bs;
     const int e8 = j->scaling == LOWP_SCALING_BLOCK32X32;
     for (int64_t tr = r0 / bs; tr * bs < r1; tr++) {
         const int64_t ra = tr * bs, re = ra + bs < R ? ra + bs : R;
         for (int64_t tc = 0; tc < nbc; tc++) {
             const int64_t ca = tc * bs, ce = ca + bs < C ? ca + bs : C;
-            const float amax = amax_of(rect_amax(j, ra, re, ca, ce));
+            const float amax = amax_of(rect_amax(j, ra, re, ca, ce, BF));
             lanes ln;
             if (e8) {
                 const uint8_t code = lowp_rule_e8m0_code(amax, j->et, j->mode);
@@ -275,28 +288,28 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, const
                 ln = uniform(s, 0);
             }
             if (j->row)
-                for (int64_t r = ra; r < re; r++) emit_row(j, r, ca, ce, &ln, E5);
+                for (int64_t r = ra; r < re; r++) emit_row(j, r, ca, ce, &ln, E5, BF);
             if (j->col)
                 for (int64_t c = ca; c < ce; c += 8)
-                    emit_cols(j, ra, re, c, ce - c < 8 ? (int) (ce - c) : 8, &ln, E5);
+                    emit_cols(j, ra, re, c, ce - c < 8 ? (int) (ce - c) : 8, &ln, E5, BF);
         }
     }
 }
 
 /* TENSOR (the job's scale) and ROW (a scale per row; the columnwise copy's per column). */
-AI void whole(const lowp_quant_job *j, int64_t r0, int64_t r1, const int E5) {
+AI void whole(const lowp_quant_job *j, int64_t r0, int64_t r1, const int E5, const int BF) {
     const int64_t C = j->cols;
     const int rowwise = j->scaling == LOWP_SCALING_ROW;
     if (j->row)
         for (int64_t r = r0; r < r1; r++) {
             float s = j->tensor_scale;
             if (rowwise) {
-                s = lowp_rule_fp32_scale(amax_of(rect_amax(j, r, r + 1, 0, C)), j->et->fmax, j->eps,
-                                         j->pow2);
+                s = lowp_rule_fp32_scale(amax_of(rect_amax(j, r, r + 1, 0, C, BF)), j->et->fmax,
+                                         j->eps, j->pow2);
                 ((float *) j->row->scales)[r] = 1.0f / s;
             }
             const lanes ln = uniform(s, 0);
-            emit_row(j, r, 0, C, &ln, E5);
+            emit_row(j, r, 0, C, &ln, E5, BF);
         }
     if (j->col)
         for (int64_t c = 0; c < C; c += 8) {
@@ -307,48 +320,61 @@ AI void whole(const lowp_quant_job *j, int64_t r0, int64_t r1, const int E5) {
                 memcpy(f, j->col_scale + c, (size_t) n * sizeof(float));
                 ln.f = _mm256_loadu_ps(f);
             }
-            emit_cols(j, r0, r1, c, n, &ln, E5);
+            emit_cols(j, r0, r1, c, n, &ln, E5, BF);
         }
 }
 
-AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, const int E5) {
+AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, const int E5, const int BF) {
     switch (j->scaling) {
     case LOWP_SCALING_TENSOR:
-    case LOWP_SCALING_ROW: whole(j, r0, r1, E5); break;
+    case LOWP_SCALING_ROW: whole(j, r0, r1, E5, BF); break;
     case LOWP_SCALING_MX32:
     case LOWP_SCALING_BLOCK128: {
         const int64_t bs = j->scaling == LOWP_SCALING_MX32 ? 32 : 128;
-        if (j->row) row_blocks(j, r0, r1, bs, E5);
-        if (j->col) col_blocks(j, r0, r1, bs, E5);
+        if (j->row) row_blocks(j, r0, r1, bs, E5, BF);
+        if (j->col) col_blocks(j, r0, r1, bs, E5, BF);
         break;
     }
-    case LOWP_SCALING_BLOCK128X128: tiles(j, r0, r1, 128, E5); break;
-    case LOWP_SCALING_BLOCK32X32: tiles(j, r0, r1, 32, E5); break;
+    case LOWP_SCALING_BLOCK128X128: tiles(j, r0, r1, 128, E5, BF); break;
+    case LOWP_SCALING_BLOCK32X32: tiles(j, r0, r1, 32, E5, BF); break;
     default: break;
     }
 }
 
-static void run_e4m3(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    run(j, r0, r1, 0);
+static void run_e4m3_f32(const lowp_quant_job *j, int64_t r0, int64_t r1) {
+    run(j, r0, r1, 0, 0);
 }
-static void run_e5m2(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    run(j, r0, r1, 1);
+static void run_e5m2_f32(const lowp_quant_job *j, int64_t r0, int64_t r1) {
+    run(j, r0, r1, 1, 0);
+}
+static void run_e4m3_bf16(const lowp_quant_job *j, int64_t r0, int64_t r1) {
+    run(j, r0, r1, 0, 1);
+}
+static void run_e5m2_bf16(const lowp_quant_job *j, int64_t r0, int64_t r1) {
+    run(j, r0, r1, 1, 1);
 }
 
 void lowp_cpu_quant_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    (j->efmt == LOWP_FORMAT_E5M2 ? run_e5m2 : run_e4m3)(j, r0, r1);
+    const int e5 = j->efmt == LOWP_FORMAT_E5M2;
+    if (j->xfmt == LOWP_FORMAT_BF16)
+        (e5 ? run_e5m2_bf16 : run_e4m3_bf16)(j, r0, r1);
+    else
+        (e5 ? run_e5m2_f32 : run_e4m3_f32)(j, r0, r1);
 }
 
 /* The whole-tensor passes of the dispatcher (quant.c), as the AVX-512 ones. */
 uint32_t lowp_cpu_amax_bits_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    return rect_amax(j, r0, r1, 0, j->cols);
+    return j->xfmt == LOWP_FORMAT_BF16 ? rect_amax(j, r0, r1, 0, j->cols, 1)
+                                       : rect_amax(j, r0, r1, 0, j->cols, 0);
 }
 
 void lowp_cpu_colamax_bits_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1, uint32_t *acc) {
+    const int bf = j->xfmt == LOWP_FORMAT_BF16;
     for (int64_t c = 0; c < j->cols; c += 8) {
         const int n = j->cols - c < 8 ? (int) (j->cols - c) : 8;
         uint32_t m[8];
-        _mm256_storeu_si256((__m256i *) m, col_amax8(j, r0, r1, c, n));
+        _mm256_storeu_si256((__m256i *) m,
+                            bf ? col_amax8(j, r0, r1, c, n, 1) : col_amax8(j, r0, r1, c, n, 0));
         for (int l = 0; l < n; l++) acc[c + l] = m[l] > acc[c + l] ? m[l] : acc[c + l];
     }
 }
