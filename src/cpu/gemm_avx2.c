@@ -100,17 +100,58 @@ static int max_exp(const float *x, int64_t n) {
     return (int) (r >> 23);
 }
 
-/* out[i] = element (r, k0 + i) of q, i < k1 - k0: BF16 widened eight at a time, the rest as the
- * reference decodes it. */
+/* Eight FP8 codes (E5 = 0: E4M3, 1: E5M2) as their exact binary32 values: a normal code's
+ * exponent and mantissa fields moved into binary32's and rebiased, a subnormal one's mantissa
+ * times the smallest quantum, E4M3's 0x7F / 0xFF NaN and E5M2's all-ones exponent (Inf, NaN)
+ * as binary32's. The values of lowp_gemm_decode_lut, without its table. */
+static inline __attribute__((always_inline)) __m256 fp8_values(__m128i codes8, const int E5) {
+    const int mb = E5 ? 2 : 3, bias = E5 ? 15 : 7;
+    const __m256i c = _mm256_cvtepu8_epi32(codes8);
+    const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+    const __m256i norm =
+        _mm256_add_epi32(_mm256_slli_epi32(mag, 23 - mb), _mm256_set1_epi32((127 - bias) << 23));
+    const __m256i mant = _mm256_and_si256(mag, _mm256_set1_epi32((1 << mb) - 1));
+    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mant),
+                                     _mm256_set1_ps(E5 ? 0x1p-16f : 0x1p-9f)); /* exact */
+    const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(1 << mb), mag);
+    __m256i v = _mm256_blendv_epi8(norm, _mm256_castps_si256(sub), is_sub);
+    if (E5) { /* exponent 31: Inf (mantissa 0) or NaN */
+        const __m256i top = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7B));
+        const __m256i special =
+            _mm256_or_si256(_mm256_set1_epi32(0x7F800000), _mm256_slli_epi32(mant, 21));
+        v = _mm256_blendv_epi8(v, special, top);
+    } else { /* 0x7F: NaN */
+        const __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
+        v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7FC00000), nan);
+    }
+    return _mm256_castsi256_ps(_mm256_or_si256(v, sign));
+}
+
+/* out[i] = element (r, k0 + i) of q, i < k1 - k0: BF16 widened and FP8 decoded eight at a time,
+ * the rest (binary32, E2M1) as the reference decodes it. */
 static void decode(const lowp_qtensor *q, int64_t r, int64_t k0, int64_t k1, const float *lut,
                    float *out) {
+    const int64_t n = k1 - k0;
+    int64_t i = 0;
+    if (q->format == LOWP_FORMAT_E4M3 || q->format == LOWP_FORMAT_E5M2) {
+        const uint8_t *p = (const uint8_t *) q->data + (size_t) r * (size_t) q->cols + k0;
+        if (q->format == LOWP_FORMAT_E4M3)
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(out + i,
+                                 fp8_values(_mm_loadl_epi64((const __m128i *) (p + i)), 0));
+        else
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(out + i,
+                                 fp8_values(_mm_loadl_epi64((const __m128i *) (p + i)), 1));
+        for (; i < n; i++) out[i] = lut[p[i]];
+        return;
+    }
     if (q->format != LOWP_FORMAT_BF16) {
         lowp_gemm_decode_row(q, r, k0, k1, lut, out);
         return;
     }
     const uint16_t *p = (const uint16_t *) q->data + (size_t) r * (size_t) q->cols + k0;
-    const int64_t n = k1 - k0;
-    int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *) (p + i)));
         _mm256_storeu_si256((__m256i *) (out + i), _mm256_slli_epi32(w, 16));
