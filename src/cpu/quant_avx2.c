@@ -102,7 +102,7 @@ static float amax_of(uint32_t bits) {
 /* Codes (one per 32-bit lane) of v in E4M3 (E5 = 0) or E5M2 (E5 = 1), RNE, SATFINITE: the
  * reference's small_encode, lane by lane. A zero or binary32-denormal input needs no case of
  * its own: its shift is past the significand, so it rounds to a zero code. */
-AI __m256i enc8(__m256 v, const int E5) {
+AI __m256i enc8_int(__m256 v, const int E5) {
     const int mbits = E5 ? 2 : 3, bias = E5 ? 15 : 7;
     const __m256i max_code = _mm256_set1_epi32(E5 ? 0x7B : 0x7E);
     const __m256i nan_code = _mm256_set1_epi32(E5 ? 0x7E : 0x7F);
@@ -126,6 +126,40 @@ AI __m256i enc8(__m256 v, const int E5) {
     const __m256i code = _mm256_min_epu32(_mm256_add_epi32(base, q), max_code);
     const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
     return _mm256_or_si256(sbit, _mm256_blendv_epi8(code, nan_code, nan));
+}
+
+/* The same codes with fewer operations, where the MXCSR rounds to nearest (checked once a
+ * call, lowp_cpu_quant_avx2): a target normal (|v| >= 2^(1 - bias)) is |v|'s pattern rounded to
+ * nearest even at the target's mantissa width, the carry running into the exponent, then
+ * rebiased; a target subnormal is |v| + 2^(23 - bias + 1 - mbits) rounded by the binary32 add
+ * (its unit in the last place is the target's quantum, so the add rounds |v| to nearest even
+ * there) minus that constant's pattern. A binary32 denormal |v| (read as 0 under DAZ) gives 0
+ * either way, as the reference's. Overflow, Inf and NaN as enc8_int. */
+AI __m256i enc8_rne(__m256 v, const int E5) {
+    const int mbits = E5 ? 2 : 3, bias = E5 ? 15 : 7;
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i sbit = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+    const int sh = 23 - mbits;
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, sh), _mm256_set1_epi32(1));
+    const __m256i rn = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((1 << (sh - 1)) - 1)), odd), sh);
+    const __m256i norm = _mm256_sub_epi32(rn, _mm256_set1_epi32((127 - bias) << mbits));
+    const float magic = E5 ? 0x1p7f : 0x1p14f; /* 2^(23 + 1 - bias - mbits) */
+    const __m256 mg = _mm256_set1_ps(magic);
+    const __m256i subn = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), mg)), _mm256_castps_si256(mg));
+    const __m256i is_norm = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(((128 - bias) << 23) - 1));
+    const __m256i code = _mm256_min_epu32(_mm256_blendv_epi8(subn, norm, is_norm),
+                                          _mm256_set1_epi32(E5 ? 0x7B : 0x7E));
+    const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
+    return _mm256_or_si256(sbit,
+                           _mm256_blendv_epi8(code, _mm256_set1_epi32(E5 ? 0x7E : 0x7F), nan));
+}
+
+/* FMT: bit 0 E5M2 (else E4M3), bit 1 the MXCSR rounds to nearest (enc8_rne). */
+AI __m256i enc8(__m256 v, const int FMT) {
+    return FMT & 2 ? enc8_rne(v, FMT & 1) : enc8_int(v, FMT & 1);
 }
 
 /* Eight 32-bit codes to eight bytes. */
@@ -152,7 +186,7 @@ typedef struct lanes {
 
 AI __m256i enc_lanes(__m256 x, const lanes *ln, const int E5) {
     const __m256i c = enc8(_mm256_mul_ps(x, ln->f), E5);
-    return _mm256_blendv_epi8(c, _mm256_set1_epi32(E5 ? 0x7E : 0x7F), ln->nan);
+    return _mm256_blendv_epi8(c, _mm256_set1_epi32(E5 & 1 ? 0x7E : 0x7F), ln->nan);
 }
 
 /* Row r, columns [c0, c1), into the rowwise copy; one factor set for all of them. */
@@ -178,29 +212,33 @@ AI void emit_cols(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t c, in
     const size_t ob = j->col_ob;
     for (int64_t r = r0; r < r1; r += 8) {
         const int h = r1 - r < 8 ? (int) (r1 - r) : 8;
-        __m256 t[8];
+        __m256i t[8];
+#pragma GCC unroll 8
         for (int i = 0; i < 8; i++)
-            t[i] = _mm256_castsi256_ps(i < h ? enc_lanes(ld8(j, r + i, c, n), ln, E5)
-                                             : _mm256_setzero_si256());
-        /* 8x8 transpose: t[l] holds column c + l's codes of rows r .. r + 7 */
-        __m256 u0 = _mm256_unpacklo_ps(t[0], t[1]), u1 = _mm256_unpackhi_ps(t[0], t[1]);
-        __m256 u2 = _mm256_unpacklo_ps(t[2], t[3]), u3 = _mm256_unpackhi_ps(t[2], t[3]);
-        __m256 u4 = _mm256_unpacklo_ps(t[4], t[5]), u5 = _mm256_unpackhi_ps(t[4], t[5]);
-        __m256 u6 = _mm256_unpacklo_ps(t[6], t[7]), u7 = _mm256_unpackhi_ps(t[6], t[7]);
-        __m256 s0 = _mm256_shuffle_ps(u0, u2, 0x44), s1 = _mm256_shuffle_ps(u0, u2, 0xEE);
-        __m256 s2 = _mm256_shuffle_ps(u1, u3, 0x44), s3 = _mm256_shuffle_ps(u1, u3, 0xEE);
-        __m256 s4 = _mm256_shuffle_ps(u4, u6, 0x44), s5 = _mm256_shuffle_ps(u4, u6, 0xEE);
-        __m256 s6 = _mm256_shuffle_ps(u5, u7, 0x44), s7 = _mm256_shuffle_ps(u5, u7, 0xEE);
-        t[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
-        t[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-        t[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
-        t[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-        t[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-        t[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-        t[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-        t[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-        for (int l = 0; l < n; l++)
-            put_bytes(o + (size_t) (c + l) * ob + (size_t) r, pack8(_mm256_castps_si256(t[l])), h);
+            t[i] = i < h ? enc_lanes(ld8(j, r + i, c, n), ln, E5) : _mm256_setzero_si256();
+        /* to bytes: each 128-bit half of b0 (rows 0-3) and b1 (rows 4-7) holds four rows of four
+         * columns (columns 0-3 in the low half, 4-7 in the high), row-major */
+        __m256i b0 =
+            _mm256_packus_epi16(_mm256_packus_epi32(t[0], t[1]), _mm256_packus_epi32(t[2], t[3]));
+        __m256i b1 =
+            _mm256_packus_epi16(_mm256_packus_epi32(t[4], t[5]), _mm256_packus_epi32(t[6], t[7]));
+        /* each 4x4 byte block transposed: dword k of a half is column k's four rows */
+        const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0,
+                                            4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        b0 = _mm256_shuffle_epi8(b0, tr);
+        b1 = _mm256_shuffle_epi8(b1, tr);
+        /* a column's eight rows as one qword: columns 0, 1, 4, 5, then 2, 3, 6, 7 */
+        uint64_t q[8];
+        _mm256_storeu_si256((__m256i *) q, _mm256_unpacklo_epi32(b0, b1));
+        _mm256_storeu_si256((__m256i *) (q + 4), _mm256_unpackhi_epi32(b0, b1));
+        static const int at[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+        uint8_t *d = o + (size_t) c * ob + (size_t) r;
+        if (n == 8 && h == 8) {
+#pragma GCC unroll 8
+            for (int l = 0; l < 8; l++) memcpy(d + (size_t) l * ob, &q[at[l]], 8);
+        } else {
+            for (int l = 0; l < n; l++) put_bytes(d + (size_t) l * ob, q[at[l]], h);
+        }
     }
 }
 
@@ -341,25 +379,27 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, const int E5, const
     }
 }
 
-static void run_e4m3_f32(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    run(j, r0, r1, 0, 0);
-}
-static void run_e5m2_f32(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    run(j, r0, r1, 1, 0);
-}
-static void run_e4m3_bf16(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    run(j, r0, r1, 0, 1);
-}
-static void run_e5m2_bf16(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    run(j, r0, r1, 1, 1);
-}
+/* The instances: element format and rounding path (FMT, enc8), input format (BF). */
+#define RUN_INSTANCE(NAME, FMT, BF)                                                                \
+    static void NAME(const lowp_quant_job *j, int64_t r0, int64_t r1) {                            \
+        run(j, r0, r1, FMT, BF);                                                                   \
+    }
+RUN_INSTANCE(run_e4m3_f32, 0, 0)
+RUN_INSTANCE(run_e5m2_f32, 1, 0)
+RUN_INSTANCE(run_e4m3_bf16, 0, 1)
+RUN_INSTANCE(run_e5m2_bf16, 1, 1)
+RUN_INSTANCE(run_e4m3_f32_rne, 2, 0)
+RUN_INSTANCE(run_e5m2_f32_rne, 3, 0)
+RUN_INSTANCE(run_e4m3_bf16_rne, 2, 1)
+RUN_INSTANCE(run_e5m2_bf16_rne, 3, 1)
 
 void lowp_cpu_quant_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    const int e5 = j->efmt == LOWP_FORMAT_E5M2;
-    if (j->xfmt == LOWP_FORMAT_BF16)
-        (e5 ? run_e5m2_bf16 : run_e4m3_bf16)(j, r0, r1);
-    else
-        (e5 ? run_e5m2_f32 : run_e4m3_f32)(j, r0, r1);
+    typedef void (*fn)(const lowp_quant_job *, int64_t, int64_t);
+    static const fn k[2][2][2] = {
+        {{run_e4m3_f32, run_e5m2_f32}, {run_e4m3_bf16, run_e5m2_bf16}},
+        {{run_e4m3_f32_rne, run_e5m2_f32_rne}, {run_e4m3_bf16_rne, run_e5m2_bf16_rne}}};
+    const int rne = (_mm_getcsr() & 0x6000u) == 0; /* MXCSR.RC: round to nearest */
+    k[rne][j->xfmt == LOWP_FORMAT_BF16][j->efmt == LOWP_FORMAT_E5M2](j, r0, r1);
 }
 
 /* The whole-tensor passes of the dispatcher (quant.c), as the AVX-512 ones. */
