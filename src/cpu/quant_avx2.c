@@ -22,18 +22,7 @@
 
 int lowp_cpu_quant_avx2_supports(const lowp_quant_job *j) {
     const uint32_t need = LOWP_CAP_AVX2 | LOWP_CAP_FMA;
-    if ((lowp_cpu_caps()->flags & need) != need) return 0;
-    if (j->efmt != LOWP_FORMAT_E4M3 && j->efmt != LOWP_FORMAT_E5M2) return 0;
-    if (j->xfmt != LOWP_FORMAT_F32 && j->xfmt != LOWP_FORMAT_BF16) return 0;
-    switch (j->scaling) {
-    case LOWP_SCALING_TENSOR:
-    case LOWP_SCALING_ROW:
-    case LOWP_SCALING_MX32:
-    case LOWP_SCALING_BLOCK128:
-    case LOWP_SCALING_BLOCK128X128:
-    case LOWP_SCALING_BLOCK32X32: return 1;
-    default: return 0;
-    }
+    return (lowp_cpu_caps()->flags & need) == need && lowp_quant_job_fp8(j);
 }
 
 /* ---- loads ---- */

@@ -2740,18 +2740,10 @@ AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, low
 }
 
 int lowp_cpu_quant_avx512_supports(const lowp_quant_job *j) {
-    if (j->xfmt != LOWP_FORMAT_F32 && j->xfmt != LOWP_FORMAT_BF16) return 0;
-    if (j->efmt == E2M1) return j->scaling == LOWP_SCALING_MX32;
-    if (j->efmt != LOWP_FORMAT_E4M3 && j->efmt != LOWP_FORMAT_E5M2) return 0;
-    switch (j->scaling) {
-    case LOWP_SCALING_TENSOR:
-    case LOWP_SCALING_ROW:
-    case LOWP_SCALING_MX32:
-    case LOWP_SCALING_BLOCK128:
-    case LOWP_SCALING_BLOCK128X128:
-    case LOWP_SCALING_BLOCK32X32: return 1;
-    default: return 0;
-    }
+    if (j->efmt == E2M1)
+        return (j->xfmt == LOWP_FORMAT_F32 || j->xfmt == LOWP_FORMAT_BF16) &&
+               j->scaling == LOWP_SCALING_MX32;
+    return lowp_quant_job_fp8(j);
 }
 
 /* One specialized instance per (input, element) format pair: the format arguments are

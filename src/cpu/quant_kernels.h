@@ -51,6 +51,22 @@ LOWP_HIDDEN void lowp_cpu_quant_avx512(const lowp_quant_job *j, int64_t r0, int6
 LOWP_HIDDEN int lowp_cpu_quant_avx2_supports(const lowp_quant_job *j);
 LOWP_HIDDEN void lowp_cpu_quant_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1);
 
+/* Whether the job quantizes binary32 or BF16 input to E4M3 or E5M2 with a scaling of
+ * lowp_quantize's (the jobs both fast kernels take; the AVX-512 one takes E2M1 MX32 too). */
+static inline int lowp_quant_job_fp8(const lowp_quant_job *j) {
+    if (j->xfmt != LOWP_FORMAT_F32 && j->xfmt != LOWP_FORMAT_BF16) return 0;
+    if (j->efmt != LOWP_FORMAT_E4M3 && j->efmt != LOWP_FORMAT_E5M2) return 0;
+    switch (j->scaling) {
+    case LOWP_SCALING_TENSOR:
+    case LOWP_SCALING_ROW:
+    case LOWP_SCALING_MX32:
+    case LOWP_SCALING_BLOCK128:
+    case LOWP_SCALING_BLOCK128X128:
+    case LOWP_SCALING_BLOCK32X32: return 1;
+    default: return 0;
+    }
+}
+
 /* Element x[r][c] of a job's input as binary32 (exact for BF16). */
 static inline float lowp_job_x(const lowp_quant_job *j, int64_t r, int64_t c) {
     size_t i = (size_t) r * (size_t) j->cols + (size_t) c;
