@@ -323,6 +323,8 @@ AI void tiles(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t bs, const
     }
 }
 
+#define WHOLE_ROWS 64
+
 /* TENSOR (the job's scale) and ROW (a scale per row; the columnwise copy's per column). */
 AI void whole(const lowp_quant_job *j, int64_t r0, int64_t r1, const int E5, const int BF) {
     const int64_t C = j->cols;
@@ -338,7 +340,10 @@ AI void whole(const lowp_quant_job *j, int64_t r0, int64_t r1, const int E5, con
             const lanes ln = uniform(s, 0);
             emit_row(j, r, 0, C, &ln, E5, BF);
         }
-    if (j->col)
+    /* The columnwise copy by blocks of WHOLE_ROWS rows: down all of a thread's rows eight
+     * columns at a time, each read took a line of its own (8192x4096: 0.05 of memcpy). */
+    for (int64_t rb = r0; j->col && rb < r1; rb += WHOLE_ROWS) {
+        const int64_t re = r1 - rb < WHOLE_ROWS ? r1 : rb + WHOLE_ROWS;
         for (int64_t c = 0; c < C; c += 8) {
             const int n = C - c < 8 ? (int) (C - c) : 8;
             lanes ln = uniform(j->tensor_scale, 0);
@@ -347,8 +352,9 @@ AI void whole(const lowp_quant_job *j, int64_t r0, int64_t r1, const int E5, con
                 memcpy(f, j->col_scale + c, (size_t) n * sizeof(float));
                 ln.f = _mm256_loadu_ps(f);
             }
-            emit_cols(j, r0, r1, c, n, &ln, E5, BF);
+            emit_cols(j, rb, re, c, n, &ln, E5, BF);
         }
+    }
 }
 
 AI void run(const lowp_quant_job *j, int64_t r0, int64_t r1, const int E5, const int BF) {
@@ -399,11 +405,14 @@ uint32_t lowp_cpu_amax_bits_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1
 
 void lowp_cpu_colamax_bits_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1, uint32_t *acc) {
     const int bf = j->xfmt == LOWP_FORMAT_BF16;
-    for (int64_t c = 0; c < j->cols; c += 8) {
-        const int n = j->cols - c < 8 ? (int) (j->cols - c) : 8;
-        uint32_t m[8];
-        _mm256_storeu_si256((__m256i *) m,
-                            bf ? col_amax8(j, r0, r1, c, n, 1) : col_amax8(j, r0, r1, c, n, 0));
-        for (int l = 0; l < n; l++) acc[c + l] = m[l] > acc[c + l] ? m[l] : acc[c + l];
+    for (int64_t rb = r0; rb < r1; rb += WHOLE_ROWS) { /* by blocks of rows, as whole() */
+        const int64_t re = r1 - rb < WHOLE_ROWS ? r1 : rb + WHOLE_ROWS;
+        for (int64_t c = 0; c < j->cols; c += 8) {
+            const int n = j->cols - c < 8 ? (int) (j->cols - c) : 8;
+            uint32_t m[8];
+            _mm256_storeu_si256((__m256i *) m,
+                                bf ? col_amax8(j, rb, re, c, n, 1) : col_amax8(j, rb, re, c, n, 0));
+            for (int l = 0; l < n; l++) acc[c + l] = m[l] > acc[c + l] ? m[l] : acc[c + l];
+        }
     }
 }
