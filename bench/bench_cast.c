@@ -21,7 +21,8 @@
 static void usage(FILE *f) {
     fprintf(
         f,
-        "usage: lowp bench cast [--json] [--size N] [--reps N] [--path auto|reference|avx512]\n"
+        "usage: lowp bench cast [--json] [--size N] [--reps N]\n"
+        "                       [--path auto|reference|avx512|avx2]\n"
         "  --size N     elements per array (default 32M); suffixes k, M, G (x1024); a trailing\n"
         "               B (\"256MB\", \"1GiB\") gives the size of the F32 input in bytes\n"
         "  --reps N     timed repetitions per kernel, interleaved with memcpy (default %d)\n"

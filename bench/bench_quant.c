@@ -27,7 +27,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lowp bench quant [--json] [--rows R --cols C] [--reps N]\n"
-            "                        [--path auto|reference|avx512] [--input bf16|f32]\n"
+            "                        [--path auto|reference|avx512|avx2] [--input bf16|f32]\n"
             "  --rows R, --cols C  shape of the input (default %dx%d)\n"
             "  --input F    the input's format, bf16 (default) or f32\n"
             "  --reps N     timed rounds; each runs memcpy and every kernel once (default %d)\n"

@@ -56,7 +56,7 @@ void lowp_bench_json_num(lowp_bench_json *j, const char *key, double value);
 void lowp_bench_json_int(lowp_bench_json *j, const char *key, long long value);
 void lowp_bench_json_end(lowp_bench_json *j, FILE *out);
 
-/* --path auto|reference|avx512: 0 on success. */
+/* --path auto|reference|avx512|avx2: 0 on success. */
 int lowp_bench_parse_path(const char *v, lowp_kernel_path *out);
 /* The kernel path a cast or quantize with `path` runs, for the record: AUTO resolves as the
  * CPU dispatchers do (AVX-512 F/BW/VL/DQ present -> "auto:avx512"). */
