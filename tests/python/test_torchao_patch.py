@@ -405,32 +405,92 @@ def test_mxfp8_linear_bias():
     identical(run_linear(with_bias(R.MXFP8_EMULATED_RCEIL)), no_bias)
 
 
-def test_mxfp8_wrapper_mm_matmul_addmm():
-    """torchao 0.18's MXFP8 wrapper runs torch.mm(x, w) as F.linear(x, w) (x w^T); patched,
-    torch.mm / matmul / @ with the wrapper on the right are x w, and addmm(b, x, w) is
-    x w + b, each the bits of lowp's linear on w^T, gradients included."""
-    cfg = lt.MXQuantizeConfig(scale_mode="rceil")
-    x96 = torch.randn(32, 96, generator=torch.Generator().manual_seed(4)).to(BF)
-    dy = torch.randn(32, 64, generator=torch.Generator().manual_seed(5)).to(BF)
-    m = torchao_linear(R.MXFP8_EMULATED_RCEIL)  # weight [96, 64]
-    assert torch.mm(D["x"][0], m.weight).shape == (48, 96)  # torchao's own: x w^T
+def _wrapped(w, config):
+    """An nn.Linear holding weight w [N, K], converted by torchao's quantize_ with config."""
+    m = nn.Linear(w.shape[1], w.shape[0], bias=False).to(BF)
+    with torch.no_grad():
+        m.weight.copy_(w)
+    quantize_(m, config)
+    return m
+
+
+_MM_OPS = {"mm": torch.mm, "matmul": torch.matmul, "at": lambda a, b: a @ b}
+_W_SHAPES = {"square": (64, 64), "nonsquare": (96, 64)}  # [N, K]
+
+
+def _mm_case(shape, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    N, K = shape
+    return ((torch.randn(N, K, generator=g) * 0.1).to(BF), torch.randn(32, K, generator=g).to(BF),
+            torch.randn(32, N, generator=g).to(BF))
+
+
+def _run_mm(op, x, weight, dy):
+    xp = x.clone().requires_grad_()
+    y = op(xp, weight)
+    y.backward(dy)
+    return y.detach(), xp.grad
+
+
+@pytest.mark.parametrize("shape", list(_W_SHAPES.values()), ids=list(_W_SHAPES))
+@pytest.mark.parametrize("opname", list(_MM_OPS))
+def test_mxfp8_wrapper_mm_is_x_wt(opname, shape):
+    """torchao's contract for its MXFP8 wrapper (as for its FP8 one): torch.mm(x, W),
+    torch.matmul(x, W) and x @ W are x W^T for an [N, K] weight. Patched: the bits of
+    lowp.torch.linear(x, W) with MXQuantizeConfig(rceil), gradients included, and within
+    NUMERICS 8 of x W^T in float64 and of torchao's own emulated path."""
+    op = _MM_OPS[opname]
+    w, x, dy = _mm_case(shape)
+    ao_m = _wrapped(w, MXFP8TrainingOpConfig.from_recipe(R.MXFP8_EMULATED_RCEIL))
+    ao = _run_mm(op, x, ao_m.weight, dy) + (ao_m.weight.grad,)
     lt.patch_torchao()
-    m = torchao_linear(R.MXFP8_RCEIL)
-    w = D["w"].clone().requires_grad_()
-    xr = x96.clone().requires_grad_()
-    ref = lt.linear(xr, w.t(), None, cfg)
+    m = _wrapped(w, MXFP8TrainingOpConfig.from_recipe(R.MXFP8_RCEIL))
+    got = _run_mm(op, x, m.weight, dy) + (m.weight.grad,)
+    assert got[0].shape == (32, shape[0])
+    wr, xr = w.clone().requires_grad_(), x.clone().requires_grad_()
+    ref = lt.linear(xr, wr, None, lt.MXQuantizeConfig(scale_mode="rceil"))
     ref.backward(dy)
-    for op in (torch.mm, torch.matmul, lambda a, b: a @ b):
-        xp = x96.clone().requires_grad_()
-        y = op(xp, m.weight)
-        y.backward(dy)
-        identical((y.detach(), xp.grad, m.weight.grad), (ref.detach(), xr.grad, w.grad))
-        m.weight.grad = None
-    b = torch.linspace(-1, 1, 64).to(BF)
-    assert torch.equal(torch.addmm(b, x96, m.weight), ref.detach() + b)
-    # x @ w.t() is the linear itself
-    x = D["x"][0]
-    assert torch.equal(x @ m.weight.t(), torch.nn.functional.linear(x, m.weight))
+    identical(got, (ref.detach(), xr.grad, wr.grad))
+    x64, w64, dy64 = x.double(), w.double(), dy.double()
+    exact = (x64 @ w64.t(), dy64 @ w64, dy64.t() @ x64)
+    _check_sqnr(exact, got, ao, f"{opname} {shape}")
+
+
+@pytest.mark.parametrize("shape", list(_W_SHAPES.values()), ids=list(_W_SHAPES))
+@pytest.mark.parametrize("opname", list(_MM_OPS))
+def test_fp8_wrapper_mm_is_x_wt(opname, shape):
+    """The same contract for torchao's FP8 wrapper (rowwise recipe): patched, torch.mm /
+    matmul / @ are lowp.torch.linear(x, W, "fp8_rowwise"), and agree with torchao's own."""
+    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+    op = _MM_OPS[opname]
+    w, x, dy = _mm_case(shape, 6)
+    ao = _run_mm(op, x, _wrapped(w, Float8TrainingOpConfig(float8_linear_recipe="rowwise"))
+                 .weight, dy)
+    lt.patch_torchao()
+    got = _run_mm(op, x, _wrapped(w, Float8TrainingOpConfig(float8_linear_recipe="rowwise"))
+                  .weight, dy)
+    xr = x.clone().requires_grad_()
+    ref = lt.linear(xr, w, None, "fp8_rowwise")
+    ref.backward(dy)
+    identical(got, (ref.detach(), xr.grad))
+    exact = (x.double() @ w.double().t(), dy.double() @ w.double())
+    for r, p, q, t in zip(exact, got, ao, (25.0, 24.0)):  # NUMERICS 8, FP8 rowwise
+        assert sqnr(r, p) >= t and sqnr(r, q) >= t and sqnr(q, p) >= t
+
+
+def test_mxfp8_wrapper_addmm():
+    """torchao 0.18 asserts on torch.addmm(b, x, W) with its MXFP8 wrapper; patched it is
+    b + torch.mm(x, W) = b + x W^T (beta = alpha = 1), the bits of lowp's linear plus b."""
+    w, x, _ = _mm_case(_W_SHAPES["nonsquare"])
+    b = torch.linspace(-1, 1, w.shape[0]).to(BF)
+    with pytest.raises(AssertionError):
+        torch.addmm(b, x, _wrapped(w, MXFP8TrainingOpConfig.from_recipe(
+            R.MXFP8_EMULATED_RCEIL)).weight)
+    lt.patch_torchao()
+    m = _wrapped(w, MXFP8TrainingOpConfig.from_recipe(R.MXFP8_RCEIL))
+    ref = lt.linear(x, w, None, lt.MXQuantizeConfig(scale_mode="rceil"))
+    assert torch.equal(torch.addmm(b, x, m.weight), ref + b)
+    assert torch.equal(torch.addmm(b, x, m.weight), torch.mm(x, m.weight) + b)
 
 
 def test_settings_mapped():

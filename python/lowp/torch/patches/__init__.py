@@ -31,9 +31,10 @@ not) recomputes activations but reuses the weight's quantized copies.
 Limits: only torchao 0.18 is tested (`TESTED_VERSIONS`); another version, or a missing
 internal, is refused with nothing patched. Names bound before patching by user code (`from
 torchao... import _to_mxfp8_then_scaled_grouped_mm`) keep the original. torchao 0.18's MXFP8
-weight wrapper drops the bias of `F.linear(x, w, b)` and computes `torch.mm(x, w)` / `x @ w`
-as x w^T; patched (the patch replaces the wrapper's `__torch_function__` too) it adds the
-bias and computes x w, unpatched it does as before.
+weight wrapper drops the bias of `F.linear(x, w, b)` and asserts on `torch.addmm(b, x, w)`;
+patched (the patch replaces the wrapper's `__torch_function__` too) it adds the bias and
+computes addmm as b + x w^T. `torch.mm(x, w)` / `torch.matmul` / `x @ w` keep torchao's
+contract, x w^T for an [N, K] weight, in both wrappers.
 
 Benchmark: `python -m lowp.torch.patches.bench` (see docs/benchmarks.md).
 """

@@ -94,8 +94,8 @@ TARGETS: Tuple[_Target, ...] = (
              ("input", "weight", "config")),
     # The wrapper's unwrap (tensor.py's imported name): remembers each weight's wrapper.
     _Target(_TENSOR, "unwrap_weight", _rep.make_unwrap_weight, ("wrapper_tensor",)),
-    # The MXFP8 weight wrapper's dispatch: torchao 0.18 drops F.linear's bias there and runs
-    # mm / matmul / addmm as a linear.
+    # The MXFP8 weight wrapper's dispatch: torchao 0.18 drops F.linear's bias there and
+    # asserts on addmm (mm / matmul keep torchao's x W^T).
     _Target(f"{_TENSOR}:MXFP8TrainingWeightWrapperTensor", "__torch_function__",
             _rep.make_mx_torch_function, ("func", "types", "args", "kwargs")),
     # Capability gate of quantize_ (asserts a torch nightly for MXFP8 configs).
@@ -215,9 +215,9 @@ def _check(version: str):
 
 def patch_torchao() -> None:
     """Route torchao 0.18's MXFP8 training linear and grouped mm, its FP8 rowwise grouped mm
-    and its capability gate through lowp's ops, and give the MXFP8 weight wrapper the
-    semantics of linear's bias and of mm / matmul / addmm (torchao 0.18 drops the bias and runs
-    the others as a linear). Idempotent; `unpatch_torchao()` undoes it.
+    and its capability gate through lowp's ops, and give the MXFP8 weight wrapper linear's
+    bias and addmm (torchao 0.18 drops the bias and asserts on addmm; mm / matmul / @ keep
+    torchao's x W^T). Idempotent; `unpatch_torchao()` undoes it.
     Raises RuntimeError (and patches nothing) on an untested torchao version or a missing
     internal."""
     with _LOCK:
