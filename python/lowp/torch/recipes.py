@@ -8,13 +8,22 @@ Usage::
 A rule is ``(pattern, config)``: ``pattern`` an ``fnmatch`` glob over the parameter's full name
 (``layers.3.moe.experts.w1``, ``layers.0.attention.wq.weight``), ``config`` a lowp config, a
 preset name, or ``None`` (stays high precision). The first matching rule wins; ``rules`` are
-tried before the recipe's own. The recipe's rules follow torchtitan's DeepSeek naming:
+tried before the recipe's own. The recipe's rules follow torchtitan's naming, before 0.3.0 and
+in 0.3.0 (DeepSeek-V3, llama3, qwen3):
 
-    *router*, *tok_embeddings*, output*, *norm*   high precision (always)
-    *.moe.experts.*                               routed experts
-    *.moe.shared_experts.*                        shared experts
-    *.attention.*                                 attention projections
-    *                                             everything else (dense feed-forward...)
+    router       *router*                                  high precision (always)
+    embeddings   *tok_embeddings*, *embed*                 high precision (always)
+    output       output*, *.output.*, lm_head*, *.lm_head.* high precision (always)
+    norms        *norm*                                    high precision (always)
+    routed experts  *.moe.experts.* (before 0.3.0: layers.N.moe.experts.w1),
+                    *.moe.routed_experts.* (0.3.0: layers.N.moe.routed_experts.inner_experts.w1_EFD)
+    shared experts  *.moe.shared_experts.*
+    attention       *.attention.*
+    everything else *                                      (dense feed-forward...)
+
+``plan_recipe(names, name)`` looks names up without a model (``{name: config or None}``);
+``apply_recipe(..., verbose=True)`` writes what it wrapped to stderr and warns for each rule
+that decided no parameter (the library never prints to stdout).
 
 Only parameters the param swap can run are candidates: ``nn.Linear`` weights and 3-D expert
 weights (``ParamSwapConfig``'s default filter). The recipes:
@@ -33,19 +42,34 @@ Each group of weights sharing a config is wrapped through torchao's own ``quanti
 """
 
 import fnmatch
+import sys
+import warnings
+from collections.abc import Iterable
+
+import torch.nn as nn
 
 from .param_swap import (LowpWeight, ParamSwapConfig, _default_params_filter, _owners,
                          param_swap_filter)
 
-# Always high precision, whatever the recipe (checked first).
+# A rule: (label, patterns, config). A name matches a rule when it matches any of its patterns
+# (fnmatch globs over the full parameter name); the first matching rule wins.
+
+# Always high precision, whatever the recipe (checked after the caller's rules).
 _HIGH_PRECISION = [
-    ("*router*", None),
-    ("*tok_embeddings*", None),
-    ("*embed*", None),
-    ("output*", None),
-    ("*.output.*", None),
-    ("lm_head*", None),
-    ("*norm*", None),
+    ("router", ("*router*",), None),
+    ("embeddings", ("*tok_embeddings*", "*embed*"), None),
+    ("output", ("output*", "*.output.*", "lm_head*", "*.lm_head.*"), None),
+    ("norms", ("*norm*",), None),
+]
+
+# The groups a recipe gives a config each, in matching order. Both torchtitan namings:
+# before 0.3.0 routed experts were `layers.N.moe.experts.w1`; 0.3.0 names them
+# `layers.N.moe.routed_experts.inner_experts.w1_EFD` (w2_EDF, w3_EFD).
+_GROUPS = [
+    ("routed experts", ("*.moe.experts.*", "*.moe.routed_experts.*")),
+    ("shared experts", ("*.moe.shared_experts.*",)),
+    ("attention", ("*.attention.*",)),
+    ("everything else", ("*",)),
 ]
 
 
@@ -55,28 +79,28 @@ def _cfgs():
     return lt
 
 
-def _recipe_table(name):
+def _recipe_configs(name):
+    """{group label: config} of the recipe `name` (a group not named: the "everything else"
+    config)."""
     lt = _cfgs()
-    mx = lt.MXQuantizeConfig
-    blk = lt.BlockQuantizeConfig
-    if name == "all_mxfp8":
-        return [("*", mx())]
+    mx = lt.MXQuantizeConfig()
+    one = {"all_mxfp8": mx, "all_block_fp8": lt.BlockQuantizeConfig(),
+           "block128": lt.Block128Config(), "fp8_rowwise": lt.Float8RowwiseConfig(),
+           "fp8_delayed": lt.Float8TensorwiseConfig(delayed=True), "bf16": None}
+    if name in one:
+        return {"everything else": one[name]}
     if name == "mix":
-        return [("*.moe.experts.*", blk()), ("*", mx())]
+        return {"routed experts": lt.BlockQuantizeConfig(), "everything else": mx}
     if name == "mix_fp4":
-        return [("*.moe.experts.*", blk(mxfp4_fake_quantize_config=mx(dtype="fp4"))),
-                ("*", mx())]
-    if name == "all_block_fp8":
-        return [("*", blk())]
-    if name == "block128":
-        return [("*", lt.Block128Config())]
-    if name == "fp8_rowwise":
-        return [("*", lt.Float8RowwiseConfig())]
-    if name == "fp8_delayed":
-        return [("*", lt.Float8TensorwiseConfig(delayed=True))]
-    if name == "bf16":
-        return [("*", None)]
+        fp4 = lt.BlockQuantizeConfig(mxfp4_fake_quantize_config=lt.MXQuantizeConfig(dtype="fp4"))
+        return {"routed experts": fp4, "everything else": mx}
     raise ValueError("name (%r) is not a recipe (%s)" % (name, ", ".join(RECIPES)))
+
+
+def _recipe_table(name):
+    cfgs = _recipe_configs(name)
+    rest = cfgs["everything else"]
+    return [(label, pats, cfgs.get(label, rest)) for label, pats in _GROUPS]
 
 
 RECIPES = ("all_mxfp8", "mix", "mix_fp4", "all_block_fp8", "block128", "fp8_rowwise",
@@ -92,41 +116,93 @@ def _check_rules(rules):
     for i, r in enumerate(rules):
         if not (isinstance(r, (tuple, list)) and len(r) == 2 and isinstance(r[0], str)):
             raise TypeError("rules[%d] (%r) must be a (pattern, config) pair" % (i, r))
-        out.append((r[0], r[1]))
+        out.append(("rules[%d]" % i, (r[0],), r[1]))
     return out
 
 
-def _first_match(fqn, rules):
-    for pat, cfg in rules:
-        if fnmatch.fnmatchcase(fqn, pat):
-            return True, cfg
-    return False, None
+def _table(name, rules):
+    return _check_rules(rules) + _HIGH_PRECISION + _recipe_table(name)
+
+
+def _first_match(fqn, table):
+    """The index of the first rule of `table` matching `fqn` (None: no rule matches)."""
+    for i, (_, pats, _) in enumerate(table):
+        if any(fnmatch.fnmatchcase(fqn, p) for p in pats):
+            return i
+    return None
 
 
 def _describe(cfg):
     return cfg if isinstance(cfg, str) else repr(cfg)
 
 
-def plan_recipe(model, name, rules=None):
-    """{fqn: config} the recipe would wrap (nothing is changed)."""
-    table = _check_rules(rules) + _HIGH_PRECISION + _recipe_table(name)
-    plan = {}
+def _candidates(model):
+    """[(fqn, candidate)] for every parameter of `model` (first name of a tied one):
+    candidate is whether the param swap can wrap it."""
+    out = []
     for _, (p, places) in _owners(model).items():
         owner, leaf, fqn = places[0]
-        if isinstance(p, LowpWeight) or not _default_params_filter(owner, leaf, p):
-            continue
-        hit, cfg = _first_match(fqn, table)
-        if hit and cfg is not None:
-            plan[fqn] = cfg
+        out.append((fqn, not isinstance(p, LowpWeight) and _default_params_filter(owner, leaf, p)))
+    return out
+
+
+def _check_names(names):
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise TypeError("names (%r) must be an nn.Module or an iterable of parameter names"
+                        % (names,))
+    names = list(names)
+    for i, n in enumerate(names):
+        if not isinstance(n, str):
+            raise TypeError("names[%d] (%r) must be a str" % (i, n))
+    return names
+
+
+def _plan(items, table):
+    """({fqn: config or None} over the (fqn, candidate) items, hits per rule): a rule's hit is
+    a name it decided (first match), counted for high-precision rules over every name and for
+    the others over candidates only."""
+    plan, hits = {}, [0] * len(table)
+    for fqn, cand in items:
+        i = _first_match(fqn, table)
+        if i is not None and (cand or table[i][2] is None):
+            hits[i] += 1
+        plan[fqn] = table[i][2] if (i is not None and cand) else None
+    return plan, hits
+
+
+def plan_recipe(model, name, rules=None):
+    """What the recipe `name` (with the caller's `rules` first) does, changing nothing.
+
+    `model` an nn.Module: {fqn: config} of the weights it would wrap. `model` an iterable of
+    parameter names (no module needed, e.g. a checkpoint's keys): {name: config or None} for
+    every name, None meaning high precision: the rules' answer for a weight of that name
+    (which names the param swap can wrap, 2-D linear and 3-D expert weights, takes the
+    module)."""
+    table = _table(name, rules)
+    if isinstance(model, nn.Module):
+        plan, _ = _plan(_candidates(model), table)
+        return {k: v for k, v in plan.items() if v is not None}
+    plan, _ = _plan([(n, True) for n in _check_names(model)], table)
     return plan
+
+
+def _unmatched_notices(name, table, hits):
+    for (label, pats, cfg), n in zip(table, hits):
+        if n == 0:
+            warnings.warn("lowp.torch.apply_recipe(%r): rule %s (%s -> %s) matched no parameter"
+                          % (name, label, ", ".join(pats), _describe(cfg)), stacklevel=3)
 
 
 def apply_recipe(model, name, rules=None, verbose=False):
     """Wrap ``model``'s weights by the recipe ``name`` (see the module docstring). Returns
-    ``{fqn: config}`` of what was wrapped; ``verbose=True`` also prints it."""
+    ``{fqn: config}`` of what was wrapped. ``verbose=True`` writes that list to stderr and
+    warns once for each rule (the caller's, the high-precision ones and the recipe's groups)
+    that decided no parameter, e.g. a routed-expert rule that missed a model's expert names."""
     from torchao.quantization import quantize_
 
-    plan = plan_recipe(model, name, rules)
+    table = _table(name, rules)
+    full, hits = _plan(_candidates(model), table)
+    plan = {k: v for k, v in full.items() if v is not None}
     groups = {}
     for fqn, cfg in plan.items():
         groups.setdefault(id(cfg), (cfg, set()))[1].add(fqn)
@@ -137,7 +213,8 @@ def apply_recipe(model, name, rules=None, verbose=False):
                   filter_fn=param_swap_filter)
     if verbose:
         width = max([len(f) for f in plan] + [4])
-        print("lowp.torch.apply_recipe(%r): %d weights wrapped" % (name, len(plan)))
-        for fqn, cfg in plan.items():
-            print("  %-*s  %s" % (width, fqn, _describe(cfg)))
+        lines = ["lowp.torch.apply_recipe(%r): %d weights wrapped" % (name, len(plan))]
+        lines += ["  %-*s  %s" % (width, f, _describe(c)) for f, c in plan.items()]
+        sys.stderr.write("\n".join(lines) + "\n")
+        _unmatched_notices(name, table, hits)
     return plan
