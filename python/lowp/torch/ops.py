@@ -750,9 +750,31 @@ class _LowpMatmul(torch.autograd.Function):
         kn = _dgrad_kn(spec, fwd_q, dgrad_q)
         M, K = x2d.shape
         G, N = W3.shape[0], W3.shape[1]
-        T = int(offs[-1].item()) if grouped and G else M
+        T, traced = _group_tokens(M, offs, grouped)
         if torch.compiler.is_compiling():
             cache = None
+def _group_tokens(M: int, offs: Optional[Tensor], grouped: bool) -> Tuple[int, bool]:
+    """(T, traced) of a matmul over M rows: T the rows in some group (offs[-1]) and traced
+    False in eager mode; under tracing (torch.compile, FakeTensor) offs[-1] is data-dependent,
+    so no host value is read: T = M and traced True (the rows past offs[-1] are zeroed by
+    `_in_groups`, with static shapes and no host-side branch)."""
+    if not grouped or offs.shape[0] == 0:
+        return M, False
+    if not _direct(offs):
+        return M, True
+    return int(offs[-1].item()), False
+
+
+def _in_groups(t: Tensor, T: int, offs: Optional[Tensor], traced: bool) -> Tensor:
+    """The rows of t [M, C] that belong to a group: t[:T] in eager mode; traced, t with the
+    rows past offs[-1] zeroed. Both give the kernels the same bytes for the grouped rows:
+    the rows past offs[-1] are in no group of any GEMM, and zeros change no amax."""
+    if not traced:
+        return t[:T]
+    rows = torch.arange(t.shape[0], device=t.device, dtype=torch.int32).unsqueeze(1)
+    return torch.where(rows < offs[-1:].to(t.device), t, t.new_zeros(()))
+
+
         delayed = fp8_state is not None
 
         def make_both():
@@ -763,7 +785,7 @@ class _LowpMatmul(torch.autograd.Function):
         else:
             wf, _ = _weight_copies(W3, spec, fwd_q, dgrad_q, True, False, fp8_state, True)
 
-        xs = _x32(x2d.detach())[:T]
+        xs = _in_groups(_x32(x2d.detach()), T, offs, traced)
         ispec = spec.input
         keep = keep_quantized and wgrad_q and T > 0
         iscale = fp8_state.scale("input") if (ispec.delayed and delayed) else None
@@ -802,7 +824,7 @@ class _LowpMatmul(torch.autograd.Function):
             y = y + bias.to(torch.float32)
         ctx.spec, ctx.keep, ctx.wgrad_hp, ctx.cache, ctx.fp8_state = (spec, keep, wgrad_hp,
                                                                      cache, fp8_state)
-        ctx.grouped, ctx.T, ctx.has_bias = grouped, T, bias is not None
+        ctx.grouped, ctx.T, ctx.traced, ctx.has_bias = grouped, T, traced, bias is not None
         ctx.dims = (M, K, G, N)
         ctx.x_dtype, ctx.w_dtype = x2d.dtype, W3.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -816,7 +838,8 @@ class _LowpMatmul(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, dy):
-        _INPUTS.clear()
+        if not torch.compiler.is_compiling():  # the memo is eager-only (thread-local state)
+            _INPUTS.clear()
         saved = ctx.saved_tensors
         x2d, W3, offs = saved[:3]
         spec, T, grouped = ctx.spec, ctx.T, ctx.grouped
@@ -828,7 +851,7 @@ class _LowpMatmul(torch.autograd.Function):
         need_dx = ctx.needs_input_grad[0]
         need_dw = ctx.needs_input_grad[1]
         dev = dy.device
-        dys = _x32(dy)[:T]
+        dys = _in_groups(_x32(dy), T, offs, ctx.traced)
         gspec, ispec = spec.grad_output, spec.input
         dx = dw = db = None
         if T > 0 and (need_dx or need_dw):
@@ -878,12 +901,12 @@ class _LowpMatmul(torch.autograd.Function):
                     f, s, r, c, gr = ctx.xcol_meta
                     xcol = _Op(saved[3], saved[4], f, s, r, c, gr)
                 elif wgrad_q:
-                    xs = _x32(x2d.detach())[:T]
+                    xs = _in_groups(_x32(x2d.detach()), T, offs, ctx.traced)
                     iscale = fp8_state.scale("input") if (ispec.delayed and delayed) else None
                     itok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
                     _, xcol = _quant(xs, ispec, "col", iscale, offs if itok else None)
                 else:
-                    xcol = _plain(_x32(x2d.detach())[:T].t())
+                    xcol = _plain(_in_groups(_x32(x2d.detach()), T, offs, ctx.traced).t())
                 wodt = _odt(ctx.w_dtype)
                 if grouped:
                     dw = _wgrad_mm(dycol, xcol, offs[:G], wodt)
