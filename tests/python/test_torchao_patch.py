@@ -532,7 +532,8 @@ def test_checkpoint_reuses_weight_cache(selective):
     y0 = plain(x0)
     y0.backward(D["dy"])
     c0 = LP.weight_cache(plain.lin.weight)
-    assert (c0.quantizations, c0.hits) == (1, 1)  # forward makes, dgrad reuses
+    # forward makes; the dgrad reads its own forward's copies (autograd ctx), not the cache
+    assert (c0.quantizations, c0.hits) == (1, 0)
 
     blk = Block(torchao_linear(R.MXFP8_RCEIL))
     kw = {}
@@ -549,14 +550,14 @@ def test_checkpoint_reuses_weight_cache(selective):
     c = LP.weight_cache(blk.lin.weight)
     assert (c.quantizations, c.hits) == (1, 0)
     y.backward(D["dy"])
-    # the recomputed forward and the dgrad reuse the one copy: quantized once, recorded once
-    assert (c.quantizations, c.hits) == (1, 2)
+    # the recomputed forward reuses the one copy: quantized once, recorded once
+    assert (c.quantizations, c.hits) == (1, 1)
     identical((y.detach(), x.grad, blk.lin.weight.grad), (y0.detach(), x0.grad,
                                                            plain.lin.weight.grad))
     # an optimizer step changes the weight in place: a new copy next time
     torch.optim.SGD(blk.parameters(), lr=0.1).step()
     checkpoint(blk, x, use_reentrant=False, **kw).backward(D["dy"])
-    assert (c.quantizations, c.hits) == (2, 4)
+    assert (c.quantizations, c.hits) == (2, 2)
 
 
 def test_checkpoint_experts_reuses_weight_cache():
@@ -566,7 +567,7 @@ def test_checkpoint_experts_reuses_weight_cache():
     y = checkpoint(m, x, OFFS_RAGGED, use_reentrant=False)
     y.backward(D["dye"])
     c = LP.weight_cache(m.w)
-    assert (c.quantizations, c.hits) == (1, 2)
+    assert (c.quantizations, c.hits) == (1, 1)  # the recomputed forward's reuse
     identical((y.detach(), x.grad, m.w.grad), lowp_experts(R.MXFP8_RCEIL, OFFS_RAGGED))
     torch.optim.SGD(m.parameters(), lr=0.5).step()
     y2 = m(D["xe"], OFFS_RAGGED)
@@ -632,3 +633,71 @@ def test_fp8_linear_gw_hp_refused():
     m = torchao_fp8_linear("rowwise_with_gw_hp")
     with pytest.raises(ValueError, match="float8_linear_recipe"):
         m(D["x"])
+
+
+# ---- pre-quantized MXTensor activations (torchao's wgrad_with_hp path) ----
+
+
+def _mx_act(x, mode="rceil", block=32, elem=torch.float8_e4m3fn, swizzled=False):
+    """An MXTensor (torchao's from_qdata_and_scales) over lowp's MXFP8 rowwise bytes of x."""
+    from torchao.prototype.mx_formats.mx_tensor import MXTensor
+    r, rs, _, _ = torch.ops.lowp.quantize(x, "e4m3", "mx32", mode, -1, 0.0, "row", None, None)
+    if block != 32:
+        rs = rs.repeat_interleave(32 // block, dim=1)
+    return MXTensor.from_qdata_and_scales(r.view(elem), rs.view(torch.float8_e8m0fnu), BF,
+                                          block_size=block, is_swizzled_scales=swizzled)
+
+
+def test_prequantized_mxtensor_grouped_mm():
+    """A = MXTensor over lowp's bytes of X: forward and dX are the bits of lowp's grouped mm of
+    X (MXFP8, wgrad_hp); dW is lowp's BF16 GEMM of dY^T and A dequantized (what torchao's
+    high-precision weight gradient of such an input computes), the bits of lowp's grouped mm of
+    dequant(A). Against float64 and torchao's own emulated forward of the same MXTensor."""
+    from torchao.quantization.quantize_.common import KernelPreference as KP
+    x, dy, offs = D["xe"], D["dye"], OFFS_RAGGED
+    ao = MOE._to_mxfp8_then_scaled_grouped_mm(_mx_act(x), D["we"].transpose(-2, -1), offs,
+                                              kernel_preference=KP.EMULATED, wgrad_with_hp=True)
+    lt.patch_torchao()
+    a = _mx_act(x).requires_grad_()
+    w = D["we"].clone().requires_grad_()
+    y = MOE._to_mxfp8_then_scaled_grouped_mm(a, w.transpose(-2, -1), offs, wgrad_with_hp=True)
+    y.backward(dy)
+    assert type(a.grad) is torch.Tensor and a.grad.dtype == BF
+    lx, lw = x.clone().requires_grad_(), D["we"].clone().requires_grad_()
+    ly = lt.grouped_mm(lx, lw.transpose(-2, -1), offs, "mxfp8", wgrad_hp=True)
+    ly.backward(dy)
+    identical((y.detach(), a.grad), (ly.detach(), lx.grad))
+    xd = _mx_act(x).dequantize(torch.float32)
+    dx, dw = xd.to(BF).requires_grad_(), D["we"].clone().requires_grad_()
+    lt.grouped_mm(dx, dw.transpose(-2, -1), offs, "mxfp8", wgrad_hp=True).backward(dy)
+    assert torch.equal(w.grad, dw.grad) and not torch.equal(w.grad, lw.grad)
+    ref = ref_experts(offs)
+    for r, p, t in zip(ref, (y, a.grad, w.grad), THRESH):
+        assert sqnr(r, p) >= t
+    assert sqnr(ao, y) > 40  # same bytes; binary32 sums in another order
+    dwd = torch.zeros_like(ref[2])
+    lo = 0
+    for g, hi in enumerate(offs.tolist()):  # dY^T dequant(A) per group, float64
+        dwd[g] = dy[lo:hi].double().t() @ xd[lo:hi].double()
+        lo = hi
+    assert sqnr(dwd, w.grad) > 40
+
+
+def test_prequantized_mxtensor_refused():
+    from torchao.prototype.mx_formats.mx_tensor import MXTensor
+    lt.patch_torchao()
+    x, wt = D["xe"], D["we"].transpose(-2, -1)
+    gmm = MOE._to_mxfp8_then_scaled_grouped_mm
+    with pytest.raises(ValueError, match="wgrad_with_hp.*MXFP8_RCEIL_WGRAD_WITH_HP"):
+        gmm(_mx_act(x), wt, OFFS_RAGGED)
+    with pytest.raises(ValueError, match="is_swizzled_scales.*is_swizzled_scales=False"):
+        gmm(_mx_act(x, swizzled=True), wt, OFFS_RAGGED, wgrad_with_hp=True)
+    with pytest.raises(ValueError, match="block_size \\(16\\).*high-precision"):
+        gmm(_mx_act(x, block=16), wt, OFFS_RAGGED, wgrad_with_hp=True)
+    r, rs, _, _ = torch.ops.lowp.quantize(x, "e5m2", "mx32", "rceil", -1, 0.0, "row", None, None)
+    e5 = MXTensor.from_qdata_and_scales(r.view(torch.float8_e5m2),
+                                        rs.view(torch.float8_e8m0fnu), BF)
+    with pytest.raises(ValueError, match="elem_dtype.*float8_e4m3fn"):
+        gmm(e5, wt, OFFS_RAGGED, wgrad_with_hp=True)
+    with pytest.raises(ValueError, match="pre-quantized MXTensor.*high-precision"):
+        TT._to_mxfp8_then_scaled_mm(_mx_act(D["x"][0]), D["w"], None, "rceil")

@@ -20,6 +20,12 @@ Settings and how they map:
                               either value: lowp quantizes each group's tokens separately (a
                               short last block is zero-padded), which is what torchao's padding
                               computes; no copy is padded
+  A, a pre-quantized MXTensor  (the MXFP8 grouped mm, as torchao: wgrad_with_hp=True only)
+                              taken as it is when its bytes are a lowp MXFP8 operand: E4M3
+                              codes, block 32, unswizzled E8M0 scales [T, K/32] (whatever rule
+                              made them); the weight gradient multiplies dY^T by A dequantized.
+                              Other element dtypes, block sizes, swizzled scales and
+                              wgrad_with_hp=False raise, naming the setting
   block_size / element dtypes only 32 and float8_e4m3fn / float8_e5m2 / float4 elements
   float8_dtype (FP8 rowwise)  only torch.float8_e4m3fn
   float8_linear_recipe        (Float8TrainingOpConfig's linears) "rowwise" -> fp8_rowwise,
@@ -45,6 +51,7 @@ from typing import Optional
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .. import _weight_epochs as _epochs
 from .. import ops as _lops
 from ..config import (Float8RowwiseConfig, Float8TensorwiseConfig, MatmulSpec, MXQuantizeConfig,
                       OperandSpec)
@@ -75,9 +82,9 @@ def _key_of(w: torch.Tensor):
     (its `_data` views are fresh tensors with their own counters), else the tensor's root."""
     ref = _OWNERS.get(w)
     owner = ref() if ref is not None else None
-    if owner is not None:
-        return owner, owner._version
-    return _root(w), None  # a plain weight: WeightCache follows its own version counter
+    if owner is not None:  # under FSDP2 the wrapper is the unsharded parameter: its sharded
+        return owner, (owner._version, _epochs.fsdp_token(owner))  # one's versions count too
+    return _root(w), None  # a plain weight: WeightCache follows its version counters
 
 
 def _cache_for(w: torch.Tensor) -> Optional[_lops.WeightCache]:
@@ -97,6 +104,8 @@ def _cache_for(w: torch.Tensor) -> Optional[_lops.WeightCache]:
 def make_unwrap_weight(original):
     """torchao's `unwrap_weight` that also remembers which wrapper parameter the tensor it
     returns came from (the cache key and version source of that weight)."""
+
+    _epochs.install()  # learn FSDP2 modules from the first forward on
 
     def unwrap_weight(wrapper_tensor):
         out = original(wrapper_tensor)
@@ -207,16 +216,21 @@ def _out_dtype(out_dtype) -> torch.dtype:
     return out_dtype
 
 
-def _check_plain(t, name: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+def _is_mx(t) -> bool:
     try:
         from torchao.prototype.mx_formats.mx_tensor import MXTensor
     except Exception:  # pragma: no cover - torchao layout checked by the patcher
-        MXTensor = ()
-    if MXTensor and isinstance(t, MXTensor):
-        raise ValueError(f"{name} is a pre-quantized MXTensor: lowp's patch quantizes the "
-                         "high-precision activations itself (pass them unquantized)")
+        return False
+    return isinstance(t, MXTensor)
+
+
+def _check_plain(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    if _is_mx(t):
+        raise ValueError(f"{name} is a pre-quantized MXTensor, which only torchao's MXFP8 "
+                         "grouped mm takes (_to_mxfp8_then_scaled_grouped_mm with "
+                         "wgrad_with_hp=True); pass the high-precision tensor here")
 
 
 def mx_linear_config(scale_calculation_mode, in_elem=torch.float8_e4m3fn,
@@ -283,9 +297,96 @@ def _grouped(A, B_t, offs, config, out_dtype, wgrad_hp):
     return y if y.dtype == out_dtype else y.to(out_dtype)
 
 
+def _check_prequant(A, wgrad_with_hp) -> None:
+    """A pre-quantized MXTensor lowp takes as it is: the bytes of lowp's MXFP8 rowwise
+    operand (E4M3 codes [T, K], one E8M0 scale per 32 codes along K, [T, K/32], unswizzled),
+    with the weight gradient in high precision (torchao's own rule for such inputs)."""
+    if A.elem_dtype != torch.float8_e4m3fn:
+        raise ValueError(f"A.elem_dtype ({A.elem_dtype}) of a pre-quantized MXTensor must be "
+                         "torch.float8_e4m3fn (torchao's MXFP8 grouped mm); pass the "
+                         "high-precision activations otherwise")
+    if A.block_size != 32:
+        raise ValueError(f"A.block_size ({A.block_size}) of a pre-quantized MXTensor must be 32 "
+                         "(lowp's MX block); pass the high-precision activations otherwise")
+    if A.is_swizzled_scales:
+        raise ValueError("A.is_swizzled_scales (True): lowp reads the E8M0 scales row-major "
+                         "[T, K/32]; build the MXTensor with is_swizzled_scales=False")
+    q, sc = A.qdata, A.scale
+    if q.dim() != 2 or q.shape[1] % 32 or tuple(sc.shape) != (q.shape[0], q.shape[1] // 32):
+        raise ValueError(f"A (a pre-quantized MXTensor) must hold qdata [T, K] with K a multiple "
+                         f"of 32 and scales [T, K/32], not {tuple(q.shape)} and "
+                         f"{tuple(sc.shape)}")
+    if wgrad_with_hp is not True:
+        raise ValueError(f"wgrad_with_hp ({wgrad_with_hp!r}) with a pre-quantized MXTensor A: "
+                         "a quantized weight gradient needs A's high-precision values along "
+                         "the tokens; set wgrad_with_hp=True (MXFP8_RCEIL_WGRAD_WITH_HP), as "
+                         "torchao requires, or pass the high-precision activations")
+
+
+def _gemm_dtype(dtype) -> str:
+    return "bf16" if dtype == torch.bfloat16 else "f32"
+
+
+def _mx_weight_copies(W3: torch.Tensor, mode: str):
+    """((codes, scales) of each W_g [N, K], of each W_g^T [K, N]), stacked over the experts:
+    lowp's MXFP8 forward and input-gradient weight operands."""
+    fd, fs, dd, ds = [], [], [], []
+    for g in range(W3.shape[0]):
+        w = W3[g].to(torch.float32) if W3.dtype not in (torch.float32, torch.bfloat16) else W3[g]
+        r, rs, c, cs = torch.ops.lowp.quantize(w.contiguous(), "e4m3", "mx32", mode, -1, 0.0,
+                                               "both", None, None)
+        fd.append(r), fs.append(rs), dd.append(c), ds.append(cs)
+    return ((torch.stack(fd), torch.stack(fs)), (torch.stack(dd), torch.stack(ds)))
+
+
+class _PrequantMXGroupedMM(torch.autograd.Function):
+    """torchao's MXFP8 grouped mm of a pre-quantized MXTensor A (checked by _check_prequant)
+    on lowp's kernels: the forward multiplies A's own codes and scales by lowp's MXFP8 copies
+    of the expert weights; the input gradient is lowp's (dY and W^T in MXFP8); the weight
+    gradient is lowp's BF16 GEMM of dY^T and A dequantized (exact in BF16), which is what
+    torchao's high-precision weight gradient of such an input computes."""
+
+    @staticmethod
+    def forward(ctx, A, B_t, offs, mode: str, out_dtype):
+        q = A.qdata.contiguous().view(torch.uint8)
+        s = A.scale.contiguous().view(torch.uint8)
+        (wfd, wfs), (wdd, wds) = _mx_weight_copies(B_t.detach().transpose(-2, -1), mode)
+        y = torch.ops.lowp.scaled_grouped_mm(q, s, "e4m3", "mx32", wfd, wfs, "e4m3", "mx32",
+                                             offs, q.shape[1], False, _gemm_dtype(out_dtype))
+        ctx.save_for_backward(q, s, offs, wdd, wds)
+        ctx.mode, ctx.a_dtype, ctx.w_dtype = mode, A.dtype, B_t.dtype
+        return y.to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, s, offs, wdd, wds = ctx.saved_tensors
+        T, K = q.shape
+        dy = (dy if dy.dtype in (torch.float32, torch.bfloat16) else dy.float()).contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            r, rs, _, _ = torch.ops.lowp.quantize(dy, "e4m3", "mx32", ctx.mode, -1, 0.0, "row",
+                                                  None, None)
+            dx = torch.ops.lowp.scaled_grouped_mm(r, rs, "e4m3", "mx32", wdd, wds, "e4m3",
+                                                  "mx32", offs, dy.shape[1], False,
+                                                  _gemm_dtype(ctx.a_dtype)).to(ctx.a_dtype)
+        if ctx.needs_input_grad[1]:
+            xd = torch.ops.lowp.dequantize(q, s, "e4m3", "mx32", T, K, None)
+            none = torch.empty(0, dtype=torch.uint8, device=dy.device)
+            dw = torch.ops.lowp.scaled_grouped_mm(
+                dy.t().to(torch.bfloat16).contiguous(), none, "bf16", "none",
+                xd.t().to(torch.bfloat16).contiguous(), none, "bf16", "none", offs, T, True,
+                _gemm_dtype(ctx.w_dtype))
+            dw = dw.to(ctx.w_dtype).transpose(-2, -1)
+        return dx, dw, None, None, None
+
+
 def _mx_grouped(A, B_t, offs, out_dtype, kernel_preference, wgrad_with_hp,
                 scale_calculation_mode, pad_token_groups_for_grouped_mm):
-    _check_plain(A, "A")
+    prequant = _is_mx(A)
+    if prequant:
+        _check_prequant(A, wgrad_with_hp)
+    else:
+        _check_plain(A, "A")
     _check_plain(B_t, "B_t")
     if offs is None:
         raise ValueError("offs (None) must be the int32 group end offsets (lowp's grouped mm is "
@@ -296,8 +397,14 @@ def _mx_grouped(A, B_t, offs, out_dtype, kernel_preference, wgrad_with_hp,
                         "must be a bool")
     od = _out_dtype(out_dtype)
     hp = _check_wgrad_hp(wgrad_with_hp, (A.dtype, od), "input / out_dtype")
-    cfg = MXQuantizeConfig(scale_mode=_scale_mode(scale_calculation_mode))
-    return _grouped(A, B_t, offs, cfg, od, hp)
+    mode = _scale_mode(scale_calculation_mode)
+    if prequant:
+        if B_t.dim() != 3 or B_t.shape[1] != A.shape[1]:
+            raise ValueError(f"B_t.shape ({tuple(B_t.shape)}) must be [G, K, N] with K = "
+                             f"A.shape[1] ({A.shape[1]})")
+        _lops._check_offs(offs, B_t.shape[0], A.shape[0])
+        return _PrequantMXGroupedMM.apply(A, B_t, offs.to(B_t.device), mode, od)
+    return _grouped(A, B_t, offs, MXQuantizeConfig(scale_mode=mode), od, hp)
 
 
 def to_mxfp8_then_scaled_grouped_mm(A: torch.Tensor, B_t: torch.Tensor,
