@@ -628,11 +628,49 @@ def test_fp8_linear_patched(name, preset):
             assert sqnr(r, p) >= t and sqnr(r, q) >= t and sqnr(q, p) >= t
 
 
-def test_fp8_linear_gw_hp_refused():
+# columns 2^-20..1: under one tensorwise scale the smallest fall below E4M3's subnormals
+# (power-of-two per-column scales would keep them; otherwise the two round alike)
+_SPREAD_W = (D["w"].float() * torch.logspace(-20, 0, 64, base=2)).to(BF)
+
+
+@pytest.mark.parametrize("w", [D["w"], _SPREAD_W], ids=["plain", "spread"])
+def test_fp8_linear_rowwise_with_gw_hp(w):
+    """torchao's rowwise_with_gw_hp: out = X rowwise . W rowwise^T, dX = dY rowwise . W
+    tensorwise, dW = dY^T X in high precision (E4M3, power-of-two scales). Patched: within
+    accumulation order of torchao's own CPU path; out and dW the bits of lowp's fp8_rowwise
+    with wgrad_hp; dX that of dY's rowwise and W's tensorwise copies (not lowp's per-column
+    copy of W: the spread weight tells them apart)."""
+    b = torch.linspace(-1, 1, 96).to(BF)
+
+    def module():
+        m = torchao_fp8_linear("rowwise_with_gw_hp")
+        with torch.no_grad():
+            m.weight.copy_(w)
+        return m
+
+    ao = run_linear(module())  # torchao's own float8 linear runs on the CPU
     lt.patch_torchao()
-    m = torchao_fp8_linear("rowwise_with_gw_hp")
-    with pytest.raises(ValueError, match="float8_linear_recipe"):
-        m(D["x"])
+    lp = run_linear(module())
+    x2, w2 = D["x"].clone().requires_grad_(), w.clone().requires_grad_()
+    y2 = lt.linear(x2, w2, None, "fp8_rowwise", wgrad_hp=True) + b
+    y2.backward(D["dy"])
+    assert torch.equal(lp[0], y2.detach()) and torch.equal(lp[2], w2.grad)
+    assert torch.equal(lp[1], x2.grad) == torch.equal(w, D["w"])  # per-column W = tensorwise?
+    dy2 = D["dy"].reshape(-1, 96)
+    gd, gs, _, _ = torch.ops.lowp.quantize(dy2, "e4m3", "row", "", 1, 0.0, "row", None, None)
+    td, ts, _, _ = torch.ops.lowp.quantize(w.t().contiguous(), "e4m3", "tensor", "", 1, 0.0,
+                                           "row", None, None)
+    deq = torch.ops.lowp.dequantize
+    dx = deq(gd, gs, "e4m3", "row", dy2.shape[0], 96, None).double() @ \
+        deq(td, ts, "e4m3", "tensor", 64, 96, None).double().t()
+    assert sqnr(dx, lp[1].reshape(-1, 64)) > 45  # the bf16 rounding of the output only
+    x64, w64, d64 = D["x"].double().reshape(-1, 64), w.double(), dy2.double()
+    ref = ((x64 @ w64.t()).reshape(2, 48, 96) + b.double(), (d64 @ w64).reshape(2, 48, 64),
+           d64.t() @ x64)
+    for r, p, q, t in zip(ref, lp, ao, (25.0, 24.0, 40.0)):  # NUMERICS 8, FP8 rowwise; hp dW
+        assert sqnr(r, p) >= t and sqnr(r, q) >= t and sqnr(q, p) > 40
+    with pytest.raises(ValueError, match="rowwise_with_gw_hp.*bfloat16"):
+        TT._to_fp8_then_scaled_mm(D["x"].float(), D["w"].float(), module().weight.config)
 
 
 # ---- pre-quantized MXTensor activations (torchao's wgrad_with_hp path) ----

@@ -30,8 +30,10 @@ Settings and how they map:
   float8_dtype (FP8 rowwise)  only torch.float8_e4m3fn
   float8_linear_recipe        (Float8TrainingOpConfig's linears) "rowwise" -> fp8_rowwise,
                               "tensorwise" -> Float8TensorwiseConfig() (e4m3 / e5m2 gradient,
-                              current scaling); "rowwise_with_gw_hp" (a tensorwise weight
-                              against rowwise gradients in the input gradient) raises
+                              current scaling); "rowwise_with_gw_hp" -> torchao's pairing on
+                              lowp's ops: X and W rowwise forward, dY rowwise times W
+                              tensorwise (its one scale in the rowwise layout) for dX, a BF16
+                              GEMM for dW (bfloat16 inputs only, as wgrad_with_hp)
 
 Weights: every weight gets one `lowp.torch.WeightCache`, held in a weak map keyed by torchao's
 wrapper parameter (a plain weight: by its storage root), so a weight is quantized once per
@@ -478,15 +480,70 @@ class Float8GroupedMM:
 _FP8_LINEAR = {"rowwise": Float8RowwiseConfig, "tensorwise": Float8TensorwiseConfig}
 
 
+def _fp8_row(t: torch.Tensor, scaling: str = "row"):
+    """(codes, scales) of t [R, C] in E4M3 along its rows, power-of-two scales: lowp's
+    fp8_rowwise operand; scaling "tensor": one scale, repeated per row (a tensorwise operand
+    in the row layout, so that it pairs with a rowwise one; the same dequantized values)."""
+    t = (t if t.dtype in (torch.float32, torch.bfloat16) else t.float()).contiguous()
+    d, sc, _, _ = torch.ops.lowp.quantize(t, "e4m3", scaling, "", 1, 0.0, "row", None, None)
+    if scaling == "tensor":
+        sc = sc.reshape(1, 1).expand(t.shape[0], 1).contiguous()
+    return d, sc
+
+
+class _RowwiseGwHp(torch.autograd.Function):
+    """torchao's rowwise_with_gw_hp linear on lowp's kernels, x2d [M, K] x w [N, K]^T:
+    out = X (E4M3 rowwise) . W (E4M3 rowwise)^T; dX = dY (E4M3 rowwise) . W (E4M3
+    tensorwise); dW = dY^T . X as a BF16 GEMM (binary32 sums). Scales are powers of two."""
+
+    @staticmethod
+    def forward(ctx, x2d, w):
+        xd, xs = _fp8_row(x2d.detach())
+        wd, ws = _fp8_row(w.detach())
+        y = torch.ops.lowp.scaled_mm(xd, xs, "e4m3", "row", wd, ws, "e4m3", "row", x2d.shape[1],
+                                     _gemm_dtype(x2d.dtype))
+        ctx.save_for_backward(x2d, w)
+        return y.to(x2d.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2d, w = ctx.saved_tensors
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            gd, gs = _fp8_row(dy)
+            td, ts = _fp8_row(w.detach().t(), "tensor")
+            dx = torch.ops.lowp.scaled_mm(gd, gs, "e4m3", "row", td, ts, "e4m3", "row",
+                                          dy.shape[1], _gemm_dtype(x2d.dtype)).to(x2d.dtype)
+        if ctx.needs_input_grad[1]:
+            none = torch.empty(0, dtype=torch.uint8, device=dy.device)
+            a = dy.t().to(torch.bfloat16).contiguous()
+            b = x2d.detach().t().to(torch.bfloat16).contiguous()
+            dw = torch.ops.lowp.scaled_mm(a, none, "bf16", "none", b, none, "bf16", "none",
+                                          dy.shape[0], _gemm_dtype(w.dtype)).to(w.dtype)
+        return dx, dw
+
+
+def _rowwise_with_gw_hp(input, weight):
+    _lops._check_tensor("input", input)
+    _lops._check_tensor("weight", weight, (2,))
+    if input.dim() < 1 or input.shape[-1] != weight.shape[1]:
+        raise ValueError(f"input.shape ({tuple(input.shape)}) must end in weight.shape[1] "
+                         f"({weight.shape[1]}) (weight is [out_features, in_features])")
+    _check_wgrad_hp(True, (input.dtype,), "input (float8_linear_recipe rowwise_with_gw_hp)")
+    y = _RowwiseGwHp.apply(input.reshape(-1, input.shape[-1]), weight)
+    return y.reshape(*input.shape[:-1], weight.shape[0])
+
+
 def to_fp8_then_scaled_mm(input, weight, config):
     """torchao's `_to_fp8_then_scaled_mm` (the linear of `Float8TrainingOpConfig`) on lowp:
     input [..., K] x weight [N, K]^T; the wrapper adds the bias."""
     _check_plain(input, "input")
     _check_plain(weight, "weight")
     recipe = getattr(config, "float8_linear_recipe", None)
+    if recipe == "rowwise_with_gw_hp":
+        return _rowwise_with_gw_hp(input, weight)
     make = _FP8_LINEAR.get(recipe)
     if make is None:
         raise ValueError(f"float8_linear_recipe ({recipe!r}) is not one lowp implements "
-                         "(rowwise, tensorwise): rowwise_with_gw_hp multiplies rowwise "
-                         "gradients by a tensorwise weight, a pairing lowp does not have")
+                         "(rowwise, tensorwise, rowwise_with_gw_hp)")
     return _lops.linear(input, weight, None, make(), cache=_cache_for(weight))
