@@ -727,6 +727,28 @@ def _first(op: Optional[_Op]) -> Optional[_Op]:
     return _Op(op.data[0], sc, op.format, op.scaling, op.rows, op.cols)
 
 
+def _group_tokens(M: int, offs: Optional[Tensor], grouped: bool) -> Tuple[int, bool]:
+    """(T, traced) of a matmul over M rows: T the rows in some group (offs[-1]) and traced
+    False in eager mode; under tracing (torch.compile, FakeTensor) offs[-1] is data-dependent,
+    so no host value is read: T = M and traced True (the rows past offs[-1] are zeroed by
+    `_in_groups`, with static shapes and no host-side branch)."""
+    if not grouped or offs.shape[0] == 0:
+        return M, False
+    if not _direct(offs):
+        return M, True
+    return int(offs[-1].item()), False
+
+
+def _in_groups(t: Tensor, T: int, offs: Optional[Tensor], traced: bool) -> Tensor:
+    """The rows of t [M, C] that belong to a group: t[:T] in eager mode; traced, t with the
+    rows past offs[-1] zeroed. Both give the kernels the same bytes for the grouped rows:
+    the rows past offs[-1] are in no group of any GEMM, and zeros change no amax."""
+    if not traced:
+        return t[:T]
+    rows = torch.arange(t.shape[0], device=t.device, dtype=torch.int32).unsqueeze(1)
+    return torch.where(rows < offs[-1:].to(t.device), t, t.new_zeros(()))
+
+
 class _LowpMatmul(torch.autograd.Function):
     """x2d [M, K] times W3 [G, N, K] (G = 1 and offs None: a plain linear)."""
 
@@ -753,28 +775,6 @@ class _LowpMatmul(torch.autograd.Function):
         T, traced = _group_tokens(M, offs, grouped)
         if torch.compiler.is_compiling():
             cache = None
-def _group_tokens(M: int, offs: Optional[Tensor], grouped: bool) -> Tuple[int, bool]:
-    """(T, traced) of a matmul over M rows: T the rows in some group (offs[-1]) and traced
-    False in eager mode; under tracing (torch.compile, FakeTensor) offs[-1] is data-dependent,
-    so no host value is read: T = M and traced True (the rows past offs[-1] are zeroed by
-    `_in_groups`, with static shapes and no host-side branch)."""
-    if not grouped or offs.shape[0] == 0:
-        return M, False
-    if not _direct(offs):
-        return M, True
-    return int(offs[-1].item()), False
-
-
-def _in_groups(t: Tensor, T: int, offs: Optional[Tensor], traced: bool) -> Tensor:
-    """The rows of t [M, C] that belong to a group: t[:T] in eager mode; traced, t with the
-    rows past offs[-1] zeroed. Both give the kernels the same bytes for the grouped rows:
-    the rows past offs[-1] are in no group of any GEMM, and zeros change no amax."""
-    if not traced:
-        return t[:T]
-    rows = torch.arange(t.shape[0], device=t.device, dtype=torch.int32).unsqueeze(1)
-    return torch.where(rows < offs[-1:].to(t.device), t, t.new_zeros(()))
-
-
         delayed = fp8_state is not None
 
         def make_both():
