@@ -399,7 +399,8 @@ def test_weight_cache_counts_once_per_version():
     cache = lt.WeightCache()
     run_linear("mxfp8", x, w, b, dy, cache=cache)
     run_linear("mxfp8", x, w, b, dy, cache=cache)  # a second micro-batch
-    assert cache.quantizations == 1 and cache.hits == 3
+    # the second forward reuses; each backward reads its own forward's copies (autograd ctx)
+    assert cache.quantizations == 1 and cache.hits == 1
     with torch.no_grad():
         w.add_(0.01)  # an optimizer step
     out = run_linear("mxfp8", x, w, b, dy, cache=cache)

@@ -59,3 +59,7 @@ __all__ += [
 from .patches import is_patched as torchao_patched, patch_torchao, unpatch_torchao
 
 __all__ += ["patch_torchao", "unpatch_torchao", "torchao_patched"]
+
+from ._weight_epochs import invalidate_weight_caches
+
+__all__ += ["invalidate_weight_caches"]

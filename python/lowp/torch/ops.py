@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from . import _weight_epochs as _epochs
 from . import portable as P
 from ._autocast import exact, out_dtype as _autocast_out
 from .config import MatmulSpec, OperandSpec, resolve_config
@@ -546,17 +547,24 @@ def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
 
 
 class WeightCache:
-    """Quantized copies of weights, made once per weight version.
+    """Quantized copies of weights, reused across calls while nothing can have changed them.
 
     Keyed by the weight tensor's storage (its identity, not its address: FSDP2 frees an
     unsharded weight's memory at each reshard and gathers into newly allocated memory of the
-    same storage), storage offset, shape, strides, dtype, device and the recipe; an entry is
-    reused while the tensor's `_version` is unchanged (an optimizer step updates the weight in
-    place and bumps it) and its storage is the one the copies were made from (a weak
-    reference: a new tensor whose storage reuses a freed one's address, at version 0 again,
-    never hits). Pass the parameter itself or views of it (they share its version counter),
-    not `param.data`, whose version counter is a separate one. Counters: `quantizations`
-    (copies made), `hits` (reuses).
+    same storage), storage offset, shape, strides, dtype, device and the recipe. An entry is
+    reused only while all of these are unchanged (`lowp.torch._weight_epochs`):
+    - the tensor's `_version` (in-place updates of the parameter or a view of it);
+    - the optimizer epoch: every `torch.optim` optimizer step moves it (a global step
+      post-hook), so does `lowp.torch.invalidate_weight_caches()`;
+    - for an FSDP2 unsharded parameter (or a view of it), the versions of its sharded
+      parameter: FSDP2 writes each all-gather into the unsharded one without moving its
+      version;
+    and while its storage is the one the copies were made from (a weak reference: a new
+    tensor whose storage reuses a freed one's address never hits). Writes no counter sees
+    (`param.data.copy_`, a numpy view) outside an optimizer step need
+    `invalidate_weight_caches()`. Within one call, the backward reads the copies its forward
+    made (kept on the autograd context), never the cache. Counters: `quantizations` (copies
+    made), `hits` (reuses).
 
     `version_fn` (optional, no arguments): the version to compare instead of the tensor's own
     `_version`, for a wrapper whose op-time tensors do not share the master weight's version
@@ -569,6 +577,7 @@ class WeightCache:
         self.hits = 0
         self._entries = {}
         self._version_fn = version_fn
+        _epochs.install()
 
     def _key(self, w: Tensor, spec: MatmulSpec):
         return (w.untyped_storage()._cdata, w.storage_offset(), tuple(w.shape),
@@ -580,7 +589,8 @@ class WeightCache:
         key = self._key(w, spec)
         e = self._entries.get(key)
         storage = w.untyped_storage()
-        version = self._version_fn() if self._version_fn is not None else w._version
+        own = self._version_fn() if self._version_fn is not None else w._version
+        version = (own, _epochs.epoch(), _epochs.fsdp_token(w))
         if (e is not None and e[0] == version and not e[1].expired()
                 and e[1].cdata == storage._cdata):
             self.hits += 1
@@ -780,8 +790,12 @@ class _LowpMatmul(torch.autograd.Function):
         def make_both():
             return _weight_copies(W3, spec, fwd_q, dgrad_q, True, not kn, fp8_state, True)
 
+        # With a cache, the backward reads this call's copies from ctx (never the cache: its
+        # correctness within a step must not rest on a version counter); without one, it
+        # quantizes the saved weight again.
+        ctx.wcopies = None
         if cache is not None:
-            wf, _ = cache.lookup(W3, spec, make_both)
+            wf, _ = ctx.wcopies = cache.lookup(W3, spec, make_both)
         else:
             wf, _ = _weight_copies(W3, spec, fwd_q, dgrad_q, True, False, fp8_state, True)
 
@@ -872,15 +886,9 @@ class _LowpMatmul(torch.autograd.Function):
                 else:
                     dycol = _plain(dys.t())
             if need_dx:
-                cache = ctx.cache
-
-                def make_both():
-                    return _weight_copies(W3, spec, fwd_q, dgrad_q, True, not kn, fp8_state,
-                                          True)
-
                 # kn: the forward copy, read as stored (its first element of the pair)
-                if cache is not None:
-                    wf, wd = cache.lookup(W3, spec, make_both)
+                if ctx.wcopies is not None:
+                    wf, wd = ctx.wcopies
                 else:
                     wf, wd = _weight_copies(W3, spec, fwd_q, dgrad_q, kn, not kn, fp8_state,
                                             False)

@@ -53,6 +53,7 @@ from typing import Optional
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .. import _weight_epochs as _epochs
 from .. import ops as _lops
 from ..config import (Float8RowwiseConfig, Float8TensorwiseConfig, MatmulSpec, MXQuantizeConfig,
                       OperandSpec)
@@ -83,9 +84,9 @@ def _key_of(w: torch.Tensor):
     (its `_data` views are fresh tensors with their own counters), else the tensor's root."""
     ref = _OWNERS.get(w)
     owner = ref() if ref is not None else None
-    if owner is not None:
-        return owner, owner._version
-    return _root(w), None  # a plain weight: WeightCache follows its own version counter
+    if owner is not None:  # under FSDP2 the wrapper is the unsharded parameter: its sharded
+        return owner, (owner._version, _epochs.fsdp_token(owner))  # one's versions count too
+    return _root(w), None  # a plain weight: WeightCache follows its version counters
 
 
 def _cache_for(w: torch.Tensor) -> Optional[_lops.WeightCache]:
@@ -105,6 +106,8 @@ def _cache_for(w: torch.Tensor) -> Optional[_lops.WeightCache]:
 def make_unwrap_weight(original):
     """torchao's `unwrap_weight` that also remembers which wrapper parameter the tensor it
     returns came from (the cache key and version source of that weight)."""
+
+    _epochs.install()  # learn FSDP2 modules from the first forward on
 
     def unwrap_weight(wrapper_tensor):
         out = original(wrapper_tensor)
