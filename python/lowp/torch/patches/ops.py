@@ -37,12 +37,14 @@ Settings and how they map:
 
 Weights: every weight gets one `lowp.torch.WeightCache`, held in a weak map keyed by torchao's
 wrapper parameter (a plain weight: by its storage root), so a weight is quantized once per
-version: activation checkpointing's recomputation and the backward reuse the copies, an
-optimizer step makes new ones. The patched `unwrap_weight` records which wrapper each tensor it
-returns came from: the `_data` views it hands out are fresh tensors below autograd, and an
-in-place update of the wrapper bumps the WRAPPER's version counter, not its `_data`'s (the
-update runs in `__torch_dispatch__`), so a cache is emptied whenever its wrapper's version
-moved.
+version: activation checkpointing's recomputation reuses the copies (the backward reads its
+own forward's, from the autograd context), an optimizer step makes new ones. The patched
+`unwrap_weight` records which wrapper each tensor it returns came from: the `_data` views it
+hands out are fresh tensors below autograd, and an in-place update of the wrapper bumps the
+WRAPPER's version counter, not its `_data`'s (the update runs in `__torch_dispatch__`), so a
+cache is emptied whenever its wrapper's version moved, or (FSDP2, whose all-gather into the
+unsharded wrapper moves no version) its sharded parameter's did; every optimizer step expires
+all copies too (`lowp.torch._weight_epochs`, docs/torch.md "Weight caches").
 """
 
 from __future__ import annotations
