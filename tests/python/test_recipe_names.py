@@ -200,6 +200,10 @@ def test_verbose_lists_unmatched_rules_on_stderr(capsys):
     assert sorted(n.split("rule ")[1].split(" (")[0] for n in notes) == \
         ["routed experts", "router", "shared experts"]
     assert any("*.moe.routed_experts.*" in n for n in notes)
+    # every name under a group: the catch-all deciding nothing is no notice
+    m = dsv3_030()
+    del m.layers["0"].feed_forward
+    assert _notices(m, "mix") == []
 
 
 def test_apply_recipe_wraps_030_routed_experts_as_block_fp8():

@@ -188,7 +188,7 @@ def plan_recipe(model, name, rules=None):
 
 def _unmatched_notices(name, table, hits):
     for (label, pats, cfg), n in zip(table, hits):
-        if n == 0:
+        if n == 0 and pats != ("*",):  # a catch-all is meant for no parameter in particular
             warnings.warn("lowp.torch.apply_recipe(%r): rule %s (%s -> %s) matched no parameter"
                           % (name, label, ", ".join(pats), _describe(cfg)), stacklevel=3)
 
@@ -196,8 +196,9 @@ def _unmatched_notices(name, table, hits):
 def apply_recipe(model, name, rules=None, verbose=False):
     """Wrap ``model``'s weights by the recipe ``name`` (see the module docstring). Returns
     ``{fqn: config}`` of what was wrapped. ``verbose=True`` writes that list to stderr and
-    warns once for each rule (the caller's, the high-precision ones and the recipe's groups)
-    that decided no parameter, e.g. a routed-expert rule that missed a model's expert names."""
+    warns once for each rule (the caller's, the high-precision ones and the recipe's groups,
+    not a catch-all "*") that decided no parameter, e.g. a routed-expert rule that missed a
+    model's expert names."""
     from torchao.quantization import quantize_
 
     table = _table(name, rules)
