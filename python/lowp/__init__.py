@@ -481,6 +481,9 @@ def _out_arg(out, shape, fn, accumulate, as_torch=False):
         if accumulate:
             raise ValueError(f"{fn}: accumulate=True needs out")
         return A.empty(shape, np.float32, as_torch, zero=True), "f32", None
+    if A.is_torch(out) and (out.is_neg() or out.is_conj()):
+        raise ValueError(f"{fn}: out is a negative or conjugate view (resolve_neg() gives a "
+                         "copy; pass a plain tensor)")
     a, kind, _ = A.float_input(out, fn, "out")
     if tuple(a.shape) != tuple(shape):
         raise ValueError(f"{fn}: out has shape {tuple(a.shape)}, expected {tuple(shape)}")

@@ -93,6 +93,8 @@ def _torch_to_numpy(x, fn, arg):
     nd = _np_dtypes().get(x.dtype)
     if nd is None:
         raise TypeError(f"{fn}: {arg} has dtype {x.dtype}, which lowp does not read")
+    if x.is_neg() or x.is_conj():  # the memory of a negative view holds the values unnegated
+        x = x.resolve_neg().resolve_conj()
     a = _alias(x.detach(), nd)
     if x.dtype == t.bfloat16:
         return a, BF16

@@ -128,10 +128,13 @@ def _buf(t: Optional[Tensor]):
     (data_ptr, nbytes), which the caller keeps alive for the call (a numpy view per argument
     cost tens of microseconds, a large share of a small MoE layer's time); any other as a
     zero-copy numpy view of a contiguous copy, which holds the copy. Not Tensor.numpy(), which
-    would make the storage non-resizable (see lowp/_arrays.py)."""
+    would make the storage non-resizable (see lowp/_arrays.py). A negative or conjugate view
+    (torch._neg_view, .conj()) is resolved first: its memory holds the values unnegated."""
     if t is None:
         return None
-    if t.is_contiguous():
+    if t.is_neg() or t.is_conj():  # a copy, held by the numpy view below
+        t = t.resolve_neg().resolve_conj()
+    elif t.is_contiguous():
         return (t.data_ptr(), t.numel() * t.element_size())
     return _lp._arrays.to_numpy(t.contiguous(), "lowp.torch", "operand")[0]
 
@@ -496,9 +499,10 @@ def _quant(x: Tensor, s: OperandSpec, axis: str, scale: Optional[Tensor] = None,
 
 
 def _x32(x: Tensor) -> Tensor:
-    """The kernels read float32 or bfloat16; anything else goes through float32."""
+    """The kernels read float32 or bfloat16; anything else goes through float32. A negative
+    view is resolved (its memory holds the values unnegated; the memo keys on memory)."""
     x = x if x.dtype in (torch.float32, torch.bfloat16) else x.to(torch.float32)
-    return x.contiguous()
+    return x.resolve_neg().contiguous()
 
 
 def _amax(x: Tensor) -> Tensor:
