@@ -411,9 +411,10 @@ def test_weight_cache_counts_once_per_version():
 @native
 @pytest.mark.parametrize("grouped", [False, True], ids=["linear", "grouped"])
 def test_shared_input_quantized_once(grouped):
-    """Matmuls in a row on one input (q, k, v; w1, w3) quantize it once; the results and
-    gradients are those of separate inputs; an in-place change of the input, a new input
-    (even at a reused address) or another recipe quantizes afresh."""
+    """Matmuls in a row on one input of an autograd graph (q, k, v; w1, w3: a norm's output)
+    quantize it once; the results and gradients are those of separate inputs; an in-place
+    change of the input, a new input (even at a reused address) or another recipe quantizes
+    afresh."""
     torch.manual_seed(0)
     K, N = 64, 40
     offs = torch.tensor([9, 9, 50], dtype=torch.int32)
@@ -428,7 +429,8 @@ def test_shared_input_quantized_once(grouped):
         x = torch.randn(50, K, generator=torch.Generator().manual_seed(1), requires_grad=True)
         xs = [x] * 3 if shared else [x.detach().clone().requires_grad_() for _ in range(3)]
         lt.reset_stats()
-        ys = [mm(xi, w) for xi, w in zip(xs, ws)]
+        h = x * 1.0  # an op's output: the memo's only kind of input
+        ys = [mm(h if shared else xi * 1.0, w) for xi, w in zip(xs, ws)]
         n = lt.stats().get("quantize.native", 0)
         sum((y * (i + 1)).sum() for i, y in enumerate(ys)).backward()
         dx = sum(xi.grad for xi in xs) if not shared else x.grad
@@ -442,7 +444,7 @@ def test_shared_input_quantized_once(grouped):
     assert n1 == n2 - 2 * (2 if grouped else 1)  # weights: one quantization each; inputs
     assert all(torch.equal(a, b) for a, b in zip(ys1, ys2))
     assert torch.equal(dx1, dx2) and all(torch.equal(a, b) for a, b in zip(g1, g2))
-    x = torch.randn(50, K)
+    x = torch.randn(50, K, requires_grad=True) * 1.0
     y1 = mm(x, ws[0])
     with torch.no_grad():
         x.mul_(2)  # in place: a new version
@@ -450,7 +452,7 @@ def test_shared_input_quantized_once(grouped):
     assert not torch.equal(mm(x, ws[0]), y1)
     assert torch.equal(mm(x, ws[1], "block32x32"), mm(x.clone(), ws[1], "block32x32"))
     for step in range(3):  # fresh inputs, possibly at a freed one's address, version 0
-        xt = torch.randn(50, K)
+        xt = torch.randn(50, K, requires_grad=True) * 1.0
         assert torch.equal(mm(xt, ws[0]), mm(xt.clone(), ws[0])), step
         del xt
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections import Counter
 from typing import List, Optional, Tuple
 
@@ -686,37 +687,48 @@ def _weight_copies_native(W3, ws, want_fwd, want_dgr, fp8_state, record, scale):
 class _InputMemo:
     """The quantized copies of the last forward input, for the next matmul on the same input:
     the model's q, k and v projections (and w1, w3 of a SwiGLU, dense or routed) read one
-    tensor, which was quantized once per projection. A hit needs the same storage (alive: a
-    weak reference, as WeightCache), offset, shape, strides, dtype and version of the input
-    and of `offs`, and the same operand spec and axes. Per thread, one entry; cleared by every
-    backward (a forward without one, as in evaluation, leaves its last input's copies here until
-    the next input or backward replaces them)."""
+    tensor, which was quantized once per projection.
+
+    Only for an input whose values are provably those of the entry: one produced by an op of
+    an autograd graph (`_graph_anchor`: the tensor, or the base of the view, has a grad_fn),
+    the same tensor object (a weak reference), at the same version. Such a tensor changes only
+    through in-place ops, which bump the version; autograd itself relies on that. A leaf, a
+    tensor without a graph (no_grad, inference_mode, `torch.from_numpy` over a buffer that
+    numpy refills, writes through `x.data`, none of which moves a version) is quantized on
+    every call. A hit also needs the same storage (alive), offset, shape, strides, dtype and
+    version of the bytes quantized, the same values of `offs`, and the same operand spec and
+    axes. Per thread, one entry; cleared by every backward."""
 
     def __init__(self):
         self._local = threading.local()
 
     @staticmethod
-    def _key(t: Optional[Tensor]):
-        if t is None:
-            return None
+    def _key(t: Tensor):
         st = t.untyped_storage()
         return (st._cdata, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
                 t.device, t._version)
 
-    def get(self, x: Tensor, offs: Optional[Tensor], what, make):
-        key = (self._key(x), self._key(offs), what)
+    def get(self, anchor: Tensor, x: Tensor, offs: Optional[Tensor], what, make):
+        """The value for x (quantized from anchor's memory), made by make() on a miss."""
+        key = (self._key(anchor), self._key(x), None if offs is None else tuple(offs.tolist()),
+               what)
         e = getattr(self._local, "entry", None)
-        if e is not None and e[0] == key and not e[1].expired() and \
-                (e[2] is None or not e[2].expired()):
+        if e is not None and e[0] == key and e[1]() is anchor and not e[2].expired():
             return e[3]
         value = make()
-        self._local.entry = (key, StorageWeakRef(x.untyped_storage()),
-                             None if offs is None else StorageWeakRef(offs.untyped_storage()),
+        self._local.entry = (key, weakref.ref(anchor), StorageWeakRef(x.untyped_storage()),
                              value)
         return value
 
     def clear(self):
         self._local.entry = None
+
+
+def _graph_anchor(x: Tensor) -> Optional[Tensor]:
+    """The tensor whose autograd history vouches for x's values (x, or the base of view x)
+    when it has a grad_fn, else None (no memo)."""
+    base = x._base if x._is_view() else x
+    return base if base.grad_fn is not None else None
 
 
 _INPUTS = _InputMemo()
@@ -820,9 +832,10 @@ class _LowpMatmul(torch.autograd.Function):
                     _, c = _quant(xs, ispec, "col", None, offs)
                 return r, c
 
-            memo = iscale is None and _direct(xs, offs)
-            xrow, xcol = (_INPUTS.get(xs, offs, (ispec, axis, keep and tok), quantize_input)
-                          if memo else quantize_input())
+            anchor = _graph_anchor(x2d) if iscale is None and _direct(xs, offs) else None
+            xrow, xcol = (quantize_input() if anchor is None else
+                          _INPUTS.get(anchor, xs, offs, (ispec, axis, keep and tok),
+                                      quantize_input))
         else:
             xrow = _plain(xs)
             if keep:
