@@ -186,6 +186,14 @@ class LowpWeight(torch.Tensor):
         return self._cache
 
     @property
+    def data(self):
+        return torch.Tensor.data.__get__(self, type(self))
+
+    @data.setter
+    def data(self, value):
+        _assign_master(self, value)
+
+    @property
     def fp8_state(self):
         return self._fp8_state
 
@@ -334,6 +342,34 @@ class LowpWeight(torch.Tensor):
 
 
 torch.serialization.add_safe_globals([LowpWeight])
+
+
+def _assign_master(w, value):
+    """``w.data = value`` (also ``nn.utils.vector_to_parameters``): value becomes the master
+    weight, shared as ``.data =`` shares it on a plain tensor, so the forward, the state dict
+    and the optimizer (which holds ``w``) all see it; the quantized copies start afresh. The
+    wrapper's shape, dtype, device and strides are fixed at prepare (torch's set_data would
+    change the wrapper's metadata but not the master it reads): a value that differs in any of
+    them raises ValueError naming the parameter."""
+    name = getattr(w, "_fqn", None) or "a wrapped weight %s" % (tuple(w.shape),)
+    if isinstance(value, LowpWeight):
+        value = value._data
+    if not isinstance(value, torch.Tensor):
+        raise TypeError("%s: .data must be set to a torch.Tensor, got %s"
+                        % (name, type(value).__name__))
+    for what, have, got in (("shape", tuple(w.shape), tuple(value.shape)),
+                            ("dtype", w.dtype, value.dtype), ("device", w.device, value.device),
+                            ("strides", w.stride(), value.stride())):
+        if have != got:
+            raise ValueError(
+                "%s: .data = a tensor of %s %s, but the prepared (lowp-wrapped) weight has %s "
+                "(copy into it with .data.copy_(t), or convert the model before changing it)"
+                % (name, what, got, have))
+    data = value.detach()
+    w._data = w._root = w._version_source = data
+    w._cache = _ops().WeightCache()
+    if hasattr(w, "_gathered_at"):
+        del w._gathered_at
 
 
 def _opkw(w):
@@ -588,6 +624,7 @@ def wrap_parameters(module, config, params_filter_fn=None):
         newp = nn.Parameter(LowpWeight(master, mm_cfg, fp8_state=st), requires_grad=p.requires_grad)
         if st is not None:
             st.track(newp._token)
+        newp._fqn = fqn  # names the parameter in errors
         for mod, lf, _ in places:
             setattr(mod, lf, newp)
         wrapped.append(fqn)
