@@ -236,6 +236,12 @@ class QTensor:
             raise ValueError(f"{fn}: shape {shape} must be (R, C) or (G, R, C)")
         if data is None and data_col is None:
             raise ValueError(f"{fn}: data and data_col are both None")
+        R, C = shape[-2:]
+        o = offs if self.scaling in ("mx32", "block128") else None  # grouped copies' scales
+        _check_copy(fn, ("data", "scale"), data, scale, self, R, C, shape[:-2],
+                    o if _colview else None, _colview)
+        _check_copy(fn, ("data_col", "scale_col"), data_col, scale_col, self, C, R, shape[:-2],
+                    None if _colview else o, not _colview)
         self.shape = shape
         self.data, self.scale, self.data_col, self.scale_col = data, scale, data_col, scale_col
         self.offs = offs
@@ -292,6 +298,38 @@ class QTensor:
             s = _scales_to_canonical(s, self.layout, is_col, self.format, rows, cols, offs,
                                      self.shape[0] if stacked else None)
         return (self.format, self.scaling, rows, cols, d, s, offs)
+
+
+def _check_array(fn, arg, x, np_dtype, shape):
+    """x (numpy or torch) has numpy dtype np_dtype (torch: the same name) and shape."""
+    if not (A.is_torch(x) or isinstance(x, np.ndarray)):
+        raise TypeError(f"{fn}: {arg} must be a numpy array or a torch tensor, got "
+                        f"{type(x).__name__}")
+    name = np.dtype(np_dtype).name
+    got = str(x.dtype).replace("torch.", "")
+    if got != name:
+        raise ValueError(f"{fn}: {arg} must be {name}, got {got}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{fn}: {arg} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+
+
+def _check_copy(fn, names, data, scale, q, rows, cols, stack, offs, is_col):
+    """One copy of QTensor q, [rows, cols] per matrix of the stack: uint8 codes and the scales
+    its format, scaling, layout and (grouped copies) offs make, as lowp_qtensor_nbytes sizes
+    them; the extension checks only that the buffers hold at least that many bytes."""
+    dn, sn = names
+    if data is None:
+        if scale is not None:
+            raise ValueError(f"{fn}: {sn} is given without {dn}")
+        return
+    if scale is None:
+        raise ValueError(f"{fn}: {dn} is given without {sn}")
+    _check_array(fn, dn, data, np.uint8,
+                 stack + (rows, (cols + 1) // 2 if q.format == "e2m1" else cols))
+    o = None if offs is None else A.int32_input(offs, fn, "offs")[0]
+    _, _, sr, sc, e8 = _lowp.layout(q.format, q.scaling, rows, cols, o)
+    sshape = (sr, sc) if q.layout == "canonical" else _layout_shape(q.layout, is_col, sr, sc)
+    _check_array(fn, sn, scale, np.uint8 if e8 else np.float32, stack + sshape)
 
 
 def _check_enum_options(fn, scaling, scale_mode, pow2, eps):

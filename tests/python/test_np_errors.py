@@ -146,11 +146,19 @@ def test_dequantize_missing_copy():
 
 
 def test_qtensor_with_truncated_buffers():
+    """QTensor refuses short buffers at construction; the extension's own byte check still
+    stands behind it (attributes assigned afterwards)."""
     q = lowp.quantize(X)
-    bad = lowp.QTensor(q.data[:4], q.scale, "e4m3", "mx32", X.shape)
+    raises(ValueError, r"lowp.QTensor: data has shape \(4, 64\), expected \(8, 64\)",
+           lowp.QTensor, q.data[:4], q.scale, "e4m3", "mx32", X.shape)
+    raises(ValueError, r"lowp.QTensor: scale has shape \(4, 2\), expected \(8, 2\)",
+           lowp.QTensor, q.data, q.scale[:4], "e4m3", "mx32", X.shape)
+    bad = lowp.QTensor(q.data, q.scale, "e4m3", "mx32", X.shape)
+    bad.data = q.data[:4]
     raises(ValueError, r"lowp.dequantize: q.data holds 256 bytes, needs 512", lowp.dequantize,
            bad)
-    bad = lowp.QTensor(q.data, q.scale[:4], "e4m3", "mx32", X.shape)
+    bad = lowp.QTensor(q.data, q.scale, "e4m3", "mx32", X.shape)
+    bad.scale = q.scale[:4]
     raises(ValueError, r"q.scale holds 8 bytes, needs 16", lowp.dequantize, bad)
     raises(ValueError, r"lowp.QTensor: shape \(64,\) must be", lowp.QTensor, q.data, q.scale,
            "e4m3", "mx32", (64,))

@@ -41,6 +41,7 @@ output dtypes are their arguments' (the portable path turns autocast off around 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from collections import Counter
@@ -171,6 +172,200 @@ def _empty(dev) -> Tensor:
     return torch.empty(0, dtype=torch.uint8, device=dev)
 
 
+# ---- argument checks (the ops' implementations and fake kernels alike) ----
+# The extension checks only that each buffer holds enough bytes: a `k` smaller than the
+# operands', float32 values read as codes or fewer groups than experts would pass it. Every
+# shape here is static, so the fake kernels run the same checks and torch.compile / opcheck
+# see the errors eager mode gives.
+
+_QFORMATS = ("e4m3", "e5m2", "e2m1")
+_AXES = ("row", "col", "both")
+
+
+def _check_name(fn: str, arg: str, value, allowed) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        names = ", ".join(a or "'' (the default)" for a in allowed)
+        raise ValueError(f"{fn}: {arg} ({value!r}) is not one of {names}")
+
+
+def _names(arg: str):
+    """The op's argument names of operand arg: (codes, scales, format, scaling)."""
+    if not arg:
+        return "data", "scale", "format", "scaling"
+    return arg, f"{arg}_scale", f"{arg}_format", f"{arg}_scaling"
+
+
+def _check_operand(fn: str, arg: str, data: Tensor, scale: Tensor, fmt: str, scaling: str,
+                   rows: int, cols: int, stack=(), groups: Optional[int] = None) -> None:
+    """One operand [rows, cols] (or a stack of them): fmt codes (uint8) and their scales, or,
+    scaling "none", plain float32/bfloat16 values. `groups`: the copy was quantized along its
+    columns (the tokens) in that many groups, its scales padded to the static bound the
+    quantize op returns."""
+    dn, sn, fname, kname = _names(arg)
+    _check_name(fn, kname, scaling, P.SCALINGS + ("none",))
+    stack = tuple(stack)
+    if scaling == "none":
+        if data.dtype not in _XFMT:
+            raise ValueError(f"{fn}: {dn} ({kname} none) must be float32 or bfloat16, not "
+                             f"{data.dtype}")
+        want = stack + (rows, cols)
+    else:
+        _check_name(fn, fname, fmt, _QFORMATS)
+        if data.dtype != torch.uint8:
+            raise ValueError(f"{fn}: {dn} holds {fmt} codes and must be torch.uint8, not "
+                             f"{data.dtype}")
+        want = stack + _data_shape(fmt, rows, cols)
+    if tuple(data.shape) != want:
+        what = f"{fmt} codes" if scaling != "none" else "values"
+        n = f"{stack[0]} x " if stack else ""
+        raise ValueError(f"{fn}: {dn} has shape {tuple(data.shape)}, but {n}[rows, cols] = "
+                         f"[{rows}, {cols}] {what} are stored as {want}")
+    if scaling == "none":
+        return
+    if groups is not None:
+        want = stack + (rows, _grouped_scale_bound(scaling, cols, groups))
+    else:
+        want = stack + tuple(P.scale_shape(scaling, rows, cols))
+    if scale.dtype != _scale_dtype(scaling) or tuple(scale.shape) != want:
+        raise ValueError(f"{fn}: {sn} ({scale.dtype}, shape {tuple(scale.shape)}) does not "
+                         f"match {dn}: {scaling} scales of [{rows}, {cols}] are "
+                         f"{_scale_dtype(scaling)} of shape {want}")
+
+
+def _check_k(fn: str, k, a: Tensor, a_format: str, a_scaling: str) -> None:
+    """k, the contracted length, against a's stored columns."""
+    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)) or k < 0:
+        raise ValueError(f"{fn}: k ({k!r}) must be an int >= 0")
+    if a.dim() != 2:
+        raise ValueError(f"{fn}: a must be 2-D, got shape {tuple(a.shape)}")
+    cols = _data_shape(a_format, 1, k)[1] if a_scaling != "none" else k
+    if a.shape[1] != cols:
+        raise ValueError(f"{fn}: k ({k}) does not match a of shape {tuple(a.shape)} (a holds "
+                         f"{a.shape[1]} stored columns, k makes {cols})")
+
+
+def _check_offs_groups(fn: str, offs: Tensor, groups: int, what: str) -> None:
+    if offs.dim() != 1 or offs.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{fn}: offs must be a 1-D int32 tensor, got {offs.dtype} of shape "
+                         f"{tuple(offs.shape)}")
+    if offs.shape[0] != groups:
+        raise ValueError(f"{fn}: offs holds {offs.shape[0]} groups but {what} has {groups}")
+
+
+def _check_out_dtype(fn: str, out_dtype) -> None:
+    _check_name(fn, "out_dtype", out_dtype, tuple(_OUT_DTYPES))
+
+
+def _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs=None,
+                         scale=None, *, eager=False) -> None:
+    fn = "lowp::quantize"
+    if not x.is_floating_point():
+        raise TypeError(f"{fn}: x must be a floating-point tensor, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{fn}: x must be 2-D, got shape {tuple(x.shape)}")
+    if scale is not None and (scaling != "tensor" or scale.numel() != 1):
+        raise ValueError(f"{fn}: scale (a delayed scale) is one value for tensor scaling, got "
+                         f"shape {tuple(scale.shape)} with scaling {scaling!r}")
+    _check_name(fn, "format", format, _QFORMATS)
+    _check_name(fn, "scaling", scaling, P.SCALINGS)
+    _check_name(fn, "scale_mode", scale_mode, ("",) + P.SCALE_MODES)
+    _check_name(fn, "axis", axis, _AXES)
+    if offs is not None and offs.dim() != 1:
+        raise ValueError(f"{fn}: offs must be 1-D, got shape {tuple(offs.shape)}")
+    if offs is not None and eager:
+        _check_offs_values(fn, offs.tolist(), x.shape[0])
+
+
+def _check_dequantize_args(data, scale, format, scaling, rows, cols, offs=None, *,
+                           eager=False) -> None:
+    fn = "lowp::dequantize"
+    for name, v in (("rows", rows), ("cols", cols)):
+        if isinstance(v, bool) or not isinstance(v, (int, torch.SymInt)) or v < 0:
+            raise ValueError(f"{fn}: {name} ({v!r}) must be an int >= 0")
+    _check_name(fn, "scaling", scaling, P.SCALINGS)
+    groups = None
+    if offs is not None:
+        if scaling not in P.TOKEN_BLOCK_KINDS:
+            raise ValueError(f"{fn}: offs is for grouped copies ({', '.join(P.TOKEN_BLOCK_KINDS)}"
+                             f"), not {scaling}")
+        if offs.dim() != 1:
+            raise ValueError(f"{fn}: offs must be 1-D, got shape {tuple(offs.shape)}")
+        groups = offs.shape[0]
+    _check_operand(fn, "", data, scale, format, scaling, rows, cols, groups=groups)
+    if offs is not None and eager:
+        _check_offs_values(fn, offs.tolist(), cols)
+
+
+def _check_scaled_mm_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
+                          out_dtype="f32", b_kn=False, *, eager=False) -> None:
+    fn = "lowp::scaled_mm"
+    _check_out_dtype(fn, out_dtype)
+    _check_k(fn, k, a, a_format, a_scaling)
+    _check_operand(fn, "a", a, a_scale, a_format, a_scaling, a.shape[0], k)
+    if b.dim() != 2:
+        raise ValueError(f"{fn}: b must be 2-D, got shape {tuple(b.shape)}")
+    if b_kn:
+        _kn_check(b_scaling, fn)
+        _check_operand(fn, "b", b, b_scale, b_format, b_scaling, k, b.shape[1])
+    else:
+        _check_operand(fn, "b", b, b_scale, b_format, b_scaling, b.shape[0], k)
+
+
+def _check_grouped_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs,
+                        k, wgrad, out_dtype="f32", b_kn=False, *, eager=False) -> None:
+    fn = "lowp::scaled_grouped_mm"
+    if b_kn and wgrad:
+        raise ValueError(f"{fn}: b_kn is for split-M (wgrad=False)")
+    _check_out_dtype(fn, out_dtype)
+    if eager and offs.dim() == 1:
+        _check_offs_values(fn, offs.tolist(), k if wgrad else a.shape[0])
+    _check_k(fn, k, a, a_format, a_scaling)
+    if not wgrad:  # split-M: a [T, k], b [G, N, k] (b_kn [G, k, N])
+        if b.dim() != 3:
+            raise ValueError(f"{fn}: b must be 3-D [G, N, k], got shape {tuple(b.shape)}")
+        G = b.shape[0]
+        _check_offs_groups(fn, offs, G, "b (b.shape[0])")
+        _check_operand(fn, "a", a, a_scale, a_format, a_scaling, a.shape[0], k)
+        if b_kn:
+            _kn_check(b_scaling, fn)
+        rows, cols = (k, b.shape[2]) if b_kn else (b.shape[1], k)
+        _check_operand(fn, "b", b, b_scale, b_format, b_scaling, rows, cols, stack=(G,))
+        return
+    # split-K: a = dY^T [N, T], b = X^T [K, T], quantized along the tokens (k = T)
+    _check_offs_groups(fn, offs, offs.shape[0] if offs.dim() == 1 else -1, "offs")
+    if b.dim() != 2:
+        raise ValueError(f"{fn}: b must be 2-D [K, k] for wgrad, got shape {tuple(b.shape)}")
+    G = offs.shape[0]
+    for arg, t, sc, f, kind in (("a", a, a_scale, a_format, a_scaling),
+                                ("b", b, b_scale, b_format, b_scaling)):
+        grp = G if kind in P.TOKEN_BLOCK_KINDS else None
+        _check_operand(fn, arg, t, sc, f, kind, t.shape[0], k, groups=grp)
+
+
+def _check_offs_values(fn: str, ol: List[int], tokens: int) -> None:
+    """Cumulative group ends in [0, tokens], non-decreasing (eager only: data-dependent)."""
+    prev = 0
+    for g, o in enumerate(ol):
+        if o < prev or o > tokens:
+            raise ValueError(f"{fn}: offs[{g}] ({o}) is not in [{prev}, {tokens}] (offsets are "
+                             "cumulative group ends)")
+        prev = o
+
+
+def _checked(check, impl):
+    """The registered op's implementation: impl after check(..., eager=True), the checks its
+    fake kernel runs plus those of values (offs). The autograd functions call impl directly in
+    eager mode, on operands they made themselves (the checks cost about a tenth of a small
+    GEMM)."""
+
+    @functools.wraps(impl)
+    def run(*args, **kwargs):
+        check(*args, **kwargs, eager=True)
+        return impl(*args, **kwargs)
+
+    return run
+
+
 # ---- lowp::quantize ----
 
 
@@ -268,11 +463,13 @@ def _quantize_native(x, fmt, scaling, mode, p2, eps, axis, offs, scale, out=None
     return tuple(_empty(x.device) if t is None else t for t in (rd, rs, cd, cs))
 
 
-quantize_op = torch.library.custom_op("lowp::quantize", mutates_args=())(_quantize_impl)
+quantize_op = torch.library.custom_op("lowp::quantize", mutates_args=())(
+    _checked(_check_quantize_args, _quantize_impl))
 
 
 @quantize_op.register_fake
 def _quantize_fake(x, format, scaling, scale_mode, pow2, eps, axis, offs=None, scale=None):
+    _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs, scale)
     R, C = x.shape
     sdt = _scale_dtype(scaling)
     if offs is not None:
@@ -317,11 +514,13 @@ def _dequantize_impl(data: Tensor, scale: Tensor, format: str, scaling: str, row
     return P.dequantize(P.QT(data, sc, format, scaling, rows, cols, ol))
 
 
-dequantize_op = torch.library.custom_op("lowp::dequantize", mutates_args=())(_dequantize_impl)
+dequantize_op = torch.library.custom_op("lowp::dequantize", mutates_args=())(
+    _checked(_check_dequantize_args, _dequantize_impl))
 
 
 @dequantize_op.register_fake
 def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
+    _check_dequantize_args(data, scale, format, scaling, rows, cols, offs)
     return data.new_empty((rows, cols), dtype=torch.float32)
 
 
@@ -373,12 +572,15 @@ def _scaled_mm_impl(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b
     return P.gemm(qa, qb).to(_OUT_DTYPES[out_dtype])
 
 
-scaled_mm_op = torch.library.custom_op("lowp::scaled_mm", mutates_args=())(_scaled_mm_impl)
+scaled_mm_op = torch.library.custom_op("lowp::scaled_mm", mutates_args=())(
+    _checked(_check_scaled_mm_args, _scaled_mm_impl))
 
 
 @scaled_mm_op.register_fake
 def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
                     out_dtype="f32", b_kn=False):
+    _check_scaled_mm_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
+                          out_dtype, b_kn)
     return a.new_empty((a.shape[0], b.shape[1] if b_kn else b.shape[0]),
                        dtype=_OUT_DTYPES[out_dtype])
 
@@ -441,13 +643,15 @@ def _scaled_grouped_mm_impl(a: Tensor, a_scale: Tensor, a_format: str, a_scaling
     return P.grouped_gemm_wgrad(qa, qb, ol).to(odt)
 
 
-scaled_grouped_mm_op = torch.library.custom_op("lowp::scaled_grouped_mm",
-                                               mutates_args=())(_scaled_grouped_mm_impl)
+scaled_grouped_mm_op = torch.library.custom_op("lowp::scaled_grouped_mm", mutates_args=())(
+    _checked(_check_grouped_args, _scaled_grouped_mm_impl))
 
 
 @scaled_grouped_mm_op.register_fake
 def _scaled_grouped_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling,
                             offs, k, wgrad, out_dtype="f32", b_kn=False):
+    _check_grouped_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs,
+                        k, wgrad, out_dtype, b_kn)
     odt = _OUT_DTYPES[out_dtype]
     if not wgrad:
         return a.new_empty((a.shape[0], b.shape[2] if b_kn else b.shape[1]), dtype=odt)
