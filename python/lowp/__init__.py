@@ -514,6 +514,12 @@ def _operand(x, fn, arg, which="row", g=None):
     return (kind, "none", m.shape[-2], m.shape[-1], m, None, None), x.shape, tor
 
 
+def _check_k(fn, ka, kb, b_dim):
+    """The contracted lengths of a GEMM's operands, checked before the output is allocated."""
+    if ka != kb:
+        raise ValueError(f"{fn}: a.shape[1] ({ka}) != {b_dim} ({kb}): the operands' K differ")
+
+
 def _out_arg(out, shape, fn, accumulate, as_torch=False):
     if out is None:
         if accumulate:
@@ -542,6 +548,7 @@ def gemm(a, b, out=None, accumulate=False):
     if len(sa) != 2 or len(sb) != 2:
         raise ValueError(f"{fn}: a and b must be 2-D, got {tuple(sa)} and {tuple(sb)} "
                          "(lowp.grouped_gemm takes 3-D b)")
+    _check_k(fn, sa[1], sb[1], "b.shape[1]")
     shape = (sa[0], sb[0])
     c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb)
     _lowp.gemm(da, db, c, ckind, shape[0], shape[1], bool(accumulate), get_threads(), 0)
@@ -560,6 +567,7 @@ def gemm_kn(a, b, out=None, accumulate=False):
     db, sb, tb = _operand(b, fn, "b")
     if len(sa) != 2 or len(sb) != 2:
         raise ValueError(f"{fn}: a and b must be 2-D, got {tuple(sa)} and {tuple(sb)}")
+    _check_k(fn, sa[1], sb[0], "b.shape[0]")
     shape = (sa[0], sb[1])
     c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb)
     _lowp.gemm(da, db, c, ckind, shape[0], shape[1], bool(accumulate), get_threads(), 0, True)
@@ -594,6 +602,7 @@ def grouped_gemm(a, b, offs, out=None, accumulate=False):
             raise ValueError(f"{fn}: a must be 2-D [M, K], got {tuple(sa)}")
         if bshape[0] != G:
             raise ValueError(f"{fn}: b has {bshape[0]} groups, offs has {G}")
+        _check_k(fn, sa[1], bshape[2], "b.shape[2]")
         db0, _, tb = _operand(b, fn, "b", g=None)
         if isinstance(b, QTensor):
             fmt, sc, _, _, d, s, _ = db0
@@ -606,6 +615,8 @@ def grouped_gemm(a, b, offs, out=None, accumulate=False):
         return given if given is not None else A.out_array(c, ta or tb or to)
     da, sa, ta = _wgrad_operand(a, o, fn, "a")
     db, sb, tb = _wgrad_operand(b, o, fn, "b")
+    if da[3] != db[3]:
+        raise ValueError(f"{fn}: a has {da[3]} tokens (rows), b has {db[3]}")
     shape = (G, da[2], db[2])
     c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb or to)
     _lowp.grouped_gemm_wgrad(da, db, o, c, ckind, G * da[2], db[2], bool(accumulate), thr, 0)

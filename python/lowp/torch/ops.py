@@ -1201,6 +1201,19 @@ def _run(x2d, W3, bias, offs, config, keep_quantized, wgrad_hp, cache, fp8_state
                              fp8_state, grouped)
 
 
+def _no_products(x: Tensor, w: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """x [..., K] . w [K, N] (+ bias) where no product is summed (K = 0, or a grouped mm with
+    no groups): zeros, or the bias, as F.linear and torch.mm give; differentiable (the input
+    and weight gradients are zeros or empty, the bias gradient dy summed). The output dtype
+    follows the autocast rule of the module docstring."""
+    odt = _autocast_out(x)
+    with exact(x.device.type):
+        y = torch.matmul(x.to(torch.float32), w.to(torch.float32))
+        if bias is not None:
+            y = y + bias.to(torch.float32)
+    return y.to(odt)
+
+
 def linear(x: Tensor, w: Tensor, bias: Optional[Tensor] = None, config="mxfp8", *,
            keep_quantized: Optional[bool] = None, wgrad_hp: bool = False,
            cache: Optional[WeightCache] = None, fp8_state=None) -> Tensor:
@@ -1223,6 +1236,9 @@ def linear(x: Tensor, w: Tensor, bias: Optional[Tensor] = None, config="mxfp8", 
         _check_tensor("bias", bias, (1,))
         if bias.shape[0] != w.shape[0]:
             raise ValueError(f"bias.shape[0] ({bias.shape[0]}) != w.shape[0] ({w.shape[0]})")
+    if x.shape[-1] == 0:
+        resolve_config(config)  # the same errors as with K > 0
+        return _no_products(x, w.t(), bias)
     lead = x.shape[:-1]
     x2d = x.reshape(-1, x.shape[-1])
     y = _run(x2d, w.unsqueeze(0), bias, None, config, keep_quantized, wgrad_hp, cache,
@@ -1269,6 +1285,9 @@ def grouped_mm(x: Tensor, w: Tensor, offs: Tensor, config="mxfp8", *,
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"x.shape[1] ({x.shape[1]}) != w.shape[1] ({w.shape[1]})")
     _check_offs(offs, w.shape[0], x.shape[0])
+    if x.shape[1] == 0 or w.shape[0] == 0:  # no products: zeros, as torch._grouped_mm
+        resolve_config(config)
+        return _no_products(x, w.sum(0))
     offs = offs.to(x.device)
     return _run(x, w.transpose(-2, -1), None, offs, config, keep_quantized, wgrad_hp, cache,
                 fp8_state, True)
