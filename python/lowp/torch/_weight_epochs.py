@@ -7,8 +7,9 @@ A tensor's `_version` misses three kinds of writes:
   `torch.autograd._unsafe_preserve_version_counter`: the unsharded parameter the ops see keeps
   its version while the optimizer updates the sharded one. `fsdp_token(t)` maps an unsharded
   parameter (or a view of it) to the versions of its sharded parameter. The FSDP2 modules are
-  learnt from a global module forward pre-hook (installed by the first `WeightCache`; it runs
-  before FSDP2's own unshard hook and only records the module's parameter group).
+  learnt from a global module forward pre-hook (installed by the first `WeightCache` or cache
+  lookup after `fully_shard` sharded a module; it runs before FSDP2's own unshard hook and only
+  records the module's parameter group).
 - Optimizer steps that write through `.data` or outside autograd: every step of a
   `torch.optim.Optimizer` (a global step post-hook) moves `epoch()`.
 - Writes through `.data`, a numpy view of the storage or `_unsafe_preserve_version_counter`
@@ -17,6 +18,7 @@ A tensor's `_version` misses three kinds of writes:
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
@@ -97,15 +99,33 @@ class _Fsdp2:
 _FSDP2 = _Fsdp2()
 
 
+_FSDP2_MODULE = "torch.distributed.fsdp._fully_shard._fully_shard"
+
+
+def _fsdp2_used() -> bool:
+    """Whether `fully_shard` has sharded a module in this process (FSDP2 records the class it
+    makes for each sharded module class)."""
+    mod = sys.modules.get(_FSDP2_MODULE)
+    get = getattr(mod, "get_cls_to_fsdp_cls", None)
+    return bool(get is not None and get())
+
+
 def install() -> None:
-    """Start learning FSDP2 modules (idempotent)."""
-    _FSDP2.install()
+    """Start learning FSDP2 modules, once `fully_shard` has sharded one (idempotent). Before
+    that no module can be an FSDP2 one, and no hook is installed: a global forward hook costs
+    every module call of the process about 2 us (torch's slower call path)."""
+    if _FSDP2.handle is None and _fsdp2_used():
+        _FSDP2.install()
 
 
 def fsdp_token(t: torch.Tensor):
     """None for a tensor that is not (a view of) an FSDP2 unsharded parameter; else the
     versions of its sharded parameter (the DTensor and its local tensor), which every update
-    of the master weight moves."""
+    of the master weight moves. A module sharded before the hook was installed is learnt at
+    its next forward; until then its copies were made from the values of this step (any
+    write between goes with a forward, which registers it and so changes the token)."""
+    if _FSDP2.handle is None:
+        install()
     if not _FSDP2.groups:
         return None
     fp = _FSDP2.find(t)
