@@ -87,6 +87,22 @@ def test_write_through_data_is_not_stale(op):
         assert torch.equal(OPS[op](x, w, "mxfp8"), OPS[op](x.clone(), w, "mxfp8"))
 
 
+@native
+@pytest.mark.parametrize("op", list(OPS))
+def test_inference_mode_inputs(op):
+    """Tensors made under inference_mode have no version counter (reading it raises): they
+    are quantized at every call, with the results no_grad gives."""
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(24, 64)
+    with torch.no_grad():
+        want = OPS[op](x, w, "mxfp8")
+    with torch.inference_mode():
+        xi = x.clone()
+        assert torch.equal(OPS[op](xi, w, "mxfp8"), want)
+        xi.mul_(2)
+        assert torch.equal(OPS[op](xi, w, "mxfp8"), OPS[op](x * 2, w, "mxfp8"))
+
+
 # ---- 6: `.data =` on a prepared weight ----
 
 @native
