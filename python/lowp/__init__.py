@@ -231,7 +231,10 @@ class QTensor:
                              f"{self.scaling}")
         else:
             self.scale_mode = None
-        shape = tuple(int(s) for s in shape)
+        try:
+            shape = tuple(int(s) for s in shape)
+        except (TypeError, ValueError):
+            raise TypeError(f"{fn}: shape ({shape!r}) must be a tuple of ints") from None
         if len(shape) not in (2, 3) or min(shape) < 0:
             raise ValueError(f"{fn}: shape {shape} must be (R, C) or (G, R, C)")
         if data is None and data_col is None:

@@ -246,6 +246,19 @@ def test_qtensor_checks_its_arrays():
     assert np.array_equal(lowp.dequantize(ok), lowp.dequantize(q))
 
 
+def test_bad_names_are_refused_where_they_are_given():
+    """A preset name that is no preset fails at ParamSwapConfig (on 1d86a9d: at prepare, as
+    a bare 'config' error); a QTensor shape that is no tuple of ints names shape."""
+    pytest.importorskip("torchao")
+    with pytest.raises(ValueError, match=r"^weight_config \('nope'\) is not a preset"):
+        lt.ParamSwapConfig(weight_config="nope")
+    with pytest.raises(ValueError, match=r"^activation_config \('zz'\) is not a preset"):
+        lt.ParamSwapConfig(weight_config="mxfp8", activation_config="zz")
+    with pytest.raises(TypeError, match=r"lowp.QTensor: shape \('ab'\) must be a tuple"):
+        lowp.QTensor(np.zeros((4, 32), np.uint8), np.zeros((4, 1), np.uint8), "e4m3", "mx32",
+                     "ab")
+
+
 # ---- 10: no products, and ValueError before any allocation ----
 
 @pytest.mark.parametrize("bias", [False, True])

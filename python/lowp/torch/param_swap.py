@@ -558,6 +558,13 @@ class ParamSwapConfig(_QATBase):
             raise ValueError("step='prepare' needs weight_config (or base_config)")
         if self.params_filter_fn is not None and not callable(self.params_filter_fn):
             raise TypeError("params_filter_fn must be callable (param, fqn) -> bool")
+        if self.step == "prepare":  # a name that is no preset fails here, not at prepare
+            presets = _ops().PRESETS
+            for arg in ("weight_config", "activation_config"):
+                v = getattr(self, arg)
+                if isinstance(v, str) and v not in presets:
+                    raise ValueError("%s (%r) is not a preset (%s)" % (arg, v, ", ".join(presets)))
+            self.matmul_config()
 
     def matmul_config(self):
         """What the wrapped weights carry: the MatmulSpec of the weight (and activation)
