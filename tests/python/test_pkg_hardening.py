@@ -200,6 +200,12 @@ def _bad_op_calls():
         "axis": (r"axis \('diag'\) is not one of row, col, both",
                  lambda: _q(f, axis="diag")),
         "3-D x": (r"x must be 2-D, got shape \(1, 8, 64\)", lambda: _q(f[None])),
+        "offs, tensor": (r"offs \(grouped copies\) needs scaling mx32 or block128, not tensor",
+                         lambda: torch.ops.lowp.quantize(f, "e4m3", "tensor", "", -1, 0.0, "col",
+                                                         torch.tensor([4, 8], dtype=torch.int32),
+                                                         None)),
+        "eps": (r"eps \(-1.0\) must be finite and >= 0",
+                lambda: torch.ops.lowp.quantize(f, "e4m3", "row", "", -1, -1.0, "row")),
     }
 
 
@@ -220,11 +226,15 @@ def test_fake_kernels_refuse_what_the_ops_refuse(case):
             call()
 
 
-def test_portable_ops_refuse_bad_group_ends():
+def test_portable_ops_refuse_bad_values():
+    """The portable path (every non-CPU device) has no C library behind it to check values."""
     with lt.force_portable():
         with pytest.raises(ValueError, match=r"offs\[1\] \(99\) is not in \[4, 8\]"):
             torch.ops.lowp.quantize(torch.randn(8, 64), "e4m3", "mx32", "", -1, 0.0, "col",
                                     torch.tensor([4, 99], dtype=torch.int32), None)
+        with pytest.raises(ValueError, match=r"scale \(-1.0\) must be finite and > 0"):
+            torch.ops.lowp.quantize(torch.randn(8, 64), "e4m3", "tensor", "", -1, 0.0, "row",
+                                    None, torch.tensor(-1.0))
 
 
 def test_qtensor_checks_its_arrays():

@@ -270,10 +270,17 @@ def _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs=N
     _check_name(fn, "scaling", scaling, P.SCALINGS)
     _check_name(fn, "scale_mode", scale_mode, ("",) + P.SCALE_MODES)
     _check_name(fn, "axis", axis, _AXES)
+    if not (eps >= 0 and eps < float("inf")):
+        raise ValueError(f"{fn}: eps ({eps}) must be finite and >= 0")
     if offs is not None and offs.dim() != 1:
         raise ValueError(f"{fn}: offs must be 1-D, got shape {tuple(offs.shape)}")
+    if offs is not None and scaling not in P.TOKEN_BLOCK_KINDS:
+        raise ValueError(f"{fn}: offs (grouped copies) needs scaling "
+                         f"{' or '.join(P.TOKEN_BLOCK_KINDS)}, not {scaling}")
     if offs is not None and eager:
         _check_offs_values(fn, offs.tolist(), x.shape[0])
+    if scale is not None and eager and not 0 < float(scale.reshape(())) < float("inf"):
+        raise ValueError(f"{fn}: scale ({float(scale.reshape(()))}) must be finite and > 0")
 
 
 def _check_dequantize_args(data, scale, format, scaling, rows, cols, offs=None, *,
