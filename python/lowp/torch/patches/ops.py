@@ -373,8 +373,9 @@ class _PrequantMXGroupedMM(torch.autograd.Function):
             dx = torch.ops.lowp.scaled_grouped_mm(r, rs, "e4m3", "mx32", wdd, wds, "e4m3",
                                                   "mx32", offs, dy.shape[1], False,
                                                   _gemm_dtype(ctx.a_dtype)).to(ctx.a_dtype)
-        if ctx.needs_input_grad[1]:
-            xd = torch.ops.lowp.dequantize(q, s, "e4m3", "mx32", T, K, None)
+        if ctx.needs_input_grad[1]:  # A dequantized: E4M3 values times 2^(s - 127), exact
+            xd = (q.view(torch.float8_e4m3fn).to(torch.float32).view(T, K // 32, 32)
+                  * s.view(torch.float8_e8m0fnu).to(torch.float32).unsqueeze(-1)).view(T, K)
             none = torch.empty(0, dtype=torch.uint8, device=dy.device)
             dw = torch.ops.lowp.scaled_grouped_mm(
                 dy.t().to(torch.bfloat16).contiguous(), none, "bf16", "none",
