@@ -51,8 +51,11 @@ test: venv
 
 # The test suite under AddressSanitizer and UndefinedBehaviorSanitizer (run by .ci/run),
 # including the numpy-API tests of the Python package against an instrumented extension.
+# Every compile must peak under 2 GB (tools/compile_mem.py; the peaks: build-asan/compile_mem.log),
+# so that two at -j2 fit a small machine.
 sanitize: venv
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLOWP_SANITIZE=ON -DLOWP_PYTHON=$(abspath $(PY)) \
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLOWP_SANITIZE=ON -DLOWP_COMPILE_MEM_LIMIT_MB=2048 \
+		-DLOWP_PYTHON=$(abspath $(PY)) \
 		-DLOWP_PYTHON_EXT=ON -DPython_EXECUTABLE=$(abspath $(PY)) $(CMAKE_ARGS) >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && LOWP_TEST_QUICK=1 ctest --output-on-failure -j $(JOBS)
