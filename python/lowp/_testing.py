@@ -21,7 +21,7 @@ Arrays may be numpy or torch CPU tensors; results follow the input (torch in, to
 import numpy as np
 
 from . import _arrays as A
-from . import _lowp, get_threads
+from ._numpy_api import _lowp, get_threads
 
 
 def _f32(x, fn, arg, writable=False):

@@ -73,11 +73,12 @@ def bench_linear(argv=None):
     import torch
     import torch.nn.functional as F
 
-    import lowp
     import lowp.torch as lt
 
+    from ._numpy_api import set_threads
+
     torch.set_num_threads(a.threads)
-    lowp.set_threads(a.threads)
+    set_threads(a.threads)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(a.tokens, a.k, generator=g).to(torch.bfloat16).requires_grad_()
     w = (torch.randn(a.n, a.k, generator=g) / a.k ** 0.5).to(torch.bfloat16).requires_grad_()

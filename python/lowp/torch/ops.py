@@ -73,10 +73,9 @@ _STATS: Counter = Counter()
 _LOCAL = threading.local()
 
 try:  # lowp's numpy API over the C extension (absent in a checkout without `make build`)
-    import lowp as _lp
-
-    _lp.gemm  # noqa: B018  (a namespace package without the extension has no gemm)
-    from lowp import _lowp as _ext
+    from .. import _arrays
+    from .. import _numpy_api as _lp
+    from .._numpy_api import _lowp as _ext
 except Exception:  # pragma: no cover - depends on the build
     _lp = _ext = None
 
@@ -138,7 +137,7 @@ def _buf(t: Optional[Tensor]):
         t = t.resolve_neg().resolve_conj()
     elif t.is_contiguous():
         return (t.data_ptr(), t.numel() * t.element_size())
-    return _lp._arrays.to_numpy(t.contiguous(), "lowp.torch", "operand")[0]
+    return _arrays.to_numpy(t.contiguous(), "lowp.torch", "operand")[0]
 
 
 _XFMT = {torch.float32: "f32", torch.bfloat16: "bf16"}
