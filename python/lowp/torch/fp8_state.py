@@ -33,6 +33,8 @@ import zlib
 import numpy as np
 import torch
 
+from .config import resolve_config
+
 ROLES = ("input", "weight", "grad_output")
 _ROLE_INDEX = {r: i for i, r in enumerate(ROLES)}
 _FORMAT_CODES = {"e4m3": 3, "e5m2": 4}  # lowp_format values
@@ -219,9 +221,7 @@ class DelayedScalingState:
 
     @classmethod
     def for_config(cls, config, device=None):
-        import lowp.torch as lt
-
-        spec = lt.resolve_config(config)
+        spec = resolve_config(config)
         return cls(formats=(spec.input.format, spec.weight.format, spec.grad_output.format),
                    history_len=spec.history_len, margin=spec.margin,
                    amax_compute_algo=spec.amax_compute_algo, device=device)

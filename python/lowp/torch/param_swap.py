@@ -44,6 +44,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
+from . import config as _cfg
+from . import ops as _lops
 from ._autocast import autocast_dtype, exact
 
 try:  # torchao's entry point; lowp.torch works without torchao, the param swap needs it.
@@ -87,13 +89,6 @@ _COPY_OPS = {
 _WEIGHT_OPS = _VIEW_OPS | _COPY_OPS
 
 _ids = itertools.count(1)
-
-
-def _ops():
-    """The package namespace (late: lowp.torch imports this module)."""
-    import lowp.torch as lt
-
-    return lt
 
 
 def _in_backward():
@@ -165,7 +160,7 @@ class LowpWeight(torch.Tensor):
         # Whose version counts the optimizer's updates (the sharded master under FSDP2).
         self._version_source = self._root
         self._config = config
-        self._cache = cache if cache is not None else _ops().WeightCache()
+        self._cache = cache if cache is not None else _lops.WeightCache()
         self._fp8_state = fp8_state
         # Identifies the weight for the FP8 state's once-per-step bookkeeping.
         self._token = token if token is not None else next(_ids)
@@ -254,7 +249,7 @@ class LowpWeight(torch.Tensor):
                 root.data.copy_(data)  # another buffer than the first time: through .data
             v = self._root._version
             if getattr(target, "_gathered_at", None) != v:
-                target._cache = _ops().WeightCache()
+                target._cache = _lops.WeightCache()
                 target._gathered_at = v
             target._version_source = self._root
             return
@@ -367,7 +362,7 @@ def _assign_master(w, value):
                 % (name, what, got, have))
     data = value.detach()
     w._data = w._root = w._version_source = data
-    w._cache = _ops().WeightCache()
+    w._cache = _lops.WeightCache()
     if hasattr(w, "_gathered_at"):
         del w._gathered_at
 
@@ -391,12 +386,12 @@ def _route_linear(input, weight, bias=None):
         return NotImplemented
     if isinstance(bias, LowpWeight):
         bias = bias._data
-    return _ops().linear(input, _unwrap_for_op(weight), bias, weight._config, **_opkw(weight))
+    return _lops.linear(input, _unwrap_for_op(weight), bias, weight._config, **_opkw(weight))
 
 
 def _mm_wrapped_right(a, b):
     """a [M, K] plain, b [K, N] wrapped."""
-    return _ops().mm(a, _unwrap_for_op(b), b._config, **_opkw(b))
+    return _lops.mm(a, _unwrap_for_op(b), b._config, **_opkw(b))
 
 
 def _route_mm(input, mat2, *, out=None, **kw):
@@ -453,8 +448,8 @@ def _route_bmm(input, mat2, *, out=None):
         return NotImplemented
     B, M, K = input.shape
     offs = torch.arange(1, B + 1, device=input.device, dtype=torch.int32) * M
-    y = _ops().grouped_mm(input.reshape(B * M, K), _unwrap_for_op(mat2), offs, mat2._config,
-                          **_opkw(mat2))
+    y = _lops.grouped_mm(input.reshape(B * M, K), _unwrap_for_op(mat2), offs, mat2._config,
+                         **_opkw(mat2))
     return y.reshape(B, M, mat2.shape[-1])
 
 
@@ -463,7 +458,7 @@ def _route_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
         return NotImplemented
     if offs is None or bias is not None or mat_a.dim() != 2 or mat_b.dim() != 3:
         return NotImplemented
-    y = _ops().grouped_mm(mat_a, _unwrap_for_op(mat_b), offs, mat_b._config, **_opkw(mat_b))
+    y = _lops.grouped_mm(mat_a, _unwrap_for_op(mat_b), offs, mat_b._config, **_opkw(mat_b))
     if out_dtype is not None and y.dtype != out_dtype:
         y = y.to(out_dtype)
     return y
@@ -497,16 +492,9 @@ _STEPS = ("prepare", "convert")
 
 
 def _is_lowp_config(cfg):
-    lt = _ops()
-    if isinstance(cfg, str):
-        return True
-    base = getattr(lt, "FakeQuantizeConfigBase", None)
-    kinds = tuple(
-        getattr(lt, n)
-        for n in ("MXQuantizeConfig", "BlockQuantizeConfig", "Block128Config",
-                  "Float8RowwiseConfig", "Float8TensorwiseConfig")
-        if hasattr(lt, n))
-    return isinstance(cfg, kinds) or (base is not None and isinstance(cfg, base))
+    return isinstance(cfg, (str, _cfg.MXQuantizeConfig, _cfg.BlockQuantizeConfig,
+                            _cfg.Block128Config, _cfg.Float8RowwiseConfig,
+                            _cfg.Float8TensorwiseConfig))
 
 
 class ParamSwapConfig(_QATBase):
@@ -559,7 +547,7 @@ class ParamSwapConfig(_QATBase):
         if self.params_filter_fn is not None and not callable(self.params_filter_fn):
             raise TypeError("params_filter_fn must be callable (param, fqn) -> bool")
         if self.step == "prepare":  # a name that is no preset fails here, not at prepare
-            presets = _ops().PRESETS
+            presets = _cfg.PRESETS
             for arg in ("weight_config", "activation_config"):
                 v = getattr(self, arg)
                 if isinstance(v, str) and v not in presets:
@@ -569,7 +557,7 @@ class ParamSwapConfig(_QATBase):
     def matmul_config(self):
         """What the wrapped weights carry: the MatmulSpec of the weight (and activation)
         config, resolved (and so checked) once at prepare."""
-        return _ops().resolve_config(self.weight_config, self.activation_config)
+        return _cfg.resolve_config(self.weight_config, self.activation_config)
 
 
 def param_swap_filter(module, fqn):
@@ -607,7 +595,7 @@ def wrap_parameters(module, config, params_filter_fn=None):
     if isinstance(config, ParamSwapConfig):
         mm_cfg = config.matmul_config()
     else:
-        mm_cfg = _ops().resolve_config(config)
+        mm_cfg = _cfg.resolve_config(config)
     wrapped = []
     states = {}
     for _, (p, places) in _owners(module).items():

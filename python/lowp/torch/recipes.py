@@ -48,6 +48,8 @@ from collections.abc import Iterable
 
 import torch.nn as nn
 
+from .config import (Block128Config, BlockQuantizeConfig, Float8RowwiseConfig,
+                     Float8TensorwiseConfig, MXQuantizeConfig)
 from .param_swap import (LowpWeight, ParamSwapConfig, _default_params_filter, _owners,
                          param_swap_filter)
 
@@ -73,26 +75,19 @@ _GROUPS = [
 ]
 
 
-def _cfgs():
-    import lowp.torch as lt
-
-    return lt
-
-
 def _recipe_configs(name):
     """{group label: config} of the recipe `name` (a group not named: the "everything else"
     config)."""
-    lt = _cfgs()
-    mx = lt.MXQuantizeConfig()
-    one = {"all_mxfp8": mx, "all_block_fp8": lt.BlockQuantizeConfig(),
-           "block128": lt.Block128Config(), "fp8_rowwise": lt.Float8RowwiseConfig(),
-           "fp8_delayed": lt.Float8TensorwiseConfig(delayed=True), "bf16": None}
+    mx = MXQuantizeConfig()
+    one = {"all_mxfp8": mx, "all_block_fp8": BlockQuantizeConfig(),
+           "block128": Block128Config(), "fp8_rowwise": Float8RowwiseConfig(),
+           "fp8_delayed": Float8TensorwiseConfig(delayed=True), "bf16": None}
     if name in one:
         return {"everything else": one[name]}
     if name == "mix":
-        return {"routed experts": lt.BlockQuantizeConfig(), "everything else": mx}
+        return {"routed experts": BlockQuantizeConfig(), "everything else": mx}
     if name == "mix_fp4":
-        fp4 = lt.BlockQuantizeConfig(mxfp4_fake_quantize_config=lt.MXQuantizeConfig(dtype="fp4"))
+        fp4 = BlockQuantizeConfig(mxfp4_fake_quantize_config=MXQuantizeConfig(dtype="fp4"))
         return {"routed experts": fp4, "everything else": mx}
     raise ValueError("name (%r) is not a recipe (%s)" % (name, ", ".join(RECIPES)))
 

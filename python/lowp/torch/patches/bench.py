@@ -61,14 +61,15 @@ def main(argv=None) -> int:
             ap.error(f"{flag} ({getattr(a, name)}) must be >= 1")
     warnings.filterwarnings("ignore")
     import torch
-    import lowp.torch as lt
+    from .. import ops as _lops
+    from . import torchao_patch as _tp
     from torchao.prototype.moe_training.config import MXFP8TrainingRecipe as R
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(a.fout, a.fin, generator=g) * a.fin ** -0.5).to(torch.bfloat16)
     x = torch.randn(a.tokens, a.fin, generator=g).to(torch.bfloat16)
     dy = torch.randn(a.tokens, a.fout, generator=g).to(torch.bfloat16)
-    lt.unpatch_torchao()
+    _tp.unpatch_torchao()
     ao = _model(R.MXFP8_EMULATED_RCEIL, w)
     lp = _model(R.MXFP8_EMULATED_RCEIL, w)
     la = _model(R.MXFP8_RCEIL, w)
@@ -76,13 +77,13 @@ def main(argv=None) -> int:
 
     def timed(label, m, patched):
         if patched:
-            lt.patch_torchao()
+            _tp.patch_torchao()
         try:
             t0 = time.perf_counter()
             _step(m, x, dy)
             dt = time.perf_counter() - t0
         finally:
-            lt.unpatch_torchao()
+            _tp.unpatch_torchao()
         times[label].append(dt)
 
     for i in range(a.iters + 1):  # the first round is the warm-up
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     print(f"torchao MXFP8 linear training step: {a.tokens} tokens, {a.fin} -> {a.fout}, bf16, "
           f"forward+backward, {a.threads} thread(s), {a.iters} interleaved rounds, medians")
     print(f"torch {torch.__version__.split('+')[0]} / torchao "
-          f"{__import__('torchao').__version__}, lowp native: {lt.native_available()}")
+          f"{__import__('torchao').__version__}, lowp native: {_lops.native_available()}")
     print("| path | recipe | median s | speed-up vs unpatched |")
     print("| --- | --- | --- | --- |")
     print(f"| torchao unpatched (emulated) | MXFP8_EMULATED_RCEIL | {med['torchao']:.3f} "
