@@ -6,12 +6,22 @@
    (The CPU backend sits below the registry that lists it as built in.)
 2. Outside src/device/ (where the registry and the plugin loader call back and forth by
    design), no files call each other in a loop (the file-level call graph has no cycle).
+3. The Python package python/lowp (issue 36.6, "no circles, no arrows back up into a
+   package's __init__"), from each module's `import` statements found with `ast` (function
+   bodies included, relative imports resolved):
+   a. no module imports the __init__ of a package it sits in (`import lowp.torch`,
+      `from lowp.torch import X`, `from . import X` with X not a submodule): it imports the
+      submodule that defines X;
+   b. no import cycle among the modules, a package __init__'s imports of its own
+      submodules (re-exports going down) aside.
+   PY_ALLOW lists the known exceptions, each with the issue that removes it.
 
 Calls are found by name: every function defined (not static) in a .c file of src/, and every
 identifier followed by "(" in the other files, comments and strings removed. Prints one line per
 violation and exits 1 if there is any.
 """
 
+import ast
 import os
 import re
 import sys
@@ -93,10 +103,106 @@ def main():
     for f in sorted(nodes):
         if f not in state:
             visit(f, [])
+    n_py, py_errors = check_python()
+    errors += py_errors
     for e in errors:
         print(e)
-    print(f"check_layers: {len(files)} files, {len(defined)} functions, {len(errors)} problems")
+    print(f"check_layers: {len(files)} files, {len(defined)} functions, {n_py} Python modules, "
+          f"{len(errors)} problems")
     return 1 if errors else 0
+
+
+# ---- the Python package (issue 36.6) ----
+
+PYROOT = os.path.join(ROOT, "python")
+# Modules that are not .py files in the tree: the C extension (built into python/lowp/ or a
+# build folder).
+EXTENSION_MODULES = {"lowp._lowp"}
+# Known violations, all in the training application that issue 36.1 moves out of the library
+# package (to a subpackage that uses only the public API). Each entry is (importing module,
+# imported module); remove them when the trainer moves.
+PY_ALLOW = {
+    ("lowp.torch.train", "lowp"),        # _set_threads: lowp.set_threads
+    ("lowp.torch.train", "lowp.torch"),  # apply_recipe
+    ("lowp.torch.train", "lowp.torch.train_report"),   # report writing: the circle of issue 36
+    ("lowp.torch.train_report", "lowp.torch.train"),   # atomic_write
+}
+
+
+def py_modules(pyroot=PYROOT):
+    """{module name: (path, is_package)} for every .py file under pyroot/lowp."""
+    mods = {}
+    for d, _, names in os.walk(os.path.join(pyroot, "lowp")):
+        for n in names:
+            if not n.endswith(".py"):
+                continue
+            parts = os.path.relpath(os.path.join(d, n), pyroot)[:-3].split(os.sep)
+            is_pkg = parts[-1] == "__init__"
+            if is_pkg:
+                parts = parts[:-1]
+            mods[".".join(parts)] = (os.path.join(d, n), is_pkg)
+    return mods
+
+
+def py_imports(name, path, is_pkg, mods):
+    """[(lowp module, line)] that module `name` imports, function bodies included."""
+    known = set(mods) | EXTENSION_MODULES
+    pkg = name if is_pkg else name.rpartition(".")[0]
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name in known]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            if base not in known:
+                continue
+            for a in node.names:  # a submodule when one is named so, else a name of `base`
+                sub = base + "." + a.name
+                out.append((sub if sub in known else base, node.lineno))
+    return out
+
+
+def check_python(pyroot=PYROOT, allow=None):
+    """Rules 3a and 3b of the module docstring over the package under pyroot: (number of
+    modules, [violations]). A package __init__'s imports of its own submodules go down and are
+    left out of the cycle search; allow (default PY_ALLOW) holds (importer, imported) pairs
+    to skip."""
+    mods = py_modules(pyroot)
+    allow = PY_ALLOW if allow is None else allow
+    errors = []
+    graph = {m: set() for m in mods}
+    for m, (path, is_pkg) in sorted(mods.items()):
+        for target, line in py_imports(m, path, is_pkg, mods):
+            if target == m or (m, target) in allow:
+                continue
+            rel = os.path.relpath(path, os.path.dirname(pyroot))
+            if target in mods and mods[target][1] and m.startswith(target + "."):
+                errors.append(f"{rel}:{line}: imports the __init__ of its package {target}")
+                continue
+            if target in mods and not (is_pkg and target.startswith(m + ".")):
+                graph[m].add(target)
+    state = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                errors.append("import loop: " + " -> ".join(stack[stack.index(t):] + [t]))
+            elif t not in state:
+                visit(t, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    return len(mods), errors
 
 
 if __name__ == "__main__":
