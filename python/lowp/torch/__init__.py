@@ -33,7 +33,8 @@ __all__ = [
 ]
 
 # The param swap, recipes, FP8 state, RNG tracker, RMSNorm.
-from .param_swap import LowpWeight, ParamSwapConfig, param_swap_filter, wrapped_parameters
+from .param_swap import (LowpWeight, ParamSwapConfig, convert, param_swap_filter,
+                         wrapped_parameters)
 from .recipes import RECIPES, apply_recipe, plan_recipe
 from .fp8_state import DelayedScalingState, fp8_states
 from .rng import RNGStatesTracker
@@ -45,6 +46,7 @@ __all__ += [
     "ParamSwapConfig",
     "param_swap_filter",
     "wrapped_parameters",
+    "convert",
     "RECIPES",
     "apply_recipe",
     "plan_recipe",

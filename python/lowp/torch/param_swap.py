@@ -13,7 +13,9 @@ Usage::
 ``quantize_`` with its default module filter hands the handler each ``nn.Linear``. To reach the
 3-D expert weights of MoE layers too, pass ``filter_fn=lowp.torch.param_swap_filter``: the
 handler then runs once on the whole model and ``params_filter_fn(param, fqn)`` sees every
-parameter with its full name (``apply_recipe`` does this).
+parameter with its full name (``apply_recipe`` does this). Without it, a prepare that leaves
+out weights the config would take, and a convert that leaves wrapped ones behind, warn naming
+them; ``convert(model)`` unwraps every wrapped parameter whatever the filter.
 
 A wrapped parameter is an ``nn.Parameter`` whose data is a :class:`LowpWeight`: a wrapper
 tensor subclass holding the master weight (a plain tensor; storage, dtype, in-place updates and
@@ -38,6 +40,9 @@ changed) and, for delayed scaling, the owning module's FP8 state.
 """
 
 import itertools
+import sys
+import warnings
+import weakref
 
 import torch
 import torch.nn as nn
@@ -50,10 +55,11 @@ from ._autocast import autocast_dtype, exact
 
 try:  # torchao's entry point; lowp.torch works without torchao, the param swap needs it.
     from torchao.quantization.qat import QATConfig as _QATBase
+    from torchao.quantization.quant_api import quantize_ as _ao_quantize
     from torchao.quantization.transform_module import register_quantize_module_handler
 except ImportError:  # pragma: no cover - torchao is installed by make test
     _QATBase = object
-    register_quantize_module_handler = None
+    _ao_quantize = register_quantize_module_handler = None
 
 aten = torch.ops.aten
 
@@ -655,7 +661,96 @@ def unwrap_parameters(module):
     return done
 
 
+def convert(model):
+    """Unwrap every wrapped parameter of ``model``, whatever filter prepared it (the convert
+    step of ``quantize_`` unwraps only what its ``filter_fn`` hands the handler). Returns the
+    fqns unwrapped; the plain parameters share the masters' storage (bit-identical)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError("lowp.torch.convert: model must be an nn.Module, got %s"
+                        % type(model).__name__)
+    return unwrap_parameters(model)
+
+
+# ---- notices for parameters a quantize_ call leaves out ----
+
+_NOTICED = weakref.WeakKeyDictionary()  # root model -> (id(config), id(frame)) last noticed
+
+
+def _quantize_call():
+    """(frame, model, filter_fn) of the torchao ``quantize_`` call running the handler, or None.
+    torchao hands a handler only the module its filter chose; what the call leaves out is seen
+    from the whole model, which only that call's frame holds."""
+    code = getattr(_ao_quantize, "__code__", None)
+    f = sys._getframe(1)
+    while f is not None and code is not None:
+        if f.f_code is code:
+            return f, f.f_locals.get("model"), f.f_locals.get("filter_fn")
+        f = f.f_back
+    return None
+
+
+def _reached(root, filter_fn, fqn):
+    """Whether quantize_(root, ..., filter_fn) hands the handler the module at ``fqn`` or one
+    of its ancestors (torchao's walk: the first module the filter accepts, top down)."""
+    parts = fqn.split(".") if fqn else []
+    mod = root
+    for i in range(len(parts) + 1):
+        if filter_fn(mod, ".".join(parts[:i])):
+            return True
+        if i < len(parts):
+            mod = getattr(mod, parts[i])
+    return False
+
+
+def _left_out(root, config, filter_fn):
+    """fqns of the parameters ``quantize_(root, config, filter_fn=param_swap_filter)`` would
+    wrap (prepare) or unwrap (convert) that ``filter_fn`` does not reach."""
+    out = []
+    for _, (p, places) in _owners(root).items():
+        if config.step == "convert":
+            take = isinstance(p, LowpWeight)
+        elif isinstance(p, LowpWeight):
+            take = False
+        elif config.params_filter_fn is not None:
+            take = config.params_filter_fn(p, places[0][2])
+        else:
+            take = _default_params_filter(places[0][0], places[0][1], p)
+        if take and not any(_reached(root, filter_fn, fqn.rpartition(".")[0])
+                            for _, _, fqn in places):
+            out.append(places[0][2])
+    return out
+
+
+def _notice_left_out(module, config):
+    """Warn, once per quantize_ call, naming the parameters it leaves out (see _left_out)."""
+    call = _quantize_call()
+    if call is None or call[1] is None or call[1] is module or call[2] is None:
+        return
+    frame, root, filter_fn = call
+    key = (id(config), id(frame))
+    if _NOTICED.get(root) == key:
+        return
+    _NOTICED[root] = key
+    names = _left_out(root, config, filter_fn)
+    if not names:
+        return
+    shown = ", ".join(names[:8]) + (", and %d more" % (len(names) - 8) if len(names) > 8 else "")
+    if config.step == "prepare":
+        what = "leaves %d parameters in high precision that the config would wrap" % len(names)
+        fix = "pass filter_fn=lowp.torch.param_swap_filter"
+    else:
+        what = "leaves %d parameters wrapped" % len(names)
+        fix = "pass filter_fn=lowp.torch.param_swap_filter or call lowp.torch.convert(model)"
+    level, f = 2, sys._getframe(0)  # the warning points at the line calling quantize_
+    while f is not frame:
+        level, f = level + 1, f.f_back
+    warnings.warn("lowp.torch: quantize_ with ParamSwapConfig(step=%r) %s, as its filter_fn "
+                  "does not reach them: %s; %s" % (config.step, what, shown, fix),
+                  stacklevel=level)
+
+
 def _param_swap_transform(module, config):
+    _notice_left_out(module, config)
     if config.step == "prepare":
         wrap_parameters(module, config, config.params_filter_fn)
     else:
