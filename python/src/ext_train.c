@@ -301,7 +301,55 @@ done:
     return ret;
 }
 
+/* The C trainer's checkpoint integrity code (src/io/crc32c.h, src/trainer/trainer_internal.h:
+ * internal to liblowp, linked here from the static library; declared here because the
+ * extension does not see src/). The PyTorch trainer (lowp.torch.train_ckpt) writes the same
+ * format and checks its files with this checker. */
+uint32_t lowp_crc32c(uint32_t crc, const void *p, size_t n);
+lowp_status lowp_ckpt_verify(const lowp_safetensors *f, const char *path);
+
+/* crc32c(data, crc=0) -> int: the CRC-32C of data's bytes, continued from crc. */
+static PyObject *py_crc32c(PyObject *self, PyObject *args) {
+    (void) self;
+    PyObject *data_o;
+    unsigned int crc = 0;
+    if (!PyArg_ParseTuple(args, "O|I", &data_o, &crc)) return NULL;
+    ext_buf b;
+    if (ext_buf_get(data_o, &b, 0, 0, "crc32c", "data")) return NULL;
+    uint32_t c;
+    Py_BEGIN_ALLOW_THREADS;
+    c = lowp_crc32c((uint32_t) crc, b.view.buf, (size_t) b.view.len);
+    Py_END_ALLOW_THREADS;
+    ext_buf_release(&b);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* checkpoint_verify(data, path): parse a safetensors file's bytes (every structural check of
+ * lowp_safetensors_parse) and verify its CRC-32C checksums (lowp_ckpt_verify); ValueError
+ * naming the tensor, the metadata or the malformed part. */
+static PyObject *py_checkpoint_verify(PyObject *self, PyObject *args) {
+    (void) self;
+    PyObject *data_o;
+    const char *path;
+    if (!PyArg_ParseTuple(args, "Os", &data_o, &path)) return NULL;
+    ext_buf b;
+    if (ext_buf_get(data_o, &b, 0, 0, "checkpoint_verify", "data")) return NULL;
+    lowp_safetensors *f = NULL;
+    lowp_status s;
+    Py_BEGIN_ALLOW_THREADS;
+    s = lowp_safetensors_parse(b.view.buf, (size_t) b.view.len, &f);
+    if (s == LOWP_OK) s = lowp_ckpt_verify(f, path);
+    lowp_safetensors_free(f);
+    Py_END_ALLOW_THREADS;
+    ext_buf_release(&b);
+    if (s != LOWP_OK) return ext_raise(s);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef ext_train_methods[] = {
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, crc=0) -> int (CRC-32C)"},
+    {"checkpoint_verify", py_checkpoint_verify, METH_VARARGS,
+     "checkpoint_verify(data, path): the C trainer's checkpoint checksum check"},
     {"delayed_record", py_delayed_record, METH_VARARGS, "delayed_record(history, amax, format)"},
     {"delayed_update", py_delayed_update, METH_VARARGS,
      "delayed_update(history, scale, format, margin, algo) -> (scale, scale_inv)"},
