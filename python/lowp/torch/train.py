@@ -22,18 +22,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
 
 from .models.moe import MoEConfig, MoETransformer, philox_words
+from . import train_ckpt as ckfile
+from .train_ckpt import write_atomic
 from .train_data import CharData
 
 __all__ = ["TrainConfig", "Trainer", "apply_training_recipe", "atomic_write", "lr_at", "main",
@@ -45,7 +47,7 @@ except ImportError:
     LOWP_RECIPES = ("bf16", "fp8_delayed", "fp8_rowwise", "all_mxfp8", "block128",
                     "all_block_fp8", "mix", "mix_fp4")
 RECIPES = LOWP_RECIPES + ("fp32", "torchao_mxfp8")
-CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "lowp.torch.train", 1
+CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "lowp.torch.train", 2
 
 
 @dataclasses.dataclass
@@ -84,6 +86,12 @@ class TrainConfig:
                 raise ValueError(f"--{f.replace('_', '-')} ({v}) must be finite and >= 0")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError("--beta1 and --beta2 must be in [0, 1)")
+        if not (self.eps > 0 and math.isfinite(self.eps)):
+            raise ValueError(f"eps ({self.eps}) must be finite and > 0")
+        for f in ("seed", "eval_seed"):
+            if not 0 <= getattr(self, f) < 2 ** 64:
+                raise ValueError(f"--{f.replace('_', '-')} ({getattr(self, f)}) must be an "
+                                 "unsigned 64-bit integer")
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -99,23 +107,9 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 def atomic_write(path: str, data: bytes) -> None:
-    """PATH.tmp, fsync, rename to PATH, fsync of the directory: an interrupted write leaves the
-    previous file whole."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    """A temporary file unique to this writer, fsync, rename to PATH, fsync of the directory:
+    an interrupted or failed write leaves the previous file whole (train_ckpt.write_atomic)."""
+    write_atomic(path, data)
 
 
 def _plain_copy(t: torch.Tensor) -> torch.Tensor:
@@ -356,32 +350,70 @@ class Trainer:
             if on_step is not None and on_step(rep):
                 break
 
-    # ---- checkpoints
+    # ---- checkpoints (the file: train_ckpt; the values and their checks: here)
 
-    def state(self) -> dict:
-        params = {n: _plain_copy(p) for n, p in self.model.named_parameters()}
-        opt = self.opt.state_dict()
-        opt_state = {i: {k: (_plain_copy(v) if isinstance(v, torch.Tensor) else v)
-                         for k, v in s.items()} for i, s in opt["state"].items()}
-        extra = {k: (_plain_copy(v) if isinstance(v, torch.Tensor) else v)
-                 for k, v in self._extra_state().items()}
-        return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
+    def _param_order(self) -> list:
+        """The parameters' names in the optimizer's index order (its state_dict keys)."""
+        ids = {id(p): n for n, p in self.model.named_parameters()}
+        return [ids[id(p)] for g in self.opt.param_groups for p in g["params"]]
+
+    def state(self) -> tuple:
+        """``(tensors, meta)`` of a checkpoint: every weight, AdamW moment and step count, FP8
+        extra state and the RNG state as tensors; the counters and settings as metadata."""
+        tensors = {"params." + n: _plain_copy(p) for n, p in self.model.named_parameters()}
+        opt = self.opt.state_dict()["state"]
+        for i, n in enumerate(self._param_order()):
+            for k, v in sorted(opt.get(i, {}).items()):
+                if not isinstance(v, torch.Tensor):
+                    v = torch.tensor(v, dtype=torch.float32)
+                tensors[f"optim.{k}.{n}"] = _plain_copy(v)
+        for k, v in self._extra_state().items():
+            if isinstance(v, (bytes, bytearray)):
+                v = torch.frombuffer(bytearray(v), dtype=torch.uint8)
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"checkpoint: the extra state {k} is a {type(v).__name__}, "
+                                "not a tensor")
+            tensors[k] = _plain_copy(v)
+        tensors["rng"] = torch.get_rng_state()
+        meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
                 "step": self.step_n, "data_pos": self.data_pos, "recipe": self.recipe,
-                "model_seed": self.model_seed, "config": dataclasses.asdict(self.model.cfg),
-                "train": dataclasses.asdict(self.cfg), "data_name": self.data.name,
-                "data_hash": self.data.hash, "params": params, "extra_state": extra,
-                "optimizer": {"state": opt_state, "param_groups": opt["param_groups"]},
-                "rng": torch.get_rng_state()}
+                "model_seed": self.model_seed, "data_name": self.data.name,
+                "data_hash": self.data.hash}
+        meta.update({"config." + k: v for k, v in dataclasses.asdict(self.model.cfg).items()})
+        meta.update({"train." + k: v for k, v in dataclasses.asdict(self.cfg).items()})
+        return tensors, {k: json.dumps(v) for k, v in meta.items()}
 
     def save(self, path: str) -> None:
-        buf = io.BytesIO()
-        torch.save(self.state(), buf)
-        atomic_write(path, buf.getvalue())
+        """Writes a checkpoint atomically (train_ckpt.write_atomic): a failure raises OSError
+        and leaves the previous file at ``path`` whole, and no temporary file."""
+        tensors, meta = self.state()
+        write_atomic(path, ckfile.encode(tensors, meta))
 
-    def load(self, path: str) -> None:
-        """Restores a checkpoint of a run with the same model, recipe, data and data order;
-        refuses any other, naming the field and both values (and then changes nothing)."""
-        ck = read_checkpoint(path)
+    def load(self, path: str, ck: dict | None = None) -> None:
+        """Restores a checkpoint of a run with the same model, recipe, data and data order.
+        Everything is checked first (every checksum, every tensor's name, shape, dtype and
+        values, the counters and settings); a refused checkpoint raises ValueError naming
+        the field or the tensor and changes nothing. ``ck``: read_checkpoint(path)'s."""
+        ck = read_checkpoint(path) if ck is None else ck
+        self._check_match(ck, path)
+        tensors = ck["tensors"]
+        params = _checked_params(self.model, tensors, path)
+        opt_state = _checked_moments(self.model, self._param_order(), tensors, ck["step"], path)
+        extra = _checked_extra(self._extra_state(), tensors, path)
+        rng = _checked_rng(tensors, path)
+        known = set(params) | set(extra) | {"rng"} | {
+            f"optim.{k}.{n}" for i, n in enumerate(self._param_order())
+            for k in opt_state.get(i, {})}
+        unknown = sorted(set(tensors) - known)
+        if unknown:
+            raise ValueError(f"--resume {path}: tensor '{unknown[0]}' is not one of this "
+                             "model's")
+        self._apply(params, opt_state, extra, rng, path)
+        self.step_n, self.data_pos = ck["step"], ck["data_pos"]
+        self.run_steps = 0
+        self.t0 = time.perf_counter()
+
+    def _check_match(self, ck: dict, path: str) -> None:
         mine = {"recipe": self.recipe, "data_hash": self.data.hash,
                 "config": dataclasses.asdict(self.model.cfg)}
         for k, v in mine.items():
@@ -393,38 +425,160 @@ class Trainer:
                 raise ValueError(f"--resume {path}: the checkpoint's train.{k} "
                                  f"({ck['train'][k]!r}) differs from this run's "
                                  f"({getattr(self.cfg, k)!r})")
-        named = dict(self.model.named_parameters())
-        if set(ck["params"]) != set(named):
-            raise ValueError(f"--resume {path}: the checkpoint's parameters differ from the "
-                             "model's")
-        for n, p in named.items():
-            if tuple(ck["params"][n].shape) != tuple(p.shape):
-                raise ValueError(f"--resume {path}: {n} has shape "
-                                 f"{tuple(ck['params'][n].shape)}, the model {tuple(p.shape)}")
+        if ck["data_pos"] != ck["step"] * self.cfg.accum:
+            raise ValueError(f"--resume {path}: data_pos ({ck['data_pos']}) != step "
+                             f"({ck['step']}) x accum ({self.cfg.accum})")
+
+    def _apply(self, params: dict, opt_state: dict, extra: dict, rng, path: str) -> None:
+        """Applies checked values: the FP8 extra state first (its blobs' own checks may still
+        refuse one: then the state it had is put back), then what cannot fail."""
+        if extra:
+            snap = {k: v.clone() for k, v in self._extra_state().items()}
+            try:
+                self.model.load_state_dict(extra, strict=False)
+            except (ValueError, TypeError, RuntimeError) as e:
+                self.model.load_state_dict(snap, strict=False)
+                raise ValueError(f"--resume {path}: an extra state is refused: {e}") from e
         with torch.no_grad():
-            for n, p in named.items():
-                p.copy_(ck["params"][n])
-        if ck["extra_state"]:
-            self.model.load_state_dict(ck["extra_state"], strict=False)
-        self.opt.load_state_dict(ck["optimizer"])
-        torch.set_rng_state(ck["rng"])
-        self.step_n, self.data_pos = ck["step"], ck["data_pos"]
-        self.run_steps = 0
-        self.t0 = time.perf_counter()
+            for n, p in self.model.named_parameters():
+                p.copy_(params["params." + n])
+                cache = getattr(p, "cache", None)  # quantized copies of the old values
+                if cache is not None and hasattr(cache, "clear"):
+                    cache.clear()
+        groups = self.opt.state_dict()["param_groups"]
+        self.opt.load_state_dict({"state": opt_state, "param_groups": groups})
+        torch.set_rng_state(rng)
+
+
+def _bad(path: str, name: str, what: str) -> ValueError:
+    return ValueError(f"--resume {path}: tensor '{name}' {what}")
+
+
+def _checked(tensors: dict, name: str, like: torch.Tensor, path: str, nonneg=False):
+    """tensors[name], which must have ``like``'s shape and dtype and finite values (>= 0)."""
+    t = tensors.get(name)
+    if t is None:
+        raise _bad(path, name, "is missing")
+    if t.dtype != like.dtype or tuple(t.shape) != tuple(like.shape):
+        raise _bad(path, name, f"is {t.dtype} {tuple(t.shape)}, the model's is {like.dtype} "
+                               f"{tuple(like.shape)}")
+    if t.is_floating_point():
+        bad = ~torch.isfinite(t) | (t < 0) if nonneg else ~torch.isfinite(t)
+        if bool(bad.any()):
+            i = int(bad.reshape(-1).nonzero()[0])
+            raise _bad(path, name, f"holds {float(t.reshape(-1)[i])} at element {i} (values "
+                                   f"must be finite{' and >= 0' if nonneg else ''})")
+    return t
+
+
+def _checked_params(model, tensors: dict, path: str) -> dict:
+    return {"params." + n: _checked(tensors, "params." + n, _plain_like(p), path)
+            for n, p in model.named_parameters()}
+
+
+def _plain_like(p: torch.Tensor) -> torch.Tensor:
+    return torch.empty(p.shape, dtype=p.dtype, device="meta")
+
+
+def _checked_moments(model, order: list, tensors: dict, step: int, path: str) -> dict:
+    """The optimizer state {index: {step, exp_avg, exp_avg_sq}}: per parameter all three or
+    none; moments of the parameter's shape and dtype, finite (exp_avg_sq >= 0); the step an
+    integer in [0, the checkpoint's step] (an update skipped for a non-finite gradient does
+    not count)."""
+    named = dict(model.named_parameters())
+    state = {}
+    for i, n in enumerate(order):
+        keys = [k for k in ("step", "exp_avg", "exp_avg_sq") if f"optim.{k}.{n}" in tensors]
+        if not keys:
+            continue
+        like = _plain_like(named[n])
+        s = {"exp_avg": _checked(tensors, f"optim.exp_avg.{n}", like, path),
+             "exp_avg_sq": _checked(tensors, f"optim.exp_avg_sq.{n}", like, path, nonneg=True),
+             "step": _checked(tensors, f"optim.step.{n}", torch.empty((), device="meta"), path)}
+        v = float(s["step"])
+        if not (v == int(v) and 0 <= v <= step):
+            raise _bad(path, f"optim.step.{n}", f"is {v}, not an integer in [0, step {step}]")
+        state[i] = s
+    return state
+
+
+def _checked_extra(mine: dict, tensors: dict, path: str) -> dict:
+    out = {}
+    for k, v in mine.items():
+        t = tensors.get(k)
+        if t is None:
+            raise _bad(path, k, "is missing")
+        if t.dtype != torch.uint8 or t.ndim != 1:
+            raise _bad(path, k, f"is {t.dtype} {tuple(t.shape)}, not a uint8 blob")
+        out[k] = t
+    return out
+
+
+def _checked_rng(tensors: dict, path: str) -> torch.Tensor:
+    t = tensors.get("rng")
+    like = torch.get_rng_state()
+    if t is None or t.dtype != like.dtype or t.shape != like.shape:
+        raise _bad(path, "rng", "is missing or is not a CPU generator state "
+                                f"(uint8 {tuple(like.shape)})")
+    try:
+        torch.Generator().set_state(t)
+    except RuntimeError as e:
+        raise _bad(path, "rng", f"is not a valid generator state ({e})") from e
+    return t
+
+
+def _meta_value(meta: dict, key: str, typ, path: str):
+    if key not in meta:
+        raise ValueError(f"--resume {path}: metadata '{key}' is missing")
+    try:
+        v = json.loads(meta[key])
+    except ValueError:
+        v = None
+    if typ is float and type(v) is int:
+        v = float(v)
+    if type(v) is not typ:
+        raise ValueError(f"--resume {path}: metadata '{key}' ({meta[key][:40]!r}) is not "
+                         f"a {typ.__name__}")
+    return v
+
+
+def _meta_fields(meta: dict, prefix: str, cls, path: str) -> dict:
+    types = {"int": int, "float": float, "bool": bool, "str": str}
+    return {f.name: _meta_value(meta, f"{prefix}.{f.name}", types.get(str(f.type), f.type), path)
+            for f in dataclasses.fields(cls)}
 
 
 def read_checkpoint(path: str) -> dict:
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as e:  # torch raises several kinds for a corrupt file
-        raise ValueError(f"--resume {path}: not a readable checkpoint ({e})") from e
-    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
+    """A checkpoint's contents after the checks that need no model: the file's structure and
+    every checksum (train_ckpt.decode), the format and version, each field's type, the
+    settings (TrainConfig.check, MoEConfig.check) and the counters' ranges. Returns
+    {"step", "data_pos", "recipe", "model_seed", "data_name", "data_hash", "config": {...},
+    "train": {...}, "tensors": {name: tensor}}; ValueError naming the field otherwise."""
+    with open(path, "rb") as f:
+        data = f.read()
+    tensors, meta = ckfile.decode(data, path)
+    if meta.get("format") != json.dumps(CHECKPOINT_FORMAT):
         raise ValueError(f"--resume {path}: not a {CHECKPOINT_FORMAT} checkpoint")
-    if ck.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"--resume {path}: version {ck.get('version')!r}, this program reads "
+    if meta.get("version") != json.dumps(CHECKPOINT_VERSION):
+        raise ValueError(f"--resume {path}: version {meta.get('version')}, this program reads "
                          f"{CHECKPOINT_VERSION}")
+    ck = {k: _meta_value(meta, k, t, path) for k, t in (
+        ("step", int), ("data_pos", int), ("recipe", str), ("model_seed", int),
+        ("data_name", str), ("data_hash", int))}
+    ck["config"] = _meta_fields(meta, "config", MoEConfig, path)
+    ck["train"] = _meta_fields(meta, "train", TrainConfig, path)
+    try:
+        MoEConfig(**ck["config"]).check()
+        TrainConfig(**ck["train"]).check()
+    except ValueError as e:
+        raise ValueError(f"--resume {path}: the checkpoint's settings: {e}") from e
+    if not 0 <= ck["step"] <= ck["train"]["steps"]:
+        raise ValueError(f"--resume {path}: metadata 'step' ({ck['step']}) is outside [0, "
+                         f"train.steps {ck['train']['steps']}]")
+    if not 0 <= ck["data_pos"] < 2 ** 62:
+        raise ValueError(f"--resume {path}: metadata 'data_pos' ({ck['data_pos']}) is negative "
+                         "or too large")
+    ck["tensors"] = tensors
     return ck
 
 
@@ -485,6 +639,7 @@ class Progress:
         self.tty = sys.stderr.isatty()
         self.trainer, self.checkpoint, self.checkpoint_every = trainer, checkpoint, checkpoint_every
         self.last_saved = -1
+        self.save_error: str | None = None
         self.steps, self.val, self.tps = [], [], []
         self.last_loss = self.last_val = math.nan
         self.skipped = 0
@@ -521,13 +676,107 @@ class Progress:
                 sys.stderr.write(line + "\n")
             sys.stderr.flush()
         if self.checkpoint and self.checkpoint_every > 0 and r["step"] % self.checkpoint_every == 0:
-            self.trainer.save(self.checkpoint)
-            self.last_saved = r["step"]
+            return not self.save(r["step"])
         return False
+
+    def save(self, step: int) -> bool:
+        """Saves the checkpoint; on failure keeps the reason in ``save_error`` (one line: the
+        previous checkpoint is kept, no temporary file is left) and returns False."""
+        try:
+            self.trainer.save(self.checkpoint)
+        except OSError as e:
+            if self.tty:
+                sys.stderr.write("\n")
+            self.save_error = (f"cannot save the checkpoint {self.checkpoint} at step {step} "
+                               f"({e.strerror or e}); the previous checkpoint is kept")
+            return False
+        self.last_saved = step
+        return True
+
+
+_I32_MAX = 2 ** 31 - 1
+
+
+def _i32(lo: int = 0, hi: int = _I32_MAX):
+    """An integer option in [lo, hi] (the C CLI's LOWP_CLI_I32)."""
+    def parse(v: str) -> int:
+        try:
+            x = int(v, 10)
+        except ValueError:
+            x = None
+        if x is None or not lo <= x <= hi:
+            raise argparse.ArgumentTypeError(f"'{v}' is not an integer from {lo} to {hi}")
+        return x
+    return parse
+
+
+def _u64(v: str) -> int:
+    """An unsigned 64-bit option (LOWP_CLI_U64)."""
+    try:
+        x = int(v, 10)
+    except ValueError:
+        x = -1
+    if not 0 <= x < 2 ** 64 or v.strip() != v or v.startswith(("+", "-")):
+        raise argparse.ArgumentTypeError(f"'{v}' is not an unsigned 64-bit integer")
+    return x
+
+
+def _fnonneg(v: str) -> float:
+    """A float option, finite and >= 0 (LOWP_CLI_FLOAT with lo 0)."""
+    try:
+        x = float(v)
+    except ValueError:
+        x = math.nan
+    if not (math.isfinite(x) and x >= 0):
+        raise argparse.ArgumentTypeError(f"'{v}' is not a finite number >= 0")
+    return x
+
+
+#: The rules of the command's valued options: the C CLI's (tools/cli_train.c OPTS), one entry
+#: per option: (name, parse, help). Range rules between options are TrainConfig.check's.
+OPTIONS = (
+    ("steps", _i32(), "optimizer updates, the schedule's length (default 200)"),
+    ("stop-at", _i32(), "stop after update N (the schedule still spans --steps)"),
+    ("batch", _i32(), "sequences per micro-batch (default 8)"),
+    ("accum", _i32(), "micro-batches per update (default 1)"),
+    ("seq-len", _i32(), "tokens per sequence (default: the configuration's)"),
+    ("lr", _fnonneg, "peak learning rate (default 3e-3)"),
+    ("min-lr", _fnonneg, "final learning rate (default lr / 10)"),
+    ("warmup", _i32(), "updates of linear warm-up (default steps / 10)"),
+    ("weight-decay", _fnonneg, "AdamW decoupled weight decay on matrices (default 0.1)"),
+    ("beta1", _fnonneg, "AdamW beta1 (default 0.9)"),
+    ("beta2", _fnonneg, "AdamW beta2 (default 0.95)"),
+    ("clip", _fnonneg, "global gradient-norm clipping, 0 off (default 1)"),
+    ("eval-every", _i32(), "validate every N updates and after the last (default "
+                           "steps / 10; compare: steps / 20)"),
+    ("eval-batches", _i32(), "validation batches per evaluation (default 8)"),
+    ("seed", _u64, "initialization, data order and dropout (default 1234)"),
+    ("threads", _i32(0, 256), "torch and lowp threads (0: torch's default)"),
+    ("log", str, "JSON lines: step, loss, lr, grad_norm, tokens_per_s, val_loss..."),
+    ("checkpoint", str, "save a checkpoint there at the end"),
+    ("checkpoint-every", _i32(), "and every N updates"),
+    ("resume", str, "continue from a checkpoint (bit for bit); unset options are taken "
+                    "from it"),
+    ("sample", _i32(), "print N sampled characters at the end (default 200; compare: 0)"),
+    ("temperature", _fnonneg, "sampling temperature (default 0.8; 0: greedy)"),
+    ("sample-top-k", _i32(), "sample from the K most likely (default 0: all)"),
+    ("prompt", str, "start the sample with TEXT"),
+    ("progress-every", _i32(), "without a terminal, a progress line every N updates"),
+    ("dim", _i32(), None), ("layers", _i32(), None), ("heads", _i32(), None),
+    ("experts", _i32(), None), ("top-k", _i32(), None), ("expert-hidden", _i32(), None),
+    ("shared-hidden", _i32(), None), ("dropout", _fnonneg, None),
+    ("aux-loss-coef", _fnonneg, "override the configuration"))
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line on stderr, exit status 2 (as `lowp train`)."""
+
+    def error(self, message):
+        self.exit(2, f"lowp.torch.train: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m lowp.torch.train",
         description="Train the MoE transformer in PyTorch with a lowp recipe on a text file, "
                     "character by character (the first 90%% of the bytes train, the last 10%% "
@@ -540,38 +789,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--out", help="compare mode: the report's directory (default out/torch_compare)")
     a("--config", help="tiny, small or medium (default tiny)")
     a("--data", help="any text file (default: lowp's built-in corpus)")
-    for name, typ, what in (
-            ("steps", int, "optimizer updates, the schedule's length (default 200)"),
-            ("stop-at", int, "stop after update N (the schedule still spans --steps)"),
-            ("batch", int, "sequences per micro-batch (default 8)"),
-            ("accum", int, "micro-batches per update (default 1)"),
-            ("seq-len", int, "tokens per sequence (default: the configuration's)"),
-            ("lr", float, "peak learning rate (default 3e-3)"),
-            ("min-lr", float, "final learning rate (default lr / 10)"),
-            ("warmup", int, "updates of linear warm-up (default steps / 10)"),
-            ("weight-decay", float, "AdamW decoupled weight decay on matrices (default 0.1)"),
-            ("beta1", float, "AdamW beta1 (default 0.9)"),
-            ("beta2", float, "AdamW beta2 (default 0.95)"),
-            ("clip", float, "global gradient-norm clipping, 0 off (default 1)"),
-            ("eval-every", int, "validate every N updates and after the last (default "
-                                "steps / 10; compare: steps / 20)"),
-            ("eval-batches", int, "validation batches per evaluation (default 8)"),
-            ("seed", int, "initialization, data order and dropout (default 1234)"),
-            ("threads", int, "torch and lowp threads (0: torch's default)"),
-            ("log", str, "JSON lines: step, loss, lr, grad_norm, tokens_per_s, val_loss..."),
-            ("checkpoint", str, "save a checkpoint there at the end"),
-            ("checkpoint-every", int, "and every N updates"),
-            ("resume", str, "continue from a checkpoint (bit for bit); unset options are "
-                            "taken from it"),
-            ("sample", int, "print N sampled characters at the end (default 200; compare: 0)"),
-            ("temperature", float, "sampling temperature (default 0.8; 0: greedy)"),
-            ("sample-top-k", int, "sample from the K most likely (default 0: all)"),
-            ("prompt", str, "start the sample with TEXT"),
-            ("progress-every", int, "without a terminal, a progress line every N updates"),
-            ("dim", int, None), ("layers", int, None), ("heads", int, None),
-            ("experts", int, None), ("top-k", int, None), ("expert-hidden", int, None),
-            ("shared-hidden", int, None), ("dropout", float, None),
-            ("aux-loss-coef", float, "override the configuration")):
+    for name, typ, what in OPTIONS:
         a("--" + name, type=typ, default=None, help=what)
     a("--report-from", help="compare mode without training: build the report from the "
                             "--log files (comma-separated) of earlier runs")
@@ -585,7 +803,10 @@ _OVERRIDES = ("dim", "layers", "heads", "experts", "top_k", "expert_hidden", "sh
 
 
 def _setup(args, ck: dict | None):
-    data = CharData.from_file(args.data) if args.data else CharData.builtin()
+    try:
+        data = CharData.from_file(args.data) if args.data else CharData.builtin()
+    except OSError as e:
+        raise ValueError(f"--data {args.data}: {e.strerror or e}") from None
     if ck is not None and ck["data_hash"] != data.hash:
         raise ValueError(f"--resume: the checkpoint was trained on other data "
                          f"({ck['data_name']}); this run's data is {data.name}: pass the same "
@@ -617,7 +838,62 @@ def _setup(args, ck: dict | None):
     tc.threads = args.threads or 0
     tc.activation_checkpoint = args.activation_checkpoint
     tc.check()
+    _check_memory(mcfg, tc)
     return data, mcfg, cname, tc
+
+
+def _check_memory(mcfg: MoEConfig, tc: TrainConfig) -> None:
+    """Refuses a micro-batch whose activations cannot fit this machine's memory: a lower
+    bound (per token and layer 10 x dim floats kept for the backward, and the logits),
+    against the physical memory, so that an enormous --batch ends in one line, not in an
+    allocation failure or the out-of-memory killer after the model is built."""
+    floats = tc.batch * tc.seq_len * (mcfg.layers * 10 * mcfg.dim + mcfg.vocab)
+    try:
+        phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if phys > 0 and 4 * floats > phys:
+        raise ValueError(f"--batch {tc.batch} x --seq-len {tc.seq_len}: a micro-batch needs "
+                         f"at least {4 * floats / 2 ** 30:.3g} GiB of activations, more than "
+                         f"this machine's {phys / 2 ** 30:.3g} GiB")
+
+
+def _check_writable(path: str) -> None:
+    """A path the checkpoint can be written to (as `lowp train`): not a directory, and a
+    temporary file can be created and removed beside it; checked before the first update."""
+    if os.path.isdir(path):
+        raise ValueError(f"--checkpoint {path}: is a directory")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".",
+                                   dir=os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        raise ValueError(f"--checkpoint {path}: cannot write there: {e.strerror or e}") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def _open_log(path: str, step0: int | None):
+    """The --log file. A resumed run (step0: its step) keeps the records of the steps up to
+    the checkpoint's and drops later ones and partial lines (written by a run killed after
+    its last checkpoint), so that no step is logged twice; the kept lines are rewritten
+    atomically, then appended to."""
+    try:
+        if step0 is None or not os.path.exists(path):
+            return open(path, "w")
+        keep = []
+        with open(path, "rb") as f:
+            for line in f.read().decode("utf-8", "replace").splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or \
+                        rec["step"] <= step0:
+                    keep.append(line + "\n")
+        write_atomic(path, "".join(keep).encode())
+        return open(path, "a")
+    except OSError as e:
+        raise ValueError(f"cannot open --log {path}: {e.strerror or e}") from None
 
 
 def _train(args) -> int:
@@ -628,6 +904,8 @@ def _train(args) -> int:
         raise ValueError(f"--recipe: unknown recipe {recipe!r} (one of {', '.join(RECIPES)})")
     if args.checkpoint_every and not args.checkpoint:
         raise ValueError("--checkpoint-every needs --checkpoint PATH")
+    if args.checkpoint:
+        _check_writable(args.checkpoint)
     sample_n = 200 if args.sample is None else args.sample
     if args.prompt and sample_n > 0:
         data.encode(args.prompt)  # refuse a prompt the vocabulary cannot spell, now
@@ -635,13 +913,13 @@ def _train(args) -> int:
     model = MoETransformer(mcfg, model_seed)
     t = Trainer(model, data, recipe, tc, model_seed)
     if ck is not None:
-        t.load(args.resume)
+        t.load(args.resume, ck)
     until = args.stop_at if args.stop_at and args.stop_at < tc.steps else tc.steps
     sys.stderr.write(f"lowp.torch.train: recipe {recipe} ({t.wrapped})\n  model {cname}: "
                      f"{mcfg.describe()}\n  data {data.describe()}\n")
     if ck is not None:
         sys.stderr.write(f"  resuming from {args.resume} at step {t.step_n} of {tc.steps}\n")
-    log = open(args.log, "a" if ck else "w") if args.log else None
+    log = _open_log(args.log, t.step_n if ck else None) if args.log else None
     try:
         every = args.progress_every or (tc.steps // 20 if tc.steps >= 20 else 1)
         prog = Progress(log, every, None, t, args.checkpoint, args.checkpoint_every or 0)
@@ -650,8 +928,11 @@ def _train(args) -> int:
     finally:
         if log:
             log.close()
-    if args.checkpoint and prog.last_saved != t.step_n:
-        t.save(args.checkpoint)
+    if args.checkpoint and prog.save_error is None and prog.last_saved != t.step_n:
+        prog.save(t.step_n)
+    if prog.save_error is not None:
+        sys.stderr.write(f"lowp.torch.train: {prog.save_error}\n")
+        return 1
     secs = time.perf_counter() - t_run
     if t.step_n > step0:
         line = f"trained {recipe}: step {t.step_n}/{tc.steps}, loss {prog.last_loss:.4f}"
@@ -691,7 +972,7 @@ def _compare(args) -> int:
     out = args.out or "out/torch_compare"
     sys.stderr.write(f"lowp.torch.train compare: {len(names)} recipes, {tc.steps} updates each\n"
                      f"  model {cname}: {mcfg.describe()}\n  data {data.describe()}\n")
-    log = open(args.log, "w") if args.log else None
+    log = _open_log(args.log, None) if args.log else None
     runs = []
     try:
         for i, name in enumerate(names):
@@ -769,6 +1050,9 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as e:
         sys.stderr.write(f"lowp.torch.train: {e}\n")
         return 2
+    except MemoryError:
+        sys.stderr.write("lowp.torch.train: out of memory\n")
+        return 1
 
 
 if __name__ == "__main__":

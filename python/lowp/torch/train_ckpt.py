@@ -1,0 +1,259 @@
+"""The checkpoint file of the PyTorch trainer (lowp.torch.train): the C trainer's format.
+
+One safetensors file (include/lowp/safetensors.h): an 8-byte little-endian header length, a
+JSON header {"NAME": {"dtype", "shape", "data_offsets"}, "__metadata__": {KEY: VALUE}}, then
+the tensors' bytes. Its checksums are those of the C trainer (src/trainer/checkpoint_check.c):
+
+- ``__metadata__["crc32c.NAME"]``: the CRC-32C of tensor NAME's bytes, 8 lower-case hex digits,
+  for every tensor (weights, AdamW moments and step counts, FP8 extra state, the RNG state);
+- ``__metadata__["crc32c.__metadata__"]``: the CRC-32C over every other metadata entry in
+  bytewise key order, each as KEY 0x00 VALUE 0x00 (the step, the data position, the recipe,
+  the model and training settings are metadata).
+
+This module owns the bytes: :func:`encode` and :func:`decode` (which checks the structure and
+every checksum before it returns anything, with an error naming the tensor or the metadata),
+the CRC-32C, and :func:`write_atomic` (a temporary file unique to the writer, fsync, rename,
+fsync of the directory; the temporary file removed on any failure). With lowp's C extension
+the checksums are verified by the C trainer's own checker (``lowp._lowp.checkpoint_verify``,
+so both trainers share one checker) and computed by its CRC-32C; without it (a checkout
+without ``make build``) by the Python port below, which gives the same answers, more slowly.
+What the values mean, and their ranges, is lowp.torch.train's to check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import struct
+
+import torch
+
+__all__ = ["DTYPES", "crc32c", "decode", "encode", "meta_crc", "write_atomic", "META_CRC"]
+
+META_CRC = "crc32c.__metadata__"
+DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16",
+          torch.bfloat16: "BF16", torch.uint8: "U8", torch.int8: "I8", torch.int32: "I32",
+          torch.int64: "I64", torch.bool: "BOOL"}
+_BY_NAME = {v: k for k, v in DTYPES.items()}
+_SIZE = {n: torch.empty(0, dtype=d).element_size() for n, d in _BY_NAME.items()}
+_HEADER_MAX = 100 << 20  # as the C reader's bound on a header
+
+
+def _ext():
+    """lowp._lowp when it has the checkpoint functions, else None."""
+    try:
+        from lowp import _lowp  # noqa: PLC0415
+    except Exception:  # noqa: BLE001 - no extension (or no numpy API) in this checkout
+        return None
+    return _lowp if hasattr(_lowp, "checkpoint_verify") else None
+
+
+def _table() -> list:
+    t = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        t.append(c)
+    return t
+
+
+_TABLE: list | None = None
+
+
+def crc32c_py(data, crc: int = 0) -> int:
+    """CRC-32C (Castagnoli, reflected 0x82F63B78, init and final XOR 0xFFFFFFFF) of ``data``
+    continued from ``crc``: the pure-Python port of src/io/crc32c.c (about 5 MB/s)."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = _table()
+    t = _TABLE
+    c = crc ^ 0xFFFFFFFF
+    for b in bytes(data):
+        c = t[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def crc32c(data, crc: int = 0) -> int:
+    """CRC-32C of ``data`` (bytes-like) continued from ``crc``: the C library's when built."""
+    ext = _ext()
+    return ext.crc32c(data, crc) if ext is not None else crc32c_py(data, crc)
+
+
+def meta_crc(meta: dict, crc=crc32c) -> int:
+    """The metadata checksum: every entry but META_CRC, in bytewise key order, KEY\\0VALUE\\0."""
+    c = 0
+    for k in sorted((k for k in meta if k != META_CRC), key=lambda k: k.encode()):
+        c = crc(k.encode() + b"\0" + meta[k].encode() + b"\0", c)
+    return c
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    """A CPU tensor's elements, C order, little-endian (the host's order: x86, arm64)."""
+    t = t.detach().contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def encode(tensors: dict, meta: dict) -> bytes:
+    """The file's bytes: ``tensors`` {name: CPU tensor} in that order, ``meta`` {key: str};
+    the checksums are added here."""
+    header, chunks, off = {}, [], 0
+    meta = {str(k): str(v) for k, v in meta.items()}
+    for name, t in tensors.items():
+        if t.dtype not in DTYPES:
+            raise TypeError(f"checkpoint: tensor {name!r} has dtype {t.dtype}, not one of "
+                            f"{', '.join(map(str, DTYPES))}")
+        b = _tensor_bytes(t)
+        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [off, off + len(b)]}
+        meta["crc32c." + name] = f"{crc32c(b):08x}"
+        chunks.append(b)
+        off += len(b)
+    meta[META_CRC] = f"{meta_crc(meta):08x}"
+    header["__metadata__"] = meta
+    h = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    return struct.pack("<Q", len(h)) + h + b"".join(chunks)
+
+
+def _no_duplicates(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise ValueError(f"the header names {k!r} twice")
+        d[k] = v
+    return d
+
+
+def _header(data: bytes, path: str):
+    """(entries {name: (dtype, shape, begin, end)}, meta, data offset); ValueError if the
+    structure is not a safetensors file's."""
+    bad = f"checkpoint {path}: not a lowp checkpoint"
+    if data[:4] == b"PK\x03\x04":
+        raise ValueError(f"{bad} (a version 1 checkpoint, a torch.save pickle without "
+                         "checksums, which this program no longer reads)")
+    if len(data) < 8:
+        raise ValueError(f"{bad} ({len(data)} bytes: truncated)")
+    (n,) = struct.unpack_from("<Q", data, 0)
+    if n < 2 or n > _HEADER_MAX or 8 + n > len(data):
+        raise ValueError(f"{bad} (header length {n} does not fit its {len(data)} bytes)")
+    try:
+        h = json.loads(data[8:8 + n].decode(), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{bad} (the header is not valid JSON: {e})") from None
+    if not isinstance(h, dict):
+        raise ValueError(f"{bad} (the header is not a JSON object)")
+    meta = h.pop("__metadata__", None)
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError(f"checkpoint {path}: the metadata is missing or not strings")
+    entries = {name: _entry(name, e, path) for name, e in h.items()}
+    _coverage(entries, len(data) - 8 - n, path)
+    return entries, meta, 8 + n
+
+
+def _entry(name: str, e, path: str):
+    what = f"checkpoint {path}: tensor '{name}'"
+    if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+        raise ValueError(f"{what}: malformed header entry")
+    dt, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+    if dt not in _BY_NAME:
+        raise ValueError(f"{what}: unknown dtype {dt!r}")
+    ints = (isinstance(shape, list) and isinstance(offs, list) and len(offs) == 2 and
+            all(type(x) is int and x >= 0 for x in shape + offs))
+    if not ints or len(shape) > 8:
+        raise ValueError(f"{what}: malformed shape or data_offsets")
+    nbytes = _SIZE[dt]
+    for s in shape:
+        nbytes *= s
+    if offs[1] - offs[0] != nbytes:
+        raise ValueError(f"{what}: data_offsets [{offs[0]}, {offs[1]}] hold {offs[1] - offs[0]} "
+                         f"bytes, its shape {shape} x {dt} needs {nbytes}")
+    return dt, tuple(shape), offs[0], offs[1]
+
+
+def _coverage(entries: dict, data_len: int, path: str) -> None:
+    at = 0
+    for name, (_, _, b, e) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+        if b != at:
+            raise ValueError(f"checkpoint {path}: tensor '{name}' at [{b}, {e}]: tensors overlap "
+                             "or leave a gap")
+        at = e
+    if at != data_len:
+        raise ValueError(f"checkpoint {path}: the tensors cover {at} of the {data_len} data "
+                         "bytes (truncated or trailing bytes)")
+
+
+def _stored(meta: dict, key: str, path: str) -> int:
+    v = meta.get(key)
+    if v is None:
+        raise ValueError(f"checkpoint {path}: the checksum '{key}' is missing")
+    if len(v) != 8 or any(c not in "0123456789abcdefABCDEF" for c in v):
+        raise ValueError(f"checkpoint {path}: the checksum '{key}' ('{v[:20]}') is not 8 hex "
+                         "digits")
+    return int(v, 16)
+
+
+def verify_py(entries: dict, meta: dict, body: memoryview, path: str) -> None:
+    """The Python port of lowp_ckpt_verify: the metadata's checksum, then every tensor's."""
+    want, got = _stored(meta, META_CRC, path), meta_crc(meta, crc32c_py)
+    if got != want:
+        raise ValueError(f"checkpoint {path}: the metadata fails its CRC-32C check (stored "
+                         f"{want:08x}, computed {got:08x}): a setting was changed or damaged")
+    for name, (_, _, b, e) in sorted(entries.items(), key=lambda kv: kv[1][2]):
+        want, got = _stored(meta, "crc32c." + name, path), crc32c_py(body[b:e])
+        if got != want:
+            raise ValueError(f"checkpoint {path}: tensor '{name}' fails its CRC-32C check "
+                             f"(stored {want:08x}, computed {got:08x})")
+
+
+def decode(data: bytes, path: str = "<bytes>", use_c: bool | None = None):
+    """``(tensors {name: CPU tensor}, meta {key: str})`` of a checkpoint's bytes, after the
+    checks of the structure and of every checksum; ValueError naming the tensor or the
+    metadata otherwise. ``use_c``: the C checker (default: when the extension is built)."""
+    ext = _ext() if use_c is not False else None
+    if use_c and ext is None:
+        raise ValueError("decode: use_c=True, but lowp's C extension is not available")
+    if ext is not None and data[:4] != b"PK\x03\x04":
+        try:
+            ext.checkpoint_verify(data, path)
+        except ValueError as e:  # the parser's messages name "<memory>", not the file
+            raise ValueError(str(e) if path in str(e) else f"checkpoint {path}: {e}") from None
+    entries, meta, at = _header(data, path)
+    body = memoryview(data)[at:]
+    if ext is None:
+        verify_py(entries, meta, body, path)
+    tensors = {}
+    for name, (dt, shape, b, e) in entries.items():
+        t = torch.frombuffer(bytearray(body[b:e]), dtype=_BY_NAME[dt]) if e > b else \
+            torch.empty(0, dtype=_BY_NAME[dt])
+        tensors[name] = t.reshape(shape)
+    meta = {k: v for k, v in meta.items() if not k.startswith("crc32c.")}
+    return tensors, meta
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: PATH.tmp-PID-RANDOM (unique to this writer,
+    created exclusively), fsync, rename to PATH, fsync of the directory. On any failure the
+    temporary file is removed and PATH is what it was; the OSError propagates."""
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
