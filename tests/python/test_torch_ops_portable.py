@@ -4,6 +4,8 @@ maxima, NaN and Inf (float32 and bfloat16 inputs, rowwise and columnwise, groupe
 torchao's own reference code on ordinary blocks (to_mx, float8_utils, the blockwise reference
 quantizers). Portable GEMMs against a float64 product of the dequantized operands."""
 
+import contextlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -336,3 +338,246 @@ def test_grouped_gemms():
             ref = da[:, start:end] @ db[:, start:end].t()
             assert (dw[gi].double() - ref).norm() <= 1e-5 * ref.norm() + 1e-30
             start = end
+
+
+# ---- the one-matmul GEMMs against lowp's native kernels, on crafted codes and scales ----
+
+needs_native = pytest.mark.skipif(
+    not __import__("lowp.torch", fromlist=["native_available"]).native_available(),
+    reason="lowp's C extension is not built")
+_NONFINITE = {"e4m3": (0x7F,), "e5m2": (0x7C, 0x7D, 0x7E, 0x7F), "e2m1": ()}
+
+
+def _codes(fmt, rows, K, rng, specials):
+    """Random element bytes (no NaN/Inf codes), zero blocks, and with `specials` a NaN (and for
+    E5M2 an Inf) code at fixed places."""
+    cols = (K + 1) // 2 if fmt == "e2m1" else K
+    d = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
+    for c in _NONFINITE[fmt]:
+        d[(d & 0x7F) == c] &= 0xF0  # a finite code instead
+    d[rows // 2, : min(cols, 40)] = 0  # a zero block (and more)
+    if specials and fmt != "e2m1" and rows > 3 and K > 5:
+        d[3, 5] = 0x7F  # NaN
+        if fmt == "e5m2":
+            d[rows - 1, K - 1] = 0xFC  # -Inf
+    return torch.from_numpy(d)
+
+
+_E8 = {"normal": lambda rng, n: rng.integers(112, 143, n),
+       "extreme": lambda rng, n: rng.choice([0, 1, 2, 127, 253, 254], n),
+       "mixed": None}
+
+
+def _e8m0(shape, how, rng):
+    """E8M0 codes: ordinary ("normal"), only extremes 0, 1, 253, 254 (and 2, 127), or ordinary
+    rows with a few extreme rows, a row with a 0xFF (NaN) block and rows spread over 200
+    binades ("mixed")."""
+    if how != "mixed":
+        return torch.from_numpy(_E8[how](rng, shape).astype(np.uint8))
+    c = rng.integers(112, 143, shape)
+    R = shape[0]
+    for r, v in ((0, 0), (1 % R, 254), (2 % R, 1), (4 % R, 253)):
+        c[r] = v
+    if R > 6:
+        c[5, 0] = 0xFF
+        c[6] = rng.integers(20, 230, shape[1])  # one row spread across the whole range
+    return torch.from_numpy(c.astype(np.uint8))
+
+
+def _f32_scales(shape, how, rng):
+    """binary32 scale_invs: ordinary, extreme (subnormal, 2^-126, huge), or mixed rows."""
+    ordinary = np.exp2(rng.uniform(-20, 20, shape)) * rng.uniform(1, 2, shape)
+    extreme = rng.choice([1e-40, 2.0 ** -126, 2.0 ** -60, 2.0 ** 60, 3e37, 1.0], shape)
+    s = {"normal": ordinary, "extreme": extreme}.get(how)
+    if s is None:
+        s = ordinary
+        s[: max(1, shape[0] // 4)] = extreme[: max(1, shape[0] // 4)]
+    return torch.from_numpy(s.astype(np.float32))
+
+
+def _operand(fmt, kind, rows, K, how, rng, specials):
+    data = _codes(fmt, rows, K, rng, specials)
+    shape = P.scale_shape(kind, rows, K)
+    scale = _e8m0(shape, how, rng) if kind in P.E8M0_KINDS else _f32_scales(shape, how, rng)
+    return data, scale
+
+
+def _same_as(c_ref, c_got, norm=None):
+    """NaN and +-Inf in the same places, the finite rest within NUMERICS.md 6's 1e-5 of ||C||
+    (`norm`: ||C|| of the exact product where binary32 overflows, else the finite c_ref's)."""
+    assert torch.equal(c_ref.isnan(), c_got.isnan())
+    assert torch.equal(c_ref.isinf(), c_got.isinf())
+    assert torch.equal(c_ref[c_ref.isinf()], c_got[c_got.isinf()])
+    ok = c_ref.isfinite()
+    d = (c_ref[ok].double() - c_got[ok].double()).norm()
+    norm = c_ref[ok].double().norm() if norm is None else norm
+    assert d <= 1e-5 * norm + 1e-30, (d, norm)
+
+
+def _values(d, fmt, K):
+    c = d.numpy()
+    return Q.decode(Q.unpack_e2m1(c, K) if fmt == "e2m1" else c, FMT[fmt]).astype(np.float64)
+
+
+def _per_row(scale, kind, rows):
+    """The scale of every row's K blocks [rows, nb] (tile kinds: their tile row's)."""
+    s = scale.numpy()
+    if kind in P.TILE_KINDS:
+        s = np.repeat(s, P.block_of(kind), axis=0)[:rows]
+    return s
+
+
+def _block_oracle(ad, asc, fa, sa, bd, bsc, fb, sb, K):
+    """NUMERICS.md section 6 in numpy: every block's sum (float64, then binary32, as the
+    reference's binary32 sum up to order) times its scales as the reference rounds them, the
+    blocks added in binary32 in increasing k; tensor/row: one sum times scale_inv_A, then B.
+    Returns (C, ||C|| of the float64 product over its finite elements)."""
+    M, N = ad.shape[0], bd.shape[0]
+    av, bv = _values(ad, fa, K), _values(bd, fb, K)
+    bs = P.block_of(sa) or max(K, 1)
+    nb = -(-K // bs)
+    pad = ((0, 0), (0, nb * bs - K))
+    with np.errstate(all="ignore"):
+        s64 = np.einsum("mkb,nkb->mnk", np.pad(av, pad).reshape(M, nb, bs),
+                        np.pad(bv, pad).reshape(N, nb, bs))
+        s = s64.astype(np.float32)
+        if sa in ("tensor", "row"):
+            ra = asc.numpy().reshape(-1, 1) * np.ones((M, 1), np.float32)
+            rb = bsc.numpy().reshape(1, -1) * np.ones((1, N), np.float32)
+            acc = (s[:, :, 0] * ra) * rb if nb else np.zeros((M, N), np.float32)
+            c64 = s64.sum(-1) * ra.astype(np.float64) * rb.astype(np.float64)
+            return torch.from_numpy(acc), _finite_norm(c64)
+        ca, cb = _per_row(asc, sa, M), _per_row(bsc, sb, N)
+        if sa == "mx32":
+            e = ca.astype(np.int64)[:, None, :] + cb.astype(np.int64)[None, :, :] - 254
+            f64 = np.exp2(e.astype(np.float64))
+            f64[(ca[:, None, :] == 255) | (cb[None, :, :] == 255)] = np.nan
+            blk = (s.astype(np.float64) * f64).astype(np.float32)
+        else:
+            f64 = ca.astype(np.float64)[:, None, :] * cb.astype(np.float64)[None, :, :]
+            blk = s * ca[:, None, :] * cb[None, :, :]
+        acc = np.zeros((M, N), np.float32)
+        for k in range(nb):
+            acc = acc + blk[:, :, k]
+        return torch.from_numpy(acc), _finite_norm((s64 * f64).sum(-1))
+
+
+def _finite_norm(c64):
+    return float(np.linalg.norm(c64[np.isfinite(c64)]))
+
+
+def _crafted_case(fa, sa, fb, sb, how, rng, M, N, K, specials):
+    ad, asc = _operand(fa, sa, M, K, how, rng, specials)
+    bd, bsc = _operand(fb, sb, N, K, how, rng, specials)
+    got = P.gemm(P.QT(ad, asc, fa, sa, M, K), P.QT(bd, bsc, fb, sb, N, K))
+    return (ad, asc, fa, sa, bd, bsc, fb, sb, K), got
+
+
+ALL_PAIRS = PAIRS + [("e5m2", "mx32", "e5m2", "mx32"), ("e2m1", "mx32", "e4m3", "mx32"),
+                     ("e5m2", "block128", "e4m3", "block128x128"),
+                     ("e5m2", "row", "e5m2", "row"), ("e4m3", "tensor", "e4m3", "tensor")]
+SHAPES = ((1, 1, 2), (37, 50, 300), (70, 33, 130), (9, 96, 1000), (40, 64, 64))
+
+
+@pytest.mark.parametrize("how", ["normal", "extreme", "mixed"])
+@pytest.mark.parametrize("fa,sa,fb,sb", ALL_PAIRS)
+def test_gemm_within_bound_of_block_oracle(fa, sa, fb, sb, how):
+    """P.gemm (one matmul of exactly folded operands, the exact route for the rows out of the
+    fold's range) against the block-by-block oracle on crafted codes and scales: ordinary,
+    extreme (E8M0 0, 1, 253, 254; binary32 subnormal and huge) and mixed rows, zero blocks,
+    NaN and Inf elements, 0xFF blocks."""
+    rng = np.random.default_rng(11)
+    for M, N, K in SHAPES:
+        for specials in (False, True):
+            args, got = _crafted_case(fa, sa, fb, sb, how, rng, M, N, K, specials)
+            c_orc, norm = _block_oracle(*args)
+            _same_as(c_orc, got, norm)
+
+
+@needs_native
+@pytest.mark.parametrize("fa,sa,fb,sb", ALL_PAIRS)
+def test_gemm_within_bound_of_native(fa, sa, fb, sb):
+    """The same against the native kernels, on ordinary and extreme codes and scales (see
+    test_gemm_within_bound_of_block_oracle for the mixed rows)."""
+    import lowp.torch as lt  # noqa: F401 (registers torch.ops.lowp)
+    rng = np.random.default_rng(12)
+    for how in ("normal", "extreme"):
+        for M, N, K in SHAPES:
+            for specials in (False, True):
+                args, got = _crafted_case(fa, sa, fb, sb, how, rng, M, N, K, specials)
+                _same_as(torch.ops.lowp.scaled_mm(*args), got, _block_oracle(*args)[1])
+
+
+@needs_native
+def test_gemm_exact_route_rows_are_taken():
+    """The rows the fold cannot take exactly (tiny codes, a spread over 200 binades, huge
+    codes whose block products overflow) give the native kernels' results, and the ordinary
+    rows beside them still go through the fold."""
+    import lowp.torch as lt  # noqa: F401
+    rng = np.random.default_rng(3)
+    K = 256
+    ad, _ = _operand("e4m3", "mx32", 8, K, "normal", rng, False)
+    bd, _ = _operand("e4m3", "mx32", 6, K, "normal", rng, False)
+    asc = torch.full((8, K // 32), 127, dtype=torch.uint8)
+    bsc = torch.full((6, K // 32), 127, dtype=torch.uint8)
+    asc[1] = 0            # tiny: results near 2^-254 relative to the others
+    asc[2, ::2] = 250     # spread: 2^123 next to 2^0 blocks
+    asc[3] = 254          # huge: block products overflow to +-Inf, sums of both give NaN
+    bsc[4] = 254
+    bsc[5] = 1
+    asc[5, ::2], asc[5, 1::2] = 170, 20  # spread 150 both ways: every block of C[5, 3] is
+    bsc[3, ::2], bsc[3, 1::2] = 20, 170  # 2^-64, made of A's and B's small blocks
+    args = (ad, asc, "e4m3", "mx32", bd, bsc, "e4m3", "mx32", K)
+    c_nat = torch.ops.lowp.scaled_mm(*args)
+    c_por = P.gemm(P.QT(ad, asc, "e4m3", "mx32", 8, K), P.QT(bd, bsc, "e4m3", "mx32", 6, K))
+    c_orc, _ = _block_oracle(*args)
+    for ref in (c_nat, c_orc):
+        _same_as(ref, c_por)
+        for r in range(8):  # row by row: a tiny row is not drowned in the big rows' norm
+            _same_as(ref[r], c_por[r])
+        _same_as(ref[5, 3], c_por[5, 3])
+    assert c_nat[3, :5].isnan().all() and c_nat[1, :3].abs().max() < 2.0 ** -100 \
+        and 2.0 ** -80 < c_nat[5, 3].abs() < 2.0 ** -40  # the cases are there
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["mx32", "block128", "row"])
+def test_grouped_gemms_within_bound_of_native(kind):
+    """Split-M and split-K grouped GEMMs (one matmul per group) against the native kernels."""
+    import lowp.torch as lt
+    g = torch.Generator().manual_seed(7)
+    T, K, N, G = 100, 96, 48, 4
+    x = torch.randn(T, K, generator=g) * torch.exp2(torch.randint(-30, 30, (T, 1)).float())
+    w = torch.randn(G, N, K, generator=g)
+    dy = torch.randn(T, N, generator=g)
+    offs = torch.tensor([0, 37, 38, 90], dtype=torch.int32)
+    for path in ("native", "portable"):
+        with (lt.force_portable() if path == "portable" else contextlib.nullcontext()):
+            y, dx, dw = _grouped_fwd_bwd(lt, x, w, dy, offs, kind)
+        if path == "native":
+            want = (y, dx, dw)
+    for n, p in zip(want, (y, dx, dw)):
+        _same_as(n, p)
+
+
+def _grouped_fwd_bwd(lt, x, w, dy, offs, kind):
+    cfg = {"mx32": "mxfp8", "block128": "block128", "row": "fp8_rowwise"}[kind]
+    xr = x.clone().requires_grad_()
+    wr = w.clone().requires_grad_()
+    y = lt.grouped_mm(xr, wr.transpose(-2, -1), offs, config=cfg)
+    y.backward(dy)
+    return y.detach(), xr.grad, wr.grad
+
+
+@pytest.mark.parametrize("fa,sa,fb,sb", ALL_PAIRS)
+def test_gemm_within_bound_under_medium_matmul_precision(fa, sa, fb, sb):
+    """torch.set_float32_matmul_precision("medium") lets binary32 matmuls run in BF16 passes
+    (oneDNN on this CPU, TF32 on CUDA): the one-matmul GEMMs keep the bound under it (the
+    dequantized 128-block operands are multiplied at "highest"), and the setting is restored."""
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        test_gemm_within_bound_of_block_oracle(fa, sa, fb, sb, "normal")
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(prev)
