@@ -14,6 +14,15 @@ one run, interleaved round by round:
                   after the first)
 
 and prints a markdown table of medians and ratios.
+
+  python -m lowp.bench portable [--configs mxfp8,block32x32,block128,fp8_rowwise]
+                                [--portable-from OLD_PORTABLE.py ...]
+
+times the same forward + backward through lowp.torch's portable path (plain torch ops, the
+path of every non-CPU device) under `force_portable()`, one row per config, against torch's
+BF16 F.linear in the same interleaved rounds. `--portable-from` adds rows that run the GEMMs
+of another copy of portable.py (for instance the previous commit's), so that before and after
+are measured in the same run on a shared machine.
 """
 
 from __future__ import annotations
@@ -109,12 +118,88 @@ def bench_linear(argv=None):
     return med
 
 
+def _gemms_from(path):
+    """The GEMM functions of another copy of portable.py (loaded as a module of its own)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lowp.torch._bench_portable_other", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return {n: getattr(mod, n) for n in ("gemm", "grouped_gemm", "grouped_gemm_wgrad")}
+
+
+def _portable_impls(lt, configs, others):
+    """{row name: f(x, w, dy)}: lowp.torch.linear under force_portable(), per config, with the
+    GEMMs of this portable.py and of every `others` copy (swapped in for the call)."""
+    from lowp.torch import portable as P
+
+    mine = {n: getattr(P, n) for n in ("gemm", "grouped_gemm", "grouped_gemm_wgrad")}
+    impls = {}
+    for label, fns in [("", mine)] + [(f" [{o}]", _gemms_from(o)) for o in others]:
+        for cfg in configs:
+            def run(x, w, dy, cfg=cfg, fns=fns):
+                for n, f in fns.items():
+                    setattr(P, n, f)
+                try:
+                    with lt.force_portable():
+                        lt.linear(x, w, None, cfg).backward(dy)
+                finally:
+                    for n, f in mine.items():
+                        setattr(P, n, f)
+            impls[f"portable {cfg}{label}"] = run
+    return impls
+
+
+def bench_portable(argv=None):
+    p = argparse.ArgumentParser(prog="python -m lowp.bench portable")
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--in", dest="k", type=int, default=1024)
+    p.add_argument("--out", dest="n", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--configs", default="mxfp8,block32x32,block128,fp8_rowwise")
+    p.add_argument("--portable-from", dest="others", action="append", default=[])
+    a = p.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+
+    import lowp.torch as lt
+
+    torch.set_num_threads(a.threads)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(a.tokens, a.k, generator=g).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(a.n, a.k, generator=g) / a.k ** 0.5).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(a.tokens, a.n, generator=g).to(torch.bfloat16)
+    impls = {"torch bf16 F.linear": lambda x, w, dy: F.linear(x, w).backward(dy)}
+    impls.update(_portable_impls(lt, a.configs.split(","), a.others))
+    times = {name: [] for name in impls}
+    for rep in range(1 + a.reps):  # round 0 warms up
+        for name, f in impls.items():
+            x.grad = w.grad = None
+            t0 = time.perf_counter()
+            f(x, w, dy)
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+    base = statistics.median(times["torch bf16 F.linear"])
+    print(f"portable linear forward+backward, {a.tokens} x {a.k} -> {a.n}, bfloat16, "
+          f"{a.threads} thread(s), {a.reps} interleaved rounds (median, min-max)\n")
+    print("| implementation | median ms | min-max ms | x torch bf16 speed |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, v in times.items():
+        m = statistics.median(v)
+        print(f"| {name} | {m * 1e3:.0f} | {min(v) * 1e3:.0f}-{max(v) * 1e3:.0f} | "
+              f"{base / m:.3f} |")
+    return times
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("linear",):
-        print("usage: python -m lowp.bench linear [options]", file=sys.stderr)
+    cmds = {"linear": bench_linear, "portable": bench_portable}
+    if not argv or argv[0] not in cmds:
+        print("usage: python -m lowp.bench linear|portable [options]", file=sys.stderr)
         return 2
-    bench_linear(argv[1:])
+    cmds[argv[0]](argv[1:])
     return 0
 
 
