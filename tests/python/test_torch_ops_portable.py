@@ -581,3 +581,32 @@ def test_gemm_within_bound_under_medium_matmul_precision(fa, sa, fb, sb):
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision(prev)
+
+
+_INDUCTOR_MX = pytest.mark.xfail(
+    strict=True, reason="issue 35.2 open: inductor (torch 2.15, CPU) gives other bytes for the "
+    "e4m3 mx32 rows whose width is no multiple of 32 (about 1460 of 67 x 150 codes, a different "
+    "count run to run); the int32 codes of _quant_rows alone compile right, the graph that also "
+    "casts them to uint8 does not; eager is right")
+
+
+@pytest.mark.parametrize("fmt,kind,mode", [pytest.param("e4m3", "mx32", "rceil",
+                                                        marks=_INDUCTOR_MX),
+                                           ("e2m1", "mx32", "even"),
+                                           ("e4m3", "block32x32", "floor"),
+                                           ("e4m3", "block128", None), ("e5m2", "row", None),
+                                           ("e4m3", "tensor", None)])
+def test_quantize_under_torch_compile_equals_eager(fmt, kind, mode):
+    """Issue 35.2: the portable quantization runs under torch.compile(fullgraph=True) (so that
+    inductor fuses it on a GPU) with the eager bytes, on awkward data (zeros, subnormals,
+    maxima, NaN, Inf), both axes in one graph."""
+    t = torch.from_numpy(awkward(67, 150, 1)).to(torch.bfloat16)
+
+    def q(x):
+        r, c = P.quantize(x, fmt, kind, mode, axis="both")
+        return r.data, r.scale, c.data, c.scale
+
+    torch._dynamo.reset()
+    got = torch.compile(q, fullgraph=True)(t)
+    for g, w in zip(got, q(t)):
+        assert g.dtype == w.dtype and torch.equal(g.view(torch.uint8), w.view(torch.uint8))

@@ -616,7 +616,8 @@ def _ieee_f32():
 
 
 def _b128_loop(av, sa, bv, sb) -> torch.Tensor:
-    """The reference route for 128-blocks: per-block binary32 sums times scale_inv_A * scale_inv_B."""
+    """The reference route for 128-blocks: per-block binary32 sums times scale_inv_A, then
+    scale_inv_B (NUMERICS.md 6)."""
     M, N, K = av.shape[0], bv.shape[0], av.shape[1]
     acc = torch.zeros((M, N), dtype=torch.float32, device=av.device)
     for blk, k in enumerate(range(0, K, 128)):
