@@ -519,6 +519,8 @@ def _mm_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             with exact(dev):
                 return torch.mm(a.to(torch.bfloat16), b.to(torch.bfloat16).t(),
                                 out_dtype=torch.float32)
+        except torch.OutOfMemoryError:
+            raise  # not a missing kernel
         except (RuntimeError, TypeError, NotImplementedError):
             _NO_OUT_DTYPE.add(dev)
     return _mm(a.to(torch.float32), b.to(torch.float32))
