@@ -974,6 +974,56 @@ static void test_mx_scale_range(void) {
     }
 }
 
+/* MX tiles whose every block has one large scale code, so that the fast kernels' fold (all
+ * scales applied once after the whole sum) is possible: where a block value or a partial sum
+ * of the reference's sequence reaches 2^128, the reference gives Inf, or NaN where blocks of
+ * opposite signs overflow, and the fast result must too (docs/numerics.md section 6). A's
+ * blocks are positive, positive, negative, negative (or alternate) over K = 128; B is MX or
+ * 32x32 blocks, every scale byte one code. */
+static void test_mx_fold_overflow(void) {
+    static const uint8_t pairs[][2] = {{254, 254}, {254, 127}, {200, 180},
+                                       {190, 168}, {180, 150}, {127, 127}};
+    const int64_t M = 40, N = 37, K = 128;
+    const lowp_format fmts[] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E5M2};
+    const lowp_scaling bsc[] = {LOWP_SCALING_MX32, LOWP_SCALING_BLOCK32X32};
+    for (int fi = 0; fi < 2; fi++)
+        for (int bi = 0; bi < 2; bi++)
+            for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++) {
+                lowp_qtensor q[2];
+                for (int o = 0; o < 2; o++) {
+                    const int64_t rows = o ? N : M;
+                    lowp_qtensor t = {fmts[fi],
+                                      o ? bsc[bi] : LOWP_SCALING_MX32,
+                                      rows,
+                                      K,
+                                      NULL,
+                                      NULL,
+                                      LOWP_DEVICE_HOST,
+                                      NULL,
+                                      0};
+                    size_t db, sb;
+                    CHECK(lowp_qtensor_nbytes(&t, &db, &sb) == LOWP_OK);
+                    t.data = malloc(db);
+                    t.scales = malloc(sb);
+                    memset(t.scales, pairs[pi][o], sb);
+                    uint8_t *d = t.data;
+                    for (int64_t r = 0; r < rows; r++)
+                        for (int64_t k = 0; k < K; k++) {
+                            uint8_t c = (uint8_t) (0x40 + urand() * 0x3A); /* finite, large */
+                            const int64_t b = k / 32;
+                            const int neg = o == 0 && (r % 2 ? b >= 2 : b % 2 == 1);
+                            d[r * K + k] = (uint8_t) (c | (neg ? 0x80 : 0));
+                        }
+                    q[o] = t;
+                }
+                char name[96];
+                snprintf(name, sizeof name, "mx fold overflow %s x %s codes %d %d",
+                         fi ? "e5m2" : "e4m3", bi ? "b32" : "mx", pairs[pi][0], pairs[pi][1]);
+                check_gemm(name, &q[0], &q[1], LOWP_FORMAT_F32, 0, 1, 1);
+                for (int o = 0; o < 2; o++) free(q[o].data), free(q[o].scales);
+            }
+}
+
 /* lowp_cpu_gemm_part (the attention core's per-head products on strided operands) against
  * lowp_gemm / lowp_gemm_kn of the same parts copied out contiguously, bit for bit (one thread),
  * both layouts of b, ranges that start inside the rows and end before them; C outside the
@@ -1144,6 +1194,7 @@ int main(void) {
     test_wgrad_kn();
     test_part();
     test_mx_scale_range();
+    test_mx_fold_overflow();
     if (g_have_avx512) test_sgp();
     printf("test_gemm_fast: %d GEMM comparisons\n", g_cases);
     return testutil_finish();

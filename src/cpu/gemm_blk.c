@@ -30,6 +30,7 @@ typedef struct dec_table {
 typedef struct tile_facts {
     int32_t folded; /* MX: the scales are folded into the elements (relative to r) */
     int32_t r;      /* MX: the exponent left to apply (2^r) when folded */
+    int32_t hi;     /* MX: the largest block exponent (code - 127) of a live block, or -127 */
     int32_t exact;  /* plain BF16: holds a denormal: needs the IEEE micro-kernel */
     int32_t maxe;   /* plain BF16: largest biased exponent (of |x|, 0..255) */
 } tile_facts;
@@ -267,6 +268,19 @@ static void mx_facts(const blk_ctx *x, const lowp_qtensor *q, int kn, int64_t r0
     if (nan || (hi >= 0 && hi - lo > 2 * FOLD_SPAN) || x->K >= FOLD_MAX_K) return;
     f->folded = 1;
     f->r = hi < 0 ? 0 : (lo + hi) / 2 - 127;
+    f->hi = hi < 0 ? -127 : hi - 127;
+}
+
+/* Whether an MX tile may run folded: both sides folded, and no value of the reference's
+ * sequence can overflow. Folded, the tile sums every product before the final 2^r; the
+ * reference multiplies each 32-block sum by its own power of two and adds the blocks in order,
+ * so a block value or a partial sum at 2^128 gives Inf there (and Inf - Inf = NaN) where the
+ * folded sum can stay finite. A block sum is below 2^37 (32 E5M2 products) and there are at
+ * most 2^lg blocks, so below the bound nothing overflows on either side. */
+static int mx_fold_pair(const tile_facts *s, const tile_facts *p, int64_t K) {
+    int lg = 0;
+    while (((int64_t) 1 << lg) < (K + 31) / 32) lg++;
+    return s->folded && p->folded && s->hi + p->hi + 37 + lg < 127;
 }
 
 /* The shift folded into a block of E8M0 code c (0 for all-zero blocks outside the window). */
@@ -578,7 +592,7 @@ static void tile(blk_ctx *x, int64_t m0, int rows, const tile_facts *sf, int64_t
     }
     case LOWP_PAIR_MX:
     case LOWP_PAIR_MX_B32: {
-        if (sf->folded && pf->folded) {
+        if (mx_fold_pair(sf, pf, x->K)) {
             kern->micro(a, panel, x->nkt, 0, mr, P);
             store_tile(j, m0, m0 + rows, n0, w, P, 1, _mm512_set1_ps((float) (sf->r + pf->r)));
             return;
