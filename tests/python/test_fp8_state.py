@@ -185,9 +185,10 @@ def test_prepared_model_state_updates_once_per_step():
     _train(m, 3, accum=2)
     # updates run at the first forward after each optimizer step: steps 2 and 3
     assert st.updates == 2
-    # two micro-batches per step, forward records input (and weight once per version)
+    # two micro-batches per step: each forward records input and weight (it quantizes the
+    # weight afresh; the same values within a step, so the step's maximum is unchanged)
     assert st.records["input"] == 6 and st.records["grad_output"] == 6
-    assert st.records["weight"] == 3
+    assert st.records["weight"] == 6
     assert (st.scales != 1).all()
     # the scale in use is fmax / max(history) of the weight role at the last update (row 0
     # is this step's staging row, recorded after it), in binary32 as C computes it

@@ -405,18 +405,47 @@ def test_native_ops_leave_storages_resizable(config, dtype):
         t.untyped_storage().resize_(0)
 
 
-def test_weight_cache_counts_once_per_version():
+def test_weight_cache_reuses_only_in_a_backward():
+    """A forward always quantizes the weight afresh (each backward reads its own forward's
+    copies from the autograd context); only a forward run again inside a backward (activation
+    checkpointing) reuses the copies of the forward before it."""
     x, w, b, dy = linear_case(64, 64, 32, torch.float32)
     cache = lt.WeightCache()
     run_linear("mxfp8", x, w, b, dy, cache=cache)
     run_linear("mxfp8", x, w, b, dy, cache=cache)  # a second micro-batch
-    # the second forward reuses; each backward reads its own forward's copies (autograd ctx)
-    assert cache.quantizations == 1 and cache.hits == 1
+    assert cache.quantizations == 2 and cache.hits == 0
+    xc = x.detach().clone().requires_grad_()
+    y = torch.utils.checkpoint.checkpoint(lambda t: lt.linear(t, w, b, "mxfp8", cache=cache),
+                                          xc, use_reentrant=False)
+    y.backward(dy)
+    assert cache.quantizations == 3 and cache.hits == 1  # the recomputation reused
     with torch.no_grad():
         w.add_(0.01)  # an optimizer step
     out = run_linear("mxfp8", x, w, b, dy, cache=cache)
-    assert cache.quantizations == 2
+    assert cache.quantizations == 4
     assert all(torch.equal(u, v) for u, v in zip(out, run_linear("mxfp8", x, w, b, dy)))
+
+
+@pytest.mark.parametrize("how", ["data_copy", "numpy"])
+def test_weight_cache_never_serves_a_weight_written_behind_its_version(how):
+    """Writes that move no version counter (through `.data`, or numpy filling the weight's
+    memory) between two forwards: the second forward sees the new values (issue 40's rule for
+    caches; before, the cache served the first weight's copies)."""
+    torch.manual_seed(3)
+    buf = np.random.default_rng(0).standard_normal((48, 64)).astype(np.float32)
+    w = torch.from_numpy(buf).requires_grad_() if how == "numpy" else torch.randn(48, 64,
+                                                                                 requires_grad=True)
+    x = torch.randn(16, 64)
+    cache = lt.WeightCache()
+    with torch.no_grad():
+        lt.linear(x, w, None, "mxfp8", cache=cache)
+        new = torch.randn(48, 64)
+        if how == "numpy":
+            buf[...] = new.numpy()
+        else:
+            w.data.copy_(new)
+        got = lt.linear(x, w, None, "mxfp8", cache=cache)
+    assert torch.equal(got, lt.linear(x, new, None, "mxfp8"))
 
 
 @native
@@ -484,17 +513,23 @@ def test_weight_cache_version_fn():
     x, w, b, dy = linear_case(64, 64, 32, torch.float32)
     master = w.detach().clone()
     op_w = master.clone().requires_grad_()  # the tensor the op sees: its own version counter
-    for fn, quantizations in ((None, 1), (lambda: master._version, 3)):
+    for fn in (None, lambda: master._version):
         cache = lt.WeightCache(version_fn=fn)
-        stale = False
         for step in range(3):
             op_w.data.copy_(master)  # `.data` writes do not move op_w._version
             got = run_linear("mxfp8", x, op_w, b, dy, cache=cache)
-            stale |= not torch.equal(got[0], run_linear("mxfp8", x, op_w, b, dy)[0])
+            # a forward outside a backward never reuses, whatever the version says
+            assert torch.equal(got[0], run_linear("mxfp8", x, op_w, b, dy)[0]), step
             with torch.no_grad():
                 master.mul_(1.5)
-        assert cache.quantizations == quantizations
-        assert stale == (fn is None)  # without version_fn the cache cannot see the change
+        assert cache.quantizations == 3 and cache.hits == 0
+    calls = []
+    cache = lt.WeightCache(version_fn=lambda: calls.append(1) or master._version)
+    xc = x.detach().clone().requires_grad_()
+    y = torch.utils.checkpoint.checkpoint(lambda t: lt.linear(t, op_w, b, "mxfp8", cache=cache),
+                                          xc, use_reentrant=False)
+    y.backward(dy)
+    assert cache.hits == 1 and len(calls) == 2  # the recomputation compared version_fn's
     with pytest.raises(TypeError, match="version_fn"):
         lt.WeightCache(version_fn=3)
 

@@ -13,7 +13,9 @@ A tensor's `_version` misses three kinds of writes:
 - Optimizer steps that write through `.data` or outside autograd: every step of a
   `torch.optim.Optimizer` (a global step post-hook) moves `epoch()`.
 - Writes through `.data`, a numpy view of the storage or `_unsafe_preserve_version_counter`
-  outside an optimizer step are seen by nothing: `invalidate_weight_caches()` moves `epoch()`.
+  outside an optimizer step are seen by nothing: the caches therefore reuse a copy only in a
+  forward recomputed inside a backward pass, where such a write would already break
+  autograd's saved tensors; `invalidate_weight_caches()` moves `epoch()` by hand.
 """
 
 from __future__ import annotations

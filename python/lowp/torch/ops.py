@@ -762,7 +762,10 @@ def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
 
 
 class WeightCache:
-    """Quantized copies of weights, reused across calls while nothing can have changed them.
+    """Quantized copies of weights, reused only by a forward that runs inside a backward pass
+    (activation-checkpoint recomputation), while nothing can have changed them. A forward
+    outside a backward always quantizes afresh and stores its copies: no counter sees a write
+    through `.data` or numpy between two forwards.
 
     Keyed by the weight tensor's storage (its identity, not its address: FSDP2 frees an
     unsharded weight's memory at each reshard and gathers into newly allocated memory of the
@@ -775,11 +778,9 @@ class WeightCache:
       parameter: FSDP2 writes each all-gather into the unsharded one without moving its
       version;
     and while its storage is the one the copies were made from (a weak reference: a new
-    tensor whose storage reuses a freed one's address never hits). Writes no counter sees
-    (`param.data.copy_`, a numpy view) outside an optimizer step need
-    `invalidate_weight_caches()`. Within one call, the backward reads the copies its forward
-    made (kept on the autograd context), never the cache. Counters: `quantizations` (copies
-    made), `hits` (reuses).
+    tensor whose storage reuses a freed one's address never hits). Within one call, the
+    backward reads the copies its forward made (kept on the autograd context), never the
+    cache. Counters: `quantizations` (copies made), `hits` (reuses).
 
     `version_fn` (optional, no arguments): the version to compare instead of the tensor's own
     `_version`, for a wrapper whose op-time tensors do not share the master weight's version
@@ -806,7 +807,7 @@ class WeightCache:
         storage = w.untyped_storage()
         own = self._version_fn() if self._version_fn is not None else w._version
         version = (own, _epochs.epoch(), _epochs.fsdp_token(w))
-        if (e is not None and e[0] == version and not e[1].expired()
+        if (e is not None and _in_backward() and e[0] == version and not e[1].expired()
                 and e[1].cdata == storage._cdata):
             self.hits += 1
             return e[2]
@@ -823,6 +824,12 @@ class WeightCache:
 
     def __len__(self):
         return len(self._entries)
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass in this thread (activation-checkpoint
+    recomputation runs the forward again there)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _weight_source(W: Tensor, spec: MatmulSpec) -> Tensor:
