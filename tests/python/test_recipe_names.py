@@ -214,3 +214,12 @@ def test_apply_recipe_wraps_030_routed_experts_as_block_fp8():
     assert ex.w1_EFD.config.name == "block32x32"
     assert m.layers["1"].moe.shared_experts.w1.weight.config.name == "mxfp8"
     assert not isinstance(m.layers["1"].moe.router.gate.weight, lt.LowpWeight)
+
+
+@pytest.mark.parametrize("rules", [5, "layers.0.*", 2.5])
+def test_rules_of_the_wrong_type_name_the_argument(rules):
+    """Before, `rules=5` raised a bare "'int' object is not iterable"."""
+    with pytest.raises(TypeError, match="rules must be"):
+        lt.apply_recipe(dsv3_030(), "mix", rules=rules)
+    with pytest.raises(TypeError, match="rules must be"):
+        lt.plan_recipe(["a.weight"], "mix", rules=rules)

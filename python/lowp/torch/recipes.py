@@ -107,6 +107,9 @@ def _check_rules(rules):
         return []
     if isinstance(rules, dict):
         rules = list(rules.items())
+    if isinstance(rules, (str, bytes)) or not hasattr(rules, "__iter__"):
+        raise TypeError("rules must be a list of (pattern, config) pairs, a dict or None, not "
+                        f"{type(rules).__name__}")
     out = []
     for i, r in enumerate(rules):
         if not (isinstance(r, (tuple, list)) and len(r) == 2 and isinstance(r[0], str)):
