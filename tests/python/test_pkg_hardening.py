@@ -89,6 +89,21 @@ def test_write_through_data_is_not_stale(op):
 
 @native
 @pytest.mark.parametrize("op", list(OPS))
+def test_graph_tensor_written_under_no_grad_is_not_stale(op):
+    """An activation made with autograd (it has a grad_fn), then evaluated under no_grad after
+    a `.data` write: no graph vouches for its values there, so the memo is not used."""
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    h = torch.randn(24, 64, requires_grad=True) * 1.0  # an op's output: has a grad_fn
+    with torch.no_grad():
+        y0 = OPS[op](h, w, "mxfp8")
+        h.data.copy_(torch.randn(24, 64))
+        y1 = OPS[op](h, w, "mxfp8")
+        assert torch.equal(y1, OPS[op](h.clone(), w, "mxfp8"))
+        assert not torch.equal(y0, y1)
+
+
+@native
+@pytest.mark.parametrize("op", list(OPS))
 def test_inference_mode_inputs(op):
     """Tensors made under inference_mode have no version counter (reading it raises): they
     are quantized at every call, with the results no_grad gives."""
@@ -319,3 +334,22 @@ def test_gemm_checks_k_before_allocating_the_output():
         lowp.gemm_kn(a, np.zeros((2, N), np.float32))
     with pytest.raises(ValueError, match=r"lowp.grouped_gemm: a.shape\[1\] \(1\) != b.shape\[2\]"):
         lowp.grouped_gemm(a, np.zeros((2, 1 << 19, 2), np.float32), [4, M])
+
+
+@pytest.mark.parametrize("scaling,mode,pow2,what", [
+    ("row", "floor", -1, "scale_mode"), ("tensor", "rceil", -1, "scale_mode"),
+    ("block128", "even", -1, "scale_mode"), ("mx32", "", 1, "pow2"),
+    ("block32x32", "", 0, "pow2"), ("row", "", 2, "pow2")])
+def test_quantize_op_refuses_settings_its_scaling_ignores(scaling, mode, pow2, what):
+    """lowp::quantize took scale_mode on the binary32 scalings and pow2 on the E8M0 ones and
+    ignored them; the numpy API refuses both, and so does the op now."""
+    x = torch.randn(64, 128)
+    with pytest.raises(ValueError, match=what):
+        torch.ops.lowp.quantize(x, "e4m3", scaling, mode, pow2, 0.0, "row", None, None)
+
+
+def test_grouped_mm_offs_out_of_range_names_the_bound():
+    x = torch.randn(10, 64)
+    w = torch.randn(3, 64, 32)
+    with pytest.raises(ValueError, match=r"offs\[2\] \(11\) is not in \[5, x.shape\[0\] \(10\)\]"):
+        lt.grouped_mm(x, w, torch.tensor([2, 5, 11], dtype=torch.int32), "mxfp8")

@@ -268,6 +268,14 @@ def _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs=N
     _check_name(fn, "format", format, _QFORMATS)
     _check_name(fn, "scaling", scaling, P.SCALINGS)
     _check_name(fn, "scale_mode", scale_mode, ("",) + P.SCALE_MODES)
+    if scale_mode and scaling not in P.E8M0_KINDS:
+        raise ValueError(f"{fn}: scale_mode ({scale_mode!r}) applies to mx32 and block32x32, "
+                         f"not {scaling} (pass \"\")")
+    if isinstance(pow2, bool) or pow2 not in (-1, 0, 1):
+        raise ValueError(f"{fn}: pow2 ({pow2!r}) must be -1 (the default), 0 or 1")
+    if pow2 >= 0 and scaling in P.E8M0_KINDS:
+        raise ValueError(f"{fn}: pow2 ({pow2}) applies to the binary32 scalings, not {scaling} "
+                         "(pass -1)")
     _check_name(fn, "axis", axis, _AXES)
     if not (eps >= 0 and eps < float("inf")):
         raise ValueError(f"{fn}: eps ({eps}) must be finite and >= 0")
@@ -348,13 +356,15 @@ def _check_grouped_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b
         _check_operand(fn, arg, t, sc, f, kind, t.shape[0], k, groups=grp)
 
 
-def _check_offs_values(fn: str, ol: List[int], tokens: int) -> None:
-    """Cumulative group ends in [0, tokens], non-decreasing (eager only: data-dependent)."""
+def _check_offs_values(fn: str, ol: List[int], tokens: int, bound: str = "") -> None:
+    """Cumulative group ends in [0, tokens], non-decreasing (eager only: data-dependent).
+    `fn` prefixes the message when given; `bound` names where `tokens` comes from."""
     prev = 0
     for g, o in enumerate(ol):
         if o < prev or o > tokens:
-            raise ValueError(f"{fn}: offs[{g}] ({o}) is not in [{prev}, {tokens}] (offsets are "
-                             "cumulative group ends)")
+            top = f"{bound} ({tokens})" if bound else str(tokens)
+            raise ValueError(f"{fn + ': ' if fn else ''}offs[{g}] ({o}) is not in [{prev}, "
+                             f"{top}] (offsets are cumulative group ends)")
         prev = o
 
 
@@ -914,10 +924,19 @@ class _InputMemo:
     numpy refills, writes through `x.data`, none of which moves a version) is quantized on
     every call. A hit also needs the same storage (alive), offset, shape, strides, dtype and
     version of the bytes quantized, the same values of `offs`, and the same operand spec and
-    axes. Per thread, one entry; cleared by every backward."""
+    axes. Under no_grad or inference_mode (`enable(False)`, set by each call) nothing is
+    reused or kept: an evaluation loop has no graph to vouch for a tensor made earlier, which a
+    `.data` write could have changed. Per thread, one entry; cleared by every backward."""
 
     def __init__(self):
         self._local = threading.local()
+
+    def enable(self, on: bool) -> None:
+        """Whether the next matmuls of this thread may use the memo (grad mode, as the caller
+        of the autograd function saw it: inside its forward grad mode is always off)."""
+        self._local.on = on
+        if not on:
+            self._local.entry = None
 
     @staticmethod
     def _key(t: Tensor):
@@ -927,6 +946,8 @@ class _InputMemo:
 
     def get(self, anchor: Tensor, x: Tensor, offs: Optional[Tensor], what, make):
         """The value for x (quantized from anchor's memory), made by make() on a miss."""
+        if not getattr(self._local, "on", True):
+            return make()
         key = (self._key(anchor), self._key(x), None if offs is None else tuple(offs.tolist()),
                what)
         e = getattr(self._local, "entry", None)
@@ -1210,6 +1231,7 @@ def _run(x2d, W3, bias, offs, config, keep_quantized, wgrad_hp, cache, fp8_state
     _check_opts(cache, fp8_state, spec)
     if x2d.device != W3.device:
         raise ValueError(f"x.device ({x2d.device}) != w.device ({W3.device})")
+    _INPUTS.enable(torch.is_grad_enabled())
     return _LowpMatmul.apply(x2d, W3, bias, offs, spec, keep_quantized, bool(wgrad_hp), cache,
                              fp8_state, grouped)
 
@@ -1276,15 +1298,8 @@ def _check_offs(offs, G: int, T: int):
         raise TypeError(f"offs.dtype ({offs.dtype}) must be torch.int32")
     if offs.dim() != 1 or offs.shape[0] != G:
         raise ValueError(f"offs.shape ({tuple(offs.shape)}) must be ({G},) (one end per group)")
-    if torch.compiler.is_compiling():
-        return
-    ol = offs.tolist()
-    prev = 0
-    for g, o in enumerate(ol):
-        if o < prev or o > T:
-            raise ValueError(f"offs[{g}] ({o}) is not in [{prev}, x.shape[0] ({T})] (offsets are "
-                             "cumulative group ends)")
-        prev = o
+    if not torch.compiler.is_compiling():
+        _check_offs_values("", offs.tolist(), T, "x.shape[0]")
 
 
 def grouped_mm(x: Tensor, w: Tensor, offs: Tensor, config="mxfp8", *,
