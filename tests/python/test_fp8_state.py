@@ -15,7 +15,7 @@ import torch.nn as nn
 
 import lowp._testing as T
 import lowp.torch as lt
-from lowp.torch import fp8_state as fs
+from lowp.torch import state as fs
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "extra_state_v1.bin")
 FORMATS = ("e4m3", "e4m3", "e5m2")

@@ -21,7 +21,7 @@ from torchao.quantization.transform_module import _QUANTIZE_CONFIG_HANDLER
 
 import lowp.torch as lt
 from lowp.torch import LowpWeight, MXQuantizeConfig, ParamSwapConfig, param_swap_filter
-from lowp.torch.param_swap import _param_swap_transform
+from lowp.torch.quantize import _param_swap_transform
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "torch"))
 import moe_mix_recipe as moe_ex  # noqa: E402  (the example's TinyMoE, torchtitan naming)
@@ -379,7 +379,7 @@ def test_delayed_state_dict_resume_bit_identical():
 
 def test_delayed_state_pickle_drops_the_group():
     """A process group does not pickle: the unpickled state uses the default group (None)."""
-    st = lt.fp8_state.DelayedScalingState()
+    st = lt.DelayedScalingState()
     st.group = object()  # stands for a ProcessGroup
     st2 = copy.deepcopy(st)
     assert st2.group is None and st.group is not None

@@ -132,12 +132,12 @@ def test_lowp_operators_and_portable_gemm_are_exact_under_autocast():
     q = lambda t: torch.ops.lowp.quantize(t, "e4m3", "mx32", "", -1, 0.0, "row", None, None)
     ad, asc, _, _ = q(a)
     bd, bsc, _, _ = q(b)
+    none = torch.empty(0, dtype=torch.uint8)  # the scales of an unquantized operand
 
     def run():
         return (torch.ops.lowp.scaled_mm(ad, asc, "e4m3", "mx32", bd, bsc, "e4m3", "mx32", 96),
-                torch.ops.lowp.scaled_mm(a.bfloat16(), lt.ops._empty(a.device), "bf16", "none",
-                                         b.bfloat16(), lt.ops._empty(a.device), "bf16", "none",
-                                         96),
+                torch.ops.lowp.scaled_mm(a.bfloat16(), none, "bf16", "none", b.bfloat16(), none,
+                                         "bf16", "none", 96),
                 torch.ops.lowp.dequantize(ad, asc, "e4m3", "mx32", 37, 96))
 
     for _, ctx in paths():

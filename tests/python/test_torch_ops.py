@@ -712,7 +712,7 @@ def test_raw_memory_buffers():
     raw descriptor is refused with a TypeError naming the argument."""
     import lowp
     from lowp import _lowp as ext
-    from lowp.torch import ops as O
+    from lowp.torch.ops import library as O
     x = torch.randn(96, 64)
     xt = x.t()  # not contiguous
     assert isinstance(O._buf(x), tuple) and not isinstance(O._buf(xt), tuple)

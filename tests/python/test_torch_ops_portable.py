@@ -1,4 +1,4 @@
-"""The portable torch path (lowp.torch.portable) against independent references, byte for byte:
+"""The portable torch path (lowp.torch.ops.portable) against independent references, byte for byte:
 the numpy/ml_dtypes reference of tests/quant_ref.py on awkward shapes, zeros, subnormals,
 maxima, NaN and Inf (float32 and bfloat16 inputs, rowwise and columnwise, grouped), and
 torchao's own reference code on ordinary blocks (to_mx, float8_utils, the blockwise reference

@@ -337,7 +337,7 @@ def test_fused_adamw_updates_wrapped_weights_and_expires_their_copies():
     weight must bump the version the weight cache keys on (else the next forward would reuse
     the old quantized copies), and it is AdamW: the same update as torch's per-tensor loop to
     rounding."""
-    from lowp.torch.param_swap import LowpWeight
+    from lowp.torch import LowpWeight
 
     t = _trainer("all_mxfp8", 4)
     assert t.opt.defaults.get("fused") is True

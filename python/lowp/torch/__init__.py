@@ -7,9 +7,8 @@ Each helper appends its own imports below (keep this file a plain list of import
 from .config import (Block128Config, BlockQuantizeConfig, Float8RowwiseConfig,
                      Float8TensorwiseConfig, MatmulSpec, MXQuantizeConfig, OperandSpec, PRESETS,
                      resolve_config)
-from .ops import (WeightCache, force_portable, grouped_mm, linear, mm, native_available,
-                  reset_stats, stats)
-from . import portable
+from .ops import WeightCache, force_portable, native_available, portable, reset_stats, stats
+from .ops.linear import grouped_mm, linear, mm
 
 __all__ = [
     "Block128Config",
@@ -33,11 +32,11 @@ __all__ = [
 ]
 
 # The param swap, recipes, FP8 state, RNG tracker, RMSNorm.
-from .param_swap import (LowpWeight, ParamSwapConfig, convert, param_swap_filter,
-                         wrapped_parameters)
+from .config import ParamSwapConfig
+from .quantize import convert, param_swap_filter, wrapped_parameters
+from .tensor import LowpWeight
 from .recipes import RECIPES, apply_recipe, plan_recipe
-from .fp8_state import DelayedScalingState, fp8_states
-from .rng import RNGStatesTracker
+from .state import DelayedScalingState, RNGStatesTracker, fp8_states
 from .norm import RMSNorm, rms_norm
 from ._autocast import autocast_dtype
 
@@ -62,6 +61,6 @@ from .patches import is_patched as torchao_patched, patch_torchao, unpatch_torch
 
 __all__ += ["patch_torchao", "unpatch_torchao", "torchao_patched"]
 
-from ._weight_epochs import invalidate_weight_caches
+from .ops import invalidate_weight_caches
 
 __all__ += ["invalidate_weight_caches"]

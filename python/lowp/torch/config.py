@@ -28,8 +28,9 @@ import torch
 
 try:
     from torchao.quantization.qat import FakeQuantizeConfigBase as _Base
+    from torchao.quantization.qat import QATConfig as _QATBase
 except Exception:  # torchao absent: plain objects
-    _Base = object
+    _Base = _QATBase = object
 
 __all__ = [
     "OperandSpec",
@@ -41,6 +42,7 @@ __all__ = [
     "Float8TensorwiseConfig",
     "PRESETS",
     "resolve_config",
+    "ParamSwapConfig",
 ]
 
 _FP4 = getattr(torch, "float4_e2m1fn_x2", None)
@@ -300,3 +302,77 @@ def resolve_config(config_or_preset: Union[str, object, None],
     if not spec.wgrad_hp:
         _check_pair("wgrad", "grad_output", spec.grad_output, "input", spec.input)
     return spec
+
+
+# ---- the param swap's config (its handler is lowp.torch.quantize's) ----
+
+_STEPS = ("prepare", "convert")
+
+
+def _is_lowp_config(cfg):
+    return isinstance(cfg, (str, MXQuantizeConfig, BlockQuantizeConfig,
+                            Block128Config, Float8RowwiseConfig,
+                            Float8TensorwiseConfig))
+
+
+class ParamSwapConfig(_QATBase):
+    """Prepare (wrap) or convert (unwrap) a model's weights for lowp's low-precision matmuls.
+
+    Args:
+        base_config: a lowp config (or preset name) used as ``weight_config``.
+        activation_config: optional config for the activations and gradients (default: the
+            weight config's own recipe).
+        weight_config: a lowp config (``MXQuantizeConfig()``, ``BlockQuantizeConfig()``,
+            ``Block128Config()``, ``Float8RowwiseConfig()``, ``Float8TensorwiseConfig()``) or a
+            preset name (``"mxfp8"``...). Accepted (and ignored) by ``step="convert"``.
+        step: ``"prepare"`` or ``"convert"``.
+        params_filter_fn: ``(param, fqn) -> bool``, which parameters to wrap. Default: the
+            weights of ``nn.Linear`` modules and 3-D parameters (MoE expert weights) of modules
+            that are not convolutions. ``fqn`` is relative to the module the handler is given
+            (the whole model with ``filter_fn=param_swap_filter``).
+    """
+
+    def __init__(self, base_config=None, activation_config=None, weight_config=None, *,
+                 step="prepare", params_filter_fn=None):
+        self.base_config = base_config
+        self.activation_config = activation_config
+        self.weight_config = weight_config
+        self.step = step
+        self.params_filter_fn = params_filter_fn
+        self.__post_init__()
+
+    def __post_init__(self):
+        if not isinstance(self.step, str) or self.step.lower() not in _STEPS:
+            raise ValueError("step must be one of %s, got %r" % (list(_STEPS), self.step))
+        self.step = self.step.lower()
+        if self.base_config is not None and self.weight_config is not None:
+            raise ValueError("base_config and weight_config: give one of them, not both")
+        if self.base_config is not None:
+            if not _is_lowp_config(self.base_config):
+                raise TypeError("base_config must be a lowp config or preset name, got %s" %
+                                type(self.base_config).__name__)
+            self.weight_config, self.base_config = self.base_config, None
+        if self.weight_config is not None and not _is_lowp_config(self.weight_config):
+            raise TypeError(
+                "weight_config must be a lowp config (MXQuantizeConfig, BlockQuantizeConfig, "
+                "Block128Config, Float8RowwiseConfig, Float8TensorwiseConfig) or a preset "
+                "name, got %s" % type(self.weight_config).__name__)
+        if self.activation_config is not None and not _is_lowp_config(self.activation_config):
+            raise TypeError("activation_config must be a lowp config or preset name, got %s" %
+                            type(self.activation_config).__name__)
+        if self.step == "prepare" and self.weight_config is None:
+            raise ValueError("step='prepare' needs weight_config (or base_config)")
+        if self.params_filter_fn is not None and not callable(self.params_filter_fn):
+            raise TypeError("params_filter_fn must be callable (param, fqn) -> bool")
+        if self.step == "prepare":  # a name that is no preset fails here, not at prepare
+            presets = PRESETS
+            for arg in ("weight_config", "activation_config"):
+                v = getattr(self, arg)
+                if isinstance(v, str) and v not in presets:
+                    raise ValueError("%s (%r) is not a preset (%s)" % (arg, v, ", ".join(presets)))
+            self.matmul_config()
+
+    def matmul_config(self):
+        """What the wrapped weights carry: the MatmulSpec of the weight (and activation)
+        config, resolved (and so checked) once at prepare."""
+        return resolve_config(self.weight_config, self.activation_config)

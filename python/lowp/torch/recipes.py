@@ -50,8 +50,9 @@ import torch.nn as nn
 
 from .config import (Block128Config, BlockQuantizeConfig, Float8RowwiseConfig,
                      Float8TensorwiseConfig, MXQuantizeConfig)
-from .param_swap import (LowpWeight, ParamSwapConfig, _default_params_filter, _owners,
-                         param_swap_filter)
+from .config import ParamSwapConfig
+from .quantize import _default_params_filter, _owners, param_swap_filter
+from .tensor import LowpWeight
 
 # A rule: (label, patterns, config). A name matches a rule when it matches any of its patterns
 # (fnmatch globs over the full parameter name); the first matching rule wins.

@@ -55,8 +55,9 @@ from typing import Optional
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .. import _weight_epochs as _epochs
-from .. import ops as _lops
+from ..ops import cache as _epochs
+from ..ops import linear as _lops
+from ..ops.cache import WeightCache
 from ..config import (Float8RowwiseConfig, Float8TensorwiseConfig, MatmulSpec, MXQuantizeConfig,
                       OperandSpec)
 
@@ -91,13 +92,13 @@ def _key_of(w: torch.Tensor):
     return _root(w), None  # a plain weight: WeightCache follows its version counters
 
 
-def _cache_for(w: torch.Tensor) -> Optional[_lops.WeightCache]:
+def _cache_for(w: torch.Tensor) -> Optional[WeightCache]:
     if torch.compiler.is_compiling():
         return None
     key, ver = _key_of(w)
     entry = _CACHES.get(key)
     if entry is None:
-        entry = [_lops.WeightCache(), ver]
+        entry = [WeightCache(), ver]
         _CACHES[key] = entry
     elif entry[1] != ver:  # the wrapper was updated in place: its copies are stale
         entry[0].clear()
@@ -158,7 +159,7 @@ def make_mx_torch_function(original):
     return classmethod(__torch_function__)
 
 
-def weight_cache(weight) -> Optional[_lops.WeightCache]:
+def weight_cache(weight) -> Optional[WeightCache]:
     """The WeightCache the patched ops keep for `weight` (a torchao training-weight wrapper
     parameter, or a plain weight tensor), or None when no patched op has seen it yet."""
     if not isinstance(weight, torch.Tensor):

@@ -1,27 +1,11 @@
-"""The param swap: torchao's ``quantize_`` wraps chosen weights in :class:`LowpWeight`.
-
-Usage::
-
-    import lowp.torch
-    from torchao.quantization import quantize_
-    from lowp.torch import ParamSwapConfig, MXQuantizeConfig
-
-    quantize_(model, ParamSwapConfig(weight_config=MXQuantizeConfig()))   # prepare
-    ...train as usual...
-    quantize_(model, ParamSwapConfig(weight_config=MXQuantizeConfig(), step="convert"))
-
-``quantize_`` with its default module filter hands the handler each ``nn.Linear``. To reach the
-3-D expert weights of MoE layers too, pass ``filter_fn=lowp.torch.param_swap_filter``: the
-handler then runs once on the whole model and ``params_filter_fn(param, fqn)`` sees every
-parameter with its full name (``apply_recipe`` does this). Without it, a prepare that leaves
-out weights the config would take, and a convert that leaves wrapped ones behind, warn naming
-them; ``convert(model)`` unwraps every wrapped parameter whatever the filter.
+"""The wrapper weight: :class:`LowpWeight`, the tensor subclass a wrapped parameter holds,
+and its routes from torch's matmuls to lowp's low-precision ones.
 
 A wrapped parameter is an ``nn.Parameter`` whose data is a :class:`LowpWeight`: a wrapper
 tensor subclass holding the master weight (a plain tensor; storage, dtype, in-place updates and
-``requires_grad`` all refer to it), the matmul config, a :class:`lowp.torch.WeightCache` (the
-quantized copies, made once per optimizer step: the master's version counter says when it
-changed) and, for delayed scaling, the owning module's FP8 state.
+``requires_grad`` all refer to it), the matmul config, a :class:`lowp.torch.WeightCache` and,
+for delayed scaling, the owning module's FP8 state. ``lowp.torch.quantize`` wraps and unwraps
+parameters (the param swap); this module owns what the wrapper does:
 
 - ``__torch_function__`` routes ``F.linear``, ``torch.mm``, ``torch.matmul`` (and ``@``),
   ``torch.addmm``, ``torch.bmm`` and ``torch._grouped_mm`` with a wrapped weight operand to
@@ -35,31 +19,20 @@ changed) and, for delayed scaling, the owning module's FP8 state.
   checkpoint loads with ``torch.load(weights_only=True)`` into a prepared or a plain model.
 - FSDP2: the wrapper is kept on the shards (the sharding ops are in ``_WEIGHT_OPS``) and
   ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` gather the master shards and wrap the
-  unsharded weight again (FSDP's own all-gather buffer, no copy; the quantized copies are
-  dropped when the sharded master's version moves, i.e. once per optimizer step).
+  unsharded weight again (FSDP's own all-gather buffer, no copy). The quantized copies are
+  never served stale: see ``lowp.torch.WeightCache``.
 """
 
 import itertools
-import sys
-import warnings
-import weakref
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
-from . import config as _cfg
-from . import ops as _lops
+from .ops import WeightCache
+from .ops import linear as _lops
 from ._autocast import autocast_dtype, exact
-
-try:  # torchao's entry point; lowp.torch works without torchao, the param swap needs it.
-    from torchao.quantization.qat import QATConfig as _QATBase
-    from torchao.quantization.quant_api import quantize_ as _ao_quantize
-    from torchao.quantization.transform_module import register_quantize_module_handler
-except ImportError:  # pragma: no cover - torchao is installed by make test
-    _QATBase = object
-    _ao_quantize = register_quantize_module_handler = None
 
 aten = torch.ops.aten
 
@@ -166,7 +139,7 @@ class LowpWeight(torch.Tensor):
         # Whose version counts the optimizer's updates (the sharded master under FSDP2).
         self._version_source = self._root
         self._config = config
-        self._cache = cache if cache is not None else _lops.WeightCache()
+        self._cache = cache if cache is not None else WeightCache()
         self._fp8_state = fp8_state
         # Identifies the weight for the FP8 state's once-per-step bookkeeping.
         self._token = token if token is not None else next(_ids)
@@ -255,7 +228,7 @@ class LowpWeight(torch.Tensor):
                 root.data.copy_(data)  # another buffer than the first time: through .data
             v = self._root._version
             if getattr(target, "_gathered_at", None) != v:
-                target._cache = _lops.WeightCache()
+                target._cache = WeightCache()
                 target._gathered_at = v
             target._version_source = self._root
             return
@@ -368,7 +341,7 @@ def _assign_master(w, value):
                 % (name, what, got, have))
     data = value.detach()
     w._data = w._root = w._version_source = data
-    w._cache = _lops.WeightCache()
+    w._cache = WeightCache()
     if hasattr(w, "_gathered_at"):
         del w._gathered_at
 
@@ -492,146 +465,6 @@ def _rmatmul(self, other):
 _ROUTES[torch.Tensor.__rmatmul__] = lambda self, other: _rmatmul(self, other)
 
 
-# ---- the config and its handler ----
-
-_STEPS = ("prepare", "convert")
-
-
-def _is_lowp_config(cfg):
-    return isinstance(cfg, (str, _cfg.MXQuantizeConfig, _cfg.BlockQuantizeConfig,
-                            _cfg.Block128Config, _cfg.Float8RowwiseConfig,
-                            _cfg.Float8TensorwiseConfig))
-
-
-class ParamSwapConfig(_QATBase):
-    """Prepare (wrap) or convert (unwrap) a model's weights for lowp's low-precision matmuls.
-
-    Args:
-        base_config: a lowp config (or preset name) used as ``weight_config``.
-        activation_config: optional config for the activations and gradients (default: the
-            weight config's own recipe).
-        weight_config: a lowp config (``MXQuantizeConfig()``, ``BlockQuantizeConfig()``,
-            ``Block128Config()``, ``Float8RowwiseConfig()``, ``Float8TensorwiseConfig()``) or a
-            preset name (``"mxfp8"``...). Accepted (and ignored) by ``step="convert"``.
-        step: ``"prepare"`` or ``"convert"``.
-        params_filter_fn: ``(param, fqn) -> bool``, which parameters to wrap. Default: the
-            weights of ``nn.Linear`` modules and 3-D parameters (MoE expert weights) of modules
-            that are not convolutions. ``fqn`` is relative to the module the handler is given
-            (the whole model with ``filter_fn=param_swap_filter``).
-    """
-
-    def __init__(self, base_config=None, activation_config=None, weight_config=None, *,
-                 step="prepare", params_filter_fn=None):
-        self.base_config = base_config
-        self.activation_config = activation_config
-        self.weight_config = weight_config
-        self.step = step
-        self.params_filter_fn = params_filter_fn
-        self.__post_init__()
-
-    def __post_init__(self):
-        if not isinstance(self.step, str) or self.step.lower() not in _STEPS:
-            raise ValueError("step must be one of %s, got %r" % (list(_STEPS), self.step))
-        self.step = self.step.lower()
-        if self.base_config is not None and self.weight_config is not None:
-            raise ValueError("base_config and weight_config: give one of them, not both")
-        if self.base_config is not None:
-            if not _is_lowp_config(self.base_config):
-                raise TypeError("base_config must be a lowp config or preset name, got %s" %
-                                type(self.base_config).__name__)
-            self.weight_config, self.base_config = self.base_config, None
-        if self.weight_config is not None and not _is_lowp_config(self.weight_config):
-            raise TypeError(
-                "weight_config must be a lowp config (MXQuantizeConfig, BlockQuantizeConfig, "
-                "Block128Config, Float8RowwiseConfig, Float8TensorwiseConfig) or a preset "
-                "name, got %s" % type(self.weight_config).__name__)
-        if self.activation_config is not None and not _is_lowp_config(self.activation_config):
-            raise TypeError("activation_config must be a lowp config or preset name, got %s" %
-                            type(self.activation_config).__name__)
-        if self.step == "prepare" and self.weight_config is None:
-            raise ValueError("step='prepare' needs weight_config (or base_config)")
-        if self.params_filter_fn is not None and not callable(self.params_filter_fn):
-            raise TypeError("params_filter_fn must be callable (param, fqn) -> bool")
-        if self.step == "prepare":  # a name that is no preset fails here, not at prepare
-            presets = _cfg.PRESETS
-            for arg in ("weight_config", "activation_config"):
-                v = getattr(self, arg)
-                if isinstance(v, str) and v not in presets:
-                    raise ValueError("%s (%r) is not a preset (%s)" % (arg, v, ", ".join(presets)))
-            self.matmul_config()
-
-    def matmul_config(self):
-        """What the wrapped weights carry: the MatmulSpec of the weight (and activation)
-        config, resolved (and so checked) once at prepare."""
-        return _cfg.resolve_config(self.weight_config, self.activation_config)
-
-
-def param_swap_filter(module, fqn):
-    """A ``quantize_`` module filter that hands ParamSwapConfig's handler the whole model
-    once (true at the root only), so that MoE expert weights are reached too."""
-    return fqn == ""
-
-
-def _default_params_filter(owner, leaf, param):
-    if isinstance(owner, nn.Linear):
-        return leaf == "weight"
-    if isinstance(owner, (nn.modules.conv._ConvNd, nn.Embedding, nn.EmbeddingBag)):
-        return False
-    return param.dim() == 3 and param.is_floating_point()
-
-
-def _owners(module):
-    """id(param) -> [(owner module, leaf name, fqn)], tied parameters included."""
-    found = {}
-    for mname, mod in module.named_modules(remove_duplicate=False):
-        for leaf, p in mod.named_parameters(recurse=False, remove_duplicate=False):
-            fqn = leaf if not mname else mname + "." + leaf
-            found.setdefault(id(p), (p, []))[1].append((mod, leaf, fqn))
-    return found
-
-
-def _is_delayed(spec):
-    return any(getattr(spec, r).delayed for r in ("input", "weight", "grad_output"))
-
-
-def wrap_parameters(module, config, params_filter_fn=None):
-    """Wrap the chosen parameters of ``module`` (the prepare step). Returns the fqns wrapped."""
-    from . import fp8_state as _fs
-
-    if isinstance(config, ParamSwapConfig):
-        mm_cfg = config.matmul_config()
-    else:
-        mm_cfg = _cfg.resolve_config(config)
-    wrapped = []
-    states = {}
-    for _, (p, places) in _owners(module).items():
-        if isinstance(p, LowpWeight):
-            continue
-        owner, leaf, fqn = places[0]
-        if params_filter_fn is not None:
-            chosen = params_filter_fn(p, fqn)
-        else:
-            chosen = _default_params_filter(owner, leaf, p)
-        if not chosen:
-            continue
-        st = None
-        if _is_delayed(mm_cfg):
-            st = states.get(id(owner))
-            if st is None:
-                st = _fs.DelayedScalingState.for_config(mm_cfg, device=p.device)
-                states[id(owner)] = st
-                _fs.attach(owner, st)
-        master = p.detach()
-        newp = nn.Parameter(LowpWeight(master, mm_cfg, fp8_state=st), requires_grad=p.requires_grad)
-        if st is not None:
-            st.track(newp._token)
-        newp._fqn = fqn  # names the parameter in errors
-        for mod, lf, _ in places:
-            setattr(mod, lf, newp)
-        wrapped.append(fqn)
-    return wrapped
-
-
 def _rebuild_parameter(master, config, requires_grad, fp8_state):
     """Unpickling a wrapped parameter: the same wrapper around the master weight, a new weight
     cache, tracked by its module's FP8 state (pickled with the module)."""
@@ -642,128 +475,3 @@ def _rebuild_parameter(master, config, requires_grad, fp8_state):
     if fp8_state is not None:
         fp8_state.track(p._token)
     return p
-
-
-def unwrap_parameters(module):
-    """Replace every wrapped parameter of ``module`` by a plain ``nn.Parameter`` holding the
-    master weight itself (bit-identical: the same storage). Returns the fqns unwrapped."""
-    from . import fp8_state as _fs
-
-    done = []
-    for _, (p, places) in _owners(module).items():
-        if not isinstance(p, LowpWeight):
-            continue
-        newp = nn.Parameter(p.master.detach(), requires_grad=p.requires_grad)
-        for mod, lf, _ in places:
-            setattr(mod, lf, newp)
-            _fs.detach_state(mod)
-        done.append(places[0][2])
-    return done
-
-
-def convert(model):
-    """Unwrap every wrapped parameter of ``model``, whatever filter prepared it (the convert
-    step of ``quantize_`` unwraps only what its ``filter_fn`` hands the handler). Returns the
-    fqns unwrapped; the plain parameters share the masters' storage (bit-identical)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError("lowp.torch.convert: model must be an nn.Module, got %s"
-                        % type(model).__name__)
-    return unwrap_parameters(model)
-
-
-# ---- notices for parameters a quantize_ call leaves out ----
-
-_NOTICED = weakref.WeakKeyDictionary()  # root model -> (id(config), id(frame)) last noticed
-
-
-def _quantize_call():
-    """(frame, model, filter_fn) of the torchao ``quantize_`` call running the handler, or None.
-    torchao hands a handler only the module its filter chose; what the call leaves out is seen
-    from the whole model, which only that call's frame holds."""
-    code = getattr(_ao_quantize, "__code__", None)
-    f = sys._getframe(1)
-    while f is not None and code is not None:
-        if f.f_code is code:
-            return f, f.f_locals.get("model"), f.f_locals.get("filter_fn")
-        f = f.f_back
-    return None
-
-
-def _reached(root, filter_fn, fqn):
-    """Whether quantize_(root, ..., filter_fn) hands the handler the module at ``fqn`` or one
-    of its ancestors (torchao's walk: the first module the filter accepts, top down)."""
-    parts = fqn.split(".") if fqn else []
-    mod = root
-    for i in range(len(parts) + 1):
-        if filter_fn(mod, ".".join(parts[:i])):
-            return True
-        if i < len(parts):
-            mod = getattr(mod, parts[i])
-    return False
-
-
-def _left_out(root, config, filter_fn):
-    """fqns of the parameters ``quantize_(root, config, filter_fn=param_swap_filter)`` would
-    wrap (prepare) or unwrap (convert) that ``filter_fn`` does not reach."""
-    out = []
-    for _, (p, places) in _owners(root).items():
-        if config.step == "convert":
-            take = isinstance(p, LowpWeight)
-        elif isinstance(p, LowpWeight):
-            take = False
-        elif config.params_filter_fn is not None:
-            take = config.params_filter_fn(p, places[0][2])
-        else:
-            take = _default_params_filter(places[0][0], places[0][1], p)
-        if take and not any(_reached(root, filter_fn, fqn.rpartition(".")[0])
-                            for _, _, fqn in places):
-            out.append(places[0][2])
-    return out
-
-
-def _notice_left_out(module, config):
-    """Warn, once per quantize_ call, naming the parameters it leaves out (see _left_out)."""
-    call = _quantize_call()
-    if call is None or call[1] is None or call[1] is module or call[2] is None:
-        return
-    frame, root, filter_fn = call
-    key = (id(config), id(frame))
-    if _NOTICED.get(root) == key:
-        return
-    _NOTICED[root] = key
-    names = _left_out(root, config, filter_fn)
-    if not names:
-        return
-    shown = ", ".join(names[:8]) + (", and %d more" % (len(names) - 8) if len(names) > 8 else "")
-    if config.step == "prepare":
-        what = "leaves %d parameters in high precision that the config would wrap" % len(names)
-        fix = "pass filter_fn=lowp.torch.param_swap_filter"
-    else:
-        what = "leaves %d parameters wrapped" % len(names)
-        fix = "pass filter_fn=lowp.torch.param_swap_filter or call lowp.torch.convert(model)"
-    level, f = 2, sys._getframe(0)  # the warning points at the line calling quantize_
-    while f is not frame:
-        level, f = level + 1, f.f_back
-    warnings.warn("lowp.torch: quantize_ with ParamSwapConfig(step=%r) %s, as its filter_fn "
-                  "does not reach them: %s; %s" % (config.step, what, shown, fix),
-                  stacklevel=level)
-
-
-def _param_swap_transform(module, config):
-    _notice_left_out(module, config)
-    if config.step == "prepare":
-        wrap_parameters(module, config, config.params_filter_fn)
-    else:
-        unwrap_parameters(module)
-    return module
-
-
-if register_quantize_module_handler is not None:
-    register_quantize_module_handler(ParamSwapConfig)(_param_swap_transform)
-
-
-def wrapped_parameters(model):
-    """(fqn, LowpWeight parameter) for every wrapped parameter of ``model``."""
-    return [(n, p) for n, p in model.named_parameters() if isinstance(p, LowpWeight)]
-
-

@@ -33,7 +33,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ._autocast import exact
+from .._autocast import exact
 
 __all__ = [
     "QT",

@@ -1,0 +1,552 @@
+"""The low-precision autograd matmul behind `linear`, `mm` and `grouped_mm`: one spec-driven
+`torch.autograd.Function` for every format, its operands and the weight's quantized copies.
+
+The autograd functions follow the C training layer (src/train/linear.c): the forward GEMM
+multiplies X rowwise by W rowwise, the input-gradient GEMM dY rowwise by W's columnwise copy,
+or, where that copy would be the forward copy transposed (plain weights, tensorwise and the
+32x32 and 128x128 tilings), by the forward copy itself read as stored (b_kn: one copy), the
+weight-gradient GEMM dY's columnwise copy by X's columnwise copy (grouped: along each group's
+tokens, no block straddling a group). A GEMM whose two operands are not both quantized runs in
+BF16 (both operands rounded to BF16, binary32 accumulation). Gradients are straight-through.
+
+Autocast (the rule of ``_autocast.py``): linear / mm / grouped_mm return the autocast dtype of
+x's own device type when autocast is enabled there (F.linear and torch.mm do the same under
+autocast), else x's dtype; a bias is added in binary32 to the unrounded GEMM result before that
+one rounding. The gradients come back in the dtypes of x, w and bias. The GEMMs keep the
+recipe's precision whatever autocast says, and the four lowp:: operators are exact: their
+output dtypes are their arguments' (the portable path turns autocast off around its matmuls).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import portable as P
+from .cache import WeightCache, _InputMemo, _graph_anchor
+from .library import (KN_KINDS, _OUT_DTYPES, _check_offs_values, _count, _data_shape, _empty,
+                      _ext, _native, _quantize_impl, _quantize_native, _scale_dtype,
+                      _scaled_grouped_mm_impl, _scaled_mm_impl)
+from .._autocast import exact, out_dtype as _autocast_out
+from ..config import MatmulSpec, OperandSpec, resolve_config
+
+__all__ = ["linear", "mm", "grouped_mm"]
+
+# ---- operands of the autograd functions ----
+
+
+class _Op:
+    """A GEMM operand as the ops see it: tensors plus names (scaling "none": plain bf16/f32)."""
+
+    __slots__ = ("data", "scale", "format", "scaling", "rows", "cols", "grouped")
+
+    def __init__(self, data, scale, fmt, scaling, rows, cols, grouped=False):
+        self.data, self.scale, self.format, self.scaling = data, scale, fmt, scaling
+        self.rows, self.cols, self.grouped = rows, cols, grouped
+
+
+def _plain(x: Tensor) -> _Op:
+    """BF16 operand (C rounds every unquantized GEMM operand to BF16)."""
+    b = x.to(torch.bfloat16).contiguous()
+    return _Op(b, _empty(x.device), "bf16", "none", b.shape[0], b.shape[1])
+
+
+def _direct(*ts) -> bool:
+    """Whether to call an op's implementation directly rather than through torch.ops.lowp: in
+    eager mode on plain tensors. The dispatcher's Python path (schema checks, redispatch) cost
+    about as much as a small MoE GEMM; torch.compile, FakeTensor and other subclasses still
+    see the registered ops."""
+    return not torch.compiler.is_compiling() and all(
+        t is None or type(t) in _PLAIN_TYPES for t in ts)
+
+
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
+
+
+def _quant(x: Tensor, s: OperandSpec, axis: str, scale: Optional[Tensor] = None,
+           offs: Optional[Tensor] = None):
+    """(row _Op or None, col _Op or None) of x [R, C] per spec s."""
+    R, C = x.shape
+    mode = s.scale_mode or ""
+    pow2 = -1 if s.pow2 is None else int(s.pow2)
+    op = _quantize_impl if _direct(x, offs, scale) else torch.ops.lowp.quantize
+    rd, rs, cd, cs = op(x, s.format, s.scaling, mode, pow2, 0.0, axis, offs, scale)
+    row = _Op(rd, rs, s.format, s.scaling, R, C) if axis in ("row", "both") else None
+    col = (_Op(cd, cs, s.format, s.scaling, C, R, offs is not None)
+           if axis in ("col", "both") else None)
+    return row, col
+
+
+def _x32(x: Tensor) -> Tensor:
+    """The kernels read float32 or bfloat16; anything else goes through float32. A negative
+    view is resolved (its memory holds the values unnegated; the memo keys on memory)."""
+    x = x if x.dtype in (torch.float32, torch.bfloat16) else x.to(torch.float32)
+    return x.resolve_neg().contiguous()
+
+
+def _amax(x: Tensor) -> Tensor:
+    """Tensor amax (NaN wins), float32 0-dim, on x's device."""
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    return x.detach().abs().amax().to(torch.float32)
+
+
+def _odt(dtype) -> str:
+    """The GEMM output the caller wants: bfloat16 is rounded by the kernel (one RNE rounding
+    of the binary32 sum, as .to(torch.bfloat16) would), saving a float32 buffer and a pass."""
+    return "bf16" if dtype == torch.bfloat16 else "f32"
+
+
+def _mm(a: _Op, b: _Op, out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
+    """a . b^T; b_kn: a . b, b (a forward copy [N, K]) read as stored."""
+    op = _scaled_mm_impl if _direct(a.data, b.data) else torch.ops.lowp.scaled_mm
+    return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, a.cols,
+              out_dtype, b_kn)
+
+
+def _stack(ops: List[_Op]) -> _Op:
+    o = ops[0]
+    data = torch.stack([p.data for p in ops])
+    scale = torch.stack([p.scale for p in ops]) if o.scaling != "none" else _empty(o.data.device)
+    return _Op(data, scale, o.format, o.scaling, o.rows, o.cols)
+
+
+def _grouped_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32",
+                b_kn: bool = False) -> Tensor:
+    direct = _direct(a.data, b.data, offs)
+    op = _scaled_grouped_mm_impl if direct else torch.ops.lowp.scaled_grouped_mm
+    return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, offs,
+              a.cols, False, out_dtype, b_kn)
+
+
+def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
+    direct = _direct(a.data, b.data, offs)
+    op = _scaled_grouped_mm_impl if direct else torch.ops.lowp.scaled_grouped_mm
+    return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, offs,
+              a.cols, True, out_dtype)
+
+
+# ---- the weight's copies ----
+
+
+def _weight_source(W: Tensor, spec: MatmulSpec) -> Tensor:
+    """W [N, K] as the quantizer reads it (after the optional MXFP4 fake quantization)."""
+    W = _x32(W.detach())
+    if spec.fake_quant_mxfp4:
+        rd, rs, _, _ = torch.ops.lowp.quantize(W, "e2m1", "mx32", "rceil", -1, 0.0, "row", None,
+                                               None)
+        W = torch.ops.lowp.dequantize(rd, rs, "e2m1", "mx32", W.shape[0], W.shape[1], None)
+    return W
+
+
+def _weight_copies(W3: Tensor, spec: MatmulSpec, fwd_q: bool, dgrad_q: bool, want_fwd: bool,
+                   want_dgr: bool, fp8_state, record: bool):
+    """Per expert: forward copies W_g [N, K] and dgrad copies W_g^T [K, N] (None when not
+    wanted), stacked into one _Op each."""
+    ws = spec.weight
+    scale = None
+    if ws.delayed and fp8_state is not None:
+        scale = fp8_state.scale("weight")
+    if (want_fwd or want_dgr) and (fwd_q or not want_fwd) and (dgrad_q or not want_dgr) \
+            and _native(W3) and _direct(W3) and not spec.fake_quant_mxfp4:
+        return _weight_copies_native(W3, ws, want_fwd, want_dgr, fp8_state, record, scale)
+    fwd, dgr = [], []
+    for g in range(W3.shape[0]):
+        src = _weight_source(W3[g], spec)
+        if record and ws.delayed and fp8_state is not None:
+            fp8_state.record("weight", _amax(src))
+        qf = want_fwd and fwd_q
+        qd = want_dgr and dgrad_q
+        axis = "both" if qf and qd else ("row" if qf else ("col" if qd else None))
+        r = c = None
+        if axis:
+            r, c = _quant(src, ws, axis, scale)
+        if want_fwd:
+            fwd.append(r if qf else _plain(src))
+        if want_dgr:
+            dgr.append(c if qd else _plain(src.t()))
+    return (_stack(fwd) if want_fwd else None), (_stack(dgr) if want_dgr else None)
+
+
+def _weight_copies_native(W3, ws, want_fwd, want_dgr, fp8_state, record, scale):
+    """_weight_copies when every wanted copy is quantized on lowp's kernels: each expert's
+    copies are written into slices of one stacked tensor per copy (no torch.stack, which
+    copied every code and scale once more)."""
+    G, N, K = W3.shape
+    fmt, scaling = ws.format, ws.scaling
+    mode = P.default_mode(scaling, ws.scale_mode)
+
+    def stacked(rows, cols):
+        _, _, sr, sc, _ = _ext.layout(fmt, scaling, rows, cols, None)
+        return (torch.empty((G,) + _data_shape(fmt, rows, cols), dtype=torch.uint8),
+                torch.empty((G, sr, sc), dtype=_scale_dtype(scaling)))
+
+    fd, fs = stacked(N, K) if want_fwd else (None, None)
+    dd, ds = stacked(K, N) if want_dgr else (None, None)
+    axis = "both" if want_fwd and want_dgr else ("row" if want_fwd else "col")
+    for g in range(G):
+        src = _x32(W3[g].detach())
+        if record and ws.delayed and fp8_state is not None:
+            fp8_state.record("weight", _amax(src))
+        _count("quantize", True)
+        out = tuple(None if t is None else t[g] for t in (fd, fs, dd, ds))
+        _quantize_native(src, fmt, scaling, mode, ws.pow2, 0.0, axis, None, scale, out)
+    return ((_Op(fd, fs, fmt, scaling, N, K) if want_fwd else None),
+            (_Op(dd, ds, fmt, scaling, K, N) if want_dgr else None))
+
+
+# ---- the autograd function ----
+
+
+_INPUTS = _InputMemo()
+
+
+def _plan(spec: MatmulSpec, wgrad_hp: bool):
+    qi, qw, qg = spec.input.quantized, spec.weight.quantized, spec.grad_output.quantized
+    return qi and qw, qg and qw, qg and qi and not wgrad_hp
+
+
+def _dgrad_kn(spec: MatmulSpec, fwd_q: bool, dgrad_q: bool) -> bool:
+    """Whether the input-gradient GEMM reads the forward copy as stored (no second copy): both
+    GEMMs take the weight in one kind, whose copy of W^T is W's copy transposed."""
+    return fwd_q == dgrad_q and (not dgrad_q or spec.weight.scaling in KN_KINDS)
+
+
+def _first(op: Optional[_Op]) -> Optional[_Op]:
+    """Expert 0 of a stacked weight operand, as a 2-D operand."""
+    if op is None:
+        return None
+    sc = op.scale[0] if op.scaling != "none" else op.scale
+    return _Op(op.data[0], sc, op.format, op.scaling, op.rows, op.cols)
+
+
+def _group_tokens(M: int, offs: Optional[Tensor], grouped: bool) -> Tuple[int, bool]:
+    """(T, traced) of a matmul over M rows: T the rows in some group (offs[-1]) and traced
+    False in eager mode; under tracing (torch.compile, FakeTensor) offs[-1] is data-dependent,
+    so no host value is read: T = M and traced True (the rows past offs[-1] are zeroed by
+    `_in_groups`, with static shapes and no host-side branch)."""
+    if not grouped or offs.shape[0] == 0:
+        return M, False
+    if not _direct(offs):
+        return M, True
+    return int(offs[-1].item()), False
+
+
+def _in_groups(t: Tensor, T: int, offs: Optional[Tensor], traced: bool) -> Tensor:
+    """The rows of t [M, C] that belong to a group: t[:T] in eager mode; traced, t with the
+    rows past offs[-1] zeroed. Both give the kernels the same bytes for the grouped rows:
+    the rows past offs[-1] are in no group of any GEMM, and zeros change no amax."""
+    if not traced:
+        return t[:T]
+    rows = torch.arange(t.shape[0], device=t.device, dtype=torch.int32).unsqueeze(1)
+    return torch.where(rows < offs[-1:].to(t.device), t, t.new_zeros(()))
+
+
+class _LowpMatmul(torch.autograd.Function):
+    """x2d [M, K] times W3 [G, N, K] (G = 1 and offs None: a plain linear)."""
+
+    @staticmethod
+    def forward(ctx, x2d, W3, bias, offs, spec, keep_quantized, wgrad_hp, cache, fp8_state,
+                grouped):
+        odt = _autocast_out(x2d)  # x's dtype, or the autocast dtype of x's device type
+        with exact(x2d.device.type):  # lowp's own steps: no autocast inside
+            return _LowpMatmul._forward(ctx, odt, x2d, W3, bias, offs, spec, keep_quantized,
+                                        wgrad_hp, cache, fp8_state, grouped)
+
+    @staticmethod
+    def backward(ctx, dy):
+        with exact(dy.device.type):
+            return _LowpMatmul._backward(ctx, dy)
+
+    @staticmethod
+    def _forward(ctx, odt, x2d, W3, bias, offs, spec, keep_quantized, wgrad_hp, cache,
+                 fp8_state, grouped):
+        fwd_q, dgrad_q, wgrad_q = _plan(spec, wgrad_hp)
+        kn = _dgrad_kn(spec, fwd_q, dgrad_q)
+        M, K = x2d.shape
+        G, N = W3.shape[0], W3.shape[1]
+        T, traced = _group_tokens(M, offs, grouped)
+        if torch.compiler.is_compiling():
+            cache = None
+        delayed = fp8_state is not None
+
+        def make_both():
+            return _weight_copies(W3, spec, fwd_q, dgrad_q, True, not kn, fp8_state, True)
+
+        # With a cache, the backward reads this call's copies from ctx (never the cache: its
+        # correctness within a step must not rest on a version counter); without one, it
+        # quantizes the saved weight again.
+        ctx.wcopies = None
+        if cache is not None:
+            wf, _ = ctx.wcopies = cache.lookup(W3, spec, make_both)
+        else:
+            wf, _ = _weight_copies(W3, spec, fwd_q, dgrad_q, True, False, fp8_state, True)
+
+        xs = _in_groups(_x32(x2d.detach()), T, offs, traced)
+        ispec = spec.input
+        keep = keep_quantized and wgrad_q and T > 0
+        iscale = fp8_state.scale("input") if (ispec.delayed and delayed) else None
+        if ispec.delayed and delayed:
+            fp8_state.record("input", _amax(xs))
+        xcol = None
+        if fwd_q:
+            tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
+            axis = "both" if keep and not tok else "row"
+
+            def quantize_input():
+                r, c = _quant(xs, ispec, axis, iscale)
+                if keep and tok:
+                    _, c = _quant(xs, ispec, "col", None, offs)
+                return r, c
+
+            anchor = _graph_anchor(x2d) if iscale is None and _direct(xs, offs) else None
+            xrow, xcol = (quantize_input() if anchor is None else
+                          _INPUTS.get(anchor, xs, offs, (ispec, axis, keep and tok),
+                                      quantize_input))
+        else:
+            xrow = _plain(xs)
+            if keep:
+                tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
+                _, xcol = _quant(xs, ispec, "col", iscale, offs if tok else None)
+        yodt = _odt(odt) if bias is None else "f32"  # a bias is added in binary32
+        if grouped:
+            y = _grouped_mm(xrow, wf, offs[:G], yodt) if T > 0 else None
+            if y is None or y.shape[0] != M:
+                yy = torch.zeros((M, N), dtype=_OUT_DTYPES[yodt], device=x2d.device)
+                if y is not None:
+                    yy[:T] = y[:T]
+                y = yy
+        else:
+            y = _mm(xrow, _first(wf), yodt)
+        if bias is not None:
+            y = y + bias.to(torch.float32)
+        ctx.spec, ctx.keep, ctx.wgrad_hp, ctx.cache, ctx.fp8_state = (spec, keep, wgrad_hp,
+                                                                     cache, fp8_state)
+        ctx.grouped, ctx.T, ctx.traced, ctx.has_bias = grouped, T, traced, bias is not None
+        ctx.dims = (M, K, G, N)
+        ctx.x_dtype, ctx.w_dtype = x2d.dtype, W3.dtype
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        if xcol is not None:
+            ctx.xcol_meta = (xcol.format, xcol.scaling, xcol.rows, xcol.cols, xcol.grouped)
+            ctx.save_for_backward(x2d, W3, offs, xcol.data, xcol.scale)
+        else:
+            ctx.xcol_meta = None
+            ctx.save_for_backward(x2d, W3, offs)
+        return y.to(odt)
+
+    @staticmethod
+    def _backward(ctx, dy):
+        if not torch.compiler.is_compiling():  # the memo is eager-only (thread-local state)
+            _INPUTS.clear()
+        saved = ctx.saved_tensors
+        x2d, W3, offs = saved[:3]
+        spec, T, grouped = ctx.spec, ctx.T, ctx.grouped
+        M, K, G, N = ctx.dims
+        fwd_q, dgrad_q, wgrad_q = _plan(spec, ctx.wgrad_hp)
+        kn = _dgrad_kn(spec, fwd_q, dgrad_q)
+        fp8_state = ctx.fp8_state
+        delayed = fp8_state is not None
+        need_dx = ctx.needs_input_grad[0]
+        need_dw = ctx.needs_input_grad[1]
+        dev = dy.device
+        dys = _in_groups(_x32(dy), T, offs, ctx.traced)
+        gspec, ispec = spec.grad_output, spec.input
+        dx = dw = db = None
+        if T > 0 and (need_dx or need_dw):
+            gscale = fp8_state.scale("grad_output") if (gspec.delayed and delayed) else None
+            if gspec.delayed and delayed:
+                fp8_state.record("grad_output", _amax(dys))
+            tok = grouped and gspec.scaling in P.TOKEN_BLOCK_KINDS
+            dyrow = dycol = None
+            if need_dx:
+                if dgrad_q:
+                    axis = "both" if (need_dw and wgrad_q and not tok) else "row"
+                    dyrow, dycol = _quant(dys, gspec, axis, gscale)
+                else:
+                    dyrow = _plain(dys)
+            if need_dw and dycol is None:
+                if wgrad_q:
+                    _, dycol = _quant(dys, gspec, "col", gscale, offs if tok else None)
+                else:
+                    dycol = _plain(dys.t())
+            if need_dx:
+                # kn: the forward copy, read as stored (its first element of the pair)
+                if ctx.wcopies is not None:
+                    wf, wd = ctx.wcopies
+                else:
+                    wf, wd = _weight_copies(W3, spec, fwd_q, dgrad_q, kn, not kn, fp8_state,
+                                            False)
+                wb = wf if kn else wd
+                xodt = _odt(ctx.x_dtype)
+                if grouped:
+                    dxt = _grouped_mm(dyrow, wb, offs[:G], xodt, kn)
+                else:
+                    dxt = _mm(dyrow, _first(wb), xodt, kn)
+                if T < M:
+                    dx = torch.zeros((M, K), dtype=dxt.dtype, device=dev)
+                    dx[:T] = dxt[:T]
+                else:
+                    dx = dxt
+                dx = dx.to(ctx.x_dtype)
+            if need_dw:
+                if ctx.xcol_meta is not None:
+                    f, s, r, c, gr = ctx.xcol_meta
+                    xcol = _Op(saved[3], saved[4], f, s, r, c, gr)
+                elif wgrad_q:
+                    xs = _in_groups(_x32(x2d.detach()), T, offs, ctx.traced)
+                    iscale = fp8_state.scale("input") if (ispec.delayed and delayed) else None
+                    itok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
+                    _, xcol = _quant(xs, ispec, "col", iscale, offs if itok else None)
+                else:
+                    xcol = _plain(_in_groups(_x32(x2d.detach()), T, offs, ctx.traced).t())
+                wodt = _odt(ctx.w_dtype)
+                if grouped:
+                    dw = _wgrad_mm(dycol, xcol, offs[:G], wodt)
+                else:
+                    dw = _mm(dycol, xcol, wodt).unsqueeze(0)
+                dw = dw.to(ctx.w_dtype)
+        if need_dx and dx is None:
+            dx = torch.zeros((M, K), dtype=ctx.x_dtype, device=dev)
+        if need_dw and dw is None:
+            dw = torch.zeros((G, N, K), dtype=ctx.w_dtype, device=dev)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            acc = torch.float32 if dev.type == "mps" else torch.float64
+            db = dy.to(acc).sum(0).to(torch.float32).to(ctx.bias_dtype)
+        return dx, dw, db, None, None, None, None, None, None, None
+
+
+# ---- public API ----
+
+
+def _check_tensor(name: str, t, dims=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    if not (t.is_floating_point()):
+        raise TypeError(f"{name}.dtype ({t.dtype}) must be a floating-point dtype")
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise TypeError(f"{name}.dtype ({t.dtype}) must be float32 or bfloat16")
+    if dims is not None and t.dim() not in dims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, "
+                         f"not {t.dim()} (shape {tuple(t.shape)})")
+
+
+def _check_opts(cache, fp8_state, spec: MatmulSpec):
+    if cache is not None and not isinstance(cache, WeightCache):
+        raise TypeError(f"cache must be a lowp.torch.WeightCache or None, not "
+                        f"{type(cache).__name__}")
+    if fp8_state is not None and not (hasattr(fp8_state, "scale") and
+                                      hasattr(fp8_state, "record")):
+        raise TypeError("fp8_state must have scale(role) and record(role, amax) methods")
+    if fp8_state is not None and not spec.weight.delayed:
+        raise ValueError(f"fp8_state is given but config ({spec.name}) is not delayed tensorwise "
+                         "scaling (Float8TensorwiseConfig(delayed=True))")
+
+
+def _spec_for(config, keep_quantized, wgrad_hp):
+    spec = resolve_config(config)
+    if wgrad_hp:
+        spec = resolve_config(spec.replace(wgrad_hp=True))
+    return spec
+
+
+def _run(x2d, W3, bias, offs, config, keep_quantized, wgrad_hp, cache, fp8_state, grouped):
+    spec = _spec_for(config, keep_quantized, wgrad_hp)
+    if keep_quantized is None:
+        keep_quantized = spec.keep_quantized
+    if not isinstance(keep_quantized, bool):
+        raise TypeError(f"keep_quantized ({keep_quantized!r}) must be a bool")
+    if not isinstance(wgrad_hp, bool):
+        raise TypeError(f"wgrad_hp ({wgrad_hp!r}) must be a bool")
+    _check_opts(cache, fp8_state, spec)
+    if x2d.device != W3.device:
+        raise ValueError(f"x.device ({x2d.device}) != w.device ({W3.device})")
+    _INPUTS.enable(torch.is_grad_enabled())
+    return _LowpMatmul.apply(x2d, W3, bias, offs, spec, keep_quantized, bool(wgrad_hp), cache,
+                             fp8_state, grouped)
+
+
+def _no_products(x: Tensor, w: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """x [..., K] . w [K, N] (+ bias) where no product is summed (K = 0, or a grouped mm with
+    no groups): zeros, or the bias, as F.linear and torch.mm give; differentiable (the input
+    and weight gradients are zeros or empty, the bias gradient dy summed). The output dtype
+    follows the autocast rule of the module docstring."""
+    odt = _autocast_out(x)
+    with exact(x.device.type):
+        y = torch.matmul(x.to(torch.float32), w.to(torch.float32))
+        if bias is not None:
+            y = y + bias.to(torch.float32)
+    return y.to(odt)
+
+
+def linear(x: Tensor, w: Tensor, bias: Optional[Tensor] = None, config="mxfp8", *,
+           keep_quantized: Optional[bool] = None, wgrad_hp: bool = False,
+           cache: Optional[WeightCache] = None, fp8_state=None) -> Tensor:
+    """`F.linear(x, w, bias)` with low-precision forward, input-gradient and weight-gradient
+    GEMMs. x [..., K] float32/bfloat16, w [N, K], bias [N]; output [..., N] in x's dtype, or
+    in the autocast dtype when autocast is enabled for x's device type (see the module
+    docstring).
+    `keep_quantized` (default: the recipe's) keeps X's columnwise copy from the forward for the
+    weight gradient instead of requantizing; `wgrad_hp` runs the weight gradient in BF16;
+    `cache` reuses the weight's quantized copies while it is unchanged; `fp8_state` supplies
+    delayed tensorwise scales."""
+    _check_tensor("x", x)
+    _check_tensor("w", w, (2,))
+    if x.dim() < 1:
+        raise ValueError("x must have at least 1 dimension")
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"x.shape[-1] ({x.shape[-1]}) != w.shape[1] ({w.shape[1]}) (w is "
+                         "[out_features, in_features])")
+    if bias is not None:
+        _check_tensor("bias", bias, (1,))
+        if bias.shape[0] != w.shape[0]:
+            raise ValueError(f"bias.shape[0] ({bias.shape[0]}) != w.shape[0] ({w.shape[0]})")
+    if x.shape[-1] == 0:
+        resolve_config(config)  # the same errors as with K > 0
+        return _no_products(x, w.t(), bias)
+    lead = x.shape[:-1]
+    x2d = x.reshape(-1, x.shape[-1])
+    y = _run(x2d, w.unsqueeze(0), bias, None, config, keep_quantized, wgrad_hp, cache,
+             fp8_state, False)
+    return y.reshape(*lead, w.shape[0])
+
+
+def mm(x: Tensor, w: Tensor, config="mxfp8", **kw) -> Tensor:
+    """`torch.mm(x, w)` in low precision: x [M, K], w [K, N] (typically the transposed view of
+    an [N, K] weight)."""
+    _check_tensor("x", x, (2,))
+    _check_tensor("w", w, (2,))
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(f"x.shape[1] ({x.shape[1]}) != w.shape[0] ({w.shape[0]})")
+    return linear(x, w.t(), None, config, **kw)
+
+
+def _check_offs(offs, G: int, T: int):
+    if not isinstance(offs, torch.Tensor):
+        raise TypeError(f"offs must be a torch.Tensor of int32, not {type(offs).__name__}")
+    if offs.dtype != torch.int32:
+        raise TypeError(f"offs.dtype ({offs.dtype}) must be torch.int32")
+    if offs.dim() != 1 or offs.shape[0] != G:
+        raise ValueError(f"offs.shape ({tuple(offs.shape)}) must be ({G},) (one end per group)")
+    if not torch.compiler.is_compiling():
+        _check_offs_values("", offs.tolist(), T, "x.shape[0]")
+
+
+def grouped_mm(x: Tensor, w: Tensor, offs: Tensor, config="mxfp8", *,
+               keep_quantized: Optional[bool] = None, wgrad_hp: bool = False,
+               cache: Optional[WeightCache] = None, fp8_state=None) -> Tensor:
+    """`torch._grouped_mm(x, w, offs)` in low precision: x [T, K], w [G, K, N] (possibly the
+    transposed view of a [G, N, K] parameter), offs int32 [G] cumulative group ends; out
+    [T, N] (rows past offs[-1] are 0)."""
+    _check_tensor("x", x, (2,))
+    _check_tensor("w", w, (3,))
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x.shape[1] ({x.shape[1]}) != w.shape[1] ({w.shape[1]})")
+    _check_offs(offs, w.shape[0], x.shape[0])
+    if x.shape[1] == 0 or w.shape[0] == 0:  # no products: zeros, as torch._grouped_mm
+        resolve_config(config)
+        return _no_products(x, w.sum(0))
+    offs = offs.to(x.device)
+    return _run(x, w.transpose(-2, -1), None, offs, config, keep_quantized, wgrad_hp, cache,
+                fp8_state, True)
