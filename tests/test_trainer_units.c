@@ -345,7 +345,7 @@ static void test_clip_into_update(void) {
         float na, nb, gs;
         CHECK(lowp_grad_clip(a, NP, max_norm, &na) == LOWP_OK);
         CHECK(lowp_adamw_step(oa, a, NP, lr) == LOWP_OK);
-        CHECK(lowp_grad_norm_scale(b, NP, max_norm, &nb, &gs) == LOWP_OK);
+        CHECK(lowp_grad_norm_scale(b, NP, max_norm, &nb, &gs, 2) == LOWP_OK);
         CHECK(lowp_adamw_step_scaled(ob, b, NP, lr, gs) == LOWP_OK);
         CHECK(na == nb);
         if (gs != 1.0f) clipped++;

@@ -103,7 +103,7 @@ static lowp_status cpu_dequantize(void *ctx, int32_t index, const lowp_qtensor *
                                   lowp_tensor *out) {
     (void) ctx;
     lowp_status st = check_index("lowp_dequantize", index);
-    return st == LOWP_OK ? lowp_cpu_dequantize(q, out) : st;
+    return st == LOWP_OK ? lowp_cpu_dequantize(q, out, 0) : st; /* every core */
 }
 
 static lowp_status cpu_gemm(void *ctx, int32_t index, const lowp_qtensor *a, const lowp_qtensor *b,

@@ -157,7 +157,9 @@ LOWP_HIDDEN void lowp_cpu_sgp_mul(const float *a, int64_t lda, int64_t m, const 
 LOWP_HIDDEN int lowp_cpu_quantize_grouped_dual(const lowp_tensor *x, struct lowp_qtensor *row,
                                                struct lowp_qtensor *col,
                                                const struct lowp_quant_cfg *cfg);
-LOWP_HIDDEN lowp_status lowp_cpu_dequantize(const struct lowp_qtensor *q, lowp_tensor *out);
+/* Host-side dequantize on `threads` (lowp/threads.h; lowp_dequantize passes 0, every core). */
+LOWP_HIDDEN lowp_status lowp_cpu_dequantize(const struct lowp_qtensor *q, lowp_tensor *out,
+                                            int32_t threads);
 LOWP_HIDDEN lowp_status lowp_cpu_amax(const lowp_tensor *x, int scaling, float *out);
 
 /* GEMM entry points (src/cpu/gemm.c), arguments validated by src/ops/gemm.c. b_kn: b is given

@@ -305,12 +305,13 @@ int lowp_cpu_quantize_grouped_dual(const lowp_tensor *x, lowp_qtensor *row, lowp
                                                                  : lowp_cpu_quant_avx2);
 }
 
-lowp_status lowp_cpu_dequantize(const lowp_qtensor *q, lowp_tensor *out) {
+lowp_status lowp_cpu_dequantize(const lowp_qtensor *q, lowp_tensor *out, int32_t threads) {
     int64_t br = q->scaling == LOWP_SCALING_BLOCK128X128 ? 128
                  : q->scaling == LOWP_SCALING_BLOCK32X32 ? 32
                                                          : 1;
     const int64_t nbands = (q->rows + br - 1) / br;
-#pragma omp parallel for schedule(static) if (q->rows * q->cols > 65536)
+    const int nt = lowp_cpu_threads(threads, nbands);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && q->rows * q->cols > 65536)
     for (int64_t b = 0; b < nbands; b++) {
         int64_t r1 = (b + 1) * br < q->rows ? (b + 1) * br : q->rows;
         lowp_cpu_dequant_ref(q, (float *) out->data, b * br, r1);

@@ -392,7 +392,8 @@ static lowp_status cache_fill_raw(const char *fn, const lowp_param *w, const pla
             qc.threads = threads;
             lowp_tensor deq = {LOWP_FORMAT_F32, N, K, fq, LOWP_DEVICE_HOST};
             if ((st = lowp_quantize(&src, &fp4, NULL, &qc)) != LOWP_OK) break;
-            if ((st = lowp_dequantize(&fp4, &deq)) != LOWP_OK) break;
+            /* Both host buffers, just quantized: the CPU decode, on the caller's threads. */
+            if ((st = lowp_cpu_dequantize(&fp4, &deq, threads)) != LOWP_OK) break;
             src.data = fq;
         }
         float amax = 0.0f;

@@ -361,7 +361,7 @@ lowp_status lowp_grads_scale(lowp_param *params, int32_t n, float factor, int nt
 }
 
 lowp_status lowp_grad_norm_scale(lowp_param *params, int32_t n, float max_norm, float *norm,
-                                 float *scale) {
+                                 float *scale, int nt) {
     const char *fn = "lowp_grad_clip";
     lowp_status st = check_trainable(fn, params, n);
     if (st != LOWP_OK) return st;
@@ -371,8 +371,7 @@ lowp_status lowp_grad_norm_scale(lowp_param *params, int32_t n, float max_norm, 
     norm_job job = {params, part};
     /* Every parameter's chunks in one parallel loop; the partial sums then in order,
      * parameter by parameter and chunk by chunk. */
-    st = part ? lowp_param_spans(count, n, CLIP_CHUNK, (int) lowp_thread_count(0),
-                                 OPTIM_PARALLEL_MIN, norm_item, &job)
+    st = part ? lowp_param_spans(count, n, CLIP_CHUNK, nt, OPTIM_PARALLEL_MIN, norm_item, &job)
               : lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     double total = 0.0;
     for (int64_t c = 0; st == LOWP_OK && c < chunks; c++) total += part[c];
@@ -388,8 +387,10 @@ lowp_status lowp_grad_norm_scale(lowp_param *params, int32_t n, float max_norm, 
 }
 
 lowp_status lowp_grad_clip(lowp_param *params, int32_t n, float max_norm, float *norm) {
+    /* No thread setting in this entry point: every core (lowp/threads.h, threads == 0). */
+    const int nt = (int) lowp_thread_count(0);
     float scale;
-    lowp_status st = lowp_grad_norm_scale(params, n, max_norm, norm, &scale);
+    lowp_status st = lowp_grad_norm_scale(params, n, max_norm, norm, &scale, nt);
     if (st != LOWP_OK || scale == 1.0f) return st;
-    return lowp_grads_scale(params, n, scale, (int) lowp_thread_count(0));
+    return lowp_grads_scale(params, n, scale, nt);
 }

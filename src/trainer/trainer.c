@@ -330,7 +330,7 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
     /* The clipping factor goes into the update (lowp_adamw_step_scaled) instead of a pass that
      * scales every gradient in memory first: the same products, one pass over them fewer. */
     float norm = 0.0f, gscale = 1.0f;
-    if ((st = lowp_grad_norm_scale(t->params, t->n, t->cfg.clip, &norm, &gscale)) != LOWP_OK)
+    if ((st = lowp_grad_norm_scale(t->params, t->n, t->cfg.clip, &norm, &gscale, nt)) != LOWP_OK)
         return st;
     lowp_lr_schedule sched = {t->cfg.lr, t->cfg.min_lr, t->cfg.warmup, t->cfg.steps};
     float lr;

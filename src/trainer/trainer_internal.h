@@ -42,9 +42,10 @@ LOWP_HIDDEN int64_t *lowp_param_counts(const lowp_param *params, int32_t n);
 LOWP_HIDDEN lowp_status lowp_grads_scale(lowp_param *params, int32_t n, float factor, int nt);
 
 /* src/trainer/optim.c: lowp_grad_clip without touching the gradients: the norm, and in *scale
- * the factor clipping would multiply every gradient by (1 when it would not). */
+ * the factor clipping would multiply every gradient by (1 when it would not), on nt threads
+ * (the caller's count: the norm is the same for every nt). */
 LOWP_HIDDEN lowp_status lowp_grad_norm_scale(lowp_param *params, int32_t n, float max_norm,
-                                             float *norm, float *scale);
+                                             float *norm, float *scale, int nt);
 /* src/trainer/optim.c: lowp_adamw_step on the gradients times gscale (each g * gscale rounded
  * once, as lowp_grad_clip's scaling in memory would store it), the gradients left as they are. */
 LOWP_HIDDEN lowp_status lowp_adamw_step_scaled(lowp_adamw *opt, lowp_param *params, int32_t n,
