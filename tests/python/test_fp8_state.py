@@ -3,6 +3,7 @@ byte against the C library (src/train/extra_state.c through lowp._testing) and t
 fixture, the update rule against C's lowp_delayed_update, corrupt blobs, placement, and the
 owning module's get_extra_state / set_extra_state."""
 
+import copy
 import io
 import os
 import struct
@@ -226,12 +227,21 @@ def test_module_extra_state_roundtrip_and_device():
 
 
 def test_state_follows_module_device_not_dtype():
+    """The state follows its weights' device, never their dtype. The module keeps torch's own
+    class (no _apply of lowp's): the state moves at its weights' next use, and in fp8_states
+    and load_state_dict."""
     m = _delayed_model()
     m.to(torch.bfloat16)
     st = m[0]._lowp_fp8_state
     assert st.amax_history.dtype == torch.float32
     m.to("meta")
+    m(torch.randn(4, 32, dtype=torch.bfloat16, device="meta"))
     assert st.device.type == "meta"
+    assert st.amax_history.dtype == torch.float32
+    assert m[2]._lowp_fp8_state.device.type == "meta"
+    m2 = _delayed_model()
+    m2.to("meta")
+    assert [s.device.type for _, s in lt.fp8_states(m2)] == ["meta", "meta"]
 
 
 def test_synchronize_picks_the_state_device(monkeypatch):
@@ -254,3 +264,79 @@ def test_synchronize_picks_the_state_device(monkeypatch):
     monkeypatch.setattr(torch.accelerator, "synchronize", lambda d=None: calls.append(("acc", d)))
     fs.synchronize_device("xpu:0")
     assert calls[-1] == ("acc", torch.device("xpu:0"))
+
+
+def _saved(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+def _hook_counts(mod):
+    return len(mod._state_dict_hooks), len(mod._load_state_dict_pre_hooks)
+
+
+def test_extra_state_through_hooks_class_kept_and_copies_own_theirs():
+    """The module keeps its class; two hooks of its own write and read `<prefix>_extra_state`,
+    and a deep copy or a whole-module pickle has them too, each with its own state."""
+    m = _delayed_model()
+    assert type(m[0]) is nn.Linear and type(m[2]) is nn.Linear
+    assert _hook_counts(m[0]) == (1, 1) and _hook_counts(m[1]) == (0, 0)
+    _train(m, 2)
+    sd = m.state_dict()
+    assert list(sd) == ["0.weight", "0.bias", "0._extra_state",
+                        "2.weight", "2.bias", "2._extra_state"]
+    for m2 in (copy.deepcopy(m), _saved(m)):
+        assert type(m2[0]) is nn.Linear and _hook_counts(m2[0]) == (1, 1)
+        st2 = m2[0]._lowp_fp8_state
+        assert st2 is not m[0]._lowp_fp8_state
+        st2.scales.fill_(3.0)  # the copy's own state is what its state dict holds
+        blob2 = bytes(m2.state_dict()["0._extra_state"].numpy())
+        assert blob2 == fs.pack_blob(st2.amax_history, st2.scales, FORMATS)
+        assert blob2 != bytes(sd["0._extra_state"].numpy())
+        m2.load_state_dict(sd)  # strict: the key is read, not reported unexpected
+        assert st2.state_blob() == m[0]._lowp_fp8_state.state_blob()
+
+
+def test_extra_state_missing_unexpected_and_convert_removes_hooks():
+    m = _delayed_model()
+    _train(m, 1)
+    sd = m.state_dict()
+    no_x = {k: v for k, v in sd.items() if not k.endswith("_extra_state")}
+    r = m.load_state_dict(no_x, strict=False)
+    assert r.missing_keys == ["0._extra_state", "2._extra_state"] and not r.unexpected_keys
+    with pytest.raises(RuntimeError, match="Missing key.*0._extra_state"):
+        m.load_state_dict(no_x)
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+    r = plain.load_state_dict(sd, strict=False)
+    assert r.unexpected_keys == ["0._extra_state", "2._extra_state"]
+    lt.convert(m)
+    for i in (0, 2):
+        assert type(m[i]) is nn.Linear and _hook_counts(m[i]) == (0, 0)
+        assert not hasattr(m[i], "_lowp_fp8_state")
+    assert list(m.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    with pytest.raises(RuntimeError, match="Unexpected key.*0._extra_state"):
+        m.load_state_dict(sd)
+
+
+class _Owner(nn.Module):
+    """A module with a delayed-scaled 3-D weight of its own and a child with another."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2, 64, 32))
+        self.lin = nn.Linear(32, 64)
+
+
+def test_extra_state_key_keeps_get_extra_state_place():
+    """`_extra_state` sits where torch's get_extra_state puts it (Module._save_to_state_dict):
+    after the module's own tensors, before its children's."""
+    from torchao.quantization import quantize_
+
+    m = _Owner()
+    quantize_(m, lt.ParamSwapConfig(weight_config=lt.Float8TensorwiseConfig(delayed=True)),
+              filter_fn=lt.param_swap_filter)
+    assert list(m.state_dict()) == ["w", "_extra_state", "lin.weight", "lin.bias",
+                                    "lin._extra_state"]

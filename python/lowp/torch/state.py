@@ -1,15 +1,16 @@
 """Training state that lives beside the weights: the delayed-scaling FP8 state (NUMERICS.md
 section 5) with its extra-state blob, and the RNG states tracker.
 
-**Delayed scaling**, for the param swap, on the module's device.
+**Delayed scaling**, for the param swap, on the device of the weights.
 
 One :class:`DelayedScalingState` per module that owns delayed-scaled wrapped weights
 (``Float8TensorwiseConfig(delayed=True)``), shared by its weights, with three roles (input,
 weight, grad_output). It implements the ``fp8_state`` protocol of ``lowp.torch.linear``
 (``scale(role)``, ``record(role, amax)``):
 
-- ``amax_history`` ``[3, L]`` and ``scales`` ``[3]``, float32 tensors on the module's device
-  (moved by ``module.to(device)``, never cast by ``module.to(dtype)``).
+- ``amax_history`` ``[3, L]`` and ``scales`` ``[3]``, float32 tensors on the device of the
+  weights that use the state: after ``module.to(device)`` they follow at the weights' next use
+  (and in ``fp8_states`` and ``load_state_dict``); ``module.to(dtype)`` never casts them.
 - ``record`` keeps the max of this step's amaxes in row 0 (NaN sticks) on the device, without a
   host synchronization. Inside a backward pass (activation-checkpoint recomputation) the input
   and weight roles are not recorded a second time (``skipped_records`` counts them).
@@ -18,13 +19,16 @@ weight, grad_output). It implements the ``fp8_state`` protocol of ``lowp.torch.l
   scales); :meth:`update` runs it explicitly. When ``torch.distributed`` is initialized, the
   staging amaxes are MAX all-reduced over ``group`` (default: the default group) first, so the
   scales are identical on every rank.
-- The owning module's ``get_extra_state()`` returns lowp's versioned extra-state blob
+- The owning module keeps the state in its attribute ``_lowp_fp8_state``, and two hooks of
+  its own (``register_state_dict_post_hook``, ``register_load_state_dict_pre_hook``; its class
+  is unchanged, convert removes them) put it in its state dict as ``<prefix>_extra_state``,
+  TransformerEngine's key and what ``get_extra_state`` would write: lowp's versioned blob
   (``include/lowp/checkpoint.h``, the bytes of ``src/train/extra_state.c``) as a uint8 CPU
   tensor; before reading the state it synchronizes the state's own device (``torch.accelerator``
   or the device type's module, never ``torch.cuda`` for a state that is not on CUDA).
-  ``set_extra_state()`` takes that tensor, ``bytes``, or the legacy ``io.BytesIO`` holding the
+  ``load_state_dict()`` takes that tensor, ``bytes``, or the legacy ``io.BytesIO`` holding the
   blob, validates all of it first (a corrupt blob raises ``ValueError`` and changes nothing),
-  then places the state on the module's own device.
+  then places the state on the device of the module's weights.
 
 **The RNG states tracker**: named random-generator states for any device (NUMERICS.md
 section 7).
@@ -282,6 +286,8 @@ class DelayedScalingState:
         differs from the one it had at its previous use (an optimizer step happened), or at
         the first use after unpickling a state that owed one. ``source``: the tensor whose
         version ``version`` is (kept weakly, for pickling)."""
+        if source is not None and source.device != self.device:
+            self.to(source.device)  # its weights moved (module.to): the state follows them
         seen = self._seen.get(token)
         if (seen is not None and seen != version) or (seen is None and self._pending):
             self.update()
@@ -370,91 +376,93 @@ class DelayedScalingState:
         return torch.frombuffer(bytearray(b), dtype=torch.uint8)
 
 
-# ---- the owning module: get_extra_state / set_extra_state ----
+# ---- the owning module: its `_extra_state` through state-dict hooks ----
+
+_STATE_ATTR = "_lowp_fp8_state"  # the module's DelayedScalingState (in its __dict__)
+_HOOKS_ATTR = "_lowp_fp8_hooks"  # the handles of the two hooks below
+EXTRA_STATE_SUFFIX = "_extra_state"  # torch's (and TransformerEngine's) key: <prefix>_extra_state
 
 
-class _ExtraStateMixin:
-    """Mixed into the class of a module that owns delayed-scaled weights."""
-
-    def get_extra_state(self):
-        st = getattr(self, "_lowp_fp8_state", None)
-        if st is None:
-            return torch.empty(0, dtype=torch.uint8)
-        return st.state_tensor()
-
-    def set_extra_state(self, state):
-        st = getattr(self, "_lowp_fp8_state", None)
-        if st is None:
-            if len(_blob_bytes(state)) == 0:
-                return
-            raise ValueError("set_extra_state: the blob is not empty, but this module has no "
-                             "delayed-scaling state")
-        if len(_blob_bytes(state)) == 0:
-            raise ValueError("set_extra_state: the blob is empty (a stateless module's), but this "
-                             "module has delayed-scaling state")
-        # The module's own device: where its state already lives (never a fixed "cuda").
-        st.load_blob(state)
-
-    def __reduce_ex__(self, proto):
-        # Pickled by its base class (this class, made at attach, has the base's name and
-        # cannot be found by it), the state put back by Module.__setstate__.
-        return (_new_attached, (type(self)._lowp_base_class,), dict(self.__dict__))
-
-    def _apply(self, fn, *args, **kwargs):
-        out = super()._apply(fn, *args, **kwargs)
-        st = getattr(self, "_lowp_fp8_state", None)
-        if st is not None:
-            probe = fn(torch.empty(0, device=st.device))
-            if isinstance(probe, torch.Tensor) and probe.device != st.device:
-                st.to(probe.device)
-        return out
+def _state_of(module):
+    return module.__dict__.get(_STATE_ATTR)
 
 
-_CLASSES = {}
+def _follow_weights(module, st):
+    """Place ``st`` on the device of ``module``'s weights that use it (the state follows its
+    weights, never their dtype; a weight's next use moves it too)."""
+    for p in module.parameters(recurse=False):
+        if getattr(p, "fp8_state", None) is st:
+            if p.device != st.device:
+                st.to(p.device)
+            return
+
+
+def _state_dict_post_hook(module, state_dict, prefix, local_metadata):
+    """``module.state_dict()`` gets ``<prefix>_extra_state``: the state's blob as a uint8 CPU
+    tensor (read after synchronizing the state's device)."""
+    st = _state_of(module)
+    if st is None:
+        return
+    # get_extra_state's place: after the module's own tensors, before its children's (which
+    # the state dict holds already when this hook runs), so checkpoints keep their order.
+    children = tuple(prefix + name + "." for name in module._modules)
+    later = [k for k in state_dict if k.startswith(children)] if children else []
+    moved = [(k, state_dict.pop(k)) for k in later]
+    state_dict[prefix + EXTRA_STATE_SUFFIX] = st.state_tensor()
+    state_dict.update(moved)
+
+
+def _load_state_dict_pre_hook(module, state_dict, prefix, local_metadata, strict,
+                              missing_keys, unexpected_keys, error_msgs):
+    """``module.load_state_dict()`` reads ``<prefix>_extra_state`` into the state (validated
+    completely first: a corrupt blob raises ``ValueError`` and changes nothing) and takes the
+    key out of the module's own view of the state dict, so that a strict load does not report
+    it; a state dict without it reports the key missing, as ``set_extra_state`` did."""
+    st = _state_of(module)
+    key = prefix + EXTRA_STATE_SUFFIX
+    if st is None:
+        return
+    if key not in state_dict:
+        missing_keys.append(key)
+        return
+    blob = state_dict[key]
+    if len(_blob_bytes(blob)) == 0:
+        raise ValueError("set_extra_state: the blob is empty (a stateless module's), but this "
+                         "module has delayed-scaling state")
+    _follow_weights(module, st)
+    st.load_blob(blob)
+    del state_dict[key]  # load_state_dict's own copy: the module's keys are checked after
 
 
 def attach(module, state):
-    """Give ``module`` the delayed-scaling ``state`` and the extra-state methods."""
-    object.__setattr__(module, "_lowp_fp8_state", state)
-    cls = type(module)
-    if not issubclass(cls, _ExtraStateMixin):
-        module.__class__ = _attached_class(cls)
-
-
-def _attached_class(cls):
-    new = _CLASSES.get(cls)
-    if new is None:
-        new = type(cls.__name__, (_ExtraStateMixin, cls), {"_lowp_base_class": cls})
-        new.__module__ = cls.__module__
-        new.__qualname__ = cls.__qualname__
-        _CLASSES[cls] = new
-    return new
-
-
-def _new_attached(cls):
-    """An empty instance of ``cls`` with the extra-state methods (unpickling a module that
-    :func:`attach` gave them; pickle then restores its state)."""
-    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-        raise TypeError("_new_attached: cls must be an nn.Module class, got %r" % (cls,))
-    obj = cls.__new__(cls)
-    obj.__class__ = _attached_class(cls)
-    return obj
+    """Give ``module`` the delayed-scaling ``state``: the attribute ``_lowp_fp8_state`` and
+    the state-dict hooks that write and read it as ``<prefix>_extra_state``. The module's class
+    is not changed; the hooks are module-level functions that find the state on the module, so
+    a whole-module ``torch.save`` / ``copy.deepcopy`` carries both, each copy with its own."""
+    detach_state(module)
+    object.__setattr__(module, _STATE_ATTR, state)
+    handles = (module.register_state_dict_post_hook(_state_dict_post_hook),
+               module.register_load_state_dict_pre_hook(_load_state_dict_pre_hook))
+    object.__setattr__(module, _HOOKS_ATTR, handles)
 
 
 def detach_state(module):
-    """Undo :func:`attach` (convert)."""
-    if "_lowp_fp8_state" in module.__dict__:
-        object.__delattr__(module, "_lowp_fp8_state")
-    cls = type(module)
-    base = cls.__dict__.get("_lowp_base_class")
-    if base is not None:
-        module.__class__ = base
+    """Undo :func:`attach` (convert): remove the hooks and the state."""
+    for handle in module.__dict__.pop(_HOOKS_ATTR, ()):
+        handle.remove()
+    module.__dict__.pop(_STATE_ATTR, None)
 
 
 def fp8_states(model):
-    """(module name, DelayedScalingState) of every module of ``model`` that has one."""
-    return [(n, m._lowp_fp8_state) for n, m in model.named_modules()
-            if getattr(m, "_lowp_fp8_state", None) is not None]
+    """(module name, DelayedScalingState) of every module of ``model`` that has one, each on
+    the device of its module's weights."""
+    out = []
+    for n, m in model.named_modules():
+        st = _state_of(m)
+        if st is not None:
+            _follow_weights(m, st)
+            out.append((n, st))
+    return out
 
 
 def set_reduce_group(model, group):
