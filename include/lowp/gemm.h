@@ -66,6 +66,10 @@ LOWP_API lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_q
                                              const int32_t *offs, int32_t groups, lowp_tensor *c,
                                              const lowp_gemm_cfg *cfg);
 
+/* LOWP_OK when lowp_gemm multiplies the pair a x b (their formats and scalings: one of the pairs
+ * above; shapes and buffers are not looked at), else LOWP_ERR_UNSUPPORTED naming both. */
+LOWP_API lowp_status lowp_gemm_pair_check(const lowp_qtensor *a, const lowp_qtensor *b);
+
 /* C = A . B with B given in the orientation it is stored, [K, N] (its rows run along K): the
  * dgrad dX = dY . W of a weight W [N, K] reads W's forward copy itself, so that a weight whose
  * scales tile both axes needs no second, transposed copy. b's scaling must be one whose copy

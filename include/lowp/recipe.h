@@ -92,6 +92,43 @@ LOWP_API lowp_status lowp_linear_cfg_preset(const char *name, lowp_linear_cfg *c
 LOWP_API const char *lowp_recipe_names(void);
 
 #ifdef __cplusplus
+/* The name of built-in recipe `index` (0, 1, ... in lowp_recipe_names' order; NULL past the
+ * last), and of built-in preset `index`: how a caller walks the tables.
+ *
+ *   for (int32_t i = 0; lowp_linear_cfg_preset_name(i); i++) ...
+ */
+LOWP_API const char *lowp_recipe_name_at(int32_t index);
+LOWP_API const char *lowp_linear_cfg_preset_name(int32_t index);
+/* The name of the preset `cfg` equals field by field, or "custom". */
+LOWP_API const char *lowp_linear_cfg_name(const lowp_linear_cfg *cfg);
+
+/* The GEMMs of a linear layer (see lowp_linear_cfg), in the order of the plan below. */
+typedef enum lowp_linear_gemm {
+    LOWP_LINEAR_FORWARD = 0, /* Y = X . W^T */
+    LOWP_LINEAR_DGRAD = 1,   /* dX = dY . W */
+    LOWP_LINEAR_WGRAD = 2,   /* dW = dY^T . X */
+    LOWP_LINEAR_GEMM_COUNT = 3
+} lowp_linear_gemm;
+
+/* How a configuration runs one GEMM C = A . B^T of a linear layer. */
+typedef struct lowp_linear_gemm_plan {
+    int32_t quantized;    /* 1: both operands quantized per cfg; 0: both rounded to BF16 */
+    int32_t a_role;       /* operand A: 0 input, 1 weight, 2 grad_output (lowp_role's values) */
+    int32_t a_columnwise; /* 1: A is that operand's columnwise copy (quantized along tokens) */
+    int32_t b_role;
+    int32_t b_columnwise;
+    int32_t b_kn; /* 1: B is the forward's copy read as stored [K, N] (lowp_gemm_kn): no second
+                     weight copy (both GEMMs take W in one kind whose copy of W^T is W's copy
+                     transposed) */
+} lowp_linear_gemm_plan;
+
+typedef struct lowp_linear_plan {
+    lowp_linear_gemm_plan gemm[LOWP_LINEAR_GEMM_COUNT];
+} lowp_linear_plan;
+
+/* The plan of `cfg` (which need not be checked: only its formats, the weight's scaling and
+ * wgrad_hp are read). The training layer's linear forward and backward follow it. */
+LOWP_API lowp_status lowp_linear_plan_get(const lowp_linear_cfg *cfg, lowp_linear_plan *plan);
 }
 #endif
 #endif

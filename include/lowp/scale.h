@@ -72,6 +72,26 @@ typedef struct lowp_qtensor {
     int32_t groups;            /* G when group_offs is set */
 } lowp_qtensor;
 
+/* The traits of a scaling kind, one row of the table in src/core/scale.c that every rule about
+ * kinds reads (the Python package exports it, lowp._lowp.tables()). */
+typedef struct lowp_scaling_traits {
+    lowp_scaling scaling;
+    const char *name;   /* "tensor", "mx32", ... as on the command line */
+    int64_t block_rows; /* scale block along the rows: 1, 32 or 128 (0: the whole tensor) */
+    int64_t block_cols; /* along the quantized dimension: 32 or 128 (0: the whole row) */
+    int scale_is_e8m0;  /* 1: uint8 E8M0 scales; 0: binary32 scale_inv (or none) */
+    int grouped;        /* 1: a grouped copy (group_offs) restarts its blocks at every group */
+    int transposes;     /* 1: the copy of X^T is the copy of X transposed, scales included
+                           (lowp_gemm_kn can read the copy of X as stored) */
+    lowp_scale_mode default_mode; /* what LOWP_SCALE_MODE_DEFAULT means (E8M0 kinds) */
+    int default_pow2;             /* what pow2_scales = -1 means (binary32 kinds) */
+} lowp_scaling_traits;
+
+/* The traits of `scaling`; *out points into a static table. */
+LOWP_API lowp_status lowp_scaling_get(lowp_scaling scaling, const lowp_scaling_traits **out);
+/* "default", "rceil", "floor", "ceil", "even"; "?" for a value that is no lowp_scale_mode. */
+LOWP_API const char *lowp_scale_mode_name(lowp_scale_mode mode);
+
 /* Bytes of the element codes and of the scales of `q` (its format, scaling, shape, groups). */
 LOWP_API lowp_status lowp_qtensor_nbytes(const lowp_qtensor *q, size_t *data_bytes,
                                          size_t *scale_bytes);

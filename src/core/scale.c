@@ -9,18 +9,47 @@
 #include "lowp/scale.h"
 #include "scale_rules.h"
 
-static const char *const g_scaling_names[LOWP_SCALING_COUNT] = {
-    "tensor", "row", "mx32", "block128", "block128x128", "block32x32", "none"};
+#define RCEIL  LOWP_SCALE_MODE_RCEIL
+#define FLOOR  LOWP_SCALE_MODE_FLOOR
+#define NOMODE LOWP_SCALE_MODE_DEFAULT
+
+/* Every rule about a scaling kind: blocks, scale type, grouped copies, orientation, defaults. */
+static const lowp_scaling_traits g_scalings[LOWP_SCALING_COUNT] = {
+    /* scaling, name, block_rows, block_cols, scale_is_e8m0, grouped, transposes, default_mode,
+     * default_pow2 */
+    {LOWP_SCALING_TENSOR, "tensor", 0, 0, 0, 0, 1, NOMODE, 0},
+    {LOWP_SCALING_ROW, "row", 1, 0, 0, 0, 0, NOMODE, 1},
+    {LOWP_SCALING_MX32, "mx32", 1, 32, 1, 1, 0, RCEIL, 0},
+    {LOWP_SCALING_BLOCK128, "block128", 1, 128, 0, 1, 0, NOMODE, 0},
+    {LOWP_SCALING_BLOCK128X128, "block128x128", 128, 128, 0, 0, 1, NOMODE, 0},
+    {LOWP_SCALING_BLOCK32X32, "block32x32", 32, 32, 1, 0, 1, FLOOR, 0},
+    {LOWP_SCALING_NONE, "none", 0, 0, 0, 0, 1, NOMODE, 0},
+};
+
+static const char *const g_mode_names[] = {"default", "rceil", "floor", "ceil", "even"};
+
+lowp_status lowp_scaling_get(lowp_scaling scaling, const lowp_scaling_traits **out) {
+    LOWP_CHECK_PTR("lowp_scaling_get", out);
+    if ((unsigned) scaling >= LOWP_SCALING_COUNT)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_scaling_get: scaling (%d) is not a lowp_scaling", (int) scaling);
+    *out = &g_scalings[scaling];
+    return LOWP_OK;
+}
 
 const char *lowp_scaling_name(lowp_scaling scaling) {
-    return (unsigned) scaling < LOWP_SCALING_COUNT ? g_scaling_names[scaling] : "?";
+    return (unsigned) scaling < LOWP_SCALING_COUNT ? g_scalings[scaling].name : "?";
+}
+
+const char *lowp_scale_mode_name(lowp_scale_mode mode) {
+    return (unsigned) mode <= LOWP_SCALE_MODE_EVEN ? g_mode_names[mode] : "?";
 }
 
 lowp_status lowp_scaling_from_name(const char *name, lowp_scaling *out) {
     LOWP_CHECK_PTR("lowp_scaling_from_name", name);
     LOWP_CHECK_PTR("lowp_scaling_from_name", out);
     for (int s = 0; s < LOWP_SCALING_COUNT; s++) {
-        if (strcmp(name, g_scaling_names[s]) == 0) {
+        if (strcmp(name, g_scalings[s].name) == 0) {
             *out = (lowp_scaling) s;
             return LOWP_OK;
         }
@@ -32,11 +61,10 @@ lowp_status lowp_scaling_from_name(const char *name, lowp_scaling *out) {
 }
 
 lowp_status lowp_scale_mode_from_name(const char *name, lowp_scale_mode *out) {
-    static const char *const names[] = {"default", "rceil", "floor", "ceil", "even"};
     LOWP_CHECK_PTR("lowp_scale_mode_from_name", name);
     LOWP_CHECK_PTR("lowp_scale_mode_from_name", out);
     for (int m = 0; m < 5; m++) {
-        if (strcmp(name, names[m]) == 0) {
+        if (strcmp(name, g_mode_names[m]) == 0) {
             *out = (lowp_scale_mode) m;
             return LOWP_OK;
         }
@@ -50,18 +78,11 @@ lowp_status lowp_scale_mode_from_name(const char *name, lowp_scale_mode *out) {
 lowp_status lowp_scaling_block(lowp_scaling scaling, int64_t *block_rows, int64_t *block_cols) {
     LOWP_CHECK_PTR("lowp_scaling_block", block_rows);
     LOWP_CHECK_PTR("lowp_scaling_block", block_cols);
-    switch (scaling) {
-    case LOWP_SCALING_TENSOR: *block_rows = 0, *block_cols = 0; break;
-    case LOWP_SCALING_ROW: *block_rows = 1, *block_cols = 0; break;
-    case LOWP_SCALING_MX32: *block_rows = 1, *block_cols = 32; break;
-    case LOWP_SCALING_BLOCK128: *block_rows = 1, *block_cols = 128; break;
-    case LOWP_SCALING_BLOCK128X128: *block_rows = 128, *block_cols = 128; break;
-    case LOWP_SCALING_BLOCK32X32: *block_rows = 32, *block_cols = 32; break;
-    case LOWP_SCALING_NONE: *block_rows = 0, *block_cols = 0; break;
-    default:
+    if ((unsigned) scaling >= LOWP_SCALING_COUNT)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_scaling_block: scaling (%d) is not a lowp_scaling", (int) scaling);
-    }
+    *block_rows = g_scalings[scaling].block_rows;
+    *block_cols = g_scalings[scaling].block_cols;
     return LOWP_OK;
 }
 
@@ -71,7 +92,7 @@ static lowp_status col_blocks(const char *fn, const lowp_qtensor *q, int64_t bc,
         *out = bc == 0 ? 1 : lowp_cdiv64(q->cols, bc);
         return LOWP_OK;
     }
-    if (q->scaling != LOWP_SCALING_MX32 && q->scaling != LOWP_SCALING_BLOCK128)
+    if (!g_scalings[q->scaling].grouped)
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
                          "%s: q.group_offs is set but q.scaling (%s) is not mx32 or block128", fn,
                          lowp_scaling_name(q->scaling));
@@ -116,8 +137,7 @@ lowp_status lowp_qtensor_scale_shape(const lowp_qtensor *q, int64_t *scale_rows,
     *scale_rows = br == 0 ? 1 : lowp_cdiv64(q->rows, br);
     lowp_status st = col_blocks(fn, q, bc, scale_cols);
     if (st != LOWP_OK) return st;
-    if (scale_is_e8m0)
-        *scale_is_e8m0 = q->scaling == LOWP_SCALING_MX32 || q->scaling == LOWP_SCALING_BLOCK32X32;
+    if (scale_is_e8m0) *scale_is_e8m0 = g_scalings[q->scaling].scale_is_e8m0;
     return LOWP_OK;
 }
 

@@ -106,11 +106,12 @@ static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtens
     j->efmt = q->format;
     j->scaling = q->scaling;
     lowp_format_get(q->format, &j->et);
+    const lowp_scaling_traits *kt;
+    lowp_scaling_get(q->scaling, &kt); /* q->scaling was checked by the ops layer */
     j->mode = cfg->scale_mode;
-    if (j->mode == LOWP_SCALE_MODE_DEFAULT)
-        j->mode =
-            q->scaling == LOWP_SCALING_BLOCK32X32 ? LOWP_SCALE_MODE_FLOOR : LOWP_SCALE_MODE_RCEIL;
-    j->pow2 = cfg->pow2_scales < 0 ? q->scaling == LOWP_SCALING_ROW : cfg->pow2_scales;
+    if (j->mode == LOWP_SCALE_MODE_DEFAULT) j->mode = kt->default_mode;
+    if (j->mode == LOWP_SCALE_MODE_DEFAULT) j->mode = LOWP_SCALE_MODE_RCEIL; /* binary32 kinds */
+    j->pow2 = cfg->pow2_scales < 0 ? kt->default_pow2 : cfg->pow2_scales;
     j->eps = cfg->eps;
     j->tensor_scale = 1.0f;
     switch (q->scaling) {

@@ -73,22 +73,25 @@ static lowp_status check_c_alias(const char *fn, const lowp_tensor *c, const low
     return st;
 }
 
+lowp_status lowp_gemm_pair_check(const lowp_qtensor *a, const lowp_qtensor *b) {
+    LOWP_CHECK_PTR("lowp_gemm_pair_check", a);
+    LOWP_CHECK_PTR("lowp_gemm_pair_check", b);
+    lowp_gemm_pair pair;
+    int64_t bk;
+    return lowp_gemm_classify("lowp_gemm_pair_check", a, b, &pair, &bk);
+}
+
 /* b of lowp_gemm_kn: a kind whose copy of the transpose is the transpose of its copy;
  * `instead` names the entry point that takes the columnwise copy. */
 static lowp_status check_kn(const char *fn, const char *name, const lowp_qtensor *b,
                             const char *instead) {
-    switch (b->scaling) {
-    case LOWP_SCALING_NONE:
-    case LOWP_SCALING_TENSOR:
-    case LOWP_SCALING_BLOCK128X128:
-    case LOWP_SCALING_BLOCK32X32: return LOWP_OK;
-    default:
-        return lowp_fail(LOWP_ERR_UNSUPPORTED,
-                         "%s: %s.scaling (%s) runs along one axis, so b cannot be read as stored "
-                         "[K, N] (kinds that can: none, tensor, block128x128, block32x32); "
-                         "quantize a columnwise copy and call %s",
-                         fn, name, lowp_scaling_name(b->scaling), instead);
-    }
+    const lowp_scaling_traits *t;
+    if (lowp_scaling_get(b->scaling, &t) == LOWP_OK && t->transposes) return LOWP_OK;
+    return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                     "%s: %s.scaling (%s) runs along one axis, so b cannot be read as stored "
+                     "[K, N] (kinds that can: none, tensor, block128x128, block32x32); "
+                     "quantize a columnwise copy and call %s",
+                     fn, name, lowp_scaling_name(b->scaling), instead);
 }
 
 /* lowp_gemm (kn = 0: b is [N, K]) and lowp_gemm_kn (kn = 1: b is [K, N]). */

@@ -52,17 +52,12 @@ static void plan_of(const lowp_param *w, const lowp_linear_opts *opts, plan *p) 
         if (opts && opts->fp32_plain) p->hp = COPY_F32;
         p->cache_plain = opts && opts->cache_plain && p->hp == COPY_BF16;
     }
-    const int qi = lowp_spec_quantized(&p->cfg.input), qw = lowp_spec_quantized(&p->cfg.weight),
-              qg = lowp_spec_quantized(&p->cfg.grad_output);
-    p->fwd_q = qi && qw;
-    p->dgrad_q = qg && qw;
-    p->wgrad_q = qg && qi && !p->cfg.wgrad_hp;
-    /* Both GEMMs take the weight in the same kind, and a copy of W^T in that kind would hold
-     * the codes and scales of W's copy, transposed: then one copy serves both. */
-    const lowp_scaling ws = p->cfg.weight.scaling;
-    p->dgrad_kn = p->fwd_q == p->dgrad_q &&
-                  (!p->dgrad_q || ws == LOWP_SCALING_TENSOR || ws == LOWP_SCALING_BLOCK128X128 ||
-                   ws == LOWP_SCALING_BLOCK32X32);
+    lowp_linear_plan lp; /* the rule, in recipe.c */
+    lowp_linear_plan_get(&p->cfg, &lp);
+    p->fwd_q = lp.gemm[LOWP_LINEAR_FORWARD].quantized;
+    p->dgrad_q = lp.gemm[LOWP_LINEAR_DGRAD].quantized;
+    p->wgrad_q = lp.gemm[LOWP_LINEAR_WGRAD].quantized;
+    p->dgrad_kn = lp.gemm[LOWP_LINEAR_DGRAD].b_kn;
 }
 
 /* The delayed scale of a role, or NULL when the role is current-scaled. */

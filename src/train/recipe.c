@@ -117,6 +117,43 @@ lowp_status lowp_linear_cfg_preset(const char *name, lowp_linear_cfg *cfg) {
                      fn, name);
 }
 
+const char *lowp_linear_cfg_preset_name(int32_t index) {
+    return index >= 0 && index < N_PRESETS ? k_presets[index].name : NULL;
+}
+
+/* ---- The linear plan ---- */
+
+static void gemm_plan(lowp_linear_gemm_plan *g, int32_t quantized, lowp_role a, int32_t a_col,
+                      lowp_role b, int32_t b_col) {
+    g->quantized = quantized;
+    g->a_role = (int32_t) a, g->a_columnwise = a_col;
+    g->b_role = (int32_t) b, g->b_columnwise = b_col;
+    g->b_kn = 0;
+}
+
+lowp_status lowp_linear_plan_get(const lowp_linear_cfg *cfg, lowp_linear_plan *plan) {
+    LOWP_CHECK_PTR("lowp_linear_plan_get", cfg);
+    LOWP_CHECK_PTR("lowp_linear_plan_get", plan);
+    const int32_t qi = lowp_spec_quantized(&cfg->input), qw = lowp_spec_quantized(&cfg->weight),
+                  qg = lowp_spec_quantized(&cfg->grad_output);
+    const int32_t fwd = qi && qw, dgrad = qg && qw, wgrad = qg && qi && !cfg->wgrad_hp;
+    lowp_linear_gemm_plan *g = plan->gemm;
+    gemm_plan(&g[LOWP_LINEAR_FORWARD], fwd, LOWP_ROLE_INPUT, 0, LOWP_ROLE_WEIGHT, 0);
+    gemm_plan(&g[LOWP_LINEAR_DGRAD], dgrad, LOWP_ROLE_GRAD_OUTPUT, 0, LOWP_ROLE_WEIGHT, 1);
+    gemm_plan(&g[LOWP_LINEAR_WGRAD], wgrad, LOWP_ROLE_GRAD_OUTPUT, 1, LOWP_ROLE_INPUT, 1);
+    /* Both GEMMs take the weight in the same kind, and a copy of W^T in that kind would hold
+     * the codes and scales of W's copy, transposed: then one copy serves both. */
+    const lowp_scaling_traits *t = NULL;
+    if ((unsigned) cfg->weight.scaling < LOWP_SCALING_COUNT)
+        lowp_scaling_get(cfg->weight.scaling, &t);
+    const int transposes = t && t->transposes;
+    if (fwd == dgrad && (!dgrad || transposes)) {
+        g[LOWP_LINEAR_DGRAD].b_kn = 1;
+        g[LOWP_LINEAR_DGRAD].b_columnwise = 0;
+    }
+    return LOWP_OK;
+}
+
 static int spec_equal(const lowp_operand_spec *a, const lowp_operand_spec *b) {
     return a->format == b->format && a->scaling == b->scaling && a->scale_mode == b->scale_mode &&
            a->pow2_scales == b->pow2_scales && a->delayed == b->delayed;
@@ -360,6 +397,10 @@ const char *lowp_recipe_names(void) {
 lowp_status lowp_recipe_init(lowp_recipe *recipe, const char *name) {
     const char *fn = "lowp_recipe_init";
     LOWP_CHECK_PTR(fn, recipe);
+const char *lowp_recipe_name_at(int32_t index) {
+    return index >= 0 && index < N_RECIPES ? k_recipes[index].name : NULL;
+}
+
     LOWP_CHECK_PTR(fn, name);
     const builtin *b = NULL;
     for (int i = 0; i < N_RECIPES; i++)

@@ -34,8 +34,6 @@ static inline int lowp_spec_delayed(const lowp_operand_spec *s) {
 /* recipe.c: check that every field of `cfg` is valid and that each of its three GEMMs is a
  * pair lowp_gemm multiplies; the message names `fn` and the offending operand. */
 LOWP_HIDDEN lowp_status lowp_linear_cfg_check(const char *fn, const lowp_linear_cfg *cfg);
-/* recipe.c: the preset `cfg` equals, or "custom" (for lowp_wrap_stats.cfg_name). */
-LOWP_HIDDEN const char *lowp_linear_cfg_name(const lowp_linear_cfg *cfg);
 
 /* rmsnorm.c: lowp_rmsnorm_forward / _backward on `threads` threads (0: all cores; the
  * public functions pass 0). The bits do not depend on the count. */
