@@ -43,6 +43,31 @@ static void test_builtins(void) {
         CHECKF(strcmp(decide(&r, "layers.0.attn.wq"), presets[i]) == 0, "%s: attn.wq -> %s",
                names[i], decide(&r, "layers.0.attn.wq"));
         CHECK(strcmp(decide(&r, "layers.0.mlp.fc1"), presets[i]) == 0);
+        /* torchtitan's names (lowp.torch reads this table): the head is `output`, or
+         * `lm_head`; embeddings, norms and routers as above. */
+        CHECK(strcmp(decide(&r, "output.weight"), "hp") == 0);
+        CHECK(strcmp(decide(&r, "lm_head.weight"), "hp") == 0);
+        CHECK(strcmp(decide(&r, "tok_embeddings.weight"), "hp") == 0);
+        CHECK(strcmp(decide(&r, "layers.1.attention_norm.weight"), "hp") == 0);
+        CHECK(strcmp(decide(&r, "layers.1.moe.router.gate.weight"), "hp") == 0);
+        CHECK(strcmp(decide(&r, "layers.0.attention.wq.weight"), presets[i]) == 0);
+        CHECK(strcmp(decide(&r, "layers.0.feed_forward.w1.weight"), presets[i]) == 0);
+    }
+    /* torchtitan 0.3.0 names routed experts layers.N.moe.routed_experts.inner_experts.w1_EFD;
+     * older versions layers.N.moe.experts.w1 (as lowp's models) */
+    static const char *const routed[] = {"layers.1.moe.routed_experts.inner_experts.w1_EFD",
+                                         "layers.1.moe.routed_experts.inner_experts.w2_EDF",
+                                         "layers.1.moe.experts.w3"};
+    static const char *const shared[] = {"layers.1.moe.shared_experts.w1.weight",
+                                         "layers.1.moe.shared.w2"};
+    for (int k = 0; k < 2; k++) {
+        lowp_recipe m;
+        CHECK(lowp_recipe_init(&m, k ? "mix_fp4" : "mix") == LOWP_OK);
+        for (size_t i = 0; i < sizeof routed / sizeof routed[0]; i++)
+            CHECKF(strcmp(decide(&m, routed[i]), k ? "block_fp8_fp4" : "block_fp8") == 0, "%s",
+                   routed[i]);
+        for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++)
+            CHECKF(strcmp(decide(&m, shared[i]), "mxfp8") == 0, "%s", shared[i]);
     }
     lowp_recipe r;
     CHECK(lowp_recipe_init(&r, "mix") == LOWP_OK);

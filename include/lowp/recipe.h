@@ -4,11 +4,13 @@
  * A recipe is an ordered list of rules; each rule maps a parameter-name pattern (shell glob:
  * `*`, `?`, `[...]`) to a linear-layer configuration, or to "high precision" (plain BF16
  * GEMMs). The first rule whose pattern matches a parameter's name decides; a parameter no rule
- * matches stays plain. Built-in recipes start with rules that keep embeddings (`*embed*`), the
- * output head (`head*`, `*.head`, `*lm_head*`), MoE routers (`*router*`) and normalization
- * weights (`*norm*`, which are not GEMM operands at all) in high precision;
- * mix and mix_fp4 then send shared experts (`*shared*`) to MXFP8 and routed experts
- * (`*experts*`) to NPU Block FP8, and every recipe ends with `*`.
+ * matches stays plain. Built-in recipes start with rules that keep MoE routers (`*router*`),
+ * embeddings (`*embed*`), the output head (`head*`, `*.head`, `output*`, `*.output.*`,
+ * `*lm_head*`) and normalization weights (`*norm*`, which are not GEMM operands at all) in high
+ * precision; mix and mix_fp4 then send routed experts (`*.moe.experts.*`, and torchtitan 0.3.0's
+ * `*.moe.routed_experts.*`) to NPU Block FP8 and shared experts (`*.moe.shared_experts.*`,
+ * `*.moe.shared.*`) to MXFP8, and every recipe ends with `*`. The names are those of lowp's
+ * models and of torchtitan (lowp.torch's recipes are this table).
  *
  *   lowp_recipe r;
  *   lowp_recipe_init(&r, "mix");                       // a built-in recipe by name
@@ -90,8 +92,6 @@ LOWP_API lowp_status lowp_recipe_match(const lowp_recipe *recipe, const char *pa
 LOWP_API lowp_status lowp_linear_cfg_preset(const char *name, lowp_linear_cfg *cfg);
 /* Comma-separated names of the built-in recipes, for help texts. */
 LOWP_API const char *lowp_recipe_names(void);
-
-#ifdef __cplusplus
 /* The name of built-in recipe `index` (0, 1, ... in lowp_recipe_names' order; NULL past the
  * last), and of built-in preset `index`: how a caller walks the tables.
  *
@@ -129,6 +129,8 @@ typedef struct lowp_linear_plan {
 /* The plan of `cfg` (which need not be checked: only its formats, the weight's scaling and
  * wgrad_hp are read). The training layer's linear forward and backward follow it. */
 LOWP_API lowp_status lowp_linear_plan_get(const lowp_linear_cfg *cfg, lowp_linear_plan *plan);
+
+#ifdef __cplusplus
 }
 #endif
 #endif

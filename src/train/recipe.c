@@ -363,11 +363,19 @@ static lowp_status add_rule(lowp_recipe *r, const char *pattern, const lowp_line
     return LOWP_OK;
 }
 
-/* What every built-in recipe keeps in high precision: embeddings, the output head and MoE
- * routers are small GEMMs whose errors feed every token (and, for the router, the expert
- * choice itself). */
-static const char *const k_hp_patterns[] = {"*embed*",   "head*",    "*.head",
-                                            "*lm_head*", "*router*", "*norm*"};
+/* What every built-in recipe keeps in high precision: MoE routers, embeddings and the output
+ * head are small GEMMs whose errors feed every token (and, for the router, the expert choice
+ * itself); norms are no GEMM operands. The names are lowp's models' (src/model: embed, head,
+ * final_norm) and torchtitan's, before 0.3.0 and in it (tok_embeddings, output, lm_head, norm),
+ * which lowp.torch reads from this table too. */
+static const char *const k_hp_patterns[] = {"*router*", "*embed*",    "head*",     "*.head",
+                                            "output*",  "*.output.*", "*lm_head*", "*norm*"};
+
+/* Routed experts: lowp's models and torchtitan before 0.3.0 (layers.N.moe.experts.w1), and
+ * torchtitan 0.3.0 (layers.N.moe.routed_experts.inner_experts.w1_EFD); shared experts: lowp's
+ * (layers.N.moe.shared.w1) and torchtitan's (layers.N.moe.shared_experts.w1.weight). */
+static const char *const k_expert_patterns[] = {"*.moe.experts.*", "*.moe.routed_experts.*"};
+static const char *const k_shared_patterns[] = {"*.moe.shared_experts.*", "*.moe.shared.*"};
 
 typedef struct builtin {
     const char *name;
@@ -389,6 +397,10 @@ static const builtin k_recipes[] = {
 };
 #define N_RECIPES ((int) (sizeof k_recipes / sizeof k_recipes[0]))
 
+const char *lowp_recipe_name_at(int32_t index) {
+    return index >= 0 && index < N_RECIPES ? k_recipes[index].name : NULL;
+}
+
 const char *lowp_recipe_names(void) {
     return "bf16,fp8_delayed,fp8_current,fp8_rowwise,all_mxfp8,block128,all_block_fp8,mix,"
            "mix_fp4";
@@ -397,10 +409,6 @@ const char *lowp_recipe_names(void) {
 lowp_status lowp_recipe_init(lowp_recipe *recipe, const char *name) {
     const char *fn = "lowp_recipe_init";
     LOWP_CHECK_PTR(fn, recipe);
-const char *lowp_recipe_name_at(int32_t index) {
-    return index >= 0 && index < N_RECIPES ? k_recipes[index].name : NULL;
-}
-
     LOWP_CHECK_PTR(fn, name);
     const builtin *b = NULL;
     for (int i = 0; i < N_RECIPES; i++)
@@ -415,14 +423,15 @@ const char *lowp_recipe_name_at(int32_t index) {
     for (size_t i = 0; i < sizeof k_hp_patterns / sizeof k_hp_patterns[0]; i++)
         if ((st = add_rule(recipe, k_hp_patterns[i], NULL)) != LOWP_OK) return st;
     lowp_linear_cfg c;
-    /* Shared experts come before routed ones: "*experts*" also matches "shared_experts". */
-    if (b->shared) {
-        lowp_linear_cfg_preset(b->shared, &c);
-        if ((st = add_rule(recipe, "*shared*", &c)) != LOWP_OK) return st;
-    }
     if (b->experts) {
         lowp_linear_cfg_preset(b->experts, &c);
-        if ((st = add_rule(recipe, "*experts*", &c)) != LOWP_OK) return st;
+        for (size_t i = 0; i < sizeof k_expert_patterns / sizeof k_expert_patterns[0]; i++)
+            if ((st = add_rule(recipe, k_expert_patterns[i], &c)) != LOWP_OK) return st;
+    }
+    if (b->shared) {
+        lowp_linear_cfg_preset(b->shared, &c);
+        for (size_t i = 0; i < sizeof k_shared_patterns / sizeof k_shared_patterns[0]; i++)
+            if ((st = add_rule(recipe, k_shared_patterns[i], &c)) != LOWP_OK) return st;
     }
     lowp_linear_cfg_preset(b->all, &c);
     return add_rule(recipe, "*", &c);
