@@ -66,5 +66,6 @@ void ext_qdesc_release(ext_qdesc *d);
 extern PyMethodDef ext_quant_methods[];
 extern PyMethodDef ext_gemm_methods[];
 extern PyMethodDef ext_train_methods[];
+extern PyMethodDef ext_tables_methods[];
 
 #endif

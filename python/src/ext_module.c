@@ -284,7 +284,8 @@ PyMODINIT_FUNC PyInit__lowp(void) {
     PyObject *m = PyModule_Create(&module_def);
     if (!m) return NULL;
     if (PyModule_AddFunctions(m, ext_quant_methods) || PyModule_AddFunctions(m, ext_gemm_methods) ||
-        PyModule_AddFunctions(m, ext_train_methods)) {
+        PyModule_AddFunctions(m, ext_train_methods) ||
+        PyModule_AddFunctions(m, ext_tables_methods)) {
         Py_DECREF(m);
         return NULL;
     }
