@@ -197,9 +197,11 @@ def bench_portable(argv=None):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    cmds = {"linear": bench_linear, "portable": bench_portable}
+    from ._bench_gemm import bench_gemm
+
+    cmds = {"linear": bench_linear, "portable": bench_portable, "gemm": bench_gemm}
     if not argv or argv[0] not in cmds:
-        print("usage: python -m lowp.bench linear|portable [options]", file=sys.stderr)
+        print("usage: python -m lowp.bench linear|portable|gemm [options]", file=sys.stderr)
         return 2
     cmds[argv[0]](argv[1:])
     return 0
