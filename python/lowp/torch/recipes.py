@@ -8,18 +8,18 @@ Usage::
 A rule is ``(pattern, config)``: ``pattern`` an ``fnmatch`` glob over the parameter's full name
 (``layers.3.moe.experts.w1``, ``layers.0.attention.wq.weight``), ``config`` a lowp config, a
 preset name, or ``None`` (stays high precision). The first matching rule wins; ``rules`` are
-tried before the recipe's own. The recipe's rules follow torchtitan's naming, before 0.3.0 and
-in 0.3.0 (DeepSeek-V3, llama3, qwen3):
+tried before the recipe's own. The recipe's rules are the C library's (src/train/recipe.c,
+through ``lowp.rules``; `lowp train` uses the same table) and follow both lowp's models' names
+and torchtitan's, before 0.3.0 and in 0.3.0 (DeepSeek-V3, llama3, qwen3):
 
-    router       *router*                                  high precision (always)
-    embeddings   *tok_embeddings*, *embed*                 high precision (always)
-    output       output*, *.output.*, lm_head*, *.lm_head.* high precision (always)
-    norms        *norm*                                    high precision (always)
-    routed experts  *.moe.experts.* (before 0.3.0: layers.N.moe.experts.w1),
+    router          *router*                                       high precision (always)
+    embeddings      *embed*                                        high precision (always)
+    output          head*, *.head, output*, *.output.*, *lm_head*  high precision (always)
+    norms           *norm*                                         high precision (always)
+    routed experts  *.moe.experts.* (lowp; torchtitan before 0.3.0: layers.N.moe.experts.w1),
                     *.moe.routed_experts.* (0.3.0: layers.N.moe.routed_experts.inner_experts.w1_EFD)
-    shared experts  *.moe.shared_experts.*
-    attention       *.attention.*
-    everything else *                                      (dense feed-forward...)
+    shared experts  *.moe.shared_experts.*, *.moe.shared.*
+    everything else *                                      (attention, dense feed-forward...)
 
 ``plan_recipe(names, name)`` looks names up without a model (``{name: config or None}``);
 ``apply_recipe(..., verbose=True)`` writes what it wrapped to stderr and warns for each rule
@@ -35,6 +35,7 @@ weights (``ParamSwapConfig``'s default filter). The recipes:
     block128       DeepSeek-V3 1x128 / 128x128
     fp8_rowwise    rowwise FP8
     fp8_delayed    tensorwise FP8 with delayed scaling (HYBRID: E5M2 gradients)
+    fp8_current    tensorwise FP8 with current scaling (HYBRID)
     bf16           nothing wrapped
 
 Each group of weights sharing a config is wrapped through torchao's own ``quantize_`` with a
@@ -48,6 +49,7 @@ from collections.abc import Iterable
 
 import torch.nn as nn
 
+from .. import rules as _rules
 from .config import (Block128Config, BlockQuantizeConfig, Float8RowwiseConfig,
                      Float8TensorwiseConfig, MXQuantizeConfig)
 from .config import ParamSwapConfig
@@ -57,50 +59,44 @@ from .tensor import LowpWeight
 # A rule: (label, patterns, config). A name matches a rule when it matches any of its patterns
 # (fnmatch globs over the full parameter name); the first matching rule wins.
 
-# Always high precision, whatever the recipe (checked after the caller's rules).
-_HIGH_PRECISION = [
-    ("router", ("*router*",), None),
-    ("embeddings", ("*tok_embeddings*", "*embed*"), None),
-    ("output", ("output*", "*.output.*", "lm_head*", "*.lm_head.*"), None),
-    ("norms", ("*norm*",), None),
-]
+# The recipes are the C library's table (src/train/recipe.c, read through lowp.rules): ordered
+# (pattern, preset or None) rules. This module adds only the config of each C preset and the
+# labels under which the notices group consecutive patterns.
+_PRESET_CONFIGS = {
+    "bf16": lambda: None,
+    "fp8_delayed": lambda: Float8TensorwiseConfig(delayed=True),
+    "fp8_current": lambda: Float8TensorwiseConfig(),
+    "fp8_rowwise": lambda: Float8RowwiseConfig(),
+    "mxfp8": lambda: MXQuantizeConfig(),
+    "block128": lambda: Block128Config(),
+    "block_fp8": lambda: BlockQuantizeConfig(),
+    "block_fp8_fp4": lambda: BlockQuantizeConfig(
+        mxfp4_fake_quantize_config=MXQuantizeConfig(dtype="fp4")),
+}
+_LABELS = {"*router*": "router", "*embed*": "embeddings", "*norm*": "norms",
+           **dict.fromkeys(("head*", "*.head", "output*", "*.output.*", "*lm_head*"), "output"),
+           **dict.fromkeys(("*.moe.experts.*", "*.moe.routed_experts.*"), "routed experts"),
+           **dict.fromkeys(("*.moe.shared_experts.*", "*.moe.shared.*"), "shared experts"),
+           "*": "everything else"}
 
-# The groups a recipe gives a config each, in matching order. Both torchtitan namings:
-# before 0.3.0 routed experts were `layers.N.moe.experts.w1`; 0.3.0 names them
-# `layers.N.moe.routed_experts.inner_experts.w1_EFD` (w2_EDF, w3_EFD).
-_GROUPS = [
-    ("routed experts", ("*.moe.experts.*", "*.moe.routed_experts.*")),
-    ("shared experts", ("*.moe.shared_experts.*",)),
-    ("attention", ("*.attention.*",)),
-    ("everything else", ("*",)),
-]
-
-
-def _recipe_configs(name):
-    """{group label: config} of the recipe `name` (a group not named: the "everything else"
-    config)."""
-    mx = MXQuantizeConfig()
-    one = {"all_mxfp8": mx, "all_block_fp8": BlockQuantizeConfig(),
-           "block128": Block128Config(), "fp8_rowwise": Float8RowwiseConfig(),
-           "fp8_delayed": Float8TensorwiseConfig(delayed=True), "bf16": None}
-    if name in one:
-        return {"everything else": one[name]}
-    if name == "mix":
-        return {"routed experts": BlockQuantizeConfig(), "everything else": mx}
-    if name == "mix_fp4":
-        fp4 = BlockQuantizeConfig(mxfp4_fake_quantize_config=MXQuantizeConfig(dtype="fp4"))
-        return {"routed experts": fp4, "everything else": mx}
-    raise ValueError("name (%r) is not a recipe (%s)" % (name, ", ".join(RECIPES)))
+RECIPES = tuple(_rules.TABLES["recipes"])
 
 
 def _recipe_table(name):
-    cfgs = _recipe_configs(name)
-    rest = cfgs["everything else"]
-    return [(label, pats, cfgs.get(label, rest)) for label, pats in _GROUPS]
-
-
-RECIPES = ("all_mxfp8", "mix", "mix_fp4", "all_block_fp8", "block128", "fp8_rowwise",
-           "fp8_delayed", "bf16")
+    """[(label, patterns, config)] of the C recipe `name`, in its order; consecutive rules with
+    one label and one preset form one rule (one config object per preset)."""
+    if not isinstance(name, str) or name not in RECIPES:
+        raise ValueError("name (%r) is not a recipe (%s)" % (name, ", ".join(RECIPES)))
+    configs, table = {}, []
+    for pattern, preset in _rules.recipe(name):
+        if preset not in configs:
+            configs[preset] = _PRESET_CONFIGS[preset]() if preset else None
+        cfg, label = configs[preset], _LABELS.get(pattern, pattern)
+        if table and table[-1][0] == label and table[-1][2] is cfg:
+            table[-1] = (label, table[-1][1] + (pattern,), cfg)
+        else:
+            table.append((label, (pattern,), cfg))
+    return table
 
 
 def _check_rules(rules):
@@ -120,7 +116,7 @@ def _check_rules(rules):
 
 
 def _table(name, rules):
-    return _check_rules(rules) + _HIGH_PRECISION + _recipe_table(name)
+    return _check_rules(rules) + _recipe_table(name)
 
 
 def _first_match(fqn, table):

@@ -34,6 +34,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from .._autocast import exact
+from ... import rules
 
 __all__ = [
     "QT",
@@ -70,18 +71,19 @@ class _Fmt:
     emax: int
 
 
-FORMATS = {
-    "e4m3": _Fmt("e4m3", 8, 3, 7, 0x7E, 0x7F, 448.0, 8),
-    "e5m2": _Fmt("e5m2", 8, 2, 15, 0x7B, 0x7E, 57344.0, 15),
-    "e2m1": _Fmt("e2m1", 4, 1, 1, 0x7, 0x0, 6.0, 2),
-}
+# The C library's tables (lowp.rules): the element formats (signed, 8 bits or fewer) and the
+# scaling kinds' traits.
+FORMATS = {n: _Fmt(n, f["bits"], f["mbits"], f["bias"], f["max_code"], f["nan_code"], f["fmax"],
+                   f["emax"])
+           for n, f in ((n, rules.TABLES["formats"][n]) for n in rules.names("formats"))
+           if f["signed"] and f["bits"] <= 8}
 
-E8M0_KINDS = ("mx32", "block32x32")
-FP32_KINDS = ("tensor", "row", "block128", "block128x128")
-TILE_KINDS = ("block32x32", "block128x128")
-TOKEN_BLOCK_KINDS = ("mx32", "block128")  # kinds whose grouped copies restart at a group
-SCALINGS = ("tensor", "row", "mx32", "block128", "block128x128", "block32x32")
-SCALE_MODES = ("rceil", "floor", "ceil", "even")
+E8M0_KINDS = rules.kinds(scale="e8m0")
+FP32_KINDS = rules.kinds(scale="f32")
+TILE_KINDS = rules.kinds(tile=True)
+TOKEN_BLOCK_KINDS = rules.kinds(grouped=True)  # kinds whose grouped copies restart at a group
+SCALINGS = rules.kinds()
+SCALE_MODES = tuple(m for m in rules.names("scale_modes") if m != "default")
 
 _F32_MAX = _f32(3.4028234663852886e38)
 
@@ -105,7 +107,7 @@ class QT:
 
 def block_of(scaling: str) -> int:
     """Block size along the quantized dimension (0: the whole row)."""
-    return {"mx32": 32, "block32x32": 32, "block128": 128, "block128x128": 128}.get(scaling, 0)
+    return rules.TABLES["scalings"][scaling]["block_cols"] if scaling in SCALINGS else 0
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -341,11 +343,11 @@ def _finish(codes: torch.Tensor, fmt: str) -> torch.Tensor:
 def default_mode(scaling: str, mode: Optional[str]) -> str:
     if mode:
         return mode
-    return "floor" if scaling == "block32x32" else "rceil"
+    return rules.TABLES["scalings"][scaling]["default_mode"] or "rceil"  # rceil: binary32 kinds
 
 
 def default_pow2(scaling: str, pow2: Optional[bool]) -> bool:
-    return (scaling == "row") if pow2 is None else bool(pow2)
+    return rules.TABLES["scalings"][scaling]["default_pow2"] if pow2 is None else bool(pow2)
 
 
 def quantize(x: torch.Tensor, fmt: str, scaling: str, scale_mode: Optional[str] = None,
