@@ -45,3 +45,8 @@ from .torchao_patch import (TESTED_VERSIONS, is_patched, patch_torchao, patched_
 
 __all__ = ["TESTED_VERSIONS", "is_patched", "patch_torchao", "patched_targets",
            "unpatch_torchao", "weight_cache"]
+
+# torchtitan 0.3 on the CPU / any non-CUDA device (see torchtitan_patch's docstring).
+from .torchtitan_patch import patch_torchtitan, torchtitan_patched, unpatch_torchtitan
+
+__all__ += ["patch_torchtitan", "torchtitan_patched", "unpatch_torchtitan"]
