@@ -1,7 +1,10 @@
 """Delayed-scaling FP8 state of the param swap (issue 12 point 7): the extra-state blob byte for
 byte against the C library (src/train/extra_state.c through lowp._testing) and the committed
 fixture, the update rule against C's lowp_delayed_update, corrupt blobs, placement, and the
-owning module's get_extra_state / set_extra_state."""
+owning module's get_extra_state / set_extra_state. Where the extension is importable, a CPU
+state updates and every blob is packed and read by the C code itself; the tests marked `impl`
+run both that path and the torch implementation (which other devices and hosts without the
+extension run) against the C reference."""
 
 import copy
 import io
@@ -22,6 +25,15 @@ FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "extra_state
 FORMATS = ("e4m3", "e4m3", "e5m2")
 
 
+@pytest.fixture(params=["c", "torch"])
+def impl(request, monkeypatch):
+    """"c": lowp.torch.state as it runs here (the extension's code for the update on the CPU
+    and the blob); "torch": its torch implementation, as without the extension."""
+    if request.param == "torch":
+        monkeypatch.setattr(fs, "_ext", None)
+    return request.param
+
+
 def random_state(L, seed):
     g = np.random.default_rng(seed)
     hist = (g.random((3, L), dtype=np.float32) * np.float32(2.0) ** g.integers(-20, 20, (3, L))
@@ -33,7 +45,7 @@ def random_state(L, seed):
 
 @pytest.mark.parametrize("L", [1, 4, 17, 1024])
 @pytest.mark.parametrize("algo,margin", [("max", 0.0), ("most_recent", 2.0)])
-def test_pack_bytes_equal_c(L, algo, margin):
+def test_pack_bytes_equal_c(L, algo, margin, impl):
     hist, scales = random_state(L, L)
     want = T.extra_state_pack(hist, scales, FORMATS, margin, algo)
     got = fs.pack_blob(torch.from_numpy(hist), torch.from_numpy(scales), FORMATS, margin, algo)
@@ -41,7 +53,7 @@ def test_pack_bytes_equal_c(L, algo, margin):
 
 
 @pytest.mark.parametrize("L,Lm", [(4, 4), (8, 3), (3, 8), (1, 5), (5, 1)])
-def test_unpack_equals_c(L, Lm):
+def test_unpack_equals_c(L, Lm, impl):
     hist, scales = random_state(L, 100 + L)
     blob = T.extra_state_pack(hist, scales, FORMATS)
     ch, cs = T.extra_state_unpack(blob, Lm, FORMATS)
@@ -50,7 +62,7 @@ def test_unpack_equals_c(L, Lm):
     assert np.array_equal(ps.numpy().view(np.uint32), cs.view(np.uint32))
 
 
-def test_fixture_values_and_repack():
+def test_fixture_values_and_repack(impl):
     """The committed fixture (written from the spec by tests/make_extra_state_fixture.py)."""
     with open(FIXTURE, "rb") as f:
         blob = f.read()
@@ -100,7 +112,7 @@ def _corrupt_cases(blob):
     return cases
 
 
-def test_corrupt_blob_clear_error_state_untouched():
+def test_corrupt_blob_clear_error_state_untouched(impl):
     with open(FIXTURE, "rb") as f:
         blob = f.read()
     st = fs.DelayedScalingState(FORMATS, history_len=4)
@@ -139,7 +151,7 @@ def _c_update(hist, scale, margin, algo):
 
 
 @pytest.mark.parametrize("algo,margin", [("max", 0.0), ("most_recent", 0.0), ("max", 3.0)])
-def test_update_equals_c(algo, margin):
+def test_update_equals_c(algo, margin, impl):
     L = 6
     st = fs.DelayedScalingState(FORMATS, history_len=L, margin=margin, amax_compute_algo=algo)
     ch = np.zeros((3, L), np.float32)
@@ -158,6 +170,26 @@ def test_update_equals_c(algo, margin):
         ch, cs = _c_update(ch, cs, margin, algo)
         assert np.array_equal(st.amax_history.numpy().view(np.uint32), ch.view(np.uint32))
         assert np.array_equal(st.scales.numpy().view(np.uint32), cs.view(np.uint32)), step
+
+
+def test_cpu_state_runs_the_c_code(monkeypatch):
+    """With the extension, a CPU state's update and its blobs are the C library's: the torch
+    implementation is not called."""
+    def fail(*a, **k):
+        raise AssertionError("the torch implementation ran")
+    monkeypatch.setattr(fs.DelayedScalingState, "_update_torch", fail)
+    monkeypatch.setattr(fs, "_pack_torch", fail)
+    monkeypatch.setattr(fs, "_unpack_torch", fail)
+    st = fs.DelayedScalingState(FORMATS, history_len=4, margin=1.0)
+    st.record("input", torch.tensor(3.0))
+    st.update()
+    assert st.scales[0].item() == float(np.float32(224.0) / np.float32(3.0)) and st.amax_history[0, -1].item() == 3.0
+    blob = st.state_blob()
+    assert blob == bytes(T.extra_state_pack(st.amax_history.numpy(), st.scales.numpy(),
+                                            FORMATS, 1.0))
+    st.load_blob(blob)
+    with pytest.raises(ValueError, match="set_extra_state: CRC"):
+        st.load_blob(blob[:-1] + bytes([blob[-1] ^ 1]))
 
 
 def _delayed_model():

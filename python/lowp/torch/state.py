@@ -62,6 +62,11 @@ import torch
 
 from .config import resolve_config
 
+try:  # the C library's update and blob (absent on a host without the extension)
+    from .._numpy_api import _lowp as _ext
+except ImportError:  # pragma: no cover - depends on the build
+    _ext = None
+
 ROLES = ("input", "weight", "grad_output")
 _ROLE_INDEX = {r: i for i, r in enumerate(ROLES)}
 _FORMAT_CODES = {"e4m3": 3, "e5m2": 4}  # lowp_format values
@@ -85,13 +90,25 @@ def _payload_bytes(L):
 
 def pack_blob(history, scales, formats, margin=0.0, amax_compute_algo="max"):
     """The version-1 blob of a state: ``history`` ``[3, L]`` and ``scales`` ``[3]`` (float32,
-    any device), ``formats`` ("e4m3"/"e5m2" per role). Returns ``bytes``."""
+    any device), ``formats`` ("e4m3"/"e5m2" per role). Returns ``bytes``: the C library's
+    (src/train/extra_state.c) where the extension is importable, else ``_pack_torch``'s, the
+    same bytes."""
     h = history.detach().to("cpu", torch.float32).contiguous()
     s = scales.detach().to("cpu", torch.float32).contiguous()
     R, L = h.shape
     if R != len(ROLES) or s.shape != (R,):
         raise ValueError("history must be [3, L] and scales [3], got %s and %s" %
                          (tuple(h.shape), tuple(s.shape)))
+    if _ext is None:
+        return _pack_torch(h, s, formats, margin, amax_compute_algo)
+    # raw memory (h and s stay alive for the call): .numpy() would pin the state's storage
+    return _ext.extra_state_pack(L, float(margin), amax_compute_algo, tuple(formats),
+                                 (h.data_ptr(), 4 * h.numel()), (s.data_ptr(), 4 * s.numel()))
+
+
+def _pack_torch(h, s, formats, margin, amax_compute_algo):
+    """pack_blob's bytes from CPU float32 history [3, L] and scales [3], in Python."""
+    R, L = h.shape
     body = struct.pack("<IIfI", R, L, float(margin), _ALGOS[amax_compute_algo])
     body += struct.pack("<%dI" % R, *[_FORMAT_CODES[f] for f in formats])
     rows = torch.cat([h, s[:, None]], dim=1)  # per role: L amaxes, then the scale
@@ -119,8 +136,23 @@ def unpack_blob(blob, formats, history_len):
     """Validate a blob completely and return ``(history [3, history_len], scales [3])`` as
     float32 CPU tensors, in the module's history length (row 0 kept, the most recent rows
     aligned at the end, oldest dropped or zero-padded). Raises ``ValueError`` naming what is
-    wrong (truncated, magic, version, sizes, CRC, formats, values)."""
+    wrong (truncated, magic, version, sizes, CRC, formats, values). The C library reads it
+    where the extension is importable, else ``_unpack_torch``, with the same rules."""
     p = _blob_bytes(blob)
+    if _ext is None:
+        return _unpack_torch(p, formats, history_len)
+    hist = np.zeros((len(ROLES), int(history_len)), np.float32)
+    scales = np.zeros(len(ROLES), np.float32)
+    try:  # margin and algorithm: the module's win (the blob's are validated only)
+        _ext.extra_state_unpack(p, int(history_len), 0.0, "max", tuple(formats), hist, scales)
+    except ValueError as e:
+        msg = str(e).split(": ", 1)[-1]  # the C function's name -> this entry point's
+        raise ValueError("set_extra_state: " + msg) from None
+    return torch.from_numpy(hist), torch.from_numpy(scales)
+
+
+def _unpack_torch(p, formats, history_len):
+    """unpack_blob of the bytes p, in Python."""
     n = len(p)
     fn = "set_extra_state"
     if n < _HEAD + _CRC:
@@ -310,13 +342,30 @@ class DelayedScalingState:
         return False
 
     def update(self):
-        """Reduce the staging amaxes (distributed), then NUMERICS.md section 5."""
+        """Reduce the staging amaxes (distributed), then NUMERICS.md section 5: the C library's
+        lowp_delayed_update for a state on the CPU where the extension is importable, else
+        ``_update_torch`` on the state's device (the same bits)."""
         staging = self.amax_history[:, 0].clone()
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(staging, op=dist.ReduceOp.MAX, group=self.group)
+        self.amax_history[:, 0] = staging
+        if _ext is not None and self.device.type == "cpu":
+            self._update_c()
+        else:
+            self._update_torch()
+        self.updates += 1
+
+    def _update_c(self):
+        h = self.amax_history  # float32 [3, L], contiguous (made so, moved only by .to)
+        for r, fmt in enumerate(self.formats):
+            row = h[r]  # updated in place (rolled when this step's amax is nonzero)
+            s, _ = _ext.delayed_update((row.data_ptr(), row.numel() * 4), float(self.scales[r]),
+                                       fmt, self.margin, self.amax_compute_algo)
+            self.scales[r] = s
+
+    def _update_torch(self):
         h = self.amax_history
-        h[:, 0] = staging
         if self.amax_compute_algo == "max":
             amax = h.max(dim=1).values  # NaN wins, as C's loop
         else:
@@ -329,7 +378,6 @@ class DelayedScalingState:
         rolled = torch.roll(h, -1, dims=1)
         rolled[:, 0] = 0.0
         h.copy_(torch.where((newest != 0)[:, None], rolled, h))
-        self.updates += 1
 
     # ---- pickling (a whole-module torch.save) ----
     def __getstate__(self):
