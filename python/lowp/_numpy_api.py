@@ -41,15 +41,21 @@ _lowp = _load_extension()
 
 __version__ = _lowp.version()
 
+# The names come from the C library's tables (lowp.rules serves the same to the rest of the
+# package; this module loads the extension, so it reads them there itself).
+_TABLES = _lowp.tables()
+_FMT, _KIND = _TABLES["formats"], _TABLES["scalings"]
 #: Element formats of quantized tensors.
-FORMATS = ("e4m3", "e5m2", "e2m1")
+FORMATS = tuple(n for n in sorted(_FMT, key=lambda n: _FMT[n]["code"])
+                if _FMT[n]["signed"] and _FMT[n]["bits"] <= 8)
 #: Scaling kinds, as on the command line.
-SCALINGS = ("tensor", "row", "mx32", "block128", "block128x128", "block32x32")
+SCALINGS = tuple(n for n in sorted(_KIND, key=lambda n: _KIND[n]["code"]) if n != "none")
 #: E8M0 scale modes (mx32 and block32x32).
-SCALE_MODES = ("rceil", "floor", "ceil", "even")
+SCALE_MODES = tuple(m for m in sorted(_TABLES["scale_modes"], key=_TABLES["scale_modes"].get)
+                    if m != "default")
 _CAST_FORMATS = ("e4m3", "e5m2", "e2m1", "e8m0", "bf16", "f16")
-_E8M0_KINDS = ("mx32", "block32x32")
-_DEFAULT_MODE = {"mx32": "rceil", "block32x32": "floor"}
+_E8M0_KINDS = tuple(k for k in SCALINGS if _KIND[k]["scale"] == "e8m0")
+_DEFAULT_MODE = {k: _KIND[k]["default_mode"] for k in _E8M0_KINDS}
 _TORCH_DTYPE_NAMES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "float4_e2m1fn_x2": "e2m1",
                       "float8_e8m0fnu": "e8m0", "bfloat16": "bf16", "float16": "f16"}
 _LAYOUTS = ("canonical", "cublas", "npu")

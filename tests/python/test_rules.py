@@ -149,3 +149,12 @@ def test_recipes_are_the_c_table():
     assert type(plan["layers.0.attn.wq"]).__name__ == "MXQuantizeConfig"
     cur = lt.plan_recipe(["layers.0.attn.wq"], "fp8_current")["layers.0.attn.wq"]
     assert (type(cur).__name__, cur.delayed) == ("Float8TensorwiseConfig", False)
+
+
+def test_numpy_api_names_are_unchanged():
+    from lowp import _numpy_api as A
+    assert lowp.FORMATS == ("e4m3", "e5m2", "e2m1")
+    assert lowp.SCALINGS == ("tensor", "row", "mx32", "block128", "block128x128", "block32x32")
+    assert lowp.SCALE_MODES == ("rceil", "floor", "ceil", "even")
+    assert A._E8M0_KINDS == ("mx32", "block32x32")
+    assert A._DEFAULT_MODE == {"mx32": "rceil", "block32x32": "floor"}
