@@ -117,10 +117,10 @@ EXTENSION_MODULES = {"lowp._lowp"}
 # package (to a subpackage that uses only the public API). Each entry is (importing module,
 # imported module); remove them when the trainer moves.
 PY_ALLOW = {
-    ("lowp.torch.train", "lowp"),        # _set_threads: lowp.set_threads
-    ("lowp.torch.train", "lowp.torch"),  # apply_recipe
-    ("lowp.torch.train", "lowp.torch.train_report"),   # report writing: the circle of issue 36
-    ("lowp.torch.train_report", "lowp.torch.train"),   # atomic_write
+    ("lowp.torch.trainer.loop", "lowp"),  # _set_threads: lowp.set_threads
+    ("lowp.torch.trainer.loop", "lowp.torch"),  # apply_recipe
+    ("lowp.torch.trainer.loop", "lowp.torch.trainer.report"),  # report writing: the circle of issue 36
+    ("lowp.torch.trainer.report", "lowp.torch.trainer.loop"),  # atomic_write
 }
 
 

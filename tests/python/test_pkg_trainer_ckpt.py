@@ -32,20 +32,20 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from lowp.torch import train_ckpt  # noqa: E402
-from lowp.torch.models.moe import MoEConfig, MoETransformer  # noqa: E402
-from lowp.torch.train import (  # noqa: E402
+from lowp.torch.trainer import checkpoint as ckfile  # noqa: E402
+from lowp.torch.trainer.model import MoEConfig, MoETransformer  # noqa: E402
+from lowp.torch.trainer.loop import (  # noqa: E402
     TrainConfig,
     Trainer,
     atomic_write,
     main,
     read_checkpoint,
 )
-from lowp.torch.train_data import CharData  # noqa: E402
+from lowp.torch.trainer.data import CharData  # noqa: E402
 
 torch.set_num_threads(1)
 LONG = os.environ.get("LOWP_TEST_LONG") == "1"
-HAVE_C = train_ckpt._ext() is not None
+HAVE_C = ckfile._ext() is not None
 
 
 def _recipe():
@@ -85,7 +85,7 @@ def saved(tmp_path_factory):
     t.save(path)
     data = open(path, "rb").read()
     (n,) = struct.unpack_from("<Q", data, 0)
-    header = json.loads(data[8:8 + n])  # read independently of train_ckpt
+    header = json.loads(data[8:8 + n])  # read independently of ckfile
     spans = {k: (8 + n + e["data_offsets"][0], 8 + n + e["data_offsets"][1])
              for k, e in header.items() if k != "__metadata__"}
     return path, data, spans, header
@@ -103,11 +103,11 @@ def target():
 
 
 def test_crc32c_check_value_and_c_agree():
-    assert train_ckpt.crc32c_py(b"123456789") == 0xE3069283  # the CRC-32C check value
-    assert train_ckpt.crc32c_py(b"") == 0
+    assert ckfile.crc32c_py(b"123456789") == 0xE3069283  # the CRC-32C check value
+    assert ckfile.crc32c_py(b"") == 0
     blob = bytes(random.Random(1).randrange(256) for _ in range(4099))
-    whole = train_ckpt.crc32c_py(blob)
-    assert train_ckpt.crc32c_py(blob[1000:], train_ckpt.crc32c_py(blob[:1000])) == whole
+    whole = ckfile.crc32c_py(blob)
+    assert ckfile.crc32c_py(blob[1000:], ckfile.crc32c_py(blob[:1000])) == whole
     if HAVE_C:
         from lowp import _lowp  # noqa: PLC0415
 
@@ -128,8 +128,8 @@ def test_every_tensor_and_the_metadata_carry_a_checksum(saved):
 @pytest.mark.skipif(not HAVE_C, reason="needs lowp's C extension (the C checker)")
 def test_the_c_checker_and_the_python_port_agree(saved, tmp_path):
     path, data, spans, _ = saved
-    train_ckpt.decode(data, path, use_c=True)
-    train_ckpt.decode(data, path, use_c=False)
+    ckfile.decode(data, path, use_c=True)
+    ckfile.decode(data, path, use_c=False)
     rng = random.Random(3)
     for _ in range(4):  # the Python port reads a few MB a second: a few flips
         name = rng.choice(sorted(k for k, (b, e) in spans.items() if e > b))
@@ -138,7 +138,7 @@ def test_the_c_checker_and_the_python_port_agree(saved, tmp_path):
         bad[rng.randrange(b, e)] ^= 1 << rng.randrange(8)
         for use_c in (True, False):
             with pytest.raises(ValueError, match=f"tensor '{name}' fails its CRC-32C"):
-                train_ckpt.decode(bytes(bad), path, use_c=use_c)
+                ckfile.decode(bytes(bad), path, use_c=use_c)
 
 
 def _cli():
@@ -154,12 +154,12 @@ def test_the_c_trainers_file_passes_the_python_checker(tmp_path):
                         "--checkpoint", ck], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     data = open(ck, "rb").read()
-    tensors, meta = train_ckpt.decode(data, ck, use_c=False)
+    tensors, meta = ckfile.decode(data, ck, use_c=False)
     assert "train.step" in meta and tensors
     bad = bytearray(data)
     bad[-5] ^= 0x10  # inside the last tensor of the data section
     with pytest.raises(ValueError, match="fails its CRC-32C check"):
-        train_ckpt.decode(bytes(bad), ck, use_c=False)
+        ckfile.decode(bytes(bad), ck, use_c=False)
 
 
 # ---------------------------------------------------------------- the bit-flip sweep
@@ -209,10 +209,10 @@ def test_bit_flip_sweep(saved, target, tmp_path):
 
 def _rewrite(path: str, out: str, edit):
     """The checkpoint at path with edit(tensors, meta) applied and valid checksums."""
-    tensors, meta = train_ckpt.decode(open(path, "rb").read(), path)
+    tensors, meta = ckfile.decode(open(path, "rb").read(), path)
     edit(tensors, meta)
     with open(out, "wb") as f:
-        f.write(train_ckpt.encode(tensors, meta))
+        f.write(ckfile.encode(tensors, meta))
 
 
 def _first(tensors, prefix):
@@ -314,12 +314,12 @@ def test_a_wrong_shaped_moment_on_the_command_line(saved, tmp_path):
     named = []
     _rewrite(saved[0], out, lambda t, m: named.append(_moment_shape(t, m)))
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "lowp.torch.train", "--resume", out,
+    r = subprocess.run([sys.executable, "-m", "lowp.torch.trainer", "--resume", out,
                         "--sample", "0", "--threads", "1"], capture_output=True, text=True,
                        env=env, timeout=600)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("lowp.torch.train: ") and named[0] in last
+    assert last.startswith("lowp.torch.trainer: ") and named[0] in last
     assert "Traceback" not in r.stderr
 
 
@@ -353,7 +353,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypat
         real_write(fd, bytes(b)[:100])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(train_ckpt.os, "write", full_disk)
+    monkeypatch.setattr(ckfile.os, "write", full_disk)
     rc = main(["--resume", ck, "--threads", "1", "--sample", "0", "--checkpoint", ck])
     monkeypatch.undo()
     err = capsys.readouterr().err
@@ -369,7 +369,7 @@ def test_writers_to_one_path_do_not_collide(tmp_path):
     """Two writers saving to one path: each save lands whole (the old PATH.tmp was shared:
     22 of 60 saves collided)."""
     path = str(tmp_path / "shared.ckpt")
-    payloads = [train_ckpt.encode({"w": torch.full((1 << 16,), float(i))}, {"who": str(i)})
+    payloads = [ckfile.encode({"w": torch.full((1 << 16,), float(i))}, {"who": str(i)})
                 for i in range(2)]
     errors = []
 
@@ -434,5 +434,5 @@ def test_bad_options_end_in_one_line(args, says, tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("lowp.torch.train: ") and says in last, err
+    assert last.startswith("lowp.torch.trainer: ") and says in last, err
     assert "Traceback" not in err

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import lowp.torch as lt
 from lowp.torch import RMSNorm, RNGStatesTracker
-from lowp.torch.models.moe import RMSNorm as MoERMSNorm
+from lowp.torch.trainer.model import RMSNorm as MoERMSNorm
 
 
 # ---- point 8 ----

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import lowp.torch as lt
 from lowp.torch import LowpWeight
-from lowp.torch.models.moe import RMSNorm as MoERMSNorm
+from lowp.torch.trainer.model import RMSNorm as MoERMSNorm
 
 AC_DTYPES = [torch.bfloat16, torch.float16]
 CONFIGS = ["mxfp8", "block32x32", "fp8_rowwise", "bf16"]

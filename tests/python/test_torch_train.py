@@ -1,4 +1,4 @@
-"""Tests of lowp.torch.models.moe and python -m lowp.torch.train (issue 13).
+"""Tests of lowp.torch.trainer.model and python -m lowp.torch.trainer (issue 13).
 
 - Philox4x32-10 against the Random123 known-answer vectors; the model's initialization and
   the first update's loss against the C trainer's (`lowp train`, env LOWP_CLI or
@@ -28,15 +28,15 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from lowp.torch.models.moe import MoEConfig, MoETransformer, philox_words  # noqa: E402
-from lowp.torch.train import (  # noqa: E402
+from lowp.torch.trainer.model import MoEConfig, MoETransformer, philox_words  # noqa: E402
+from lowp.torch.trainer.loop import (  # noqa: E402
     TrainConfig,
     Trainer,
     atomic_write,
     lr_at,
     read_checkpoint,
 )
-from lowp.torch.train_data import CharData  # noqa: E402
+from lowp.torch.trainer.data import CharData  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -266,7 +266,7 @@ def test_checkpoint_refusals_and_atomic_write(tmp_path):
 
 def _run(args, **kw):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    return subprocess.run([sys.executable, "-m", "lowp.torch.train"] + args, env=env,
+    return subprocess.run([sys.executable, "-m", "lowp.torch.trainer"] + args, env=env,
                           capture_output=True, text=True, **kw)
 
 
@@ -292,7 +292,7 @@ def test_compare_end_to_end(tmp_path):
     assert [g.get("data-recipe") for g in groups] == ["bf16", second]
     assert len(list(groups[0].iter("{http://www.w3.org/2000/svg}circle"))) == 6
     # the same report rebuilt from the log alone
-    from lowp.torch.train import main
+    from lowp.torch.trainer.loop import main
 
     assert main(["--report-from", str(log), "--out", str(tmp_path / "again")]) == 0
     md2 = (tmp_path / "again" / "report.md").read_text()
@@ -302,7 +302,7 @@ def test_compare_end_to_end(tmp_path):
 
 
 def test_cli_train_resume_and_errors(tmp_path, capsys):
-    from lowp.torch.train import main
+    from lowp.torch.trainer.loop import main
 
     ck = str(tmp_path / "run.pt")
     base = ["--config", "tiny", "--batch", "2", "--threads", "1", "--sample", "0"]

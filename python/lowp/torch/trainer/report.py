@@ -1,4 +1,4 @@
-"""The report of ``python -m lowp.torch.train --recipes ...`` (compare mode): report.md with
+"""The report of ``python -m lowp.torch.trainer --recipes ...`` (compare mode): report.md with
 the settings and one row per recipe (final validation loss, tokens/s, ratio to bf16), and
 val_loss.svg, validation loss against step, drawn by hand as `lowp compare` does
 (tools/report.c), so no plotting library is needed.
@@ -152,10 +152,10 @@ def table(runs: list[Run]) -> str:
 
 def write_report(out_dir: str, settings: dict, runs: list[Run]) -> tuple[str, str]:
     """Writes out_dir/report.md and out_dir/val_loss.svg (atomically); returns their paths."""
-    from .train import atomic_write  # noqa: PLC0415
+    from .loop import atomic_write  # noqa: PLC0415
 
     os.makedirs(out_dir, exist_ok=True)
-    md = ["# lowp.torch.train compare: validation loss and throughput per recipe", "",
+    md = ["# lowp.torch.trainer compare: validation loss and throughput per recipe", "",
           "| setting | value |", "| --- | --- |"]
     md += [f"| {k} | {v} |" for k, v in settings.items()]
     md += ["", "## Results", "", table(runs), "![validation loss against step](val_loss.svg)", "",

@@ -1,7 +1,7 @@
 """Training throughput of the PyTorch MoE per recipe, against the C trainer, in one run.
 
-    python -m lowp.torch.train_bench --config medium --threads 1,2 --steps 3
-    python -m lowp.torch.train_bench --config medium --threads 2 --profile all_mxfp8
+    python -m lowp.torch.trainer.bench --config medium --threads 1,2 --steps 3
+    python -m lowp.torch.trainer.bench --config medium --threads 2 --profile all_mxfp8
 
 For each thread count, recipes are measured in rounds: a round builds every recipe's trainer
 from the same initialization, runs one untimed update of each, then --steps timed updates
@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from .models.moe import MoEConfig, MoETransformer
-from .train import TrainConfig, Trainer, _set_threads
-from .train_data import CharData
+from .model import MoEConfig, MoETransformer
+from .loop import TrainConfig, Trainer, _set_threads
+from .data import CharData
 
 DEFAULT = "bf16,all_mxfp8,mix,all_block_fp8,torchao_mxfp8"
 
@@ -37,8 +37,7 @@ def _cli() -> str | None:
     c = os.environ.get("LOWP_CLI")
     if c:
         return c
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 4))
     c = os.path.join(root, "build", "bin", "lowp")
     return c if os.path.exists(c) else None
 
@@ -91,7 +90,7 @@ def profile(recipe, mcfg, data, batch, steps, rows) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lowp.torch.train_bench")
+    ap = argparse.ArgumentParser(prog="python -m lowp.torch.trainer.bench")
     ap.add_argument("--config", default="medium")
     ap.add_argument("--recipes", default=DEFAULT)
     ap.add_argument("--threads", default="1,2")

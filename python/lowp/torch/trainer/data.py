@@ -1,4 +1,4 @@
-"""Character-level text data for ``python -m lowp.torch.train``, the same as the C trainer's
+"""Character-level text data for ``python -m lowp.torch.trainer``, the same as the C trainer's
 (src/model/data.c): a byte vocabulary (the sorted distinct bytes of the text), a 90/10
 train/validation split, and batches that are pure functions of (split, seed, index), their
 window starts drawn from Philox words, so that the C and the PyTorch trainers see the very
@@ -15,7 +15,7 @@ import re
 import numpy as np
 import torch
 
-from .models.moe import philox_words
+from .model import philox_words
 
 __all__ = ["CharData", "default_corpus", "VAL_KEY"]
 
@@ -40,8 +40,7 @@ def default_corpus() -> bytes:
             return bytes(fn())
     except ImportError:
         pass
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 4))
     for rel in ("data/default_corpus.txt", "src/data/default_corpus.txt",
                 "src/data/default_corpus.c", "src/model/default_corpus.c"):
         path = os.path.join(root, rel)

@@ -1,4 +1,4 @@
-"""The checkpoint file of the PyTorch trainer (lowp.torch.train): the C trainer's format.
+"""The checkpoint file of the PyTorch trainer (lowp.torch.trainer): the C trainer's format.
 
 One safetensors file (include/lowp/safetensors.h): an 8-byte little-endian header length, a
 JSON header {"NAME": {"dtype", "shape", "data_offsets"}, "__metadata__": {KEY: VALUE}}, then
@@ -17,7 +17,7 @@ fsync of the directory; the temporary file removed on any failure). With lowp's 
 the checksums are verified by the C trainer's own checker (``lowp._lowp.checkpoint_verify``,
 so both trainers share one checker) and computed by its CRC-32C; without it (a checkout
 without ``make build``) by the Python port below, which gives the same answers, more slowly.
-What the values mean, and their ranges, is lowp.torch.train's to check.
+What the values mean, and their ranges, is lowp.torch.trainer's to check.
 """
 
 from __future__ import annotations

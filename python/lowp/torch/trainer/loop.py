@@ -1,7 +1,7 @@
-"""Train the MoE transformer of lowp.torch.models.moe with a lowp recipe, in PyTorch.
+"""Train the MoE transformer of lowp.torch.trainer.model with a lowp recipe, in PyTorch.
 
-    python -m lowp.torch.train --recipe all_mxfp8 --config small --data input.txt --steps 1000
-    python -m lowp.torch.train --recipes bf16,all_mxfp8,mix,torchao_mxfp8 --out out/cmp
+    python -m lowp.torch.trainer --recipe all_mxfp8 --config small --data input.txt --steps 1000
+    python -m lowp.torch.trainer --recipes bf16,all_mxfp8,mix,torchao_mxfp8 --out out/cmp
 
 The PyTorch twin of `lowp train` / `lowp compare` (tools/cli_train.c): the same options where
 they apply, the same model shapes, initialization and batches (so the C and the PyTorch runs of
@@ -33,20 +33,22 @@ import time
 import numpy as np
 import torch
 
-from .models.moe import MoEConfig, MoETransformer, philox_words
-from . import train_ckpt as ckfile
-from .train_ckpt import write_atomic
-from .train_data import CharData
+from .model import MoEConfig, MoETransformer, philox_words
+from . import checkpoint as ckfile
+from .checkpoint import write_atomic
+from .data import CharData
 
 __all__ = ["TrainConfig", "Trainer", "apply_training_recipe", "atomic_write", "lr_at", "main",
            "sample_text", "LOWP_RECIPES", "RECIPES"]
 
 try:  # the recipes apply_recipe knows (lowp.torch.recipes), else the C library's names
-    from .recipes import RECIPES as LOWP_RECIPES
+    from ..recipes import RECIPES as LOWP_RECIPES
 except ImportError:
     LOWP_RECIPES = ("bf16", "fp8_delayed", "fp8_rowwise", "all_mxfp8", "block128",
                     "all_block_fp8", "mix", "mix_fp4")
 RECIPES = LOWP_RECIPES + ("fp32", "torchao_mxfp8")
+# The checkpoint's format name: the command's name when the format was made (before the
+# trainer moved to lowp.torch.trainer), kept so that earlier checkpoints still resume.
 CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "lowp.torch.train", 2
 
 
@@ -108,7 +110,7 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 def atomic_write(path: str, data: bytes) -> None:
     """A temporary file unique to this writer, fsync, rename to PATH, fsync of the directory:
-    an interrupted or failed write leaves the previous file whole (train_ckpt.write_atomic)."""
+    an interrupted or failed write leaves the previous file whole (checkpoint.write_atomic)."""
     write_atomic(path, data)
 
 
@@ -127,7 +129,7 @@ def _is_wrapped(p: torch.Tensor) -> bool:
 def _torchao_filter(module, fqn: str) -> bool:
     """The weights lowp's all_mxfp8 wraps: attention, shared and routed experts (never the
     embedding, the router, the norms or the output head)."""
-    from .models.moe import GroupedExperts  # noqa: PLC0415
+    from .model import GroupedExperts  # noqa: PLC0415
 
     if isinstance(module, GroupedExperts):
         return True
@@ -238,7 +240,7 @@ class Trainer:
             **_adamw_impl(decay + no_decay))
         self._fp8_update = None
         try:
-            from .fp8_state import fp8_states, update_all  # noqa: PLC0415
+            from ..state import fp8_states, update_all  # noqa: PLC0415
 
             if fp8_states(model):
                 self._fp8_update = update_all
@@ -350,7 +352,7 @@ class Trainer:
             if on_step is not None and on_step(rep):
                 break
 
-    # ---- checkpoints (the file: train_ckpt; the values and their checks: here)
+    # ---- checkpoints (the file: checkpoint.py; the values and their checks: here)
 
     def _param_order(self) -> list:
         """The parameters' names in the optimizer's index order (its state_dict keys)."""
@@ -384,7 +386,7 @@ class Trainer:
         return tensors, {k: json.dumps(v) for k, v in meta.items()}
 
     def save(self, path: str) -> None:
-        """Writes a checkpoint atomically (train_ckpt.write_atomic): a failure raises OSError
+        """Writes a checkpoint atomically (checkpoint.write_atomic): a failure raises OSError
         and leaves the previous file at ``path`` whole, and no temporary file."""
         tensors, meta = self.state()
         write_atomic(path, ckfile.encode(tensors, meta))
@@ -550,7 +552,7 @@ def _meta_fields(meta: dict, prefix: str, cls, path: str) -> dict:
 
 def read_checkpoint(path: str) -> dict:
     """A checkpoint's contents after the checks that need no model: the file's structure and
-    every checksum (train_ckpt.decode), the format and version, each field's type, the
+    every checksum (checkpoint.decode), the format and version, each field's type, the
     settings (TrainConfig.check, MoEConfig.check) and the counters' ranges. Returns
     {"step", "data_pos", "recipe", "model_seed", "data_name", "data_hash", "config": {...},
     "train": {...}, "tensors": {name: tensor}}; ValueError naming the field otherwise."""
@@ -772,12 +774,12 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors in one line on stderr, exit status 2 (as `lowp train`)."""
 
     def error(self, message):
-        self.exit(2, f"lowp.torch.train: {message}\n")
+        self.exit(2, f"lowp.torch.trainer: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m lowp.torch.train",
+        prog="python -m lowp.torch.trainer",
         description="Train the MoE transformer in PyTorch with a lowp recipe on a text file, "
                     "character by character (the first 90%% of the bytes train, the last 10%% "
                     "validate). With --recipes, compare several recipes from the same "
@@ -915,7 +917,7 @@ def _train(args) -> int:
     if ck is not None:
         t.load(args.resume, ck)
     until = args.stop_at if args.stop_at and args.stop_at < tc.steps else tc.steps
-    sys.stderr.write(f"lowp.torch.train: recipe {recipe} ({t.wrapped})\n  model {cname}: "
+    sys.stderr.write(f"lowp.torch.trainer: recipe {recipe} ({t.wrapped})\n  model {cname}: "
                      f"{mcfg.describe()}\n  data {data.describe()}\n")
     if ck is not None:
         sys.stderr.write(f"  resuming from {args.resume} at step {t.step_n} of {tc.steps}\n")
@@ -931,7 +933,7 @@ def _train(args) -> int:
     if args.checkpoint and prog.save_error is None and prog.last_saved != t.step_n:
         prog.save(t.step_n)
     if prog.save_error is not None:
-        sys.stderr.write(f"lowp.torch.train: {prog.save_error}\n")
+        sys.stderr.write(f"lowp.torch.trainer: {prog.save_error}\n")
         return 1
     secs = time.perf_counter() - t_run
     if t.step_n > step0:
@@ -947,7 +949,7 @@ def _train(args) -> int:
     if args.checkpoint:
         print(f"checkpoint: {args.checkpoint}")
     if t.step_n > step0 and not math.isfinite(prog.last_loss):
-        sys.stderr.write(f"lowp.torch.train: the loss is {prog.last_loss} at step {t.step_n}: "
+        sys.stderr.write(f"lowp.torch.trainer: the loss is {prog.last_loss} at step {t.step_n}: "
                          "training diverged\n")
         return 1
     if sample_n > 0:
@@ -959,7 +961,7 @@ def _train(args) -> int:
 
 
 def _compare(args) -> int:
-    from .train_report import Run, table, write_report  # noqa: PLC0415
+    from .report import Run, table, write_report  # noqa: PLC0415
 
     for opt in ("recipe", "checkpoint", "resume", "stop_at"):
         if getattr(args, opt) is not None:
@@ -970,7 +972,7 @@ def _compare(args) -> int:
             raise ValueError(f"--recipes: unknown recipe {r!r} (one of {', '.join(RECIPES)})")
     data, mcfg, cname, tc = _setup(args, None)
     out = args.out or "out/torch_compare"
-    sys.stderr.write(f"lowp.torch.train compare: {len(names)} recipes, {tc.steps} updates each\n"
+    sys.stderr.write(f"lowp.torch.trainer compare: {len(names)} recipes, {tc.steps} updates each\n"
                      f"  model {cname}: {mcfg.describe()}\n  data {data.describe()}\n")
     log = _open_log(args.log, None) if args.log else None
     runs = []
@@ -997,13 +999,13 @@ def _compare(args) -> int:
                              "accumulation)",
         "seed": tc.seed, "threads": tc.threads or torch.get_num_threads(),
         "torch": torch.__version__,
-        "command": "`python -m lowp.torch.train " + " ".join(sys.argv[1:]) + "`"}
+        "command": "`python -m lowp.torch.trainer " + " ".join(sys.argv[1:]) + "`"}
     md, svg = write_report(out, settings, runs)
     print(table(runs), end="")
     print(f"report: {md}\nplot: {svg}")
     bad = [r.recipe for r in runs if not math.isfinite(r.final_val)]
     for r in bad:
-        sys.stderr.write(f"lowp.torch.train: recipe {r} diverged (validation loss is not "
+        sys.stderr.write(f"lowp.torch.trainer: recipe {r} diverged (validation loss is not "
                          "finite)\n")
     return 1 if bad else 0
 
@@ -1011,7 +1013,7 @@ def _compare(args) -> int:
 def _report_from(args) -> int:
     """The compare report from JSON-lines logs (runs of one seed and settings, e.g. recipes
     trained in separate processes; each recipe's last log wins)."""
-    from .train_report import Run, table, write_report  # noqa: PLC0415
+    from .report import Run, table, write_report  # noqa: PLC0415
 
     recs: dict[str, list] = {}
     for path in args.report_from.split(","):
@@ -1048,10 +1050,10 @@ def main(argv=None) -> int:
             return _report_from(args)
         return _compare(args) if args.recipes else _train(args)
     except (ValueError, TypeError, FileNotFoundError) as e:
-        sys.stderr.write(f"lowp.torch.train: {e}\n")
+        sys.stderr.write(f"lowp.torch.trainer: {e}\n")
         return 2
     except MemoryError:
-        sys.stderr.write("lowp.torch.train: out of memory\n")
+        sys.stderr.write("lowp.torch.trainer: out of memory\n")
         return 1
 
 
