@@ -119,8 +119,6 @@ EXTENSION_MODULES = {"lowp._lowp"}
 PY_ALLOW = {
     ("lowp.torch.trainer.loop", "lowp"),  # _set_threads: lowp.set_threads
     ("lowp.torch.trainer.loop", "lowp.torch"),  # apply_recipe
-    ("lowp.torch.trainer.loop", "lowp.torch.trainer.report"),  # report writing: the circle of issue 36
-    ("lowp.torch.trainer.report", "lowp.torch.trainer.loop"),  # atomic_write
 }
 
 

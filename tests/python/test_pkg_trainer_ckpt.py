@@ -32,16 +32,12 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+from lowp.torch.trainer import (  # noqa: E402
+    CharData, MoEConfig, MoETransformer, TrainConfig, Trainer)
 from lowp.torch.trainer import checkpoint as ckfile  # noqa: E402
-from lowp.torch.trainer.model import MoEConfig, MoETransformer  # noqa: E402
-from lowp.torch.trainer.loop import (  # noqa: E402
-    TrainConfig,
-    Trainer,
-    atomic_write,
-    main,
-    read_checkpoint,
-)
-from lowp.torch.trainer.data import CharData  # noqa: E402
+from lowp.torch.trainer import main  # noqa: E402
+from lowp.torch.trainer.checkpoint import read_checkpoint  # noqa: E402
+from lowp.torch.trainer.checkpoint import write_atomic as atomic_write  # noqa: E402
 
 torch.set_num_threads(1)
 LONG = os.environ.get("LOWP_TEST_LONG") == "1"

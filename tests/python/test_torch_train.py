@@ -28,15 +28,12 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from lowp.torch.trainer.model import MoEConfig, MoETransformer, philox_words  # noqa: E402
-from lowp.torch.trainer.loop import (  # noqa: E402
-    TrainConfig,
-    Trainer,
-    atomic_write,
-    lr_at,
-    read_checkpoint,
-)
-from lowp.torch.trainer.data import CharData  # noqa: E402
+from lowp.torch.trainer import (  # noqa: E402
+    CharData, MoEConfig, MoETransformer, TrainConfig, Trainer)
+from lowp.torch.trainer.checkpoint import read_checkpoint  # noqa: E402
+from lowp.torch.trainer.checkpoint import write_atomic as atomic_write  # noqa: E402
+from lowp.torch.trainer.loop import lr_at  # noqa: E402
+from lowp.torch.trainer.model import philox_words  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -292,7 +289,7 @@ def test_compare_end_to_end(tmp_path):
     assert [g.get("data-recipe") for g in groups] == ["bf16", second]
     assert len(list(groups[0].iter("{http://www.w3.org/2000/svg}circle"))) == 6
     # the same report rebuilt from the log alone
-    from lowp.torch.trainer.loop import main
+    from lowp.torch.trainer import main
 
     assert main(["--report-from", str(log), "--out", str(tmp_path / "again")]) == 0
     md2 = (tmp_path / "again" / "report.md").read_text()
@@ -302,7 +299,7 @@ def test_compare_end_to_end(tmp_path):
 
 
 def test_cli_train_resume_and_errors(tmp_path, capsys):
-    from lowp.torch.trainer.loop import main
+    from lowp.torch.trainer import main
 
     ck = str(tmp_path / "run.pt")
     base = ["--config", "tiny", "--batch", "2", "--threads", "1", "--sample", "0"]

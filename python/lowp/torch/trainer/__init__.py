@@ -11,7 +11,9 @@ checkpoint file), ``report`` (the compare report), ``bench`` (throughput) and ``
 """
 
 from .data import CharData
-from .loop import TrainConfig, Trainer, main
+from .cli import main
+from .config import TrainConfig
+from .loop import Trainer
 from .model import MoEConfig, MoETransformer
 
 __all__ = ["CharData", "MoEConfig", "MoETransformer", "TrainConfig", "Trainer", "main"]

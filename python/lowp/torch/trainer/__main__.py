@@ -2,7 +2,7 @@
 
 import sys
 
-from .loop import main
+from .cli import main
 
 if __name__ == "__main__":  # not when imported (e.g. by a walk over the package)
     sys.exit(main())

@@ -27,7 +27,8 @@ import time
 import torch
 
 from .model import MoEConfig, MoETransformer
-from .loop import TrainConfig, Trainer, _set_threads
+from .config import TrainConfig
+from .loop import Trainer, set_threads
 from .data import CharData
 
 DEFAULT = "bf16,all_mxfp8,mix,all_block_fp8,torchao_mxfp8"
@@ -106,13 +107,13 @@ def main(argv=None) -> int:
     recipes = a.recipes.split(",")
     threads = [int(x) for x in a.threads.split(",")]
     if a.profile:
-        _set_threads(threads[0])
+        set_threads(threads[0])
         profile(a.profile, mcfg, data, a.batch, a.steps, a.rows)
         return 0
     print(f"model {a.config}: {mcfg.describe()}; batch {a.batch} x {mcfg.seq_len} tokens; "
           f"torch {torch.__version__}; {a.rounds} rounds x {a.steps} timed updates\n")
     for th in threads:
-        _set_threads(th)
+        set_threads(th)
         tps = {r: [] for r in recipes}
         c_runs = []
         t0 = time.perf_counter()

@@ -17,11 +17,16 @@ fsync of the directory; the temporary file removed on any failure). With lowp's 
 the checksums are verified by the C trainer's own checker (``lowp._lowp.checkpoint_verify``,
 so both trainers share one checker) and computed by its CRC-32C; without it (a checkout
 without ``make build``) by the Python port below, which gives the same answers, more slowly.
-What the values mean, and their ranges, is lowp.torch.trainer's to check.
+
+It also owns what a checkpoint of this trainer must hold before a run uses it:
+:func:`read_checkpoint` (the format and version, each metadata field's type, the settings'
+rules, the counters' ranges) and :func:`checked_state` (every tensor's name, shape, dtype and
+values against the model). The trainer (``loop.Trainer.state`` / ``load``) writes and applies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -29,7 +34,11 @@ import struct
 
 import torch
 
-__all__ = ["DTYPES", "crc32c", "decode", "encode", "meta_crc", "write_atomic", "META_CRC"]
+from .config import TrainConfig
+from .model import MoEConfig
+
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "DTYPES", "META_CRC", "checked_state",
+           "crc32c", "decode", "encode", "meta_crc", "read_checkpoint", "write_atomic"]
 
 META_CRC = "crc32c.__metadata__"
 DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16",
@@ -257,3 +266,164 @@ def write_atomic(path: str, data: bytes) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+# ---- the checkpoint's values: what a checkpoint of this trainer holds, checked before use
+
+# The checkpoint's format name: the command's name when the format was made (before the
+# trainer moved to lowp.torch.trainer), kept so that earlier checkpoints still resume.
+CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "lowp.torch.train", 2
+
+
+def _bad(path: str, name: str, what: str) -> ValueError:
+    return ValueError(f"--resume {path}: tensor '{name}' {what}")
+
+
+def _checked(tensors: dict, name: str, like: torch.Tensor, path: str, nonneg=False):
+    """tensors[name], which must have ``like``'s shape and dtype and finite values (>= 0)."""
+    t = tensors.get(name)
+    if t is None:
+        raise _bad(path, name, "is missing")
+    if t.dtype != like.dtype or tuple(t.shape) != tuple(like.shape):
+        raise _bad(path, name, f"is {t.dtype} {tuple(t.shape)}, the model's is {like.dtype} "
+                               f"{tuple(like.shape)}")
+    if t.is_floating_point():
+        bad = ~torch.isfinite(t) | (t < 0) if nonneg else ~torch.isfinite(t)
+        if bool(bad.any()):
+            i = int(bad.reshape(-1).nonzero()[0])
+            raise _bad(path, name, f"holds {float(t.reshape(-1)[i])} at element {i} (values "
+                                   f"must be finite{' and >= 0' if nonneg else ''})")
+    return t
+
+
+def _checked_params(model, tensors: dict, path: str) -> dict:
+    return {"params." + n: _checked(tensors, "params." + n, _plain_like(p), path)
+            for n, p in model.named_parameters()}
+
+
+def _plain_like(p: torch.Tensor) -> torch.Tensor:
+    return torch.empty(p.shape, dtype=p.dtype, device="meta")
+
+
+def _checked_moments(model, order: list, tensors: dict, step: int, path: str) -> dict:
+    """The optimizer state {index: {step, exp_avg, exp_avg_sq}}: per parameter all three or
+    none; moments of the parameter's shape and dtype, finite (exp_avg_sq >= 0); the step an
+    integer in [0, the checkpoint's step] (an update skipped for a non-finite gradient does
+    not count)."""
+    named = dict(model.named_parameters())
+    state = {}
+    for i, n in enumerate(order):
+        keys = [k for k in ("step", "exp_avg", "exp_avg_sq") if f"optim.{k}.{n}" in tensors]
+        if not keys:
+            continue
+        like = _plain_like(named[n])
+        s = {"exp_avg": _checked(tensors, f"optim.exp_avg.{n}", like, path),
+             "exp_avg_sq": _checked(tensors, f"optim.exp_avg_sq.{n}", like, path, nonneg=True),
+             "step": _checked(tensors, f"optim.step.{n}", torch.empty((), device="meta"), path)}
+        v = float(s["step"])
+        if not (v == int(v) and 0 <= v <= step):
+            raise _bad(path, f"optim.step.{n}", f"is {v}, not an integer in [0, step {step}]")
+        state[i] = s
+    return state
+
+
+def _checked_extra(mine: dict, tensors: dict, path: str) -> dict:
+    out = {}
+    for k, v in mine.items():
+        t = tensors.get(k)
+        if t is None:
+            raise _bad(path, k, "is missing")
+        if t.dtype != torch.uint8 or t.ndim != 1:
+            raise _bad(path, k, f"is {t.dtype} {tuple(t.shape)}, not a uint8 blob")
+        out[k] = t
+    return out
+
+
+def _checked_rng(tensors: dict, path: str) -> torch.Tensor:
+    t = tensors.get("rng")
+    like = torch.get_rng_state()
+    if t is None or t.dtype != like.dtype or t.shape != like.shape:
+        raise _bad(path, "rng", "is missing or is not a CPU generator state "
+                                f"(uint8 {tuple(like.shape)})")
+    try:
+        torch.Generator().set_state(t)
+    except RuntimeError as e:
+        raise _bad(path, "rng", f"is not a valid generator state ({e})") from e
+    return t
+
+
+def _meta_value(meta: dict, key: str, typ, path: str):
+    if key not in meta:
+        raise ValueError(f"--resume {path}: metadata '{key}' is missing")
+    try:
+        v = json.loads(meta[key])
+    except ValueError:
+        v = None
+    if typ is float and type(v) is int:
+        v = float(v)
+    if type(v) is not typ:
+        raise ValueError(f"--resume {path}: metadata '{key}' ({meta[key][:40]!r}) is not "
+                         f"a {typ.__name__}")
+    return v
+
+
+def _meta_fields(meta: dict, prefix: str, cls, path: str) -> dict:
+    types = {"int": int, "float": float, "bool": bool, "str": str}
+    return {f.name: _meta_value(meta, f"{prefix}.{f.name}", types.get(str(f.type), f.type), path)
+            for f in dataclasses.fields(cls)}
+
+
+def read_checkpoint(path: str) -> dict:
+    """A checkpoint's contents after the checks that need no model: the file's structure and
+    every checksum (checkpoint.decode), the format and version, each field's type, the
+    settings (TrainConfig.check, MoEConfig.check) and the counters' ranges. Returns
+    {"step", "data_pos", "recipe", "model_seed", "data_name", "data_hash", "config": {...},
+    "train": {...}, "tensors": {name: tensor}}; ValueError naming the field otherwise."""
+    with open(path, "rb") as f:
+        data = f.read()
+    tensors, meta = decode(data, path)
+    if meta.get("format") != json.dumps(CHECKPOINT_FORMAT):
+        raise ValueError(f"--resume {path}: not a {CHECKPOINT_FORMAT} checkpoint")
+    if meta.get("version") != json.dumps(CHECKPOINT_VERSION):
+        raise ValueError(f"--resume {path}: version {meta.get('version')}, this program reads "
+                         f"{CHECKPOINT_VERSION}")
+    ck = {k: _meta_value(meta, k, t, path) for k, t in (
+        ("step", int), ("data_pos", int), ("recipe", str), ("model_seed", int),
+        ("data_name", str), ("data_hash", int))}
+    ck["config"] = _meta_fields(meta, "config", MoEConfig, path)
+    ck["train"] = _meta_fields(meta, "train", TrainConfig, path)
+    try:
+        MoEConfig(**ck["config"]).check()
+        TrainConfig(**ck["train"]).check()
+    except ValueError as e:
+        raise ValueError(f"--resume {path}: the checkpoint's settings: {e}") from e
+    if not 0 <= ck["step"] <= ck["train"]["steps"]:
+        raise ValueError(f"--resume {path}: metadata 'step' ({ck['step']}) is outside [0, "
+                         f"train.steps {ck['train']['steps']}]")
+    if not 0 <= ck["data_pos"] < 2 ** 62:
+        raise ValueError(f"--resume {path}: metadata 'data_pos' ({ck['data_pos']}) is negative "
+                         "or too large")
+    ck["tensors"] = tensors
+    return ck
+
+
+# ---- sampling (as lowp_sample_text)
+
+
+def checked_state(tensors: dict, model, order: list, extra_like: dict, step: int, path: str):
+    """``(params, optimizer state, extra states, rng)`` from a checkpoint's ``tensors``,
+    checked against ``model`` (its parameters, ``order``: their names in the optimizer's
+    index order; ``extra_like``: the model's extra states; ``step``: the checkpoint's):
+    every expected tensor present with the right shape and dtype and finite values, and no
+    other tensor. ValueError naming the first tensor refused."""
+    params = _checked_params(model, tensors, path)
+    opt_state = _checked_moments(model, order, tensors, step, path)
+    extra = _checked_extra(extra_like, tensors, path)
+    rng = _checked_rng(tensors, path)
+    known = set(params) | set(extra) | {"rng"} | {
+        f"optim.{k}.{n}" for i, n in enumerate(order) for k in opt_state.get(i, {})}
+    unknown = sorted(set(tensors) - known)
+    if unknown:
+        raise ValueError(f"--resume {path}: tensor '{unknown[0]}' is not one of this "
+                         "model's")
+    return params, opt_state, extra, rng

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape
 
+from .checkpoint import write_atomic
+
 __all__ = ["Run", "write_report", "svg"]
 
 # Okabe and Ito's colour-blind-safe palette, as tools/report.c.
@@ -57,8 +59,9 @@ def _frange(a: float, b: float, step: float):
         i += 1
 
 
-def svg(runs: list[Run]) -> str:
-    """Validation loss against step, one polyline per recipe (broken at non-finite points)."""
+def _scales(runs: list[Run]):
+    """The plot's axes: (px, py, x ticks, y ticks), px / py mapping a step / a loss to the
+    canvas, the ticks as (first, last, step)."""
     xmax = max([1.0] + [float(s) for r in runs for s in r.steps])
     ys = [v for r in runs for v in r.val_loss if math.isfinite(v)]
     ymin, ymax = (min(ys), max(ys)) if ys else (0.0, 1.0)
@@ -75,30 +78,35 @@ def svg(runs: list[Run]) -> str:
     def py(y):
         return BOT - (y - y0) / (y1 - y0) * (BOT - TOP)
 
-    o = ['<?xml version="1.0" encoding="UTF-8"?>',
-         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-         f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">',
-         f'<rect x="0" y="0" width="{W}" height="{H}" fill="white"/>',
-         f'<text x="{(LEFT + RIGHT) // 2}" y="28" font-size="16" text-anchor="middle">'
-         "Validation loss against step (PyTorch)</text>",
-         '<g stroke="#dddddd" stroke-width="1">']
-    for y in _frange(y0, y1, ystep):
+    return px, py, (0.0, x1, xstep), (y0, y1, ystep)
+
+
+def _grid(px, py, xt, yt) -> list[str]:
+    """The grid, the tick labels, the axis titles and the frame."""
+    o = ['<g stroke="#dddddd" stroke-width="1">']
+    for y in _frange(*yt):
         o.append(f'<line x1="{LEFT}" y1="{py(y):.1f}" x2="{RIGHT}" y2="{py(y):.1f}"/>')
-    for x in _frange(0.0, x1, xstep):
+    for x in _frange(*xt):
         o.append(f'<line x1="{px(x):.1f}" y1="{TOP}" x2="{px(x):.1f}" y2="{BOT}"/>')
     o.append('</g>\n<g fill="#333333">')
-    for y in _frange(y0, y1, ystep):
+    for y in _frange(*yt):
         o.append(f'<text x="{LEFT - 8}" y="{py(y) + 4:.1f}" text-anchor="end">'
-                 f"{_tick(y, ystep)}</text>")
-    for x in _frange(0.0, x1, xstep):
+                 f"{_tick(y, yt[2])}</text>")
+    for x in _frange(*xt):
         o.append(f'<text x="{px(x):.1f}" y="{BOT + 18}" text-anchor="middle">'
-                 f"{_tick(x, xstep)}</text>")
+                 f"{_tick(x, xt[2])}</text>")
     mid = (TOP + BOT) // 2
     o.append(f'<text x="{(LEFT + RIGHT) // 2}" y="{BOT + 42}" text-anchor="middle">step</text>')
     o.append(f'<text x="18" y="{mid}" text-anchor="middle" transform="rotate(-90 18 {mid})">'
              "validation loss (nats/char)</text>\n</g>")
     o.append(f'<rect x="{LEFT}" y="{TOP}" width="{RIGHT - LEFT}" height="{BOT - TOP}" '
              'fill="none" stroke="#333333"/>')
+    return o
+
+
+def _curves(runs: list[Run], px, py) -> list[str]:
+    """One group per recipe: polylines broken at non-finite points, a dot per finite one."""
+    o = []
     for i, r in enumerate(runs):
         col = COLORS[i % len(COLORS)]
         o.append(f'<g class="recipe" data-recipe="{escape(r.recipe)}">')
@@ -115,8 +123,13 @@ def svg(runs: list[Run]) -> str:
                 o.append(f'<circle cx="{px(float(s)):.1f}" cy="{py(v):.1f}" r="2.5" '
                          f'fill="{col}"/>')
         o.append("</g>")
+    return o
+
+
+def _legend(runs: list[Run]) -> list[str]:
+    """The legend right of the plot: each recipe's colour, final val loss and tokens/s."""
     lx = RIGHT + 20
-    o.append(f'<g font-size="12">\n<text x="{lx}" y="{TOP + 4}" font-weight="bold">recipe</text>')
+    o = [f'<g font-size="12">\n<text x="{lx}" y="{TOP + 4}" font-weight="bold">recipe</text>']
     for i, r in enumerate(runs):
         y = TOP + 26 + 36 * i
         o.append(f'<line x1="{lx}" y1="{y - 4}" x2="{lx + 22}" y2="{y - 4}" '
@@ -126,6 +139,19 @@ def svg(runs: list[Run]) -> str:
         o.append(f'<text x="{lx + 30}" y="{y + 15}" fill="#555555" font-size="11">'
                  f"{val}{r.tokens_per_s:.0f} tok/s</text>")
     o.append("</g>\n</svg>\n")
+    return o
+
+
+def svg(runs: list[Run]) -> str:
+    """Validation loss against step, one polyline per recipe (broken at non-finite points)."""
+    px, py, xt, yt = _scales(runs)
+    o = ['<?xml version="1.0" encoding="UTF-8"?>',
+         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+         f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">',
+         f'<rect x="0" y="0" width="{W}" height="{H}" fill="white"/>',
+         f'<text x="{(LEFT + RIGHT) // 2}" y="28" font-size="16" text-anchor="middle">'
+         "Validation loss against step (PyTorch)</text>"]
+    o += _grid(px, py, xt, yt) + _curves(runs, px, py) + _legend(runs)
     return "\n".join(o)
 
 
@@ -152,8 +178,6 @@ def table(runs: list[Run]) -> str:
 
 def write_report(out_dir: str, settings: dict, runs: list[Run]) -> tuple[str, str]:
     """Writes out_dir/report.md and out_dir/val_loss.svg (atomically); returns their paths."""
-    from .loop import atomic_write  # noqa: PLC0415
-
     os.makedirs(out_dir, exist_ok=True)
     md = ["# lowp.torch.trainer compare: validation loss and throughput per recipe", "",
           "| setting | value |", "| --- | --- |"]
@@ -175,6 +199,6 @@ def write_report(out_dir: str, settings: dict, runs: list[Run]) -> tuple[str, st
         row = [_loss(dict(zip(r.steps, r.val_loss)).get(s, math.nan)) for r in runs]
         md.append(f"| {s} | " + " | ".join(row) + " |")
     md_path, svg_path = os.path.join(out_dir, "report.md"), os.path.join(out_dir, "val_loss.svg")
-    atomic_write(md_path, ("\n".join(md) + "\n").encode())
-    atomic_write(svg_path, svg(runs).encode())
+    write_atomic(md_path, ("\n".join(md) + "\n").encode())
+    write_atomic(svg_path, svg(runs).encode())
     return md_path, svg_path
