@@ -13,8 +13,14 @@
       `from lowp.torch import X`, `from . import X` with X not a submodule): it imports the
       submodule that defines X;
    b. no import cycle among the modules, a package __init__'s imports of its own
-      submodules (re-exports going down) aside.
-   PY_ALLOW lists the known exceptions, each with the issue that removes it.
+      submodules (re-exports going down) aside;
+   c. an application inside the package (APPLICATIONS: the PyTorch trainer,
+      lowp.torch.trainer) is a user of lowp: it imports lowp only through the public packages
+      (the __init__s whose __all__ is the public API: lowp, lowp.torch) and its own modules,
+      never another module of lowp (a private one, the extension, or a library module's path),
+      and no module outside it imports it. Its imports of those public __init__s are the only
+      imports of an enclosing package's __init__ that rule a allows.
+   PY_ALLOW lists the known exceptions, each with the issue that removes it (none now).
 
 Calls are found by name: every function defined (not static) in a .c file of src/, and every
 identifier followed by "(" in the other files, comments and strings removed. Prints one line per
@@ -113,13 +119,11 @@ PYROOT = os.path.join(ROOT, "python")
 # Modules that are not .py files in the tree: the C extension (built into python/lowp/ or a
 # build folder).
 EXTENSION_MODULES = {"lowp._lowp"}
-# Known violations, all in the training application that issue 36.1 moves out of the library
-# package (to a subpackage that uses only the public API). Each entry is (importing module,
-# imported module); remove them when the trainer moves.
-PY_ALLOW = {
-    ("lowp.torch.trainer.loop", "lowp"),  # _set_threads: lowp.set_threads
-    ("lowp.torch.trainer.loop", "lowp.torch"),  # apply_recipe
-}
+# Known violations: (importing module, imported module) pairs, each with the issue that
+# removes it. None since the trainer moved to lowp.torch.trainer (issue 36.1).
+PY_ALLOW = set()
+# Applications inside the package (rule 3c): {subpackage: the public packages it may import}.
+APPLICATIONS = {"lowp.torch.trainer": ("lowp", "lowp.torch")}
 
 
 def py_modules(pyroot=PYROOT):
@@ -160,13 +164,30 @@ def py_imports(name, path, is_pkg, mods):
     return out
 
 
-def check_python(pyroot=PYROOT, allow=None):
-    """Rules 3a and 3b of the module docstring over the package under pyroot: (number of
+def _app_of(m, apps):
+    """The application (a key of apps) that module m belongs to, or None."""
+    return next((a for a in apps if m == a or m.startswith(a + ".")), None)
+
+
+def app_violation(m, target, apps):
+    """Rule 3c for one import of module m: a message, or None when the import is allowed."""
+    mine, theirs = _app_of(m, apps), _app_of(target, apps)
+    if theirs is not None and theirs != mine:
+        return f"imports the application {theirs} (nothing outside it may)"
+    if mine is not None and theirs is None and target not in apps[mine]:
+        return (f"imports {target}: the application {mine} imports only the public "
+                f"{', '.join(apps[mine])}")
+    return None
+
+
+def check_python(pyroot=PYROOT, allow=None, apps=None):
+    """Rules 3a, 3b and 3c of the module docstring over the package under pyroot: (number of
     modules, [violations]). A package __init__'s imports of its own submodules go down and are
     left out of the cycle search; allow (default PY_ALLOW) holds (importer, imported) pairs
-    to skip."""
+    to skip; apps (default APPLICATIONS): {application subpackage: its public packages}."""
     mods = py_modules(pyroot)
     allow = PY_ALLOW if allow is None else allow
+    apps = APPLICATIONS if apps is None else apps
     errors = []
     graph = {m: set() for m in mods}
     for m, (path, is_pkg) in sorted(mods.items()):
@@ -174,7 +195,12 @@ def check_python(pyroot=PYROOT, allow=None):
             if target == m or (m, target) in allow:
                 continue
             rel = os.path.relpath(path, os.path.dirname(pyroot))
-            if target in mods and mods[target][1] and m.startswith(target + "."):
+            bad = app_violation(m, target, apps)
+            if bad:
+                errors.append(f"{rel}:{line}: {bad}")
+                continue
+            public = target in apps.get(_app_of(m, apps), ())  # an application's public API
+            if not public and target in mods and mods[target][1] and m.startswith(target + "."):
                 errors.append(f"{rel}:{line}: imports the __init__ of its package {target}")
                 continue
             if target in mods and not (is_pkg and target.startswith(m + ".")):

@@ -26,5 +26,6 @@ from . import _arrays, _testing  # noqa: F401  (lowp._arrays, lowp._testing)
 from ._numpy_api import (FORMATS, SCALE_MODES, SCALINGS, QTensor, __all__, __version__, _lowp,
                          cached_bytes, cast, decode, dequantize, empty_cache, gemm, gemm_kn,
                          get_threads, grouped_gemm, info, quantize, set_threads)
+from ._numpy_api import checkpoint_verify, crc32c, default_corpus  # lowp.torch.trainer's
 
 QTensor.__module__ = __name__  # lowp.QTensor, as before the API moved to its own module

@@ -15,7 +15,7 @@ from . import _arrays as A
 __all__ = [
     "QTensor", "cast", "decode", "quantize", "dequantize", "gemm", "gemm_kn", "grouped_gemm",
     "info", "set_threads", "get_threads", "empty_cache", "cached_bytes", "FORMATS", "SCALINGS",
-    "SCALE_MODES",
+    "SCALE_MODES", "crc32c", "checkpoint_verify", "default_corpus",
 ]
 
 
@@ -630,3 +630,37 @@ def _wgrad_operand(x, o, fn, arg):
         return x._desc(which, fn, arg), x.shape, x.is_torch
     return _operand(x, fn, arg, which="col")
 
+
+# ---- the C trainer's checkpoint checks and corpus (used by lowp.torch.trainer) ----
+
+
+def crc32c(data, crc=0):
+    """The CRC-32C of ``data``'s bytes continued from ``crc``, as an int in [0, 2^32).
+
+    CRC-32C is Castagnoli's CRC (reflected polynomial 0x82F63B78, initial value and final XOR
+    0xFFFFFFFF; ``crc32c(b"123456789") == 0xE3069283``), the checksum of every tensor and of
+    the metadata in the C trainer's checkpoints (src/io/crc32c.c). ``crc``: the CRC-32C of the
+    bytes before, so ``crc32c(b, crc32c(a)) == crc32c(a + b)``. ``data``: any C-contiguous
+    buffer (bytes, bytearray, memoryview, a numpy array)."""
+    if isinstance(crc, bool) or not isinstance(crc, (int, np.integer)):
+        raise TypeError(f"crc32c: crc must be an int, got {type(crc).__name__}")
+    if not 0 <= crc < 2 ** 32:
+        raise ValueError(f"crc32c: crc ({crc}) must be in [0, 2^32)")
+    return int(_lowp.crc32c(data, int(crc)))
+
+
+def checkpoint_verify(data, path="<memory>"):
+    """Check the bytes of a lowp checkpoint as the C trainer does before it reads one: the
+    safetensors structure, then the CRC-32C of the metadata and of every tensor
+    (``crc32c.NAME`` and ``crc32c.__metadata__`` entries of ``__metadata__``). Returns None;
+    raises ValueError naming the tensor, the metadata or the malformed part (``path`` names
+    the file in the checksum messages). ``data``: any C-contiguous buffer."""
+    if not isinstance(path, str):
+        raise TypeError(f"checkpoint_verify: path must be a str, got {type(path).__name__}")
+    _lowp.checkpoint_verify(data, path)
+
+
+def default_corpus():
+    """The C library's built-in training corpus (what ``lowp train`` trains on without
+    ``--data``), as bytes."""
+    return bytes(_lowp.default_corpus())

@@ -1,6 +1,8 @@
 """tools/check_layers.py's Python rules (issue 36.6) on small made-up packages: an import of a
 package's own __init__ from inside it, and an import cycle, are found; a submodule import, an
-import of the extension and a package __init__'s re-exports going down are not."""
+import of the extension and a package __init__'s re-exports going down are not. An application
+inside the package (the PyTorch trainer, issue 36.1) imports lowp only through its public
+packages, and nothing else imports it."""
 
 import importlib.util
 import os
@@ -77,3 +79,58 @@ def test_the_allow_list_names_pairs(tool, tmp_path):
 def test_the_package_passes(tool):
     n, errors = tool.check_python()
     assert n > 20 and errors == []
+
+
+# An application inside the package (as lowp.torch.trainer), whose public package is lowp.
+_APP = {"lowp.app": ("lowp",)}
+_CLEAN_APP = dict(_CLEAN, **{
+    "lowp/app/__init__.py": "from .run import main\n",
+    "lowp/app/__main__.py": "from .run import main\nmain()\n",
+    "lowp/app/run.py": "import lowp\nfrom lowp import f\nfrom . import util\n"
+                       "def main():\n    return util.g(lowp.api)\n",
+    "lowp/app/util.py": "def g(x):\n    return x\n",
+})
+
+
+def test_an_application_on_the_public_api_passes(tool, tmp_path):
+    n, errors = tool.check_python(_tree(tmp_path, _CLEAN_APP), allow=set(), apps=_APP)
+    assert (n, errors) == (9, [])
+
+
+@pytest.mark.parametrize("line, module", [
+    ("from lowp import _lowp", "lowp._lowp"),  # the extension
+    ("from lowp.api import f", "lowp.api"),    # a library module, not the public package
+    ("from ..sub import d", "lowp.sub.d"),
+    ("import lowp.sub", "lowp.sub"),           # a package that is not among the public ones
+])
+def test_an_application_importing_another_module_of_lowp_is_found(tool, tmp_path, line, module):
+    files = dict(_CLEAN_APP)
+    files["lowp/app/util.py"] = "def g(x):\n    %s\n    return x\n" % line
+    _, errors = tool.check_python(_tree(tmp_path, files), allow=set(), apps=_APP)
+    where = os.path.join(tmp_path.name, "lowp", "app", "util.py")
+    assert errors == [f"{where}:2: imports {module}: the application lowp.app imports only the "
+                      "public lowp"]
+
+
+def test_an_application_importing_its_own_init_is_found(tool, tmp_path):
+    files = dict(_CLEAN_APP)
+    files["lowp/app/util.py"] = "from . import main\n"
+    _, errors = tool.check_python(_tree(tmp_path, files), allow=set(), apps=_APP)
+    where = os.path.join(tmp_path.name, "lowp", "app", "util.py")
+    assert errors == [f"{where}:1: imports the __init__ of its package lowp.app"]
+
+
+@pytest.mark.parametrize("path", ["lowp/sub/d.py", "lowp/__init__.py"])
+def test_the_library_importing_the_application_is_found(tool, tmp_path, path):
+    files = dict(_CLEAN_APP)
+    files[path] = files[path] + "def late():\n    from lowp.app import run\n"
+    _, errors = tool.check_python(_tree(tmp_path, files), allow=set(), apps=_APP)
+    where = os.path.join(tmp_path.name, *path.split("/"))
+    line = files[path].count("\n")  # the last line
+    assert errors == [f"{where}:{line}: imports the application lowp.app (nothing outside it "
+                      "may)"]
+
+
+def test_the_trainer_is_an_application_and_nothing_is_allowed(tool):
+    assert tool.APPLICATIONS == {"lowp.torch.trainer": ("lowp", "lowp.torch")}
+    assert tool.PY_ALLOW == set()

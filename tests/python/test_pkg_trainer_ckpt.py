@@ -105,9 +105,28 @@ def test_crc32c_check_value_and_c_agree():
     whole = ckfile.crc32c_py(blob)
     assert ckfile.crc32c_py(blob[1000:], ckfile.crc32c_py(blob[:1000])) == whole
     if HAVE_C:
-        from lowp import _lowp  # noqa: PLC0415
+        import lowp  # noqa: PLC0415
 
-        assert _lowp.crc32c(b"123456789") == 0xE3069283 and _lowp.crc32c(blob) == whole
+        assert lowp.crc32c(b"123456789") == 0xE3069283 and lowp.crc32c(blob) == whole
+        assert lowp.crc32c(blob[1000:], lowp.crc32c(blob[:1000])) == whole
+
+
+@pytest.mark.skipif(not HAVE_C, reason="needs lowp's C extension")
+def test_lowp_crc32c_and_checkpoint_verify_name_a_bad_argument():
+    import lowp  # noqa: PLC0415
+
+    for bad, exc, name in (("abc", TypeError, "data"), (None, TypeError, "data")):
+        with pytest.raises(exc, match=name):
+            lowp.crc32c(bad)
+    for crc, exc in ((2 ** 32, ValueError), (-1, ValueError), (1.0, TypeError),
+                     (True, TypeError)):
+        with pytest.raises(exc, match="crc"):  # not wrapped to 32 bits
+            lowp.crc32c(b"x", crc)
+    assert lowp.crc32c(b"x", 2 ** 32 - 1) == ckfile.crc32c_py(b"x", 2 ** 32 - 1)
+    with pytest.raises(TypeError, match="path"):
+        lowp.checkpoint_verify(b"", 5)
+    with pytest.raises(ValueError):
+        lowp.checkpoint_verify(b"\0" * 16, "f.safetensors")
 
 
 def test_every_tensor_and_the_metadata_carry_a_checksum(saved):

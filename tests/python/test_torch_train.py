@@ -80,6 +80,20 @@ def test_data_split_and_batches():
         CharData(b"short", "s")
 
 
+def test_the_builtin_corpus_is_the_c_librarys_with_or_without_the_extension(monkeypatch):
+    """lowp.default_corpus() (the extension's copy of the C string) and, without the extension,
+    the trainer's reading of the C source it is compiled from (src/*/default_corpus.c beside
+    the package) give the same text."""
+    import lowp  # noqa: PLC0415
+    from lowp.torch.trainer import data as data_mod  # noqa: PLC0415
+
+    text = lowp.default_corpus()
+    assert isinstance(text, bytes) and len(text) > 1000 and b"\n" in text
+    assert data_mod.default_corpus() == text
+    monkeypatch.setitem(sys.modules, "lowp", None)  # `import lowp` raises ImportError
+    assert data_mod.default_corpus() == text
+
+
 def test_lr_schedule():
     c = TrainConfig(steps=100, warmup=10, lr=1e-3, min_lr=1e-4)
     assert lr_at(c, 0) == pytest.approx(1e-4)
@@ -173,6 +187,28 @@ def test_module_names_follow_torchtitan_deepseek():
         MoEConfig.preset("huge", 20)
     with pytest.raises(ValueError, match="top_k"):
         MoEConfig.preset("tiny", 20, top_k=9)
+
+
+# ---------------------------------------------------------------- FP8 state
+
+
+@pytest.mark.skipif("fp8_delayed" not in _lowp_recipes(), reason="needs lowp.torch's recipes")
+def test_every_update_ends_with_the_delayed_scaling_update():
+    """The FP8 states' update runs at the end of each optimizer update
+    (lowp.torch.update_fp8_states, as lowp_train_step_end in C), evaluations included: a
+    trainer that skipped it (as one whose lazy import of a moved module failed silently did)
+    leaves it to the next forward and has one update fewer."""
+    import lowp.torch as lt  # noqa: PLC0415
+
+    data = CharData.builtin()
+    model = MoETransformer(MoEConfig.preset("tiny", data.vocab), 3)
+    t = Trainer(model, data, "fp8_delayed", TrainConfig(steps=4, batch=2, warmup=1,
+                                                        eval_every=2, eval_batches=1))
+    states = [st for _, st in lt.fp8_states(model)]
+    assert states
+    for n in range(1, 5):
+        t.step()
+        assert [st.updates for st in states] == [n] * len(states), n
 
 
 # ---------------------------------------------------------------- resume

@@ -64,3 +64,8 @@ __all__ += ["patch_torchao", "unpatch_torchao", "torchao_patched"]
 from .ops import invalidate_weight_caches
 
 __all__ += ["invalidate_weight_caches"]
+
+# The end of an optimizer update (lowp.torch.trainer): every FP8 delayed-scaling state's update.
+from .state import update_all as update_fp8_states
+
+__all__ += ["update_fp8_states"]

@@ -14,7 +14,7 @@ This module owns the bytes: :func:`encode` and :func:`decode` (which checks the 
 every checksum before it returns anything, with an error naming the tensor or the metadata),
 the CRC-32C, and :func:`write_atomic` (a temporary file unique to the writer, fsync, rename,
 fsync of the directory; the temporary file removed on any failure). With lowp's C extension
-the checksums are verified by the C trainer's own checker (``lowp._lowp.checkpoint_verify``,
+the checksums are verified by the C trainer's own checker (``lowp.checkpoint_verify``,
 so both trainers share one checker) and computed by its CRC-32C; without it (a checkout
 without ``make build``) by the Python port below, which gives the same answers, more slowly.
 
@@ -50,12 +50,13 @@ _HEADER_MAX = 100 << 20  # as the C reader's bound on a header
 
 
 def _ext():
-    """lowp._lowp when it has the checkpoint functions, else None."""
+    """lowp (its public lowp.crc32c and lowp.checkpoint_verify) when its C extension is
+    built, else None."""
     try:
-        from lowp import _lowp  # noqa: PLC0415
-    except Exception:  # noqa: BLE001 - no extension (or no numpy API) in this checkout
+        import lowp  # noqa: PLC0415
+    except ImportError:  # no extension in this checkout
         return None
-    return _lowp if hasattr(_lowp, "checkpoint_verify") else None
+    return lowp
 
 
 def _table() -> list:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import lowp.torch as lt
+
 __all__ = ["RECIPES", "LOWP_RECIPES", "TrainConfig"]
 
-try:  # the recipes apply_recipe knows (lowp.torch.recipes), else the C library's names
-    from ..recipes import RECIPES as LOWP_RECIPES
-except ImportError:
-    LOWP_RECIPES = ("bf16", "fp8_delayed", "fp8_rowwise", "all_mxfp8", "block128",
-                    "all_block_fp8", "mix", "mix_fp4")
+#: The recipes lowp.torch.apply_recipe knows.
+LOWP_RECIPES = tuple(lt.RECIPES)
+#: Every --recipe: lowp's, and fp32 (plain float32 matmuls) and torchao_mxfp8 (torchao's own).
 RECIPES = LOWP_RECIPES + ("fp32", "torchao_mxfp8")
 
 

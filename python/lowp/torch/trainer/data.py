@@ -30,16 +30,15 @@ def _fnv1a64(data: bytes) -> int:
 
 
 def default_corpus() -> bytes:
-    """The C library's built-in corpus: from the extension when it exposes it, else from the
-    source tree this package sits in (the C string literal of default_corpus.c)."""
+    """The C library's built-in corpus: ``lowp.default_corpus()`` when the extension is
+    built, else from the source tree this package sits in (the C string literal of
+    default_corpus.c)."""
     try:
-        from lowp import _lowp  # noqa: PLC0415
-
-        fn = getattr(_lowp, "default_corpus", None)
-        if fn is not None:
-            return bytes(fn())
-    except ImportError:
+        import lowp  # noqa: PLC0415
+    except ImportError:  # no extension in this checkout
         pass
+    else:
+        return lowp.default_corpus()
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 4))
     for rel in ("data/default_corpus.txt", "src/data/default_corpus.txt",
                 "src/data/default_corpus.c", "src/model/default_corpus.c"):
@@ -55,7 +54,7 @@ def default_corpus() -> bytes:
         body = body[:body.index("lowp_default_corpus_len")]  # the text holds semicolons
         parts = re.findall(r'"((?:[^"\\]|\\.)*)"', body)
         return "".join(ast.literal_eval('"' + p + '"') for p in parts).encode("ascii")
-    raise FileNotFoundError("the built-in corpus: neither lowp._lowp.default_corpus nor "
+    raise FileNotFoundError("the built-in corpus: neither lowp.default_corpus (no extension) nor "
                             "src/*/default_corpus.c was found; pass --data FILE")
 
 

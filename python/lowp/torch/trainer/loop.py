@@ -25,6 +25,9 @@ import time
 import numpy as np
 import torch
 
+import lowp
+import lowp.torch as lt
+
 from . import checkpoint as ckfile
 from .config import TrainConfig
 from .data import CharData
@@ -83,12 +86,7 @@ def apply_training_recipe(model: MoETransformer, recipe: str) -> str:
         cfg = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL)
         quantize_(model, cfg, filter_fn=_torchao_filter)
     else:
-        try:
-            from lowp.torch import apply_recipe  # noqa: PLC0415
-        except ImportError as e:
-            raise ValueError(f"--recipe {recipe}: lowp.torch.apply_recipe is not available "
-                             f"({e})") from e
-        plan = apply_recipe(model, recipe)
+        plan = lt.apply_recipe(model, recipe)
         if isinstance(plan, dict):
             return describe_wrapping(model, plan)
     return describe_wrapping(model)
@@ -117,13 +115,7 @@ def set_threads(n: int) -> None:
     """torch's and lowp's thread counts (n > 0; 0 leaves the defaults)."""
     if n > 0:
         torch.set_num_threads(n)
-        try:
-            import lowp  # noqa: PLC0415
-
-            if hasattr(lowp, "set_threads"):
-                lowp.set_threads(n)
-        except ImportError:
-            pass
+        lowp.set_threads(n)
 
 
 def _adamw_impl(params) -> dict:
@@ -169,14 +161,7 @@ class Trainer:
              {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
             **_adamw_impl(decay + no_decay))
-        self._fp8_update = None
-        try:
-            from ..state import fp8_states, update_all  # noqa: PLC0415
-
-            if fp8_states(model):
-                self._fp8_update = update_all
-        except ImportError:
-            pass
+        self._fp8_update = lt.update_fp8_states if lt.fp8_states(model) else None
         self.step_n = 0
         self.data_pos = 0
         self.run_steps = 0

@@ -37,6 +37,7 @@ Parameter names (``model.named_parameters()``):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -45,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._autocast import exact, out_dtype
+import lowp.torch as lt
 
 __all__ = ["MoEConfig", "MoETransformer", "PRESETS", "philox_words"]
 
@@ -190,6 +191,13 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, plain_dtype) 
     return y.float()
 
 
+def _autocast_off(device_type: str):
+    """A context with autocast off for ``device_type`` (nothing to do when it is off)."""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 (the C trainer runs it
     without autocast); returned in lowp's autocast dtype (``lowp.torch.autocast_dtype``: the
@@ -201,8 +209,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        odt = out_dtype(x)
-        with exact(x.device.type):
+        odt = lt.autocast_dtype(x.device.type, x.dtype)
+        with _autocast_off(x.device.type):
             y = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
         return y.to(odt)
 
@@ -355,7 +363,7 @@ class MoETransformer(nn.Module):
     def c_order(self):
         """(name, parameter, initial std or None for ones) in the C model's parameter order,
         which fixes each parameter's Philox words."""
-        c, L = self.cfg, self.cfg.layers
+        L = self.cfg.layers
         std, std_out = 0.02, float(np.float32(0.02) / np.sqrt(np.float32(2.0 * L), dtype=np.float32))
         out = [("tok_embeddings.weight", std)]
         for l in range(L):
