@@ -73,15 +73,20 @@ fuzz: build $(PY)
 
 # ---- bench: install the peers `lowp bench gemm` compares with
 # (Debian's libdnnl-dev and libopenblas-dev, via apt-get, as root, only when missing),
-# reconfigure so the CLI links them, then run every benchmark. BENCH_QUICK=1: short shapes
-# and few repetitions (a smoke run); the figures in docs/benchmarks.md come from the full run.
+# reconfigure so the CLI links them, then run every benchmark. A oneDNN with a CPU runtime of
+# its own under LOWP_ONEDNN_ROOT (default .venv) is linked instead of Debian's (CMakeLists.txt).
+# With torch in .venv, `python -m lowp.bench gemm` then times the training GEMMs against
+# torch.mm (the oneDNN torch bundles). BENCH_QUICK=1: short shapes and few repetitions (a smoke
+# run); the figures in docs/benchmarks.md come from the full run.
 BENCH_PEERS ?= libdnnl-dev libopenblas-dev
 ifeq ($(BENCH_QUICK),1)
 BENCH_CAST_ARGS  ?= --size 1M --reps 3
 BENCH_QUANT_ARGS ?= --rows 256 --cols 1024 --reps 3
 BENCH_GEMM_ARGS  ?= --quick --reps 2
 BENCH_TRAIN_ARGS ?= --configs tiny --recipes bf16,all_mxfp8 --steps 1
+BENCH_PYGEMM_ARGS ?= --shape 1024x1024x512 --reps 2
 endif
+BENCH_HAS_TORCH = $(shell test -x $(PY) && $(PY) -c "import torch" 2>/dev/null && echo 1)
 bench:
 	@missing=""; for p in $(BENCH_PEERS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -92,11 +97,13 @@ bench:
 	  else echo "make bench: peer packages missing ($$missing) and not root: the benchmarks run without them"; fi; \
 	fi
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -ULOWP_DNNL_INCLUDE_DIR -ULOWP_DNNL_LIBRARY \
-		-ULOWP_OPENBLAS_LIBRARY $(CMAKE_ARGS) >/dev/null
-	cmake --build $(BUILD) -j $(JOBS) --target lowp_cli
+		-ULOWP_OPENBLAS_LIBRARY $(if $(BENCH_HAS_TORCH),$(PY_EXT_ARGS)) $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target lowp_cli $(if $(BENCH_HAS_TORCH),lowp_pyext)
 	./$(BUILD)/bin/lowp bench cast $(BENCH_CAST_ARGS)
 	./$(BUILD)/bin/lowp bench quant $(BENCH_QUANT_ARGS)
 	./$(BUILD)/bin/lowp bench gemm $(BENCH_GEMM_ARGS)
+	$(if $(BENCH_HAS_TORCH),PYTHONPATH=python $(PY) -m lowp.bench gemm $(BENCH_PYGEMM_ARGS),\
+		@echo "make bench: no torch in $(VENV): the torch.mm peer (python -m lowp.bench gemm) is skipped")
 	./$(BUILD)/bin/lowp bench train $(BENCH_TRAIN_ARGS)
 
 format:

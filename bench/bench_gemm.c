@@ -8,7 +8,9 @@
  * FLOPs. Operands are quantized once, outside the timed region; each repetition times one GEMM
  * right after an untimed one of the same kernel, the kernels' repetitions are interleaved (the
  * machines this runs on are shared and noisy) and the median is reported, as GFLOP/s = 2*M*N*K /
- * time and as a ratio to oneDNN BF16.
+ * time and as a ratio to oneDNN BF16. The oneDNN is the one CMake found (LOWP_ONEDNN_ROOT, else the
+ * system's; 2.x and 3.x C APIs); the table's header and each JSON row name the version this
+ * process runs (dnnl_version()).
  *
  * OpenBLAS is loaded with dlopen after OPENBLAS_CORETYPE=SkylakeX (on CPUs with AVX-512F) and
  * OPENBLAS_THREAD_TIMEOUT=4 are put in the environment (unless already set): OpenBLAS reads
@@ -85,28 +87,57 @@ static int dnnl_setup(dnnl_mm *d, int64_t m, int64_t n, int64_t k, void *a, void
     if (dnnl_engine_create(&d->eng, dnnl_cpu, 0) != dnnl_success) return -1;
     if (dnnl_stream_create(&d->stream, d->eng, dnnl_stream_default_flags) != dnnl_success)
         return -1;
-    dnnl_memory_desc_t ad, bd, cd;
     dnnl_dims_t da = {m, k}, db = {k, n}, dc = {m, n};
+#if DNNL_VERSION_MAJOR >= 3 /* memory descriptors are handles; one call makes the matmul's pd */
+    dnnl_memory_desc_t ad = NULL, bd = NULL, cd = NULL;
+    int bad = dnnl_memory_desc_create_with_tag(&ad, 2, da, dnnl_bf16, dnnl_ab) != dnnl_success ||
+              dnnl_memory_desc_create_with_tag(&bd, 2, db, dnnl_bf16, dnnl_ba) != dnnl_success ||
+              dnnl_memory_desc_create_with_tag(&cd, 2, dc, dnnl_f32, dnnl_ab) != dnnl_success;
+#define LOWP_DNNL_MD(x) (x)
+#else
+    dnnl_memory_desc_t ad, bd, cd;
     dnnl_memory_desc_init_by_tag(&ad, 2, da, dnnl_bf16, dnnl_ab);
     dnnl_memory_desc_init_by_tag(&bd, 2, db, dnnl_bf16, dnnl_ba);
     dnnl_memory_desc_init_by_tag(&cd, 2, dc, dnnl_f32, dnnl_ab);
     dnnl_matmul_desc_t md;
-    if (dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd) != dnnl_success) return -1;
-    for (int t = 0; t < 2; t++) {
+    int bad = dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd) != dnnl_success;
+#define LOWP_DNNL_MD(x) (&(x))
+#endif
+    for (int t = 0; t < 2 && !bad; t++) {
         /* oneDNN sizes a primitive's scratch for the threads it will run on. */
         omp_set_num_threads(t + 1);
         dnnl_primitive_desc_t pd;
-        if (dnnl_primitive_desc_create(&pd, &md, NULL, d->eng, NULL) != dnnl_success) return -1;
-        dnnl_status_t st = dnnl_primitive_create(&d->prim[t], pd);
+#if DNNL_VERSION_MAJOR >= 3
+        bad =
+            dnnl_matmul_primitive_desc_create(&pd, d->eng, ad, bd, NULL, cd, NULL) != dnnl_success;
+#else
+        bad = dnnl_primitive_desc_create(&pd, &md, NULL, d->eng, NULL) != dnnl_success;
+#endif
+        if (bad) break;
+        bad = dnnl_primitive_create(&d->prim[t], pd) != dnnl_success;
         dnnl_primitive_desc_destroy(pd);
-        if (st != dnnl_success) return -1;
     }
-    if (dnnl_memory_create(&d->ma, &ad, d->eng, a) != dnnl_success ||
-        dnnl_memory_create(&d->mb, &bd, d->eng, b) != dnnl_success ||
-        dnnl_memory_create(&d->mc, &cd, d->eng, c) != dnnl_success)
-        return -1;
-    d->ok = 1;
-    return 0;
+    bad = bad || dnnl_memory_create(&d->ma, LOWP_DNNL_MD(ad), d->eng, a) != dnnl_success ||
+          dnnl_memory_create(&d->mb, LOWP_DNNL_MD(bd), d->eng, b) != dnnl_success ||
+          dnnl_memory_create(&d->mc, LOWP_DNNL_MD(cd), d->eng, c) != dnnl_success;
+#if DNNL_VERSION_MAJOR >= 3
+    dnnl_memory_desc_destroy(ad), dnnl_memory_desc_destroy(bd), dnnl_memory_desc_destroy(cd);
+#endif
+    d->ok = !bad;
+    return bad ? -1 : 0;
+}
+
+/* "oneDNN v2.6.3 (OpenMP)": the version of the library this process runs, which may differ
+ * from the headers it was built with. */
+static const char *dnnl_label(void) {
+    static char buf[96];
+    const dnnl_version_t *v = dnnl_version();
+    const char *rt = v->cpu_runtime == DNNL_RUNTIME_OMP   ? "OpenMP"
+                     : v->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB"
+                     : v->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential"
+                                                          : "other runtime";
+    snprintf(buf, sizeof buf, "oneDNN v%d.%d.%d (%s)", v->major, v->minor, v->patch, rt);
+    return buf;
 }
 
 static int dnnl_run(dnnl_mm *d, int threads) {
@@ -413,6 +444,9 @@ static void emit_json(const result *r, int reps) {
     lowp_bench_json_num(&j, "seconds", r->seconds);
     lowp_bench_json_num(&j, "gflops", r->gflops);
     if (r->ratio > 0) lowp_bench_json_num(&j, "ratio_to_onednn_bf16", r->ratio);
+#ifdef LOWP_HAVE_DNNL
+    if (r->ratio > 0 || r->k == K_DNNL) lowp_bench_json_str(&j, "onednn", dnnl_label());
+#endif
     lowp_bench_json_end(&j, stdout);
 }
 
@@ -511,7 +545,9 @@ int lowp_bench_gemm(int argc, char **argv) {
            "threads\n(grouped: %d experts, uneven groups; oneDNN runs the dense GEMM of the same "
            "FLOPs)\n",
            cpu, lowp_bench_pages(), reps, NGROUPS);
-#ifndef LOWP_HAVE_DNNL
+#ifdef LOWP_HAVE_DNNL
+    printf("onednn_bf16 (the ratios' peer): %s, BF16 matmul, F32 output\n", dnnl_label());
+#else
     printf("peer missing: oneDNN was not found at build time (libdnnl-dev; `make bench` installs "
            "it): no ratios\n");
 #endif

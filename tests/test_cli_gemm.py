@@ -10,6 +10,7 @@ result must agree to a relative error of 1e-5 of ||C|| (binary32 accumulation). 
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -159,6 +160,13 @@ def test_bad_input():
               and {"lowp_bf16", "lowp_mxfp8", "lowp_block128", "lowp_block32x32", "lowp_f32"} <= kernels
               and {r["threads"] for r in rows} == {1, 2} and all(r["gflops"] > 0 for r in rows),
               [f"exit {rc}", err[-300:], out[:300]])
+    # Every ratio names the oneDNN it was taken against (issue 42): the library's own version,
+    # read at run time. A build without oneDNN says so on stderr and has no ratios.
+    peer = [r for r in rows if r["kernel"] == "onednn_bf16" or "ratio_to_onednn_bf16" in r]
+    named = all(re.fullmatch(r"oneDNN v\d+\.\d+\.\d+ \(\w[\w ]*\)", r.get("onednn", "")) for r in peer)
+    rep.check("bench gemm --json: each onednn_bf16 row and each ratio names the oneDNN version, or no "
+              "oneDNN and a stderr line saying so",
+              named and (peer or "oneDNN was not found" in err), [f"exit {rc}", err[-300:], out[:300]])
     for bad in ("12x0x3", "12x5", "12x5x3x1", "axbxc", "70000x1x1", "-4x5x6", "4x5x6junk", "+4x5x6", "4x 5x6", " 4x5x6"):
         rc, out, err = run("bench", "gemm", "--shape", bad)
         rep.check(f"bench gemm --shape {bad}: exit 2, the error names --shape",
