@@ -303,7 +303,7 @@ done:
 
 /* The C trainer's checkpoint integrity code (src/io/crc32c.h, src/trainer/trainer_internal.h:
  * internal to liblowp, linked here from the static library; declared here because the
- * extension does not see src/). The PyTorch trainer (lowp.torch.train_ckpt) writes the same
+ * extension does not see src/). The PyTorch trainer (lowp.torch.trainer.checkpoint) writes the same
  * format and checks its files with this checker. */
 uint32_t lowp_crc32c(uint32_t crc, const void *p, size_t n);
 lowp_status lowp_ckpt_verify(const lowp_safetensors *f, const char *path);
