@@ -12,7 +12,8 @@ all: build
 
 # The test dependencies, installed into .venv by `make test` (torch from PyPI is large; an
 # existing .venv that already satisfies every requirement is reused without touching pip).
-PY_DEPS := numpy ml_dtypes>=0.7 pytest torch>=2.6 torchao>=0.17
+# torchtitan is pinned: lowp's converter and patch_torchtitan() are tested on 0.3.0 only.
+PY_DEPS := numpy ml_dtypes>=0.7 pytest torch>=2.6 torchao>=0.17 torchtitan==0.3.0 tokenizers
 
 venv:
 	@test -x $(PY) || python3 -m venv $(VENV)

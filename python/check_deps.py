@@ -1,6 +1,6 @@
-"""Exit 0 when this Python has every requirement given on the command line ("name" or
-"name>=X.Y"), else 1; used by `make venv` so that a ready .venv is reused without pip.
-Stdlib only (no network, no imports of the packages themselves)."""
+"""Exit 0 when this Python has every requirement given on the command line ("name",
+"name>=X.Y" or "name==X.Y.Z"), else 1; used by `make venv` so that a ready .venv is reused
+without pip. Stdlib only (no network, no imports of the packages themselves)."""
 
 import importlib.metadata as md
 import re
@@ -14,13 +14,15 @@ def version_tuple(v):
 def main(reqs):
     missing = []
     for r in reqs:
-        name, _, least = r.partition(">=")
+        exact = "==" in r
+        name, _, want = r.partition("==") if exact else r.partition(">=")
         try:
             have = md.version(name)
         except md.PackageNotFoundError:
             missing.append(r)
             continue
-        if least and version_tuple(have) < version_tuple(least):
+        if want and (version_tuple(have) != version_tuple(want) if exact
+                     else version_tuple(have) < version_tuple(want)):
             missing.append(f"{r} (have {have})")
     if missing:
         print("venv: installing " + ", ".join(missing), file=sys.stderr)
