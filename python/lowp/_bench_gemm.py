@@ -2,7 +2,7 @@
 kernels beside torch's own BF16 `torch.mm` (a benchmark, not a test).
 
   python -m lowp.bench gemm [--shape 4096x4096x1024 ...] [--configs bf16,mxfp8,block32x32,block128]
-                            [--threads 1] [--reps 7]
+                            [--threads 1] [--reps 7] [--clock wall|cpu]
 
 For y = x . W^T with x [M, K] (tokens x in features) and W [N, K], --shape MxNxK:
 
@@ -137,15 +137,15 @@ def _impls(torch, lowp, configs, m, n, k):
     return impls
 
 
-def _time(impls, reps):
+def _time(impls, reps, clock=time.perf_counter):
     """Median seconds of each f, over `reps` interleaved rounds after one untimed round."""
     times = {key: [] for key in impls}
     for r in range(1 + reps):
         for key, f in impls.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             f()
             if r:
-                times[key].append(time.perf_counter() - t0)
+                times[key].append(clock() - t0)
     return {key: statistics.median(v) for key, v in times.items()}
 
 
@@ -165,7 +165,14 @@ def bench_gemm(argv=None):
     p.add_argument("--configs", default="bf16,mxfp8,block32x32,block128")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: the calling thread's CPU time (time.thread_time), which leaves out "
+                        "the time other processes hold the core on a shared machine; --threads 1 "
+                        "only (every GEMM then runs on the calling thread)")
     a = p.parse_args(argv)
+    if a.clock == "cpu" and a.threads != 1:
+        p.error("--clock cpu needs --threads 1 (other threads' work is not on the clock)")
+    clock = time.thread_time if a.clock == "cpu" else time.perf_counter
     configs = a.configs.split(",")
     bad = [c for c in configs if c != "bf16" and c not in CONFIGS]
     if bad:
@@ -177,14 +184,14 @@ def bench_gemm(argv=None):
     torch.set_num_threads(a.threads)
     lowp.set_threads(a.threads)
     print(f"GEMMs of a linear's training step, {a.threads} thread(s), {a.reps} interleaved "
-          f"rounds (median); peer: torch {torch.__version__} torch.mm on BF16 (its bundled "
-          f"oneDNN v{torch_onednn_version(torch)}); lowp {lowp.__version__} on "
-          f"{lowp.info()['cpu'].get('name', '?')}\n")
+          f"rounds (median of {a.clock} time); peer: torch {torch.__version__} torch.mm on "
+          f"BF16 (its bundled oneDNN v{torch_onednn_version(torch)}); lowp {lowp.__version__} "
+          f"on {lowp.info()['cpu'].get('name', '?')}\n")
     print("| M x N x K | GEMM | implementation | median ms | x torch.mm speed |")
     print("| --- | --- | --- | ---: | ---: |")
     results = {}
     for m, n, k in a.shape or [(4096, 4096, 1024)]:
-        med = _time(_impls(torch, lowp, configs, m, n, k), a.reps)
+        med = _time(_impls(torch, lowp, configs, m, n, k), a.reps, clock)
         for (gm, name), t in sorted(med.items(), key=lambda kv: ("fwd", "dgrad", "wgrad")
                                     .index(kv[0][0])):
             base = med[(gm, "torch.mm bf16")]
