@@ -6,6 +6,7 @@ The reference for every routed call is the lowp.torch op itself called on the pl
 weight: the wrapped model must give the same bits, forward and backward."""
 
 import copy
+import dataclasses
 import io
 import os
 import sys
@@ -16,7 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torchao.quantization import quantize_
-from torchao.quantization.qat import QATConfig
+from torchao.core.config import AOBaseConfig
+from torchao.quantization.qat import QATConfig, QATStep
 from torchao.quantization.transform_module import _QUANTIZE_CONFIG_HANDLER
 
 import lowp.torch as lt
@@ -44,9 +46,14 @@ def mlp(seed=0):
 # ---- point 1: the config and its handler ----
 
 
-def test_config_is_qatconfig_with_registered_handler():
+def test_config_is_a_torchao_config_with_registered_handler():
+    # A frozen dataclass on torchao's AOBaseConfig (QATConfig is a mutable dataclass, which a
+    # frozen one cannot extend); the step is torchao's QATStep.
     cfg = ParamSwapConfig(weight_config=MXQuantizeConfig())
-    assert isinstance(cfg, QATConfig)
+    assert isinstance(cfg, AOBaseConfig) and not isinstance(cfg, QATConfig)
+    assert dataclasses.is_dataclass(cfg) and cfg.step is QATStep.PREPARE
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.step = QATStep.CONVERT
     assert _QUANTIZE_CONFIG_HANDLER[ParamSwapConfig] is _param_swap_transform
     # convert accepts the weight_config again (torchao's QATConfig refuses it)
     ParamSwapConfig(weight_config=MXQuantizeConfig(), step="convert")

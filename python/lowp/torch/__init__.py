@@ -69,3 +69,8 @@ __all__ += ["invalidate_weight_caches"]
 from .state import update_all as update_fp8_states
 
 __all__ += ["update_fp8_states"]
+# The configs' Enums (issue 36.2): the scale mode, and the param swap's step (torchao's QATStep).
+from .config import QATStep, ScaleCalculationMode
+
+__all__ += ["QATStep", "ScaleCalculationMode"]
+

@@ -14,25 +14,43 @@ layer's presets (src/train/recipe.c):
   fp8_tensorwise   tensorwise e4m3         e4m3 / e5m2 gradient (HYBRID)  yes
   bf16             BF16 GEMMs, nothing quantized
 
-The configs subclass torchao's `FakeQuantizeConfigBase` (so torchao's QAT machinery accepts
-them); without torchao they are plain classes.
+The configs are frozen dataclasses on torchao's ``AOBaseConfig`` (the base of every config
+``quantize_`` takes) and ``FakeQuantizeConfigBase`` (what torchao's ``QATConfig`` types its
+weight and activation configs as), with Enum fields as torchao writes them
+(:class:`ScaleCalculationMode`, :class:`KernelPreference`, :class:`QATStep`) and
+``torch.dtype`` element types. Strings keep working where users pass them
+(``scale_mode="rceil"``, ``dtype="fp4"``, ``step="convert"``, preset names): ``__post_init__``
+turns them into the Enum or dtype, so equal configs compare and hash equal. Without torchao
+they are plain frozen dataclasses.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Optional, Union
+from dataclasses import KW_ONLY, dataclass
+from enum import Enum
+from typing import Callable, Optional, Union
 
 import torch
 
 try:
-    from torchao.quantization.qat import FakeQuantizeConfigBase as _Base
-    from torchao.quantization.qat import QATConfig as _QATBase
-except Exception:  # torchao absent: plain objects
-    _Base = _QATBase = object
+    from torchao.core.config import AOBaseConfig
+    from torchao.quantization.qat import FakeQuantizeConfigBase, QATStep
+    _BASES = (AOBaseConfig, FakeQuantizeConfigBase)
+    _SWAP_BASES = (AOBaseConfig,)
+except Exception:  # torchao absent: plain dataclasses, lowp's own QATStep
+    _BASES = _SWAP_BASES = ()
+
+    class QATStep(str, Enum):
+        """The param swap's step (torchao's ``QATStep`` where torchao is installed)."""
+
+        PREPARE = "prepare"
+        CONVERT = "convert"
 
 __all__ = [
+    "ScaleCalculationMode",
+    "KernelPreference",
+    "QATStep",
     "OperandSpec",
     "MatmulSpec",
     "MXQuantizeConfig",
@@ -45,12 +63,36 @@ __all__ = [
     "ParamSwapConfig",
 ]
 
+
+class ScaleCalculationMode(str, Enum):
+    """How an E8M0 block scale is chosen from the block's amax (NUMERICS.md): RCEIL (the
+    ratio to the format's max rounded up to a power of two), FLOOR (OCP MX 1.0), CEIL, EVEN.
+    torchao's ``ScaleCalculationMode`` members are accepted for it."""
+
+    RCEIL = "rceil"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    EVEN = "even"
+
+
+class KernelPreference(str, Enum):
+    """Which kernels run a config's quantizations and GEMMs: AUTO (the dispatcher's choice for
+    the tensors' device: native where registered, else portable), PORTABLE (lowp's portable
+    torch kernels on any device), NATIVE (the device's own kernels; an error where it has
+    none). The results are the same bytes."""
+
+    AUTO = "auto"
+    PORTABLE = "portable"
+    NATIVE = "native"
+
+
 _FP4 = getattr(torch, "float4_e2m1fn_x2", None)
-_DTYPE_FORMATS = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", "fp4": "e2m1",
-                  "e4m3": "e4m3", "e5m2": "e5m2", "e2m1": "e2m1"}
+_FORMAT_OF_DTYPE = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 if _FP4 is not None:
-    _DTYPE_FORMATS[_FP4] = "e2m1"
-_SCALE_MODES = ("rceil", "floor", "ceil", "even")
+    _FORMAT_OF_DTYPE[_FP4] = "e2m1"
+# Names users pass for element types; "e2m1" stays a name where torch has no FP4 dtype.
+_DTYPE_OF_NAME = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2,
+                  "e2m1": _FP4 or "e2m1", "fp4": _FP4 or "e2m1"}
 
 
 @dataclass(frozen=True)
@@ -82,152 +124,184 @@ class MatmulSpec:
     margin: float = 0.0
     amax_compute_algo: str = "max"
     name: str = "custom"
+    kernel_preference: KernelPreference = KernelPreference.AUTO
 
     def replace(self, **kw) -> "MatmulSpec":
         return dataclasses.replace(self, **kw)
 
 
-def _format_of(dtype, field="dtype") -> str:
+def _enum_of(cls, value, field):
+    """``value`` (a member, an Enum member with the same value, e.g. torchao's, or its value
+    as a string, any case) as a member of ``cls``."""
+    names = ", ".join(m.value for m in cls)
+    if isinstance(value, cls):
+        return value
+    v = value.value if isinstance(value, Enum) else value
+    if not isinstance(v, str):
+        raise TypeError(f"{field} ({value!r}) must be a {cls.__name__} or a string, one of "
+                        f"{names}")
     try:
-        return _DTYPE_FORMATS[dtype]
-    except (KeyError, TypeError):
+        return cls(v.lower())
+    except ValueError:
+        raise ValueError(f"{field} ({value!r}) is not one of {names}") from None
+
+
+def _dtype_of(dtype, field="dtype"):
+    """The element dtype ``dtype`` names (a torch.dtype or "e4m3", "e5m2", "e2m1", "fp4")."""
+    d = _DTYPE_OF_NAME.get(dtype.lower()) if isinstance(dtype, str) else dtype
+    if d not in _FORMAT_OF_DTYPE and d != "e2m1":
         raise ValueError(f"{field} ({dtype!r}) is not torch.float8_e4m3fn, torch.float8_e5m2, "
-                         "torch.float4_e2m1fn_x2 or 'fp4'") from None
+                         "torch.float4_e2m1fn_x2 or 'fp4'")
+    return d
 
 
-def _check_mode(mode, field="scale_mode"):
-    if not isinstance(mode, str):
-        raise TypeError(f"{field} ({mode!r}) must be a string, one of {', '.join(_SCALE_MODES)}")
-    if mode.lower() not in _SCALE_MODES:
-        raise ValueError(f"{field} ({mode!r}) is not one of {', '.join(_SCALE_MODES)}")
-    return mode.lower()
+def _format_of(dtype) -> str:
+    return _FORMAT_OF_DTYPE.get(dtype, "e2m1")
 
 
-class _Config(_Base):
-    """Shared behaviour: comparison and repr over the fields."""
-
-    _fields = ()  # shown by repr
-    _eq_fields = None  # compared (default: _fields)
-
-    def _key(self):
-        return tuple(getattr(self, f) for f in (self._eq_fields or self._fields))
-
-    def __eq__(self, other):
-        return type(self) is type(other) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash((type(self).__name__,) + tuple(str(v) for v in self._key()))
-
-    def __repr__(self):
-        args = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
-        return f"{type(self).__name__}({args})"
+def _set(cfg, name, value):
+    object.__setattr__(cfg, name, value)  # __post_init__'s normalization of a frozen field
 
 
-class MXQuantizeConfig(_Config):
-    """OCP MX: 1x32 blocks with E8M0 scales for the weight, the activation and the gradient."""
+class _LowpConfig(*_BASES):
+    """What every matmul config has: a keyword-only ``kernel_preference`` field (the last one,
+    declared by each config), a :class:`KernelPreference` or its name."""
 
-    _fields = ("dtype", "block_size", "scale_mode")
-    _eq_fields = ("format", "block_size", "scale_mode")  # torch.float8_e4m3fn == "e4m3"
+    def __post_init__(self):
+        _set(self, "kernel_preference",
+             _enum_of(KernelPreference, self.kernel_preference, "kernel_preference"))
 
-    def __init__(self, dtype=torch.float8_e4m3fn, block_size: int = 32, scale_mode: str = "rceil"):
-        self.format = _format_of(dtype)
-        self.dtype = dtype
-        if isinstance(block_size, bool) or not isinstance(block_size, int):
-            raise TypeError(f"block_size ({block_size!r}) must be an int")
-        if block_size != 32:
-            raise ValueError(f"block_size ({block_size}) must be 32 (lowp's MX block)")
-        self.block_size = block_size
-        self.scale_mode = _check_mode(scale_mode)
 
-    def _operand(self) -> OperandSpec:
-        return OperandSpec(self.format, "mx32", self.scale_mode)
+@dataclass(frozen=True)
+class MXQuantizeConfig(_LowpConfig):
+    """OCP MX: 1x32 blocks with E8M0 scales for the weight, the activation and the gradient.
+    ``dtype``: torch.float8_e4m3fn (default), torch.float8_e5m2 or torch.float4_e2m1fn_x2
+    (also "e4m3", "e5m2", "e2m1", "fp4"); ``scale_mode``: a :class:`ScaleCalculationMode` or
+    its name."""
+
+    dtype: torch.dtype = torch.float8_e4m3fn
+    block_size: int = 32
+    scale_mode: ScaleCalculationMode = ScaleCalculationMode.RCEIL
+    _: KW_ONLY
+    kernel_preference: KernelPreference = KernelPreference.AUTO
+
+    def __post_init__(self):
+        super().__post_init__()
+        _set(self, "dtype", _dtype_of(self.dtype))
+        b = self.block_size
+        if isinstance(b, bool) or not isinstance(b, int):
+            raise TypeError(f"block_size ({b!r}) must be an int")
+        if b != 32:
+            raise ValueError(f"block_size ({b}) must be 32 (lowp's MX block)")
+        _set(self, "scale_mode", _enum_of(ScaleCalculationMode, self.scale_mode, "scale_mode"))
+
+    @property
+    def format(self) -> str:
+        """lowp's name of the element format: "e4m3", "e5m2" or "e2m1"."""
+        return _format_of(self.dtype)
 
     def to_spec(self) -> MatmulSpec:
-        s = self._operand()
+        s = OperandSpec(self.format, "mx32", self.scale_mode.value)
         name = {"e4m3": "mxfp8", "e2m1": "mxfp4"}.get(self.format, "custom")
-        if self.scale_mode != "rceil":
+        if self.scale_mode is not ScaleCalculationMode.RCEIL:
             name = "custom"
-        return MatmulSpec(s, s, s, keep_quantized=True, name=name)
+        return MatmulSpec(s, s, s, keep_quantized=True, name=name,
+                          kernel_preference=self.kernel_preference)
 
 
-class BlockQuantizeConfig(_Config):
+@dataclass(frozen=True)
+class BlockQuantizeConfig(_LowpConfig):
     """The NPU's Block FP8: 32x32 E8M0 (FLOOR) e4m3 weight tiles, one copy for the forward and
     the input-gradient GEMM; MX32 e4m3 RCEIL activations and gradients. With
     `mxfp4_fake_quantize_config` (an fp4 `MXQuantizeConfig`, or True) the weight first goes
     through MXFP4 and back."""
 
-    _fields = ("mxfp4_fake_quantize_config",)
+    mxfp4_fake_quantize_config: Optional[MXQuantizeConfig] = None
+    _: KW_ONLY
+    kernel_preference: KernelPreference = KernelPreference.AUTO
 
-    def __init__(self, mxfp4_fake_quantize_config=None):
-        c = mxfp4_fake_quantize_config
+    def __post_init__(self):
+        super().__post_init__()
+        c = self.mxfp4_fake_quantize_config
         if c is True:
             c = MXQuantizeConfig(dtype="fp4")
         if c is not None and c is not False:
             if not isinstance(c, MXQuantizeConfig):
                 raise TypeError(f"mxfp4_fake_quantize_config ({c!r}) must be None, True or an "
                                 "MXQuantizeConfig")
-            if c.format != "e2m1" or c.scale_mode != "rceil":
+            if c.format != "e2m1" or c.scale_mode is not ScaleCalculationMode.RCEIL:
                 raise ValueError(f"mxfp4_fake_quantize_config ({c!r}) must have dtype fp4 and "
                                  "scale_mode rceil")
         else:
             c = None
-        self.mxfp4_fake_quantize_config = c
+        _set(self, "mxfp4_fake_quantize_config", c)
 
     def to_spec(self) -> MatmulSpec:
         act = OperandSpec("e4m3", "mx32", "rceil")
         w = OperandSpec("e4m3", "block32x32", "floor")
         fq = self.mxfp4_fake_quantize_config is not None
         return MatmulSpec(act, w, act, keep_quantized=True, fake_quant_mxfp4=fq,
-                          name="block32x32_fp4" if fq else "block32x32")
+                          name="block32x32_fp4" if fq else "block32x32",
+                          kernel_preference=self.kernel_preference)
 
 
-class Block128Config(_Config):
+@dataclass(frozen=True)
+class Block128Config(_LowpConfig):
     """DeepSeek-V3 Block FP8: 1x128 activations and gradients, 128x128 weights, binary32
     scale_inv, e4m3."""
 
-    _fields = ()
+    _: KW_ONLY
+    kernel_preference: KernelPreference = KernelPreference.AUTO
 
     def to_spec(self) -> MatmulSpec:
         act = OperandSpec("e4m3", "block128")
         return MatmulSpec(act, OperandSpec("e4m3", "block128x128"), act, keep_quantized=True,
-                          name="block128")
+                          name="block128", kernel_preference=self.kernel_preference)
 
 
-class Float8RowwiseConfig(_Config):
+@dataclass(frozen=True)
+class Float8RowwiseConfig(_LowpConfig):
     """Rowwise e4m3 with power-of-two scales; the backward requantizes X along the other axis."""
 
-    _fields = ()
+    _: KW_ONLY
+    kernel_preference: KernelPreference = KernelPreference.AUTO
 
     def to_spec(self) -> MatmulSpec:
         s = OperandSpec("e4m3", "row")
-        return MatmulSpec(s, s, s, keep_quantized=False, name="fp8_rowwise")
+        return MatmulSpec(s, s, s, keep_quantized=False, name="fp8_rowwise",
+                          kernel_preference=self.kernel_preference)
 
 
-class Float8TensorwiseConfig(_Config):
+@dataclass(frozen=True)
+class Float8TensorwiseConfig(_LowpConfig):
     """HYBRID tensorwise FP8: e4m3 input and weight, e5m2 gradient; current scaling, or delayed
     scaling (TE DelayedScaling) from the `fp8_state` the op is given."""
 
-    _fields = ("delayed", "history_len", "margin", "amax_compute_algo")
+    delayed: bool = False
+    history_len: int = 1024
+    margin: float = 0.0
+    amax_compute_algo: str = "max"
+    _: KW_ONLY
+    kernel_preference: KernelPreference = KernelPreference.AUTO
 
-    def __init__(self, delayed: bool = False, history_len: int = 1024, margin: float = 0,
-                 amax_compute_algo: str = "max"):
-        if not isinstance(delayed, bool):
-            raise TypeError(f"delayed ({delayed!r}) must be a bool")
-        if isinstance(history_len, bool) or not isinstance(history_len, int):
-            raise TypeError(f"history_len ({history_len!r}) must be an int")
-        if not 1 <= history_len <= (1 << 20):
-            raise ValueError(f"history_len ({history_len}) is not in [1, {1 << 20}]")
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)):
-            raise TypeError(f"margin ({margin!r}) must be a number")
-        if margin != margin or margin in (float("inf"), float("-inf")):
-            raise ValueError(f"margin ({margin}) is not finite")
-        if amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(f"amax_compute_algo ({amax_compute_algo!r}) is not 'max' or "
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.delayed, bool):
+            raise TypeError(f"delayed ({self.delayed!r}) must be a bool")
+        n = self.history_len
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"history_len ({n!r}) must be an int")
+        if not 1 <= n <= (1 << 20):
+            raise ValueError(f"history_len ({n}) is not in [1, {1 << 20}]")
+        m = self.margin
+        if isinstance(m, bool) or not isinstance(m, (int, float)):
+            raise TypeError(f"margin ({m!r}) must be a number")
+        if m != m or m in (float("inf"), float("-inf")):
+            raise ValueError(f"margin ({m}) is not finite")
+        _set(self, "margin", float(m))
+        if self.amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError(f"amax_compute_algo ({self.amax_compute_algo!r}) is not 'max' or "
                              "'most_recent'")
-        self.delayed = delayed
-        self.history_len = history_len
-        self.margin = float(margin)
-        self.amax_compute_algo = amax_compute_algo
 
     def to_spec(self) -> MatmulSpec:
         d = self.delayed
@@ -235,7 +309,8 @@ class Float8TensorwiseConfig(_Config):
         return MatmulSpec(fwd, fwd, OperandSpec("e5m2", "tensor", delayed=d), keep_quantized=True,
                           history_len=self.history_len, margin=self.margin,
                           amax_compute_algo=self.amax_compute_algo,
-                          name="fp8_delayed" if d else "fp8_tensorwise")
+                          name="fp8_delayed" if d else "fp8_tensorwise",
+                          kernel_preference=self.kernel_preference)
 
 
 _BF16 = OperandSpec()
@@ -284,6 +359,16 @@ def _spec_of(config) -> MatmulSpec:
                     f"({', '.join(t.__name__ for t in _CONFIG_TYPES)}) or None")
 
 
+def _joint_preference(w: MatmulSpec, a: MatmulSpec) -> KernelPreference:
+    """The weight config's and the activation config's kernel preferences as one: AUTO gives
+    way to the other; two different others are an error."""
+    p, q = KernelPreference(w.kernel_preference), KernelPreference(a.kernel_preference)
+    if p is KernelPreference.AUTO or q in (KernelPreference.AUTO, p):
+        return q if p is KernelPreference.AUTO else p
+    raise ValueError(f"kernel_preference: the weight config's ({p.value}) and the activation "
+                     f"config's ({q.value}) differ; give one, or the same in both")
+
+
 def resolve_config(config_or_preset: Union[str, object, None],
                    activation_config: Optional[object] = None) -> MatmulSpec:
     """The MatmulSpec of a config or preset name. `activation_config` (a config) replaces the
@@ -291,7 +376,8 @@ def resolve_config(config_or_preset: Union[str, object, None],
     spec = _spec_of(config_or_preset)
     if activation_config is not None:
         act = _spec_of(activation_config)
-        spec = spec.replace(input=act.input, grad_output=act.grad_output, name="custom")
+        spec = spec.replace(input=act.input, grad_output=act.grad_output, name="custom",
+                            kernel_preference=_joint_preference(spec, act))
     for role in ("input", "grad_output"):
         s = getattr(spec, role)
         if s.scaling in ("block128x128", "block32x32"):
@@ -306,16 +392,20 @@ def resolve_config(config_or_preset: Union[str, object, None],
 
 # ---- the param swap's config (its handler is lowp.torch.quantize's) ----
 
-_STEPS = ("prepare", "convert")
-
 
 def _is_lowp_config(cfg):
-    return isinstance(cfg, (str, MXQuantizeConfig, BlockQuantizeConfig,
-                            Block128Config, Float8RowwiseConfig,
-                            Float8TensorwiseConfig))
+    return isinstance(cfg, (str,) + _CONFIG_TYPES)
 
 
-class ParamSwapConfig(_QATBase):
+def _step_of(step):
+    v = step.value if isinstance(step, Enum) else step
+    if not isinstance(v, str) or v.lower() not in [s.value for s in QATStep]:
+        raise ValueError("step must be one of %s, got %r" % ([s.value for s in QATStep], step))
+    return QATStep(v.lower())
+
+
+@dataclass(frozen=True)
+class ParamSwapConfig(*_SWAP_BASES):
     """Prepare (wrap) or convert (unwrap) a model's weights for lowp's low-precision matmuls.
 
     Args:
@@ -325,33 +415,42 @@ class ParamSwapConfig(_QATBase):
         weight_config: a lowp config (``MXQuantizeConfig()``, ``BlockQuantizeConfig()``,
             ``Block128Config()``, ``Float8RowwiseConfig()``, ``Float8TensorwiseConfig()``) or a
             preset name (``"mxfp8"``...). Accepted (and ignored) by ``step="convert"``.
-        step: ``"prepare"`` or ``"convert"``.
+        step: ``QATStep.PREPARE`` (default) or ``QATStep.CONVERT`` (torchao's ``QATStep``), or
+            their names ``"prepare"`` / ``"convert"``; kept as a ``QATStep``.
         params_filter_fn: ``(param, fqn) -> bool``, which parameters to wrap. Default: the
             weights of ``nn.Linear`` modules and 3-D parameters (MoE expert weights) of modules
             that are not convolutions. ``fqn`` is relative to the module the handler is given
             (the whole model with ``filter_fn=param_swap_filter``).
     """
 
-    def __init__(self, base_config=None, activation_config=None, weight_config=None, *,
-                 step="prepare", params_filter_fn=None):
-        self.base_config = base_config
-        self.activation_config = activation_config
-        self.weight_config = weight_config
-        self.step = step
-        self.params_filter_fn = params_filter_fn
-        self.__post_init__()
+    base_config: Union[str, _LowpConfig, None] = None
+    activation_config: Union[str, _LowpConfig, None] = None
+    weight_config: Union[str, _LowpConfig, None] = None
+    _: KW_ONLY
+    step: QATStep = QATStep.PREPARE
+    params_filter_fn: Optional[Callable[[torch.Tensor, str], bool]] = None
 
     def __post_init__(self):
-        if not isinstance(self.step, str) or self.step.lower() not in _STEPS:
-            raise ValueError("step must be one of %s, got %r" % (list(_STEPS), self.step))
-        self.step = self.step.lower()
+        _set(self, "step", _step_of(self.step))
         if self.base_config is not None and self.weight_config is not None:
             raise ValueError("base_config and weight_config: give one of them, not both")
         if self.base_config is not None:
             if not _is_lowp_config(self.base_config):
                 raise TypeError("base_config must be a lowp config or preset name, got %s" %
                                 type(self.base_config).__name__)
-            self.weight_config, self.base_config = self.base_config, None
+            _set(self, "weight_config", self.base_config)
+            _set(self, "base_config", None)
+        self._check_configs()
+        if self.params_filter_fn is not None and not callable(self.params_filter_fn):
+            raise TypeError("params_filter_fn must be callable (param, fqn) -> bool")
+        if self.step is QATStep.PREPARE:  # a name that is no preset fails here, not at prepare
+            for arg in ("weight_config", "activation_config"):
+                v = getattr(self, arg)
+                if isinstance(v, str) and v not in PRESETS:
+                    raise ValueError("%s (%r) is not a preset (%s)" % (arg, v, ", ".join(PRESETS)))
+            self.matmul_config()
+
+    def _check_configs(self):
         if self.weight_config is not None and not _is_lowp_config(self.weight_config):
             raise TypeError(
                 "weight_config must be a lowp config (MXQuantizeConfig, BlockQuantizeConfig, "
@@ -360,17 +459,8 @@ class ParamSwapConfig(_QATBase):
         if self.activation_config is not None and not _is_lowp_config(self.activation_config):
             raise TypeError("activation_config must be a lowp config or preset name, got %s" %
                             type(self.activation_config).__name__)
-        if self.step == "prepare" and self.weight_config is None:
+        if self.step is QATStep.PREPARE and self.weight_config is None:
             raise ValueError("step='prepare' needs weight_config (or base_config)")
-        if self.params_filter_fn is not None and not callable(self.params_filter_fn):
-            raise TypeError("params_filter_fn must be callable (param, fqn) -> bool")
-        if self.step == "prepare":  # a name that is no preset fails here, not at prepare
-            presets = PRESETS
-            for arg in ("weight_config", "activation_config"):
-                v = getattr(self, arg)
-                if isinstance(v, str) and v not in presets:
-                    raise ValueError("%s (%r) is not a preset (%s)" % (arg, v, ", ".join(presets)))
-            self.matmul_config()
 
     def matmul_config(self):
         """What the wrapped weights carry: the MatmulSpec of the weight (and activation)

@@ -6,11 +6,12 @@ Usage::
 
     import lowp.torch
     from torchao.quantization import quantize_
+    from torchao.quantization.qat import QATStep
     from lowp.torch import ParamSwapConfig, MXQuantizeConfig
 
     quantize_(model, ParamSwapConfig(weight_config=MXQuantizeConfig()))   # prepare
     ...train as usual...
-    quantize_(model, ParamSwapConfig(weight_config=MXQuantizeConfig(), step="convert"))
+    quantize_(model, ParamSwapConfig(step=QATStep.CONVERT))   # or step="convert"
 
 ``quantize_`` with its default module filter hands the handler each ``nn.Linear``. To reach the
 3-D expert weights of MoE layers too, pass ``filter_fn=lowp.torch.param_swap_filter``: the
@@ -27,7 +28,7 @@ import weakref
 import torch.nn as nn
 
 from . import state as _fs
-from .config import ParamSwapConfig, resolve_config
+from .config import ParamSwapConfig, QATStep, resolve_config
 from .tensor import LowpWeight
 
 try:  # torchao's entry point; lowp.torch works without torchao, the param swap needs it.
@@ -164,7 +165,7 @@ def _left_out(root, config, filter_fn):
     wrap (prepare) or unwrap (convert) that ``filter_fn`` does not reach."""
     out = []
     for _, (p, places) in _owners(root).items():
-        if config.step == "convert":
+        if config.step is QATStep.CONVERT:
             take = isinstance(p, LowpWeight)
         elif isinstance(p, LowpWeight):
             take = False
@@ -192,7 +193,7 @@ def _notice_left_out(module, config):
     if not names:
         return
     shown = ", ".join(names[:8]) + (", and %d more" % (len(names) - 8) if len(names) > 8 else "")
-    if config.step == "prepare":
+    if config.step is QATStep.PREPARE:
         what = "leaves %d parameters in high precision that the config would wrap" % len(names)
         fix = "pass filter_fn=lowp.torch.param_swap_filter"
     else:
@@ -202,13 +203,13 @@ def _notice_left_out(module, config):
     while f is not frame:
         level, f = level + 1, f.f_back
     warnings.warn("lowp.torch: quantize_ with ParamSwapConfig(step=%r) %s, as its filter_fn "
-                  "does not reach them: %s; %s" % (config.step, what, shown, fix),
+                  "does not reach them: %s; %s" % (config.step.value, what, shown, fix),
                   stacklevel=level)
 
 
 def _param_swap_transform(module, config):
     _notice_left_out(module, config)
-    if config.step == "prepare":
+    if config.step is QATStep.PREPARE:
         wrap_parameters(module, config, config.params_filter_fn)
     else:
         unwrap_parameters(module)
