@@ -65,12 +65,12 @@ from .ops import invalidate_weight_caches
 
 __all__ += ["invalidate_weight_caches"]
 
-# The end of an optimizer update (lowp.torch.trainer): every FP8 delayed-scaling state's update.
-from .state import update_all as update_fp8_states
-
-__all__ += ["update_fp8_states"]
 # The configs' Enums (issue 36.2): the scale mode, and the param swap's step (torchao's QATStep).
 from .config import QATStep, ScaleCalculationMode
 
 __all__ += ["QATStep", "ScaleCalculationMode"]
 
+# The end of an optimizer update (lowp.torch.trainer): every FP8 delayed-scaling state's update.
+from .state import update_all as update_fp8_states
+
+__all__ += ["update_fp8_states"]
