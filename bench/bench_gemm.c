@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench_util.h"
 #include "cli.h"
@@ -41,13 +42,16 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: lowp bench gemm [--json] [--reps N] [--quick] [--shape MxNxK]\n"
+            "usage: lowp bench gemm [--json] [--reps N] [--quick] [--shape MxNxK] [--clock cpu]\n"
             "  --reps N   timed repetitions per kernel, interleaved (default %d)\n"
             "  --quick    smaller shapes (M=N=K=1024; M=2048 K=512 N=2048; grouped 2048 tokens,\n"
             "             K=512, N=1024) and 3 repetitions unless --reps is given\n"
             "  --shape MxNxK  this dense shape only (for example a training step's GEMM,\n"
             "             2048x1152x384), instead of the default shapes\n"
             "  --json     one JSON object per line instead of the table\n"
+            "  --clock cpu  time the calling thread's CPU time instead of the wall clock, on 1\n"
+            "             thread only (every kernel then runs on the calling thread): on a shared\n"
+            "             machine it leaves out the time other processes hold the core\n"
             "GFLOP/s = 2*M*N*K / median time of one GEMM (F32 output), each timed right after an\n"
             "untimed one of the same kernel, on 1 and 2 threads; each kernel is compared with\n"
             "oneDNN's BF16 matmul on the same shape and threads.\n",
@@ -383,6 +387,15 @@ typedef struct result {
     double seconds, gflops, ratio; /* ratio to onednn_bf16 (0: none) */
 } result;
 
+/* The calling thread's CPU time, seconds (--clock cpu). */
+static double thread_cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double) t.tv_sec + 1e-9 * (double) t.tv_nsec;
+}
+
+static double (*g_clock)(void) = lowp_bench_now;
+
 /* Time every available kernel of p on `threads`, interleaved; append to res. */
 static int measure(problem *p, int threads, int reps, result *res, int *nres) {
     double *t[K_COUNT] = {0};
@@ -401,9 +414,9 @@ static int measure(problem *p, int threads, int reps, result *res, int *nres) {
         for (int k = 0; k < K_COUNT; k++) {
             if (!t[k]) continue;
             if (run_once(p, (kernel_id) k, threads)) goto out;
-            double t0 = lowp_bench_now();
+            double t0 = g_clock();
             if (run_once(p, (kernel_id) k, threads)) goto out;
-            t[k][r] = lowp_bench_now() - t0;
+            t[k][r] = g_clock() - t0;
         }
     const double flops = 2.0 * (double) p->m * (double) p->n * (double) p->k;
     double ref = 0;
@@ -478,6 +491,14 @@ int lowp_bench_gemm(int argc, char **argv) {
             json = 1;
         } else if (strcmp(a, "--quick") == 0) {
             quick = 1;
+        } else if (strcmp(a, "--clock") == 0) {
+            if (i + 1 >= argc || strcmp(argv[i + 1], "cpu") != 0) {
+                fprintf(stderr, "lowp bench gemm: --clock takes cpu (the default is the wall "
+                                "clock)\n");
+                return 2;
+            }
+            g_clock = thread_cpu_now;
+            i++;
         } else if (strcmp(a, "--shape") == 0) {
             if (i + 1 >= argc || parse_shape(argv[i + 1], only) != 0) {
                 fprintf(stderr, "lowp bench gemm: --shape needs MxNxK, three integers in "
@@ -517,7 +538,7 @@ int lowp_bench_gemm(int argc, char **argv) {
             teardown(&p);
             return 1;
         }
-        for (int threads = 1; threads <= 2; threads++)
+        for (int threads = 1; threads <= (g_clock == lowp_bench_now ? 2 : 1); threads++)
             if (measure(&p, threads, reps, res, &nres) != 0) {
                 teardown(&p);
                 return 1;
@@ -540,11 +561,13 @@ int lowp_bench_gemm(int argc, char **argv) {
     char cpu[160];
     snprintf(cpu, sizeof cpu, "%s", caps.name);
     printf("lowp bench gemm on %s, pages %s (from 4 MiB): median of %d interleaved runs per "
-           "kernel, each after an untimed one, F32 output;\n"
+           "kernel (%s), each after an untimed one, F32 output;\n"
            "GFLOP/s = 2*M*N*K / time; ratio = GFLOP/s / oneDNN BF16's on the same shape and "
            "threads\n(grouped: %d experts, uneven groups; oneDNN runs the dense GEMM of the same "
            "FLOPs)\n",
-           cpu, lowp_bench_pages(), reps, NGROUPS);
+           cpu, lowp_bench_pages(), reps,
+           g_clock == lowp_bench_now ? "wall clock" : "CPU time of the calling thread, 1 thread",
+           NGROUPS);
 #ifdef LOWP_HAVE_DNNL
     printf("onednn_bf16 (the ratios' peer): %s, BF16 matmul, F32 output\n", dnnl_label());
 #else

@@ -167,6 +167,16 @@ def test_bad_input():
     rep.check("bench gemm --json: each onednn_bf16 row and each ratio names the oneDNN version, or no "
               "oneDNN and a stderr line saying so",
               named and (peer or "oneDNN was not found" in err), [f"exit {rc}", err[-300:], out[:300]])
+    # --clock cpu: the calling thread's CPU time, so one thread only.
+    rc, out, err = run("bench", "gemm", "--shape", "67x45x33", "--reps", "1", "--json", "--clock", "cpu")
+    rows = [json.loads(l) for l in out.splitlines() if l.strip()]
+    rep.check("bench gemm --clock cpu: exit 0, every kernel on 1 thread only",
+              rc == 0 and len(rows) >= 5 and {r["threads"] for r in rows} == {1}
+              and all(r["seconds"] > 0 for r in rows), [f"exit {rc}", err[-300:], out[:300]])
+    for bad in (["--clock", "wall"], ["--clock"]):
+        rc, out, err = run("bench", "gemm", "--shape", "8x8x8", *bad)
+        rep.check(f"bench gemm {' '.join(bad)}: exit 2, the error names --clock",
+                  rc == 2 and "--clock" in err, [f"exit {rc}", err[-300:]])
     for bad in ("12x0x3", "12x5", "12x5x3x1", "axbxc", "70000x1x1", "-4x5x6", "4x5x6junk", "+4x5x6", "4x 5x6", " 4x5x6"):
         rc, out, err = run("bench", "gemm", "--shape", bad)
         rep.check(f"bench gemm --shape {bad}: exit 2, the error names --shape",
