@@ -13,8 +13,9 @@ For y = x . W^T with x [M, K] (tokens x in features) and W [N, K], --shape MxNxK
 
 Rows, per GEMM: `torch.mm` on BF16 tensors into a preallocated BF16 output (the oneDNN that torch
 bundles, named in the header), lowp's GEMM on the operands of each config (quantized once,
-outside the timed region, F32 output into a preallocated array), and for the configs whose
-scales fold exactly into BF16 (mxfp8: MX x MX; block32x32: MX x 32x32 tiles) the "fold" route:
+outside the timed region, into a preallocated BF16 output as torch's: torch has no CPU BF16 GEMM
+with a binary32 output, and lowp's F32 output would write twice the bytes), and for the configs
+whose scales fold exactly into BF16 (mxfp8: MX x MX; block32x32: MX x 32x32 tiles) the "fold" route:
 both quantized operands decoded to BF16 with the scale multiplied in (exact: an E4M3 value
 times a power of two is a BF16 number while it stays normal; checked against lowp.dequantize
 before timing), then torch.mm, timed as fold + GEMM. The bf16 config gives lowp's BF16 GEMM the
@@ -128,7 +129,7 @@ def _impls(torch, lowp, configs, m, n, k):
     impls = {("fwd", "torch.mm bf16"): lambda: torch.mm(x, w.t(), out=y),
              ("dgrad", "torch.mm bf16"): lambda: torch.mm(dy, w, out=dx),
              ("wgrad", "torch.mm bf16"): lambda: torch.mm(dy.t(), x, out=dw)}
-    out = tuple(torch.empty(s, dtype=torch.float32) for s in ((m, n), (m, k), (n, k)))
+    out = tuple(torch.empty(s, dtype=torch.bfloat16) for s in ((m, n), (m, k), (n, k)))
     for cfg in configs:
         rows, fold = _lowp_rows(torch, lowp, cfg, x, w, dy, out)
         impls.update({(gm, f"lowp {cfg}"): f for gm, f in rows.items()})
