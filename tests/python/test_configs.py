@@ -108,6 +108,11 @@ def test_activation_config_preference_joins_the_weight_configs():
     with pytest.raises(ValueError, match="kernel_preference"):
         lt.resolve_config(blk, lt.MXQuantizeConfig(kernel_preference=por))
     assert lt.resolve_config("mxfp8").kernel_preference is KernelPreference.AUTO
+    # a MatmulSpec made or replaced with a name (or another Enum's member) holds the member
+    spec = lt.resolve_config("mxfp8").replace(kernel_preference="PORTABLE")
+    assert spec.kernel_preference is KernelPreference.PORTABLE
+    with pytest.raises(ValueError, match="kernel_preference"):
+        lt.resolve_config("mxfp8").replace(kernel_preference="cuda")
 
 
 def test_param_swap_config_step_is_qatstep():

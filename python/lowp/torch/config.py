@@ -124,7 +124,11 @@ class MatmulSpec:
     margin: float = 0.0
     amax_compute_algo: str = "max"
     name: str = "custom"
-    kernel_preference: KernelPreference = KernelPreference.AUTO
+    kernel_preference: KernelPreference = KernelPreference.AUTO  # the config's: which kernels
+
+    def __post_init__(self):
+        _set(self, "kernel_preference",
+             _enum_of(KernelPreference, self.kernel_preference, "kernel_preference"))
 
     def replace(self, **kw) -> "MatmulSpec":
         return dataclasses.replace(self, **kw)
