@@ -1,0 +1,1 @@
+"""Benchmarks that run outside the C build (torchtitan/)."""
