@@ -19,7 +19,7 @@ and prints a markdown table of medians and ratios.
                                 [--portable-from OLD_PORTABLE.py ...]
 
 times the same forward + backward through lowp.torch's portable path (plain torch ops, the
-path of every non-CPU device) under `force_portable()`, one row per config, against torch's
+path of every non-CPU device) under `kernel_preference("portable")`, one row per config, against torch's
 BF16 F.linear in the same interleaved rounds. `--portable-from` adds rows that run the GEMMs
 of another copy of portable.py (for instance the previous commit's), so that before and after
 are measured in the same run on a shared machine.
@@ -132,7 +132,7 @@ def _gemms_from(path):
 
 
 def _portable_impls(lt, configs, others):
-    """{row name: f(x, w, dy)}: lowp.torch.linear under force_portable(), per config, with the
+    """{row name: f(x, w, dy)}: lowp.torch.linear under kernel_preference("portable"), per config, with the
     GEMMs of this portable.py and of every `others` copy (swapped in for the call)."""
     from lowp.torch import portable as P
 
@@ -144,7 +144,7 @@ def _portable_impls(lt, configs, others):
                 for n, f in fns.items():
                     setattr(P, n, f)
                 try:
-                    with lt.force_portable():
+                    with lt.kernel_preference("portable"):
                         lt.linear(x, w, None, cfg).backward(dy)
                 finally:
                     for n, f in mine.items():

@@ -214,7 +214,13 @@ def _bad_op_calls():
                                  "f16")),
         "axis": (r"axis \('diag'\) is not one of row, col, both",
                  lambda: _q(f, axis="diag")),
-        "3-D x": (r"x must be 2-D, got shape \(1, 8, 64\)", lambda: _q(f[None])),
+        "4-D x": (r"x must be 2-D \(or 3-D, stacked matrices, without offs\), got shape "
+                  r"\(1, 1, 8, 64\)", lambda: _q(f[None, None])),
+        "3-D x, offs": (r"x must be 2-D \(or 3-D, stacked matrices, without offs\), got shape "
+                        r"\(1, 8, 64\)",
+                        lambda: torch.ops.lowp.quantize(f[None], "e4m3", "mx32", "", -1, 0.0,
+                                                        "col", torch.tensor([4, 8],
+                                                                            dtype=torch.int32))),
         "offs, tensor": (r"offs \(grouped copies\) needs scaling mx32 or block128, not tensor",
                          lambda: torch.ops.lowp.quantize(f, "e4m3", "tensor", "", -1, 0.0, "col",
                                                          torch.tensor([4, 8], dtype=torch.int32),
@@ -243,7 +249,7 @@ def test_fake_kernels_refuse_what_the_ops_refuse(case):
 
 def test_portable_ops_refuse_bad_values():
     """The portable path (every non-CPU device) has no C library behind it to check values."""
-    with lt.force_portable():
+    with lt.kernel_preference("portable"):
         with pytest.raises(ValueError, match=r"offs\[1\] \(99\) is not in \[4, 8\]"):
             torch.ops.lowp.quantize(torch.randn(8, 64), "e4m3", "mx32", "", -1, 0.0, "col",
                                     torch.tensor([4, 99], dtype=torch.int32), None)

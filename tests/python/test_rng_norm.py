@@ -198,7 +198,7 @@ def test_cpu_model_never_calls_torch_cuda(monkeypatch):
         # the param swap's routes, the MoE model's norm
         w, W3 = torch.randn(16, 32), torch.randn(2, 16, 32)
         offs = torch.tensor([3, 8], dtype=torch.int32)
-        for ctx in (lt.force_portable, contextlib.nullcontext):
+        for ctx in (lambda: lt.kernel_preference("portable"), contextlib.nullcontext):
             with ctx():
                 assert lt.linear(x, w, torch.randn(16)).dtype == torch.bfloat16
                 assert lt.mm(x, w.t(), "block32x32").dtype == torch.bfloat16

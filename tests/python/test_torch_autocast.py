@@ -20,7 +20,7 @@ def paths():
     """The native path (when built) and the portable path on the CPU."""
     import contextlib
 
-    out = [("portable", lt.force_portable)]
+    out = [("portable", lambda: lt.kernel_preference("portable"))]
     if lt.native_available():
         out.append(("native", contextlib.nullcontext))
     return out

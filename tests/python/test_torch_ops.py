@@ -48,7 +48,7 @@ def test_quantize_native_equals_portable(fmt, kind, mode, dtype):
             lt.reset_stats()
             got = qop(x, fmt, kind, mode, pow2=pow2)
             assert lt.stats()["quantize.native"] == 1
-            with lt.force_portable():
+            with lt.kernel_preference("portable"):
                 want = qop(x, fmt, kind, mode, pow2=pow2)
             assert lt.stats()["quantize.portable"] == 1
             for g, w in zip(got, want):
@@ -63,12 +63,12 @@ def test_grouped_quantize_native_equals_portable(fmt, kind):
     for offs in ([0, 37, 38, 38, 100], [5], [64, 64, 96], [0, 0], [1, 2, 3, 100]):
         o = torch.tensor(offs, dtype=torch.int32)
         got = qop(x, fmt, kind, axis="col", offs=o)
-        with lt.force_portable():
+        with lt.kernel_preference("portable"):
             want = qop(x, fmt, kind, axis="col", offs=o)
         assert torch.equal(got[2], want[2]) and torch.equal(got[3].view(torch.uint8),
                                                             want[3].view(torch.uint8)), offs
         d1 = torch.ops.lowp.dequantize(got[2], got[3], fmt, kind, 45, 100, o)
-        with lt.force_portable():
+        with lt.kernel_preference("portable"):
             d2 = torch.ops.lowp.dequantize(got[2], got[3], fmt, kind, 45, 100, o)
         assert torch.equal(d1.isnan(), d2.isnan()) and torch.equal(d1.nan_to_num(), d2.nan_to_num())
 
@@ -78,7 +78,7 @@ def test_delayed_scale_native_equals_portable():
     x = torch.from_numpy(awkward(40, 70, 3))
     s = torch.tensor(0.0123, dtype=torch.float32)
     got = qop(x, "e5m2", "tensor", scale=s)
-    with lt.force_portable():
+    with lt.kernel_preference("portable"):
         want = qop(x, "e5m2", "tensor", scale=s)
     for g, w in zip(got, want):
         assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
@@ -102,7 +102,7 @@ def test_scaled_mm_native_vs_portable(fa, sa, fb, sb):
         qa, qb = qop(a, fa, sa, axis="row"), qop(b, fb, sb, axis="row")
         args = (qa[0], qa[1], fa, sa, qb[0], qb[1], fb, sb, K)
         c1 = torch.ops.lowp.scaled_mm(*args)
-        with lt.force_portable():
+        with lt.kernel_preference("portable"):
             c2 = torch.ops.lowp.scaled_mm(*args)
         assert torch.equal(c1.isnan(), c2.isnan())
         ok = ~c1.isnan()
@@ -140,7 +140,7 @@ def test_scaled_mm_b_kn_is_the_columnwise_copy(fa, sa, sb, mode):
         ad, as_, bd, bs, cd, cs = kn_operands(fa, sa, sb, mode, M, N, K, seed)
         want = torch.ops.lowp.scaled_mm(ad, as_, fa, sa, cd, cs, fb, sb, K)
         got = torch.ops.lowp.scaled_mm(ad, as_, fa, sa, bd, bs, fb, sb, K, "f32", True)
-        with lt.force_portable():
+        with lt.kernel_preference("portable"):
             port = torch.ops.lowp.scaled_mm(ad, as_, fa, sa, bd, bs, fb, sb, K, "f32", True)
             pwant = torch.ops.lowp.scaled_mm(ad, as_, fa, sa, cd, cs, fb, sb, K)
         assert got.shape == (M, N)
@@ -154,7 +154,7 @@ def test_scaled_mm_b_kn_is_the_columnwise_copy(fa, sa, sb, mode):
         gg = torch.ops.lowp.scaled_grouped_mm(ad, as_, fa, sa, torch.stack([bd] * 3), st(bs), fb,
                                               sb, offs, K, False, "f32", True)
         assert torch.equal(gg.view(torch.int32), gw.view(torch.int32))
-        with lt.force_portable():
+        with lt.kernel_preference("portable"):
             gp = torch.ops.lowp.scaled_grouped_mm(ad, as_, fa, sa, torch.stack([bd] * 3), st(bs),
                                                   fb, sb, offs, K, False, "f32", True)
         assert torch.equal(gp.isnan(), gg.isnan()) and torch.equal(gp.isinf(), gg.isinf())
@@ -165,7 +165,7 @@ def test_scaled_mm_b_kn_is_the_columnwise_copy(fa, sa, sb, mode):
 def test_scaled_mm_b_kn_refuses_one_axis_kinds():
     a = qop(torch.randn(8, 64), "e4m3", "mx32", axis="row")
     b = qop(torch.randn(64, 32), "e4m3", "mx32", axis="row")
-    for ctx in (contextlib.nullcontext, lt.force_portable):
+    for ctx in (contextlib.nullcontext, lambda: lt.kernel_preference("portable")):
         with ctx():
             with pytest.raises(ValueError, match=r"b_scaling \(mx32\) runs along one axis"):
                 torch.ops.lowp.scaled_mm(a[0], a[1], "e4m3", "mx32", b[0], b[1], "e4m3",
@@ -232,7 +232,7 @@ def test_linear_sqnr(name, path):
     if path == "native" and not lt.native_available():
         pytest.skip("no extension")
     x, w, b, dy = linear_case(256, 320, 192, torch.float32, seed=1)
-    ctx = lt.force_portable() if path == "portable" else torch.enable_grad()
+    ctx = lt.kernel_preference("portable") if path == "portable" else torch.enable_grad()
     with ctx:
         got = run_linear(config_of(name), x, w, b, dy)
     ref = ref_linear(x, w, b, dy)
@@ -280,7 +280,7 @@ def test_grouped_mm_sqnr(name, path):
     if path == "native" and not lt.native_available():
         pytest.skip("no extension")
     x, wp, dy, offs = grouped_case(OFFS, 256, 160, torch.float32, seed=2)
-    with (lt.force_portable() if path == "portable" else torch.enable_grad()):
+    with (lt.kernel_preference("portable") if path == "portable" else torch.enable_grad()):
         got = run_grouped(config_of(name), x, wp, dy, offs)
     ref = ref_grouped(x, wp, dy, offs)
     t = THRESHOLDS[name]
@@ -314,14 +314,14 @@ def test_native_equals_portable(name, dtype):
     x, w, b, dy = linear_case(100, 96, 72, dtype, seed=3)
     x.data[3, 4] = 0.0
     nat = run_linear(config_of(name), x, w, b, dy)
-    with lt.force_portable():
+    with lt.kernel_preference("portable"):
         por = run_linear(config_of(name), x, w, b, dy)
     for a, c in zip(nat, por):
         assert a.dtype == c.dtype
         assert within_bound(a, c)
     xg, wp, dyg, offs = grouped_case([0, 30, 31, 90], 64, 48, dtype, seed=4)
     nat = run_grouped(config_of(name), xg, wp, dyg, offs)
-    with lt.force_portable():
+    with lt.kernel_preference("portable"):
         por = run_grouped(config_of(name), xg, wp, dyg, offs)
     for a, c in zip(nat, por):
         assert within_bound(a, c)
@@ -573,10 +573,10 @@ def test_fp8_state_needs_delayed_config():
         lt.linear(x, w, b, "fp8_tensorwise", fp8_state=_State({}))
 
 
-def test_stats_and_force_portable():
+def test_stats_and_kernel_preference():
     x, w, b, dy = linear_case(8, 32, 8, torch.float32)
     lt.reset_stats()
-    with lt.force_portable():
+    with lt.kernel_preference("portable"):
         lt.linear(x, w, b, "mxfp8")
     s = lt.stats()
     assert s["portable"] > 0 and s["native"] == 0
@@ -712,7 +712,7 @@ def test_raw_memory_buffers():
     raw descriptor is refused with a TypeError naming the argument."""
     import lowp
     from lowp import _lowp as ext
-    from lowp.torch.ops import library as O
+    from lowp.torch.ops import native as O
     x = torch.randn(96, 64)
     xt = x.t()  # not contiguous
     assert isinstance(O._buf(x), tuple) and not isinstance(O._buf(xt), tuple)

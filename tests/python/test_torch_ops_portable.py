@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import quant_ref as Q
+from lowp.torch import LowpQTensor
 from lowp.torch import portable as P
 
 FMT = {"e4m3": Q.E4M3, "e5m2": Q.E5M2, "e2m1": Q.E2M1}
@@ -72,7 +73,7 @@ def test_quantize_equals_reference(fmt, kind, mode, bf16):
         for name, q in (("row", row), ("col", col)):
             codes, scales = ref[name]
             want_data = Q.pack_e2m1(codes) if fmt == "e2m1" else codes
-            assert np.array_equal(q.data.numpy(), want_data), (name, shape)
+            assert np.array_equal(q.qdata.numpy(), want_data), (name, shape)
             assert same_scales(q.scale, scales), (name, shape)
             # decode
             deq = P.dequantize(q).numpy()
@@ -87,7 +88,7 @@ def test_fp32_scale_options(kind, pow2):
     for eps in (0.0, 1e-12):
         codes, scales = Q.quantize_rowwise(x, Q.E4M3, KIND[kind], Q.SCALE_DEFAULT, int(pow2), eps)
         row, _ = P.quantize(torch.from_numpy(x), "e4m3", kind, None, "row", eps, pow2)
-        assert np.array_equal(row.data.numpy(), codes)
+        assert np.array_equal(row.qdata.numpy(), codes)
         assert same_scales(row.scale, scales)
 
 
@@ -97,9 +98,9 @@ def test_delayed_tensor_scale():
     codes, scales = Q.quantize_rowwise(x, Q.E5M2, Q.TENSOR, scale=s)
     row, col = P.quantize(torch.from_numpy(x), "e5m2", "tensor", axis="both",
                           scale=torch.tensor(s))
-    assert np.array_equal(row.data.numpy(), codes)
+    assert np.array_equal(row.qdata.numpy(), codes)
     assert same_scales(row.scale, scales)
-    assert np.array_equal(col.data.numpy(), Q.quantize_rowwise(x.T, Q.E5M2, Q.TENSOR, scale=s)[0])
+    assert np.array_equal(col.qdata.numpy(), Q.quantize_rowwise(x.T, Q.E5M2, Q.TENSOR, scale=s)[0])
 
 
 GROUPS = [[0, 37, 38, 38, 100], [5], [64, 64, 96], [0, 0], [1, 2, 3, 100]]
@@ -115,7 +116,7 @@ def test_grouped_equals_reference(fmt, kind):
         codes, scales = Q.quantize_grouped(x, offs, FMT[fmt], KIND[kind])
         q = P.quantize_grouped(torch.from_numpy(x), offs, fmt, kind)
         want = Q.pack_e2m1(codes) if fmt == "e2m1" else codes
-        assert np.array_equal(q.data.numpy(), want), offs
+        assert np.array_equal(q.qdata.numpy(), want), offs
         assert same_scales(q.scale, scales), offs
         assert Q.same_floats(P.dequantize(q).numpy(),
                              Q.dequantize_grouped(codes, scales, offs, FMT[fmt],
@@ -214,7 +215,7 @@ def test_mx_equals_torchao_to_mx(fmt, mode, dtype):
             ta_bytes = ta_data.view(torch.uint8).reshape(xt.shape[0], -1)
             if fmt == "e2m1":
                 blocks_ok = blocks_ok[:, 0::2]
-            assert torch.equal(q.data[blocks_ok], ta_bytes[blocks_ok]), orient
+            assert torch.equal(q.qdata[blocks_ok], ta_bytes[blocks_ok]), orient
     if pinned:
         print(f"{pinned} blocks pinned as NUMERICS.md 10.1 (RCEIL log2 in binary32)")
 
@@ -241,7 +242,7 @@ def test_fp32_scaling_equals_torchao(kind, fmt, dtype):
             ta_data = to_fp8_saturated(xt.float() * s, fdt).view(torch.uint8)
             q, _ = P.quantize(xt, fmt, kind, None, "row", eps=1e-12, pow2=False)
             assert torch.equal(q.scale.reshape(-1), (1.0 / s).reshape(-1).float()), orient
-            assert torch.equal(q.data, ta_data), orient
+            assert torch.equal(q.qdata, ta_data), orient
 
 
 from torchao.prototype.blockwise_fp8_training import kernels as BK  # noqa: E402
@@ -253,17 +254,17 @@ def test_block128_equals_torchao_blockwise(dtype):
     # 1x128 (activations, lhs)
     ta_q, ta_sinv = BK.torch_blockwise_scale_act_quant_lhs(x, 128)
     q, _ = P.quantize(x, "e4m3", "block128", None, "row", eps=1e-12)
-    assert torch.equal(q.data, ta_q.view(torch.uint8))
+    assert torch.equal(q.qdata, ta_q.view(torch.uint8))
     assert torch.equal(q.scale, ta_sinv.float())
     # 128x1 (rhs of the weight gradient): our columnwise copy of x
     ta_q, ta_sinv = BK.torch_blockwise_scale_act_quant_rhs(x, 128)
     _, c = P.quantize(x, "e4m3", "block128", None, "col", eps=1e-12)
-    assert torch.equal(c.data, ta_q.t().contiguous().view(torch.uint8))
+    assert torch.equal(c.qdata, ta_q.t().contiguous().view(torch.uint8))
     assert torch.equal(c.scale, ta_sinv.t().float())
     # 128x128 (weights)
     ta_q, ta_sinv = BK.torch_blockwise_scale_weight_quant(x, 128)
     q, _ = P.quantize(x, "e4m3", "block128x128", None, "row", eps=1e-12)
-    assert torch.equal(q.data, ta_q.view(torch.uint8))
+    assert torch.equal(q.qdata, ta_q.view(torch.uint8))
     assert torch.equal(q.scale, ta_sinv.float())
 
 
@@ -469,7 +470,7 @@ def _finite_norm(c64):
 def _crafted_case(fa, sa, fb, sb, how, rng, M, N, K, specials):
     ad, asc = _operand(fa, sa, M, K, how, rng, specials)
     bd, bsc = _operand(fb, sb, N, K, how, rng, specials)
-    got = P.gemm(P.QT(ad, asc, fa, sa, M, K), P.QT(bd, bsc, fb, sb, N, K))
+    got = P.gemm(LowpQTensor(ad, asc, fa, sa, M, K), LowpQTensor(bd, bsc, fb, sb, N, K))
     return (ad, asc, fa, sa, bd, bsc, fb, sb, K), got
 
 
@@ -529,7 +530,7 @@ def test_gemm_exact_route_rows_are_taken():
     bsc[3, ::2], bsc[3, 1::2] = 20, 170  # 2^-64, made of A's and B's small blocks
     args = (ad, asc, "e4m3", "mx32", bd, bsc, "e4m3", "mx32", K)
     c_nat = torch.ops.lowp.scaled_mm(*args)
-    c_por = P.gemm(P.QT(ad, asc, "e4m3", "mx32", 8, K), P.QT(bd, bsc, "e4m3", "mx32", 6, K))
+    c_por = P.gemm(LowpQTensor(ad, asc, "e4m3", "mx32", 8, K), LowpQTensor(bd, bsc, "e4m3", "mx32", 6, K))
     c_orc, _ = _block_oracle(*args)
     for ref in (c_nat, c_orc):
         _same_as(ref, c_por)
@@ -552,7 +553,7 @@ def test_grouped_gemms_within_bound_of_native(kind):
     dy = torch.randn(T, N, generator=g)
     offs = torch.tensor([0, 37, 38, 90], dtype=torch.int32)
     for path in ("native", "portable"):
-        with (lt.force_portable() if path == "portable" else contextlib.nullcontext()):
+        with lt.kernel_preference(path if path == "portable" else "auto"):
             y, dx, dw = _grouped_fwd_bwd(lt, x, w, dy, offs, kind)
         if path == "native":
             want = (y, dx, dw)
@@ -604,7 +605,7 @@ def test_quantize_under_torch_compile_equals_eager(fmt, kind, mode):
 
     def q(x):
         r, c = P.quantize(x, fmt, kind, mode, axis="both")
-        return r.data, r.scale, c.data, c.scale
+        return r.qdata, r.scale, c.qdata, c.scale
 
     torch._dynamo.reset()
     got = torch.compile(q, fullgraph=True)(t)

@@ -173,11 +173,11 @@ def test_experts_patched_identical_to_lowp(recipe, offs):
 
 
 def test_patched_portable_path_identical():
-    """Inside force_portable() (lowp's path for non-CPU devices) the same bytes come out."""
+    """Inside kernel_preference("portable") (lowp's path for non-CPU devices) the same bytes come out."""
     lt.patch_torchao()
     native = run_experts(torchao_experts(R.MXFP8_RCEIL), OFFS_RAGGED)
     lt.reset_stats()
-    with lt.force_portable():
+    with lt.kernel_preference("portable"):
         port = run_experts(torchao_experts(R.MXFP8_RCEIL), OFFS_RAGGED)
     assert lt.stats()["native"] == 0 and lt.stats()["portable"] > 0
     identical(native, port)

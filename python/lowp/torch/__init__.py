@@ -7,7 +7,9 @@ Each helper appends its own imports below (keep this file a plain list of import
 from .config import (Block128Config, BlockQuantizeConfig, Float8RowwiseConfig,
                      Float8TensorwiseConfig, MatmulSpec, MXQuantizeConfig, OperandSpec, PRESETS,
                      resolve_config)
-from .ops import WeightCache, force_portable, native_available, portable, reset_stats, stats
+from .ops import (KernelPreference, LowpQTensor, WeightCache, has_native_kernel,
+                  kernel_preference, native_available, portable, register_kernel, reset_stats,
+                  stats)
 from .ops.linear import grouped_mm, linear, mm
 
 __all__ = [
@@ -21,7 +23,11 @@ __all__ = [
     "PRESETS",
     "resolve_config",
     "WeightCache",
-    "force_portable",
+    "KernelPreference",
+    "LowpQTensor",
+    "has_native_kernel",
+    "kernel_preference",
+    "register_kernel",
     "grouped_mm",
     "linear",
     "mm",

@@ -1,22 +1,35 @@
-"""The `lowp::` torch operators: their schemas, argument checks, fake kernels and kernels.
+"""The `lowp::` torch operators: their schemas, argument checks, fake kernels, and the kernel
+each device runs, chosen by torch's dispatcher.
 
-Four operators in the `lowp` namespace, registered with `torch.library.custom_op` and given
-fake (meta) kernels so that FakeTensor tracing and `torch.compile` see ordinary ops:
+Four operators in the `lowp` namespace, defined with `torch.library.Library` and given fake
+(meta) kernels so that FakeTensor tracing, `torch.compile` and `opcheck` see ordinary ops:
 
   lowp::quantize(x, format, scaling, scale_mode, pow2, eps, axis, offs, scale)
         -> (data, scale, data_col, scale_col)     (empty tensors for a copy not asked for)
+        x [R, C], or [G, R, C]: G matrices quantized one by one into stacked copies
   lowp::dequantize(data, scale, format, scaling, rows, cols, offs) -> float32 [rows, cols]
   lowp::scaled_mm(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k)
         -> float32 A . B^T (b_kn=True: A . B, b given as stored [k, N])
   lowp::scaled_grouped_mm(a, ..., b, ..., offs, k, wgrad) -> split-M [T, N] or split-K [G, N, K]
 
-Each op runs lowp's native kernels (the C extension `lowp._lowp`) for CPU tensors, and the
-portable torch implementation (`lowp.torch.portable`, same bytes) for tensors on any other
-device, or on the CPU inside `force_portable()`. `stats()` counts which path ran. The
-autograd functions below call the ops' implementations directly in eager mode on plain
-tensors (the dispatcher's Python path cost as much as a small expert GEMM) and through
-`torch.ops.lowp` when compiling, tracing or on tensor subclasses. The native path passes CPU
-tensors to the extension as raw memory, (data_ptr, nbytes), without numpy views.
+Kernels, per dispatch key:
+- "CPU": lowp's native kernels (`native.py`, the C extension), when the extension imports;
+- "CompositeExplicitAutograd" (every other device: CUDA, XPU, an NPU's PrivateUse1, MPS...,
+  and the CPU without the extension): the portable kernels below, plain torch ops over
+  `portable.py`, which give the same bytes;
+- a device with vendor kernels registers them for its own key (`register_kernel`).
+Every kernel checks its arguments first, with the checks its fake kernel runs plus those of
+values (offs). `stats()` counts which kernels ran.
+
+`kernel_preference(KernelPreference.PORTABLE)` (a `TorchDispatchMode`, the torch way to
+override the dispatcher's choice) runs the portable kernels on any device, the CPU included:
+tests compare the two paths with it, and a config's `kernel_preference` field uses it for one
+matmul.
+
+The ops are registered with `torch.library.Library` rather than `custom_op`: the dispatcher
+then calls the Python kernel directly (about 6 us a call on the CPU, against about 20 us
+through `custom_op`'s Python layers, measured with a 4-argument op), which mattered for the
+small expert GEMMs of a MoE layer.
 
 A grouped columnwise copy (quantized along tokens with `offs`) has a data-dependent number of
 scale blocks; the op returns its scales zero-padded to a static bound, [K, ceil(T/bs) + G]
@@ -27,47 +40,45 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from collections import Counter
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..config import KernelPreference
+from . import native
 from . import portable as P
+from .layout import (OUT_DTYPES, data_shape, empty, grouped_scale_bound, kn_check, scale_dtype,
+                     trim_scale)
+from .qtensor import LowpQTensor
 
 __all__ = [
-    "quantize_op",
-    "dequantize_op",
-    "scaled_mm_op",
-    "scaled_grouped_mm_op",
-    "KN_KINDS",
+    "KernelPreference",
+    "kernel_preference",
+    "check_preference",
+    "register_kernel",
+    "has_native_kernel",
+    "native_available",
     "stats",
     "reset_stats",
-    "force_portable",
-    "native_available",
 ]
 
-# ---- path selection and counters ----
+_PLAIN_DTYPES = (torch.float32, torch.bfloat16)
+
+# ---- counters ----
 
 _STATS: Counter = Counter()
-_LOCAL = threading.local()
-
-try:  # lowp's numpy API over the C extension (absent in a checkout without `make build`)
-    from ... import _arrays
-    from ... import _numpy_api as _lp
-    from ..._numpy_api import _lowp as _ext
-except Exception:  # pragma: no cover - depends on the build
-    _lp = _ext = None
 
 
 def native_available() -> bool:
     """True when lowp's C extension is importable (CPU tensors then run natively)."""
-    return _ext is not None
+    return native.available()
 
 
 def stats() -> dict:
-    """Counters of the ops that ran: {"native": n, "portable": n, "<op>.native": n, ...}."""
+    """Counters of the kernels that ran: {"native": n, "portable": n, "<op>.native": n, ...}."""
     out = {"native": 0, "portable": 0}
     out.update(_STATS)
     return out
@@ -77,79 +88,9 @@ def reset_stats() -> None:
     _STATS.clear()
 
 
-@contextlib.contextmanager
-def force_portable():
-    """Run CPU tensors through the portable torch path too (for tests)."""
-    prev = getattr(_LOCAL, "portable", False)
-    _LOCAL.portable = True
-    try:
-        yield
-    finally:
-        _LOCAL.portable = prev
-
-
-def _native(t: Tensor) -> bool:
-    return _ext is not None and t.device.type == "cpu" and not getattr(_LOCAL, "portable", False)
-
-
-def _count(op: str, native: bool) -> None:
-    path = "native" if native else "portable"
+def _count(op: str, path: str) -> None:
     _STATS[path] += 1
     _STATS[f"{op}.{path}"] += 1
-
-
-def _threads() -> int:
-    return _lp.get_threads()
-
-
-# ---- numpy views of CPU tensors for the extension's buffer arguments ----
-
-
-def _buf(t: Optional[Tensor]):
-    """A CPU tensor's memory for the extension, or None: a contiguous tensor as raw memory,
-    (data_ptr, nbytes), which the caller keeps alive for the call (a numpy view per argument
-    cost tens of microseconds, a large share of a small MoE layer's time); any other as a
-    zero-copy numpy view of a contiguous copy, which holds the copy. Not Tensor.numpy(), which
-    would make the storage non-resizable (see lowp/_arrays.py). A negative or conjugate view
-    (torch._neg_view, .conj()) is resolved first: its memory holds the values unnegated."""
-    if t is None:
-        return None
-    if t.is_neg() or t.is_conj():  # a copy, held by the numpy view below
-        t = t.resolve_neg().resolve_conj()
-    elif t.is_contiguous():
-        return (t.data_ptr(), t.numel() * t.element_size())
-    return _arrays.to_numpy(t.contiguous(), "lowp.torch", "operand")[0]
-
-
-_XFMT = {torch.float32: "f32", torch.bfloat16: "bf16"}
-
-
-def _desc(data: Tensor, scale: Optional[Tensor], fmt: str, scaling: str, rows: int, cols: int,
-          offs: Optional[Tensor] = None):
-    if scaling == "none":
-        fmt = _XFMT[data.dtype]
-        scale = None
-    return (fmt, scaling, int(rows), int(cols), _buf(data), _buf(scale), _buf(offs))
-
-
-# ---- shapes ----
-
-
-def _data_shape(fmt: str, rows: int, cols: int):
-    return (rows, (cols + 1) // 2) if fmt == "e2m1" else (rows, cols)
-
-
-def _scale_dtype(scaling: str):
-    return torch.uint8 if scaling in P.E8M0_KINDS else torch.float32
-
-
-def _grouped_scale_bound(scaling: str, tokens: int, groups: int) -> int:
-    bs = P.block_of(scaling)
-    return (tokens + bs - 1) // bs + groups
-
-
-def _empty(dev) -> Tensor:
-    return torch.empty(0, dtype=torch.uint8, device=dev)
 
 
 # ---- argument checks (the ops' implementations and fake kernels alike) ----
@@ -185,7 +126,7 @@ def _check_operand(fn: str, arg: str, data: Tensor, scale: Tensor, fmt: str, sca
     _check_name(fn, kname, scaling, P.SCALINGS + ("none",))
     stack = tuple(stack)
     if scaling == "none":
-        if data.dtype not in _XFMT:
+        if data.dtype not in _PLAIN_DTYPES:
             raise ValueError(f"{fn}: {dn} ({kname} none) must be float32 or bfloat16, not "
                              f"{data.dtype}")
         want = stack + (rows, cols)
@@ -194,7 +135,7 @@ def _check_operand(fn: str, arg: str, data: Tensor, scale: Tensor, fmt: str, sca
         if data.dtype != torch.uint8:
             raise ValueError(f"{fn}: {dn} holds {fmt} codes and must be torch.uint8, not "
                              f"{data.dtype}")
-        want = stack + _data_shape(fmt, rows, cols)
+        want = stack + data_shape(fmt, rows, cols)
     if tuple(data.shape) != want:
         what = f"{fmt} codes" if scaling != "none" else "values"
         n = f"{stack[0]} x " if stack else ""
@@ -203,13 +144,13 @@ def _check_operand(fn: str, arg: str, data: Tensor, scale: Tensor, fmt: str, sca
     if scaling == "none":
         return
     if groups is not None:
-        want = stack + (rows, _grouped_scale_bound(scaling, cols, groups))
+        want = stack + (rows, grouped_scale_bound(scaling, cols, groups))
     else:
         want = stack + tuple(P.scale_shape(scaling, rows, cols))
-    if scale.dtype != _scale_dtype(scaling) or tuple(scale.shape) != want:
+    if scale.dtype != scale_dtype(scaling) or tuple(scale.shape) != want:
         raise ValueError(f"{fn}: {sn} ({scale.dtype}, shape {tuple(scale.shape)}) does not "
                          f"match {dn}: {scaling} scales of [{rows}, {cols}] are "
-                         f"{_scale_dtype(scaling)} of shape {want}")
+                         f"{scale_dtype(scaling)} of shape {want}")
 
 
 def _check_k(fn: str, k, a: Tensor, a_format: str, a_scaling: str) -> None:
@@ -218,7 +159,7 @@ def _check_k(fn: str, k, a: Tensor, a_format: str, a_scaling: str) -> None:
         raise ValueError(f"{fn}: k ({k!r}) must be an int >= 0")
     if a.dim() != 2:
         raise ValueError(f"{fn}: a must be 2-D, got shape {tuple(a.shape)}")
-    cols = _data_shape(a_format, 1, k)[1] if a_scaling != "none" else k
+    cols = data_shape(a_format, 1, k)[1] if a_scaling != "none" else k
     if a.shape[1] != cols:
         raise ValueError(f"{fn}: k ({k}) does not match a of shape {tuple(a.shape)} (a holds "
                          f"{a.shape[1]} stored columns, k makes {cols})")
@@ -233,7 +174,7 @@ def _check_offs_groups(fn: str, offs: Tensor, groups: int, what: str) -> None:
 
 
 def _check_out_dtype(fn: str, out_dtype) -> None:
-    _check_name(fn, "out_dtype", out_dtype, tuple(_OUT_DTYPES))
+    _check_name(fn, "out_dtype", out_dtype, tuple(OUT_DTYPES))
 
 
 def _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs=None,
@@ -241,8 +182,9 @@ def _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs=N
     fn = "lowp::quantize"
     if not x.is_floating_point():
         raise TypeError(f"{fn}: x must be a floating-point tensor, got {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"{fn}: x must be 2-D, got shape {tuple(x.shape)}")
+    if x.dim() not in (2, 3) or (x.dim() == 3 and offs is not None):
+        raise ValueError(f"{fn}: x must be 2-D (or 3-D, stacked matrices, without offs), got "
+                         f"shape {tuple(x.shape)}")
     if scale is not None and (scaling != "tensor" or scale.numel() != 1):
         raise ValueError(f"{fn}: scale (a delayed scale) is one value for tensor scaling, got "
                          f"shape {tuple(scale.shape)} with scaling {scaling!r}")
@@ -300,7 +242,7 @@ def _check_scaled_mm_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format,
     if b.dim() != 2:
         raise ValueError(f"{fn}: b must be 2-D, got shape {tuple(b.shape)}")
     if b_kn:
-        _kn_check(b_scaling, fn)
+        kn_check(b_scaling, fn)
         _check_operand(fn, "b", b, b_scale, b_format, b_scaling, k, b.shape[1])
     else:
         _check_operand(fn, "b", b, b_scale, b_format, b_scaling, b.shape[0], k)
@@ -322,7 +264,7 @@ def _check_grouped_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b
         _check_offs_groups(fn, offs, G, "b (b.shape[0])")
         _check_operand(fn, "a", a, a_scale, a_format, a_scaling, a.shape[0], k)
         if b_kn:
-            _kn_check(b_scaling, fn)
+            kn_check(b_scaling, fn)
         rows, cols = (k, b.shape[2]) if b_kn else (b.shape[1], k)
         _check_operand(fn, "b", b, b_scale, b_format, b_scaling, rows, cols, stack=(G,))
         return
@@ -349,307 +291,282 @@ def _check_offs_values(fn: str, ol: List[int], tokens: int, bound: str = "") -> 
         prev = o
 
 
-def _checked(check, impl):
-    """The registered op's implementation: impl after check(..., eager=True), the checks its
-    fake kernel runs plus those of values (offs). The autograd functions call impl directly in
-    eager mode, on operands they made themselves (the checks cost about a tenth of a small
-    GEMM)."""
 
-    @functools.wraps(impl)
-    def run(*args, **kwargs):
-        check(*args, **kwargs, eager=True)
-        return impl(*args, **kwargs)
-
-    return run
+# ---- the portable kernels (the default for every device) ----
 
 
-# ---- lowp::quantize ----
-
-
-def _mode_arg(scaling: str, mode: str):
-    return mode if scaling in P.E8M0_KINDS else None
-
-
-def _pow2_arg(scaling: str, p2):
-    return None if scaling in P.E8M0_KINDS else p2
-
-
-def _qt(data: Tensor, scale: Tensor, fmt: str, scaling: str, shape):
-    """A rowwise lowp.QTensor over existing tensors (zero-copy), or the plain tensor itself."""
-    if scaling == "none":
-        return data
-    return _lp.QTensor(data, scale, fmt, scaling, shape)
-
-
-def _quantize_impl(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int, eps: float,
-                axis: str, offs: Optional[Tensor] = None,
-                scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Quantize 2-D x; see the module docstring. scale_mode "" and pow2 -1 take the defaults;
-    `scale` (tensorwise) is the delayed scale; `offs` (axis "col") quantizes along tokens."""
-    R, C = x.shape
+def _portable_quantize(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int,
+                       eps: float, axis: str, offs: Optional[Tensor] = None,
+                       scale: Optional[Tensor] = None):
     mode = P.default_mode(scaling, scale_mode or None)
     p2 = None if pow2 < 0 else bool(pow2)
     dev = x.device
-    native = _native(x)
-    _count("quantize", native)
-    if native and x.dtype in _XFMT:
-        return _quantize_native(x.contiguous(), format, scaling, mode, p2, eps, axis, offs, scale)
     if offs is not None:
-        G = offs.numel()
-        bound = _grouped_scale_bound(scaling, R, G)
-        sc_out = torch.zeros((C, bound), dtype=_scale_dtype(scaling), device=dev)
-        if native:
-            q = _lp.quantize(x, format, scaling, _mode_arg(scaling, mode), "col", eps,
-                             _pow2_arg(scaling, p2), offs=offs.to(torch.int32))
-            data, sc = q.data_col, q.scale_col
-        else:
-            q = P.quantize_grouped(x, offs.tolist(), format, scaling, mode, eps, p2)
-            data, sc = q.data, q.scale
-        sc_out[:, : sc.shape[1]] = sc
-        return _empty(dev), _empty(dev), data, sc_out
-    if native:
-        s = None if scale is None else float(scale.reshape(()).item())
-        q = _lp.quantize(x, format, scaling, _mode_arg(scaling, mode), axis, eps,
-                         _pow2_arg(scaling, p2), scale=s)
-        rd, rs, cd, cs = q.data, q.scale, q.data_col, q.scale_col
-        return (rd if rd is not None else _empty(dev), rs if rs is not None else _empty(dev),
-                cd if cd is not None else _empty(dev), cs if cs is not None else _empty(dev))
+        R, C = x.shape
+        sc_out = torch.zeros((C, grouped_scale_bound(scaling, R, offs.numel())),
+                             dtype=scale_dtype(scaling), device=dev)
+        q = P.quantize_grouped(x, offs.tolist(), format, scaling, mode, eps, p2)
+        sc_out[:, : q.scale.shape[1]] = q.scale
+        return empty(dev), empty(dev), q.qdata, sc_out
+    if x.dim() == 3:  # stacked copies: one matrix at a time
+        parts = [_portable_quantize(m, format, scaling, scale_mode, pow2, eps, axis, None, scale)
+                 for m in x]
+        return tuple(torch.stack(p) if p[0].numel() or p[0].dim() > 1 else empty(dev)
+                     for p in zip(*parts))
     row, col = P.quantize(x, format, scaling, mode, axis, eps, p2, scale)
-    return (row.data if row else _empty(dev), row.scale if row else _empty(dev),
-            col.data if col else _empty(dev), col.scale if col else _empty(dev))
+    return (row.qdata if row else empty(dev), row.scale if row else empty(dev),
+            col.qdata if col else empty(dev), col.scale if col else empty(dev))
 
 
-def _quantize_native(x, fmt, scaling, mode, p2, eps, axis, offs, scale, out=None):
-    """quantize_op on lowp's kernels, straight into torch tensors (x contiguous, 2-D); `out`
-    (row axes only): the (row data, row scales, col data, col scales) to write, contiguous
-    and shaped by the C layout (None for an axis not wanted)."""
-    R, C = x.shape
-    e8 = scaling in P.E8M0_KINDS
-    mode_arg = mode if e8 else "default"
-    pow2 = -1 if (e8 or p2 is None) else int(p2)
-    thr = _threads()
-    xb = _buf(x)
-    xf = _XFMT[x.dtype]
-
-    def alloc(rows, cols, o=None):  # one copy's codes and scales, shaped by the C layout
-        _, _, sr, sc, _ = _ext.layout(fmt, scaling, rows, cols, o)
-        return (torch.empty(_data_shape(fmt, rows, cols), dtype=torch.uint8),
-                torch.empty((sr, sc), dtype=_scale_dtype(scaling)))
-
-    if offs is not None:
-        o32 = offs.to(torch.int32).contiguous()
-        ob = _buf(o32)
-        cd, cs = alloc(C, R, ob)
-        _ext.quantize_grouped(xb, xf, R, C, fmt, scaling, ob, _buf(cd), _buf(cs), mode_arg, pow2,
-                              float(eps), thr, 0)
-        sc_out = torch.zeros((C, _grouped_scale_bound(scaling, R, o32.numel())), dtype=cs.dtype)
-        sc_out[:, : cs.shape[1]] = cs
-        return _empty(x.device), _empty(x.device), cd, sc_out
-    rd = rs = cd = cs = None
-    if out is not None:
-        rd, rs, cd, cs = out
-    else:
-        if axis in ("row", "both"):
-            rd, rs = alloc(R, C)
-        if axis in ("col", "both"):
-            cd, cs = alloc(C, R)
-    s = None if scale is None else float(scale.reshape(()).item())
-    _ext.quantize(xb, xf, R, C, fmt, scaling, _buf(rd), _buf(rs), _buf(cd), _buf(cs), mode_arg,
-                  pow2, float(eps), thr, 0, s, False)
-    return tuple(_empty(x.device) if t is None else t for t in (rd, rs, cd, cs))
-
-
-quantize_op = torch.library.custom_op("lowp::quantize", mutates_args=())(
-    _checked(_check_quantize_args, _quantize_impl))
-
-
-@quantize_op.register_fake
-def _quantize_fake(x, format, scaling, scale_mode, pow2, eps, axis, offs=None, scale=None):
-    _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs, scale)
-    R, C = x.shape
-    sdt = _scale_dtype(scaling)
-    if offs is not None:
-        bound = _grouped_scale_bound(scaling, R, offs.shape[0])
-        return (x.new_empty(0, dtype=torch.uint8), x.new_empty(0, dtype=torch.uint8),
-                x.new_empty(_data_shape(format, C, R), dtype=torch.uint8),
-                x.new_empty((C, bound), dtype=sdt))
-    out = [x.new_empty(0, dtype=torch.uint8) for _ in range(4)]
-    if axis in ("row", "both"):
-        out[0] = x.new_empty(_data_shape(format, R, C), dtype=torch.uint8)
-        out[1] = x.new_empty(P.scale_shape(scaling, R, C), dtype=sdt)
-    if axis in ("col", "both"):
-        out[2] = x.new_empty(_data_shape(format, C, R), dtype=torch.uint8)
-        out[3] = x.new_empty(P.scale_shape(scaling, C, R), dtype=sdt)
-    return tuple(out)
-
-
-# ---- lowp::dequantize ----
-
-
-def _trim_scale(scale: Tensor, scaling: str, rows: int, cols: int, offs) -> Tensor:
-    """The real blocks of a (possibly padded) grouped scale array."""
-    if offs is None:
-        return scale
-    nb = P.scale_shape(scaling, rows, cols, offs)[1]
-    return scale[:, :nb].contiguous()
-
-
-def _dequantize_impl(data: Tensor, scale: Tensor, format: str, scaling: str, rows: int, cols: int,
-                  offs: Optional[Tensor] = None) -> Tensor:
-    """float32 [rows, cols] values of a quantized copy."""
-    native = _native(data)
-    _count("dequantize", native)
+def _portable_dequantize(data: Tensor, scale: Tensor, format: str, scaling: str, rows: int,
+                         cols: int, offs: Optional[Tensor] = None) -> Tensor:
     ol = offs.tolist() if offs is not None else None
-    sc = _trim_scale(scale, scaling, rows, cols, ol)
-    if native and ol is None:
-        return _lp.dequantize(_qt(data, sc, format, scaling, (rows, cols)))
-    if native:  # a grouped columnwise copy: [rows = features, cols = tokens]
-        q = _lp.QTensor(None, None, format, scaling, (cols, rows), data_col=data, scale_col=sc,
-                        offs=offs.to(torch.int32))
-        return _lp.dequantize(q, axis="col").t().contiguous()
-    return P.dequantize(P.QT(data, sc, format, scaling, rows, cols, ol))
+    sc = trim_scale(scale, scaling, rows, cols, ol)
+    return P.dequantize(LowpQTensor(data, sc, format, scaling, rows, cols, ol))
 
 
-dequantize_op = torch.library.custom_op("lowp::dequantize", mutates_args=())(
-    _checked(_check_dequantize_args, _dequantize_impl))
+def _operand(t, sc, fmt, scaling, rows, cols, offs=None) -> LowpQTensor:
+    return LowpQTensor(t, sc if scaling != "none" else None, fmt, scaling, rows, cols, offs)
 
 
-@dequantize_op.register_fake
-def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
-    _check_dequantize_args(data, scale, format, scaling, rows, cols, offs)
-    return data.new_empty((rows, cols), dtype=torch.float32)
-
-
-# ---- lowp::scaled_mm ----
-
-_OUT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
-
-
-# b_kn: the kinds whose columnwise copy is the rowwise copy transposed (lowp_gemm_kn).
-KN_KINDS = ("none", "tensor", "block128x128", "block32x32")
-
-
-def _kn_check(b_scaling: str, fn: str):
-    if b_scaling not in KN_KINDS:
-        raise ValueError(f"{fn}: b_scaling ({b_scaling}) runs along one axis, so b cannot be "
-                         f"read as stored [K, N] (kinds that can: {', '.join(KN_KINDS)})")
-
-
-def _kn_qt(b: Tensor, b_scale: Tensor, b_format: str, b_scaling: str, k: int, N: int) -> P.QT:
+def _kn_operand(b: Tensor, b_scale: Tensor, b_format: str, b_scaling: str, k: int,
+                N: int) -> LowpQTensor:
     """The portable path's [N, k] operand of a copy b given as stored, [k, N]: its codes and
     its tile grid of scales transposed, the bytes of the columnwise copy."""
     sc = None
     if b_scaling != "none":
         sc = b_scale.t().contiguous() if b_scaling in P.TILE_KINDS else b_scale
-    return P.QT(b.t().contiguous(), sc, b_format, b_scaling, N, k)
+    return LowpQTensor(b.t().contiguous(), sc, b_format, b_scaling, N, k)
 
 
-def _scaled_mm_impl(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
-                 b_scale: Tensor, b_format: str, b_scaling: str, k: int,
-                 out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
-    """C[M, N] = A[M, k] . B[N, k]^T, accumulated in binary32 and returned as float32 or
-    (out_dtype "bf16") rounded once to bfloat16. Scaling "none": a/b are float32 or bfloat16.
-    b_kn: b is given as stored, [k, N] (the bits of B's columnwise copy; KN_KINDS only)."""
+def _portable_scaled_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
+                        b_scale: Tensor, b_format: str, b_scaling: str, k: int,
+                        out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
     M, N = a.shape[0], b.shape[1] if b_kn else b.shape[0]
+    qa = _operand(a, a_scale, a_format, a_scaling, M, k)
+    qb = (_kn_operand(b, b_scale, b_format, b_scaling, k, N) if b_kn else
+          _operand(b, b_scale, b_format, b_scaling, N, k))
+    return P.gemm(qa, qb).to(OUT_DTYPES[out_dtype])
+
+
+def _portable_split_m(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, ol, k,
+                      b_kn):
+    T, N = a.shape[0], b.shape[2] if b_kn else b.shape[1]
+    qa = _operand(a, a_scale, a_format, a_scaling, T, k)
     if b_kn:
-        _kn_check(b_scaling, "lowp::scaled_mm")
-    native = _native(a)
-    _count("scaled_mm", native)
-    if native:
-        out = torch.empty((M, N), dtype=_OUT_DTYPES[out_dtype])
-        bd = (_desc(b, b_scale, b_format, b_scaling, k, N) if b_kn
-              else _desc(b, b_scale, b_format, b_scaling, N, k))
-        _ext.gemm(_desc(a, a_scale, a_format, a_scaling, M, k), bd, _buf(out), out_dtype, M, N,
-                  False, _threads(), 0, b_kn)
-        return out
-    qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, M, k)
-    qb = (_kn_qt(b, b_scale, b_format, b_scaling, k, N) if b_kn else
-          P.QT(b, b_scale if b_scaling != "none" else None, b_format, b_scaling, N, k))
-    return P.gemm(qa, qb).to(_OUT_DTYPES[out_dtype])
+        qb = [_kn_operand(b[g], b_scale[g] if b_scaling != "none" else b_scale, b_format,
+                          b_scaling, k, N) for g in range(len(ol))]
+    else:
+        qb = [_operand(b[g], b_scale[g] if b_scaling != "none" else None, b_format, b_scaling,
+                       N, k) for g in range(len(ol))]
+    return P.grouped_gemm(qa, qb, ol)
 
 
-scaled_mm_op = torch.library.custom_op("lowp::scaled_mm", mutates_args=())(
-    _checked(_check_scaled_mm_args, _scaled_mm_impl))
+def _portable_split_k(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, ol, k):
+    N, K = a.shape[0], b.shape[0]
+    ga = ol if a_scaling in P.TOKEN_BLOCK_KINDS else None
+    gb = ol if b_scaling in P.TOKEN_BLOCK_KINDS else None
+    sa = trim_scale(a_scale, a_scaling, N, k, ga) if a_scaling != "none" else None
+    sb = trim_scale(b_scale, b_scaling, K, k, gb) if b_scaling != "none" else None
+    qa = LowpQTensor(a, sa, a_format, a_scaling, N, k, ga)
+    qb = LowpQTensor(b, sb, b_format, b_scaling, K, k, gb)
+    return P.grouped_gemm_wgrad(qa, qb, ol)
 
 
-@scaled_mm_op.register_fake
+def _portable_scaled_grouped_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str,
+                                b: Tensor, b_scale: Tensor, b_format: str, b_scaling: str,
+                                offs: Tensor, k: int, wgrad: bool, out_dtype: str = "f32",
+                                b_kn: bool = False) -> Tensor:
+    ol = offs.tolist()
+    if wgrad:
+        out = _portable_split_k(a, a_scale, a_format, a_scaling, b, b_scale, b_format,
+                                b_scaling, ol, k)
+    else:
+        out = _portable_split_m(a, a_scale, a_format, a_scaling, b, b_scale, b_format,
+                                b_scaling, ol, k, b_kn)
+    return out.to(OUT_DTYPES[out_dtype])
+
+
+# ---- the fake kernels ----
+
+
+def _quantize_fake(x, format, scaling, scale_mode, pow2, eps, axis, offs=None, scale=None):
+    _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs, scale)
+    R, C = x.shape[-2:]
+    stack = tuple(x.shape[:-2])
+    sdt = scale_dtype(scaling)
+    if offs is not None:
+        bound = grouped_scale_bound(scaling, R, offs.shape[0])
+        return (x.new_empty(0, dtype=torch.uint8), x.new_empty(0, dtype=torch.uint8),
+                x.new_empty(data_shape(format, C, R), dtype=torch.uint8),
+                x.new_empty((C, bound), dtype=sdt))
+    out = [x.new_empty(0, dtype=torch.uint8) for _ in range(4)]
+    if axis in ("row", "both"):
+        out[0] = x.new_empty(stack + data_shape(format, R, C), dtype=torch.uint8)
+        out[1] = x.new_empty(stack + tuple(P.scale_shape(scaling, R, C)), dtype=sdt)
+    if axis in ("col", "both"):
+        out[2] = x.new_empty(stack + data_shape(format, C, R), dtype=torch.uint8)
+        out[3] = x.new_empty(stack + tuple(P.scale_shape(scaling, C, R)), dtype=sdt)
+    return tuple(out)
+
+
+def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
+    _check_dequantize_args(data, scale, format, scaling, rows, cols, offs)
+    return data.new_empty((rows, cols), dtype=torch.float32)
+
+
 def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
                     out_dtype="f32", b_kn=False):
     _check_scaled_mm_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
                           out_dtype, b_kn)
     return a.new_empty((a.shape[0], b.shape[1] if b_kn else b.shape[0]),
-                       dtype=_OUT_DTYPES[out_dtype])
+                       dtype=OUT_DTYPES[out_dtype])
 
 
-# ---- lowp::scaled_grouped_mm ----
-
-
-def _scaled_grouped_mm_impl(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
-                         b_scale: Tensor, b_format: str, b_scaling: str, offs: Tensor, k: int,
-                         wgrad: bool, out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
-    """Split-M (wgrad False): a [T, k] rowwise, b [G, N, k] (scales [G, ...]), out [T, N] with
-    rows past offs[-1] zero; b_kn: b [G, k, N] as stored (as in scaled_mm). Split-K (wgrad
-    True): a = dY^T [N, T], b = X^T [K, T], both quantized along the tokens with offs (scales
-    padded as quantize returns them); k = T; out [G, N, K]. out_dtype "bf16": the binary32
-    sums rounded once to bfloat16."""
-    odt = _OUT_DTYPES[out_dtype]
-    if b_kn and wgrad:
-        raise ValueError("lowp::scaled_grouped_mm: b_kn is for split-M (wgrad=False)")
-    if b_kn:
-        _kn_check(b_scaling, "lowp::scaled_grouped_mm")
-    native = _native(a)
-    _count("scaled_grouped_mm", native)
-    ol = offs.tolist()
-    G = len(ol)
-    if not wgrad:
-        T, N = a.shape[0], b.shape[2] if b_kn else b.shape[1]
-        if native:
-            # lowp writes every row of every group and leaves the rows past offs[-1]: only
-            # those are zeroed (a zero-filled output cost 5% of a medium MoE step).
-            out = torch.empty((T, N), dtype=odt)
-            out[(ol[-1] if ol else 0):].zero_()
-            o32 = offs.to(torch.int32).contiguous()
-            bd = (_desc(b, b_scale, b_format, b_scaling, k, N) if b_kn
-                  else _desc(b, b_scale, b_format, b_scaling, N, k))
-            _ext.grouped_gemm(_desc(a, a_scale, a_format, a_scaling, T, k), bd, G, _buf(o32),
-                              _buf(out), out_dtype, T, N, False, _threads(), 0, b_kn)
-            return out
-        qa = P.QT(a, a_scale if a_scaling != "none" else None, a_format, a_scaling, T, k)
-        if b_kn:
-            qb = [_kn_qt(b[g], b_scale[g] if b_scaling != "none" else b_scale, b_format,
-                         b_scaling, k, N) for g in range(G)]
-        else:
-            qb = [P.QT(b[g], b_scale[g] if b_scaling != "none" else None, b_format, b_scaling,
-                       N, k) for g in range(G)]
-        return P.grouped_gemm(qa, qb, ol).to(odt)
-    N, K = a.shape[0], b.shape[0]
-    ga = ol if a_scaling in P.TOKEN_BLOCK_KINDS else None
-    gb = ol if b_scaling in P.TOKEN_BLOCK_KINDS else None
-    sa = _trim_scale(a_scale, a_scaling, N, k, ga) if a_scaling != "none" else None
-    sb = _trim_scale(b_scale, b_scaling, K, k, gb) if b_scaling != "none" else None
-    if native:  # the raw call: tensor/row copies carry no groups, which lowp.grouped_gemm wants
-        out = torch.empty((G, N, K), dtype=odt)  # lowp writes every group (empty ones: 0)
-        o32 = offs.to(torch.int32).contiguous()
-        _ext.grouped_gemm_wgrad(_desc(a, sa, a_format, a_scaling, N, k, o32 if ga else None),
-                                _desc(b, sb, b_format, b_scaling, K, k, o32 if gb else None),
-                                _buf(o32), _buf(out), out_dtype, G * N, K, False, _threads(), 0)
-        return out
-    qa = P.QT(a, sa, a_format, a_scaling, N, k, ga)
-    qb = P.QT(b, sb, b_format, b_scaling, K, k, gb)
-    return P.grouped_gemm_wgrad(qa, qb, ol).to(odt)
-
-
-scaled_grouped_mm_op = torch.library.custom_op("lowp::scaled_grouped_mm", mutates_args=())(
-    _checked(_check_grouped_args, _scaled_grouped_mm_impl))
-
-
-@scaled_grouped_mm_op.register_fake
 def _scaled_grouped_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling,
                             offs, k, wgrad, out_dtype="f32", b_kn=False):
     _check_grouped_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs,
                         k, wgrad, out_dtype, b_kn)
-    odt = _OUT_DTYPES[out_dtype]
+    odt = OUT_DTYPES[out_dtype]
     if not wgrad:
         return a.new_empty((a.shape[0], b.shape[2] if b_kn else b.shape[1]), dtype=odt)
     return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=odt)
 
+
+# ---- definitions and registration ----
+
+_SCHEMAS = {
+    "quantize": "(Tensor x, str format, str scaling, str scale_mode, SymInt pow2, float eps, "
+                "str axis, Tensor? offs=None, Tensor? scale=None) -> (Tensor, Tensor, Tensor, "
+                "Tensor)",
+    "dequantize": "(Tensor data, Tensor scale, str format, str scaling, SymInt rows, "
+                  "SymInt cols, Tensor? offs=None) -> Tensor",
+    "scaled_mm": "(Tensor a, Tensor a_scale, str a_format, str a_scaling, Tensor b, "
+                 "Tensor b_scale, str b_format, str b_scaling, SymInt k, str out_dtype=\"f32\", "
+                 "bool b_kn=False) -> Tensor",
+    "scaled_grouped_mm": "(Tensor a, Tensor a_scale, str a_format, str a_scaling, Tensor b, "
+                         "Tensor b_scale, str b_format, str b_scaling, Tensor offs, SymInt k, "
+                         "bool wgrad, str out_dtype=\"f32\", bool b_kn=False) -> Tensor",
+}
+
+# name -> (argument check, fake kernel, portable kernel, native CPU kernel)
+_OPS = {
+    "quantize": (_check_quantize_args, _quantize_fake, _portable_quantize, native.quantize),
+    "dequantize": (_check_dequantize_args, _dequantize_fake, _portable_dequantize,
+                   native.dequantize),
+    "scaled_mm": (_check_scaled_mm_args, _scaled_mm_fake, _portable_scaled_mm,
+                  native.scaled_mm),
+    "scaled_grouped_mm": (_check_grouped_args, _scaled_grouped_mm_fake,
+                          _portable_scaled_grouped_mm, native.scaled_grouped_mm),
+}
+
+
+def _kernel(name: str, check, impl, path: str):
+    """impl after check(..., eager=True), counted in stats() under path."""
+
+    @functools.wraps(impl)
+    def run(*args, **kwargs):
+        check(*args, **kwargs, eager=True)
+        _count(name, path)
+        return impl(*args, **kwargs)
+
+    return run
+
+
+_LIB = torch.library.Library("lowp", "DEF")
+_PORTABLE = {}  # OpOverload -> the portable kernel (for kernel_preference)
+for _name, (_check, _fake, _port, _nat) in _OPS.items():
+    _LIB.define(_name + _SCHEMAS[_name])
+    _PORTABLE[getattr(torch.ops.lowp, _name).default] = _kernel(_name, _check, _port, "portable")
+    _LIB.impl(_name, _PORTABLE[getattr(torch.ops.lowp, _name).default],
+              "CompositeExplicitAutograd")
+    if native.available():
+        _LIB.impl(_name, _kernel(_name, _check, _nat, "native"), "CPU")
+    torch.library.register_fake("lowp::" + _name, _fake, lib=_LIB)
+
+quantize_op = torch.ops.lowp.quantize
+dequantize_op = torch.ops.lowp.dequantize
+scaled_mm_op = torch.ops.lowp.scaled_mm
+scaled_grouped_mm_op = torch.ops.lowp.scaled_grouped_mm
+
+
+def register_kernel(device_type: str, kernels: dict) -> None:
+    """Register vendor kernels for a device type's dispatch key ({op name: kernel}; each
+    kernel takes the op's arguments, already checked). `check_device` must pass for them
+    before they serve a recipe (docs/numerics.md section 10)."""
+    key = _dispatch_key(device_type)
+    for name, fn in kernels.items():
+        if name not in _OPS:
+            raise ValueError(f"register_kernel: {name!r} is not a lowp op ({', '.join(_OPS)})")
+        _LIB.impl(name, _kernel(name, _OPS[name][0], fn, device_type), key)
+
+
+def _dispatch_key(device_type: str) -> str:
+    """The dispatch key of a device type's dense tensors ("cpu" -> "CPU", an out-of-tree
+    backend's name -> "PrivateUse1")."""
+    if device_type == torch._C._get_privateuse1_backend_name():
+        return "PrivateUse1"
+    key = "Meta" if device_type == "meta" else device_type.upper()
+    if key not in torch._C.DispatchKey.__members__:
+        raise ValueError(f"device_type ({device_type!r}) has no dispatch key")
+    return key
+
+
+def has_native_kernel(device) -> bool:
+    """Whether lowp::quantize has a kernel of its own for device's dispatch key (not the
+    portable default)."""
+    dt = torch.device(device).type
+    try:
+        key = _dispatch_key(dt)
+    except ValueError:
+        return False
+    if key == "Meta":  # the fake kernels serve it: shapes only
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key("lowp::quantize", key)
+
+
+# ---- kernel preference ----
+
+
+class _PortableMode(TorchDispatchMode):
+    """Runs the lowp ops' portable kernels whatever the device; every other op as usual."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kernel = _PORTABLE.get(func)
+        # real tensors only: FakeTensors (tracing, opcheck) go on to the fake kernel
+        if kernel is not None and all(type(t) in (Tensor, torch.nn.Parameter) for t in
+                                      (*args, *kwargs.values()) if isinstance(t, Tensor)):
+            return kernel(*args, **kwargs)  # (the mode is off while it handles an op)
+        return func(*args, **kwargs)
+
+
+def _preference(pref) -> KernelPreference:
+    try:
+        return KernelPreference(getattr(pref, "value", pref))
+    except ValueError:
+        raise ValueError(f"kernel preference ({pref!r}) is not one of "
+                         f"{', '.join(p.value for p in KernelPreference)}") from None
+
+
+def check_preference(pref, device) -> KernelPreference:
+    """pref as a KernelPreference; NATIVE needs native kernels for device (a ValueError
+    otherwise)."""
+    p = _preference(pref)
+    if p is KernelPreference.NATIVE and not has_native_kernel(device):
+        raise ValueError(f"kernel preference native: {torch.device(device).type} has no native "
+                         "lowp kernels registered (use auto or portable)")
+    return p
+
+
+@contextlib.contextmanager
+def kernel_preference(pref, device=None):
+    """Within the block, the lowp ops run the kernels `pref` names (a KernelPreference or its
+    value): PORTABLE enters a dispatch mode that runs the portable kernels; NATIVE checks that
+    `device` (when given) has native kernels; AUTO changes nothing."""
+    p = _preference(pref) if device is None else check_preference(pref, device)
+    if p is not KernelPreference.PORTABLE:
+        yield
+        return
+    with _PortableMode():
+        yield

@@ -26,9 +26,9 @@ from torch import Tensor
 
 from . import portable as P
 from .cache import WeightCache, _InputMemo, _graph_anchor
-from .library import (KN_KINDS, _OUT_DTYPES, _check_offs_values, _count, _data_shape, _empty,
-                      _ext, _native, _quantize_impl, _quantize_native, _scale_dtype,
-                      _scaled_grouped_mm_impl, _scaled_mm_impl)
+from .layout import KN_KINDS, OUT_DTYPES, empty
+from .library import KernelPreference, _check_offs_values, check_preference, kernel_preference
+from .qtensor import LowpQTensor
 from .._autocast import exact, out_dtype as _autocast_out
 from ..config import MatmulSpec, OperandSpec, resolve_config
 
@@ -37,27 +37,16 @@ __all__ = ["linear", "mm", "grouped_mm"]
 # ---- operands of the autograd functions ----
 
 
-class _Op:
-    """A GEMM operand as the ops see it: tensors plus names (scaling "none": plain bf16/f32)."""
-
-    __slots__ = ("data", "scale", "format", "scaling", "rows", "cols", "grouped")
-
-    def __init__(self, data, scale, fmt, scaling, rows, cols, grouped=False):
-        self.data, self.scale, self.format, self.scaling = data, scale, fmt, scaling
-        self.rows, self.cols, self.grouped = rows, cols, grouped
-
-
-def _plain(x: Tensor) -> _Op:
-    """BF16 operand (C rounds every unquantized GEMM operand to BF16)."""
+def _plain(x: Tensor) -> LowpQTensor:
+    """BF16 operand [R, C] or stack [G, R, C] (C rounds every unquantized GEMM operand to
+    BF16)."""
     b = x.to(torch.bfloat16).contiguous()
-    return _Op(b, _empty(x.device), "bf16", "none", b.shape[0], b.shape[1])
+    return LowpQTensor(b, empty(x.device), "bf16", "none", b.shape[-2], b.shape[-1])
 
 
-def _direct(*ts) -> bool:
-    """Whether to call an op's implementation directly rather than through torch.ops.lowp: in
-    eager mode on plain tensors. The dispatcher's Python path (schema checks, redispatch) cost
-    about as much as a small MoE GEMM; torch.compile, FakeTensor and other subclasses still
-    see the registered ops."""
+def _eager(*ts) -> bool:
+    """Whether this runs eagerly on plain tensors (not compiling, not FakeTensor or another
+    subclass): only then may host values be read (offs[-1]) or the input memo be used."""
     return not torch.compiler.is_compiling() and all(
         t is None or type(t) in _PLAIN_TYPES for t in ts)
 
@@ -67,14 +56,15 @@ _PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 
 def _quant(x: Tensor, s: OperandSpec, axis: str, scale: Optional[Tensor] = None,
            offs: Optional[Tensor] = None):
-    """(row _Op or None, col _Op or None) of x [R, C] per spec s."""
-    R, C = x.shape
+    """(row LowpQTensor or None, col LowpQTensor or None) of x [R, C] (or [G, R, C], stacked
+    copies) per spec s."""
+    R, C = x.shape[-2:]
     mode = s.scale_mode or ""
     pow2 = -1 if s.pow2 is None else int(s.pow2)
-    op = _quantize_impl if _direct(x, offs, scale) else torch.ops.lowp.quantize
-    rd, rs, cd, cs = op(x, s.format, s.scaling, mode, pow2, 0.0, axis, offs, scale)
-    row = _Op(rd, rs, s.format, s.scaling, R, C) if axis in ("row", "both") else None
-    col = (_Op(cd, cs, s.format, s.scaling, C, R, offs is not None)
+    rd, rs, cd, cs = torch.ops.lowp.quantize(x, s.format, s.scaling, mode, pow2, 0.0, axis, offs,
+                                             scale)
+    row = LowpQTensor(rd, rs, s.format, s.scaling, R, C) if axis in ("row", "both") else None
+    col = (LowpQTensor(cd, cs, s.format, s.scaling, C, R, grouped=offs is not None)
            if axis in ("col", "both") else None)
     return row, col
 
@@ -99,108 +89,81 @@ def _odt(dtype) -> str:
     return "bf16" if dtype == torch.bfloat16 else "f32"
 
 
-def _mm(a: _Op, b: _Op, out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
+def _mm(a: LowpQTensor, b: LowpQTensor, out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
     """a . b^T; b_kn: a . b, b (a forward copy [N, K]) read as stored."""
-    op = _scaled_mm_impl if _direct(a.data, b.data) else torch.ops.lowp.scaled_mm
-    return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, a.cols,
-              out_dtype, b_kn)
+    return torch.ops.lowp.scaled_mm(a.qdata, a.scale, a.format, a.scaling, b.qdata, b.scale,
+                                    b.format, b.scaling, a.cols, out_dtype, b_kn)
 
 
-def _stack(ops: List[_Op]) -> _Op:
+def _stack(ops: List[LowpQTensor]) -> LowpQTensor:
     o = ops[0]
-    data = torch.stack([p.data for p in ops])
-    scale = torch.stack([p.scale for p in ops]) if o.scaling != "none" else _empty(o.data.device)
-    return _Op(data, scale, o.format, o.scaling, o.rows, o.cols)
+    data = torch.stack([p.qdata for p in ops])
+    scale = torch.stack([p.scale for p in ops]) if o.quantized else empty(o.qdata.device)
+    return LowpQTensor(data, scale, o.format, o.scaling, o.rows, o.cols)
 
 
-def _grouped_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32",
+def _grouped_mm(a: LowpQTensor, b: LowpQTensor, offs: Tensor, out_dtype: str = "f32",
                 b_kn: bool = False) -> Tensor:
-    direct = _direct(a.data, b.data, offs)
-    op = _scaled_grouped_mm_impl if direct else torch.ops.lowp.scaled_grouped_mm
-    return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, offs,
-              a.cols, False, out_dtype, b_kn)
+    return torch.ops.lowp.scaled_grouped_mm(a.qdata, a.scale, a.format, a.scaling, b.qdata,
+                                            b.scale, b.format, b.scaling, offs, a.cols, False,
+                                            out_dtype, b_kn)
 
 
-def _wgrad_mm(a: _Op, b: _Op, offs: Tensor, out_dtype: str = "f32") -> Tensor:
-    direct = _direct(a.data, b.data, offs)
-    op = _scaled_grouped_mm_impl if direct else torch.ops.lowp.scaled_grouped_mm
-    return op(a.data, a.scale, a.format, a.scaling, b.data, b.scale, b.format, b.scaling, offs,
-              a.cols, True, out_dtype)
+def _wgrad_mm(a: LowpQTensor, b: LowpQTensor, offs: Tensor, out_dtype: str = "f32") -> Tensor:
+    return torch.ops.lowp.scaled_grouped_mm(a.qdata, a.scale, a.format, a.scaling, b.qdata,
+                                            b.scale, b.format, b.scaling, offs, a.cols, True,
+                                            out_dtype)
 
 
 # ---- the weight's copies ----
 
 
-def _weight_source(W: Tensor, spec: MatmulSpec) -> Tensor:
-    """W [N, K] as the quantizer reads it (after the optional MXFP4 fake quantization)."""
-    W = _x32(W.detach())
-    if spec.fake_quant_mxfp4:
+def _weight_sources(W3: Tensor, spec: MatmulSpec) -> Tensor:
+    """W3 [G, N, K] as the quantizer reads it (after the optional MXFP4 fake quantization,
+    expert by expert)."""
+    W3 = _x32(W3.detach())
+    if not spec.fake_quant_mxfp4:
+        return W3
+    out = []
+    for W in W3:
         rd, rs, _, _ = torch.ops.lowp.quantize(W, "e2m1", "mx32", "rceil", -1, 0.0, "row", None,
                                                None)
-        W = torch.ops.lowp.dequantize(rd, rs, "e2m1", "mx32", W.shape[0], W.shape[1], None)
-    return W
+        out.append(torch.ops.lowp.dequantize(rd, rs, "e2m1", "mx32", W.shape[0], W.shape[1],
+                                             None))
+    return torch.stack(out)
 
 
 def _weight_copies(W3: Tensor, spec: MatmulSpec, fwd_q: bool, dgrad_q: bool, want_fwd: bool,
                    want_dgr: bool, fp8_state, record: bool):
-    """Per expert: forward copies W_g [N, K] and dgrad copies W_g^T [K, N] (None when not
-    wanted), stacked into one _Op each."""
+    """Forward copies W_g [N, K] and dgrad copies W_g^T [K, N] of every expert (None when not
+    wanted), each a stacked LowpQTensor made by one lowp::quantize call."""
     ws = spec.weight
-    scale = None
-    if ws.delayed and fp8_state is not None:
-        scale = fp8_state.scale("weight")
-    if (want_fwd or want_dgr) and (fwd_q or not want_fwd) and (dgrad_q or not want_dgr) \
-            and _native(W3) and _direct(W3) and not spec.fake_quant_mxfp4:
-        return _weight_copies_native(W3, ws, want_fwd, want_dgr, fp8_state, record, scale)
-    fwd, dgr = [], []
-    for g in range(W3.shape[0]):
-        src = _weight_source(W3[g], spec)
-        if record and ws.delayed and fp8_state is not None:
-            fp8_state.record("weight", _amax(src))
-        qf = want_fwd and fwd_q
-        qd = want_dgr and dgrad_q
-        axis = "both" if qf and qd else ("row" if qf else ("col" if qd else None))
-        r = c = None
-        if axis:
-            r, c = _quant(src, ws, axis, scale)
-        if want_fwd:
-            fwd.append(r if qf else _plain(src))
-        if want_dgr:
-            dgr.append(c if qd else _plain(src.t()))
-    return (_stack(fwd) if want_fwd else None), (_stack(dgr) if want_dgr else None)
-
-
-def _weight_copies_native(W3, ws, want_fwd, want_dgr, fp8_state, record, scale):
-    """_weight_copies when every wanted copy is quantized on lowp's kernels: each expert's
-    copies are written into slices of one stacked tensor per copy (no torch.stack, which
-    copied every code and scale once more)."""
-    G, N, K = W3.shape
-    fmt, scaling = ws.format, ws.scaling
-    mode = P.default_mode(scaling, ws.scale_mode)
-
-    def stacked(rows, cols):
-        _, _, sr, sc, _ = _ext.layout(fmt, scaling, rows, cols, None)
-        return (torch.empty((G,) + _data_shape(fmt, rows, cols), dtype=torch.uint8),
-                torch.empty((G, sr, sc), dtype=_scale_dtype(scaling)))
-
-    fd, fs = stacked(N, K) if want_fwd else (None, None)
-    dd, ds = stacked(K, N) if want_dgr else (None, None)
-    axis = "both" if want_fwd and want_dgr else ("row" if want_fwd else "col")
-    for g in range(G):
-        src = _x32(W3[g].detach())
-        if record and ws.delayed and fp8_state is not None:
-            fp8_state.record("weight", _amax(src))
-        _count("quantize", True)
-        out = tuple(None if t is None else t[g] for t in (fd, fs, dd, ds))
-        _quantize_native(src, fmt, scaling, mode, ws.pow2, 0.0, axis, None, scale, out)
-    return ((_Op(fd, fs, fmt, scaling, N, K) if want_fwd else None),
-            (_Op(dd, ds, fmt, scaling, K, N) if want_dgr else None))
+    delayed = ws.delayed and fp8_state is not None
+    scale = fp8_state.scale("weight") if delayed else None
+    src = _weight_sources(W3, spec)
+    if record and delayed:
+        for g in range(src.shape[0]):
+            fp8_state.record("weight", _amax(src[g]))
+    qf, qd = want_fwd and fwd_q, want_dgr and dgrad_q
+    axis = "both" if qf and qd else ("row" if qf else ("col" if qd else None))
+    r = c = None
+    if axis:
+        r, c = _quant(src, ws, axis, scale)
+    fwd = (r if qf else _plain(src)) if want_fwd else None
+    dgr = (c if qd else _plain(src.transpose(1, 2))) if want_dgr else None
+    return fwd, dgr
 
 
 # ---- the autograd function ----
 
 
 _INPUTS = _InputMemo()
+
+
+def _pref(spec: MatmulSpec) -> KernelPreference:
+    """The spec's kernel preference (configs without the field: AUTO)."""
+    return KernelPreference(getattr(getattr(spec, "kernel_preference", "auto"), "value",
+                                    getattr(spec, "kernel_preference", "auto")))
 
 
 def _plan(spec: MatmulSpec, wgrad_hp: bool):
@@ -214,12 +177,12 @@ def _dgrad_kn(spec: MatmulSpec, fwd_q: bool, dgrad_q: bool) -> bool:
     return fwd_q == dgrad_q and (not dgrad_q or spec.weight.scaling in KN_KINDS)
 
 
-def _first(op: Optional[_Op]) -> Optional[_Op]:
+def _first(op: Optional[LowpQTensor]) -> Optional[LowpQTensor]:
     """Expert 0 of a stacked weight operand, as a 2-D operand."""
     if op is None:
         return None
-    sc = op.scale[0] if op.scaling != "none" else op.scale
-    return _Op(op.data[0], sc, op.format, op.scaling, op.rows, op.cols)
+    sc = op.scale[0] if op.quantized else op.scale
+    return LowpQTensor(op.qdata[0], sc, op.format, op.scaling, op.rows, op.cols)
 
 
 def _group_tokens(M: int, offs: Optional[Tensor], grouped: bool) -> Tuple[int, bool]:
@@ -229,7 +192,7 @@ def _group_tokens(M: int, offs: Optional[Tensor], grouped: bool) -> Tuple[int, b
     `_in_groups`, with static shapes and no host-side branch)."""
     if not grouped or offs.shape[0] == 0:
         return M, False
-    if not _direct(offs):
+    if not _eager(offs):
         return M, True
     return int(offs[-1].item()), False
 
@@ -251,13 +214,14 @@ class _LowpMatmul(torch.autograd.Function):
     def forward(ctx, x2d, W3, bias, offs, spec, keep_quantized, wgrad_hp, cache, fp8_state,
                 grouped):
         odt = _autocast_out(x2d)  # x's dtype, or the autocast dtype of x's device type
-        with exact(x2d.device.type):  # lowp's own steps: no autocast inside
+        # lowp's own steps: no autocast inside; the kernels the spec prefers
+        with exact(x2d.device.type), kernel_preference(_pref(spec)):
             return _LowpMatmul._forward(ctx, odt, x2d, W3, bias, offs, spec, keep_quantized,
                                         wgrad_hp, cache, fp8_state, grouped)
 
     @staticmethod
     def backward(ctx, dy):
-        with exact(dy.device.type):
+        with exact(dy.device.type), kernel_preference(_pref(ctx.spec)):
             return _LowpMatmul._backward(ctx, dy)
 
     @staticmethod
@@ -301,7 +265,7 @@ class _LowpMatmul(torch.autograd.Function):
                     _, c = _quant(xs, ispec, "col", None, offs)
                 return r, c
 
-            anchor = _graph_anchor(x2d) if iscale is None and _direct(xs, offs) else None
+            anchor = _graph_anchor(x2d) if iscale is None and _eager(xs, offs) else None
             xrow, xcol = (quantize_input() if anchor is None else
                           _INPUTS.get(anchor, xs, offs, (ispec, axis, keep and tok),
                                       quantize_input))
@@ -314,7 +278,7 @@ class _LowpMatmul(torch.autograd.Function):
         if grouped:
             y = _grouped_mm(xrow, wf, offs[:G], yodt) if T > 0 else None
             if y is None or y.shape[0] != M:
-                yy = torch.zeros((M, N), dtype=_OUT_DTYPES[yodt], device=x2d.device)
+                yy = torch.zeros((M, N), dtype=OUT_DTYPES[yodt], device=x2d.device)
                 if y is not None:
                     yy[:T] = y[:T]
                 y = yy
@@ -330,7 +294,7 @@ class _LowpMatmul(torch.autograd.Function):
         ctx.bias_dtype = bias.dtype if bias is not None else None
         if xcol is not None:
             ctx.xcol_meta = (xcol.format, xcol.scaling, xcol.rows, xcol.cols, xcol.grouped)
-            ctx.save_for_backward(x2d, W3, offs, xcol.data, xcol.scale)
+            ctx.save_for_backward(x2d, W3, offs, xcol.qdata, xcol.scale)
         else:
             ctx.xcol_meta = None
             ctx.save_for_backward(x2d, W3, offs)
@@ -393,7 +357,7 @@ class _LowpMatmul(torch.autograd.Function):
             if need_dw:
                 if ctx.xcol_meta is not None:
                     f, s, r, c, gr = ctx.xcol_meta
-                    xcol = _Op(saved[3], saved[4], f, s, r, c, gr)
+                    xcol = LowpQTensor(saved[3], saved[4], f, s, r, c, grouped=gr)
                 elif wgrad_q:
                     xs = _in_groups(_x32(x2d.detach()), T, offs, ctx.traced)
                     iscale = fp8_state.scale("input") if (ispec.delayed and delayed) else None
@@ -462,6 +426,7 @@ def _run(x2d, W3, bias, offs, config, keep_quantized, wgrad_hp, cache, fp8_state
     _check_opts(cache, fp8_state, spec)
     if x2d.device != W3.device:
         raise ValueError(f"x.device ({x2d.device}) != w.device ({W3.device})")
+    check_preference(_pref(spec), x2d.device)
     _INPUTS.enable(torch.is_grad_enabled())
     return _LowpMatmul.apply(x2d, W3, bias, offs, spec, keep_quantized, bool(wgrad_hp), cache,
                              fp8_state, grouped)

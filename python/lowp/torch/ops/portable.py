@@ -1,7 +1,8 @@
 """The portable path: lowp's quantization and GEMM rules written with plain torch operations.
 
 Tensors on a device other than the CPU (CUDA, NPU, XPU, MPS...) run these functions; on the CPU
-they run only under `lowp.torch.force_portable()` (the tests compare them with the native
+they run only under `lowp.torch.kernel_preference("portable")` (the tests compare them with
+the native
 kernels byte for byte). Every rule is ../../../docs/numerics.md (NUMERICS.md): element encoding
 (round to nearest even, satfinite), E8M0 block scales (RCEIL, FLOOR, CEIL, EVEN), binary32
 scales, and the GEMM's block-wise scale combination. Bit manipulations go through integer
@@ -16,12 +17,12 @@ rows whose scales leave the range where that is exact (and NaN/Inf would move) t
 block-by-block reference route. On the CPU the matmul runs in binary32, where torch's BF16
 matmul would round its output to BF16.
 
-A quantized operand is a `QT`: element codes (`uint8`, E2M1 packed two per byte, element 2i in
-the low nibble), scales in lowp's canonical 2-D layout (E8M0 `uint8` or binary32 scale_inv),
-format and scaling names, the logical shape `[rows, cols]` (cols is the quantized, reduction
-dimension) and, for a copy quantized along tokens in groups, the group ends `offs`. A plain
-(not quantized) GEMM operand is a `QT` with scaling "none" whose `data` is the float32 or
-bfloat16 tensor itself.
+A quantized operand is a `LowpQTensor` (`qtensor.py`): element codes (`uint8`, E2M1 packed two
+per byte, element 2i in the low nibble), scales in lowp's canonical 2-D layout (E8M0 `uint8` or
+binary32 scale_inv), format and scaling names, the logical shape `[rows, cols]` (cols is the
+quantized, reduction dimension) and, for a copy quantized along tokens in groups, the group
+ends `offs`. A plain (not quantized) GEMM operand is a `LowpQTensor` with scaling "none" whose
+`qdata` is the float32 or bfloat16 tensor itself.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .._autocast import exact
 from ... import rules
+from .._autocast import exact
+from .qtensor import LowpQTensor
 
 __all__ = [
-    "QT",
     "FORMATS",
     "encode",
     "decode",
@@ -86,23 +87,6 @@ SCALINGS = rules.kinds()
 SCALE_MODES = tuple(m for m in rules.names("scale_modes") if m != "default")
 
 _F32_MAX = _f32(3.4028234663852886e38)
-
-
-@dataclass
-class QT:
-    """A quantized (or plain) 2-D GEMM operand, see the module docstring."""
-
-    data: torch.Tensor
-    scale: Optional[torch.Tensor]
-    format: str
-    scaling: str
-    rows: int
-    cols: int
-    offs: Optional[Sequence[int]] = None  # group ends along cols (tokens), host ints
-
-    @property
-    def shape(self):
-        return (self.rows, self.cols)
 
 
 def block_of(scaling: str) -> int:
@@ -203,11 +187,11 @@ def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
     return ((codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4)).to(torch.uint8)
 
 
-def unpack(q: QT) -> torch.Tensor:
+def unpack(q: LowpQTensor) -> torch.Tensor:
     """Element codes of q as an int32 [rows, cols] tensor."""
     if q.format != "e2m1":
-        return q.data.reshape(q.rows, q.cols).to(torch.int32)
-    d = q.data.reshape(q.rows, -1).to(torch.int32)
+        return q.qdata.reshape(q.rows, q.cols).to(torch.int32)
+    d = q.qdata.reshape(q.rows, -1).to(torch.int32)
     out = torch.stack([d & 0xF, (d >> 4) & 0xF], dim=-1).reshape(q.rows, -1)
     return out[:, : q.cols]
 
@@ -353,7 +337,8 @@ def default_pow2(scaling: str, pow2: Optional[bool]) -> bool:
 def quantize(x: torch.Tensor, fmt: str, scaling: str, scale_mode: Optional[str] = None,
              axis: str = "row", eps: float = 0.0, pow2: Optional[bool] = None,
              scale: Optional[torch.Tensor] = None):
-    """Quantize 2-D float32/bfloat16 x [R, C]: returns (row QT or None, col QT or None).
+    """Quantize 2-D float32/bfloat16 x [R, C]: returns (row LowpQTensor or None, col
+    LowpQTensor or None).
 
     The columnwise copy is the rowwise quantization of x^T ([C, R]); for the tile kinds it is
     the transpose of the rowwise copy, scales included. `scale` (tensorwise only): the delayed
@@ -372,10 +357,11 @@ def quantize(x: torch.Tensor, fmt: str, scaling: str, scale_mode: Optional[str] 
     if scaling in TILE_KINDS:
         codes, sc = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale)
         if axis in ("row", "both"):
-            row = QT(_finish(codes, fmt), sc, fmt, scaling, R, C)
+            row = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, R, C)
         if axis in ("col", "both"):
-            col = QT(_finish(codes.t().contiguous(), fmt), sc.t().clone(memory_format=torch.contiguous_format), fmt,
-                     scaling, C, R)
+            col = LowpQTensor(_finish(codes.t().contiguous(), fmt),
+                              sc.t().clone(memory_format=torch.contiguous_format), fmt,
+                              scaling, C, R)
         return row, col
     if scaling == "tensor" and scale is None and axis == "both":
         # one scale for both copies
@@ -384,16 +370,16 @@ def quantize(x: torch.Tensor, fmt: str, scaling: str, scale_mode: Optional[str] 
         scale = s
     if axis in ("row", "both"):
         codes, sc = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale)
-        row = QT(_finish(codes, fmt), sc, fmt, scaling, R, C)
+        row = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, R, C)
     if axis in ("col", "both"):
         codes, sc = _quant_rows(xf.t().contiguous(), fmt, scaling, mode, eps, p2, scale)
-        col = QT(_finish(codes, fmt), sc, fmt, scaling, C, R)
+        col = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, C, R)
     return row, col
 
 
 def quantize_grouped(x: torch.Tensor, offs: Sequence[int], fmt: str, scaling: str,
                      scale_mode: Optional[str] = None, eps: float = 0.0,
-                     pow2: Optional[bool] = None) -> QT:
+                     pow2: Optional[bool] = None) -> LowpQTensor:
     """Columnwise copy [K, M] of x [M, K] (tokens x features) whose token blocks restart at
     every group end in offs (mx32, block128); tokens past offs[-1] hold code 0."""
     if scaling not in TOKEN_BLOCK_KINDS:
@@ -417,7 +403,7 @@ def quantize_grouped(x: torch.Tensor, offs: Sequence[int], fmt: str, scaling: st
     sdt = torch.uint8 if scaling == "mx32" else torch.float32
     c = torch.cat(codes, 1) if codes else torch.zeros((K, M), dtype=torch.int32, device=x.device)
     s = torch.cat(scales, 1) if scales else torch.zeros((K, 0), dtype=sdt, device=x.device)
-    return QT(_finish(c, fmt), s, fmt, scaling, K, M, tuple(offs))
+    return LowpQTensor(_finish(c, fmt), s, fmt, scaling, K, M, tuple(offs))
 
 
 # ---- dequantize ----
@@ -434,10 +420,10 @@ def _group_blocks(offs: Sequence[int], bs: int):
     return out
 
 
-def _elem_factors(q: QT) -> torch.Tensor:
+def _elem_factors(q: LowpQTensor) -> torch.Tensor:
     """Per-element decode factor [rows, cols] (0 for grouped columns past the last group)."""
     R, C = q.rows, q.cols
-    dev = q.data.device
+    dev = q.qdata.device
     if q.scaling == "tensor":
         return q.scale.reshape(1, 1).expand(R, C)
     if q.scaling == "row":
@@ -460,10 +446,10 @@ def _elem_factors(q: QT) -> torch.Tensor:
     return torch.cat(parts, 1) if parts else torch.zeros((R, C), dtype=torch.float32, device=dev)
 
 
-def dequantize(q: QT) -> torch.Tensor:
+def dequantize(q: LowpQTensor) -> torch.Tensor:
     """binary32 values of q (NUMERICS.md 3.5 and 4.4)."""
     if q.scaling == "none":
-        return q.data.to(torch.float32)
+        return q.qdata.to(torch.float32)
     v = decode(unpack(q), q.format)
     return v * _elem_factors(q)
 
@@ -471,12 +457,12 @@ def dequantize(q: QT) -> torch.Tensor:
 # ---- GEMM ----
 
 
-def _pair(a: QT, b: QT) -> str:
+def _pair(a: LowpQTensor, b: LowpQTensor) -> str:
     sa, sb = a.scaling, b.scaling
     fp8 = ("e4m3", "e5m2")
     if sa == "none" and sb == "none":
-        if a.data.dtype != b.data.dtype or a.data.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"plain operand pair a ({a.data.dtype}) x b ({b.data.dtype}) is not "
+        if a.qdata.dtype != b.qdata.dtype or a.qdata.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"plain operand pair a ({a.qdata.dtype}) x b ({b.qdata.dtype}) is not "
                              "float32 x float32 or bfloat16 x bfloat16")
         return "plain"
     if sa == sb == "tensor" and a.format in fp8 and b.format in fp8:
@@ -654,7 +640,7 @@ def _gemm_b128(av, sa, bv, sb) -> torch.Tensor:
     return _redo_rows(c, bad_a, bad_b, _b128_loop, (av, sa), (bv, sb))
 
 
-def gemm(a: QT, b: QT) -> torch.Tensor:
+def gemm(a: LowpQTensor, b: LowpQTensor) -> torch.Tensor:
     """C[M, N] = A[M, K] . B[N, K]^T in binary32 (NUMERICS.md section 6), each pair as one
     matmul on exactly represented operands (only the summation order differs from the
     reference's, within section 6's bound of 1e-5 of ||C||)."""
@@ -665,7 +651,7 @@ def gemm(a: QT, b: QT) -> torch.Tensor:
     pair = _pair(a, b)
     M, N, K = a.rows, b.rows, a.cols
     if pair == "plain":
-        return _mm(a.data.reshape(M, K).to(torch.float32), b.data.reshape(N, K).to(torch.float32))
+        return _mm(a.qdata.reshape(M, K).to(torch.float32), b.qdata.reshape(N, K).to(torch.float32))
     av = decode(unpack(a), a.format)
     bv = decode(unpack(b), b.format)
     if pair in ("tensor", "row"):
@@ -682,21 +668,21 @@ def gemm(a: QT, b: QT) -> torch.Tensor:
     return _gemm_b128(av, a.scale, bv, sb)
 
 
-def rows_of(q: QT, r0: int, r1: int) -> QT:
+def rows_of(q: LowpQTensor, r0: int, r1: int) -> LowpQTensor:
     """Rows [r0, r1) of an ungrouped rowwise operand (row-blocked kinds, tensor, none)."""
     if q.scaling in TILE_KINDS:
         raise ValueError("rows_of: tile kinds cannot be sliced by rows")
     sc = q.scale
     if sc is not None and q.scaling != "tensor":
         sc = sc[r0:r1]
-    return QT(q.data[r0:r1], sc, q.format, q.scaling, r1 - r0, q.cols)
+    return LowpQTensor(q.qdata[r0:r1], sc, q.format, q.scaling, r1 - r0, q.cols)
 
 
-def _cols_of_group(q: QT, start: int, end: int, blk: int) -> QT:
+def _cols_of_group(q: LowpQTensor, start: int, end: int, blk: int) -> LowpQTensor:
     """Columns [start, end) of a copy quantized along tokens (grouped or not)."""
     n = end - start
     if q.scaling == "none":
-        return QT(q.data[:, start:end], None, q.format, "none", q.rows, n)
+        return LowpQTensor(q.qdata[:, start:end], None, q.format, "none", q.rows, n)
     codes = unpack(q)[:, start:end]
     sc = q.scale
     if q.scaling in TOKEN_BLOCK_KINDS:
@@ -706,15 +692,16 @@ def _cols_of_group(q: QT, start: int, end: int, blk: int) -> QT:
                 raise ValueError("an ungrouped token-blocked copy cannot be split at a group")
             blk = start // bs
         sc = sc[:, blk:blk + _cdiv(n, bs)]
-    return QT(_finish(codes, q.format), sc, q.format, q.scaling, q.rows, n)
+    return LowpQTensor(_finish(codes, q.format), sc, q.format, q.scaling, q.rows, n)
 
 
-def grouped_gemm(a: QT, b: Sequence[QT], offs: Sequence[int], out: Optional[torch.Tensor] = None):
+def grouped_gemm(a: LowpQTensor, b: Sequence[LowpQTensor], offs: Sequence[int],
+                 out: Optional[torch.Tensor] = None):
     """Split-M: C[rows_g] = A[rows_g] . B[g]^T; rows past offs[-1] are 0 (or out's)."""
     offs = [int(o) for o in offs]
     N = b[0].rows
     if out is None:
-        out = torch.zeros((a.rows, N), dtype=torch.float32, device=a.data.device)
+        out = torch.zeros((a.rows, N), dtype=torch.float32, device=a.qdata.device)
     start = 0
     for g, end in enumerate(offs):
         if end > start:
@@ -723,11 +710,11 @@ def grouped_gemm(a: QT, b: Sequence[QT], offs: Sequence[int], out: Optional[torc
     return out
 
 
-def grouped_gemm_wgrad(a: QT, b: QT, offs: Sequence[int]) -> torch.Tensor:
+def grouped_gemm_wgrad(a: LowpQTensor, b: LowpQTensor, offs: Sequence[int]) -> torch.Tensor:
     """Split-K: dW[g] = A[:, rows_g] . B[:, rows_g]^T with A = dY^T [N, M], B = X^T [K, M]
     (token-blocked kinds quantized with the same offs); out [G, N, K]."""
     offs = [int(o) for o in offs]
-    out = torch.zeros((len(offs), a.rows, b.rows), dtype=torch.float32, device=a.data.device)
+    out = torch.zeros((len(offs), a.rows, b.rows), dtype=torch.float32, device=a.qdata.device)
     bs = block_of(a.scaling) if a.scaling in TOKEN_BLOCK_KINDS else 1
     for g, (start, end, blk) in enumerate(_group_blocks(offs, bs)):
         if end > start:

@@ -1,0 +1,102 @@
+"""torch.library.opcheck on every lowp:: operator: the schema, the autograd registration, the
+fake kernel against the real one, and AOT dispatch with dynamic shapes, on CPU tensors (the
+native kernels where the extension is built, else the portable ones) and under
+kernel_preference("portable")."""
+
+import pytest
+import torch
+
+import lowp.torch as lt
+
+g = torch.Generator().manual_seed(3)
+X = torch.randn(40, 96, generator=g)
+W = torch.randn(3, 24, 96, generator=g)
+OFFS = torch.tensor([10, 10, 37], dtype=torch.int32)
+
+
+def _q(x, fmt="e4m3", scaling="mx32", axis="row", offs=None, scale=None):
+    return torch.ops.lowp.quantize(x, fmt, scaling, "", -1, 0.0, axis, offs, scale)
+
+
+def _cases():
+    ad, asc, _, _ = _q(X)
+    bd, bsc, _, _ = _q(W[0])
+    wd, wsc, _, _ = _q(W)
+    td, tsc, _, _ = _q(W[0], scaling="tensor")
+    _, _, gd, gsc = _q(X[:37], axis="col", offs=OFFS)
+    _, _, yd, ysc = _q(torch.randn(37, 24, generator=g), axis="col", offs=OFFS)
+    xt, xts, _, _ = _q(X, scaling="tensor")
+    return {
+        "quantize mx32 both": (torch.ops.lowp.quantize.default,
+                               (X, "e4m3", "mx32", "", -1, 0.0, "both")),
+        "quantize e2m1 row": (torch.ops.lowp.quantize.default,
+                              (X, "e2m1", "mx32", "even", -1, 0.0, "row")),
+        "quantize tensor delayed": (torch.ops.lowp.quantize.default,
+                                    (X, "e5m2", "tensor", "", 1, 0.0, "both", None,
+                                     torch.tensor(4.0))),
+        "quantize grouped": (torch.ops.lowp.quantize.default,
+                             (X, "e4m3", "block128", "", -1, 0.0, "col", OFFS)),
+        "quantize stacked block32x32": (torch.ops.lowp.quantize.default,
+                                        (W, "e4m3", "block32x32", "", -1, 0.0, "both")),
+        "dequantize": (torch.ops.lowp.dequantize.default, (ad, asc, "e4m3", "mx32", 40, 96)),
+        "dequantize grouped": (torch.ops.lowp.dequantize.default,
+                               (gd, gsc, "e4m3", "mx32", 96, 37, OFFS)),
+        "scaled_mm mx": (torch.ops.lowp.scaled_mm.default,
+                         (ad, asc, "e4m3", "mx32", bd, bsc, "e4m3", "mx32", 96)),
+        "scaled_mm kn bf16 out": (torch.ops.lowp.scaled_mm.default,
+                                  (xt, xts, "e4m3", "tensor", td.t().contiguous(), tsc, "e4m3",
+                                   "tensor", 96, "bf16", True)),
+        "scaled_mm plain": (torch.ops.lowp.scaled_mm.default,
+                            (X.bfloat16(), lt.ops.layout.empty("cpu"), "bf16", "none",
+                             W[0].bfloat16(), lt.ops.layout.empty("cpu"), "bf16", "none", 96)),
+        "scaled_grouped_mm split-M": (torch.ops.lowp.scaled_grouped_mm.default,
+                                      (ad, asc, "e4m3", "mx32", wd, wsc, "e4m3", "mx32", OFFS,
+                                       96, False)),
+        "scaled_grouped_mm split-K": (torch.ops.lowp.scaled_grouped_mm.default,
+                                      (yd, ysc, "e4m3", "mx32", gd, gsc, "e4m3", "mx32", OFFS,
+                                       37, True)),
+    }
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("pref", ["auto", "portable"])
+def test_opcheck(name, pref):
+    op, args = CASES[name]
+    with lt.kernel_preference(pref):
+        torch.library.opcheck(op, args)
+
+
+def test_every_op_is_checked():
+    ops = {op.default for op in (torch.ops.lowp.quantize, torch.ops.lowp.dequantize,
+                                 torch.ops.lowp.scaled_mm, torch.ops.lowp.scaled_grouped_mm)}
+    assert ops == {op for op, _ in CASES.values()}
+
+
+def test_cpu_kernel_is_the_native_one_and_others_default_to_portable():
+    """The dispatcher, not Python, picks the kernel: CPU has its own kernel when the
+    extension is built; meta has only the fake one; every other key falls back to the
+    portable CompositeExplicitAutograd kernel."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for name in ("quantize", "dequantize", "scaled_mm", "scaled_grouped_mm"):
+        assert has(f"lowp::{name}", "CompositeExplicitAutograd")
+        assert has(f"lowp::{name}", "CPU") == lt.native_available()
+    assert lt.has_native_kernel("cpu") == lt.native_available()
+    lt.reset_stats()
+    _q(X)
+    with lt.kernel_preference("portable"):
+        _q(X)
+    s = lt.stats()
+    assert s["quantize.portable"] == 1
+    assert s["quantize.native" if lt.native_available() else "quantize.portable"] >= 1
+
+
+def test_native_preference_needs_native_kernels():
+    with pytest.raises(ValueError, match="kernel preference"):
+        with lt.kernel_preference("fastest"):
+            pass
+    with pytest.raises(ValueError, match="meta has no native lowp kernels"):
+        with lt.kernel_preference(lt.KernelPreference.NATIVE, device="meta"):
+            pass
