@@ -158,3 +158,58 @@ def test_numpy_api_names_are_unchanged():
     assert lowp.SCALE_MODES == ("rceil", "floor", "ceil", "even")
     assert A._E8M0_KINDS == ("mx32", "block32x32")
     assert A._DEFAULT_MODE == {"mx32": "rceil", "block32x32": "floor"}
+
+
+def test_scale_calculation_mode_is_the_c_modes():
+    from lowp.torch.config import ScaleCalculationMode
+    assert tuple(m.value for m in ScaleCalculationMode) == \
+        tuple(m for m in rules.names("scale_modes") if m != "default")
+
+
+def _spec(fmt, kind, mode=None, delayed=False):
+    from lowp.torch.config import OperandSpec
+    return OperandSpec(fmt, kind, mode, None, delayed)
+
+
+def _specs():
+    """Each config's MatmulSpec as config.py wrote it by hand before it read the C presets."""
+    from lowp.torch import config as C
+    mx, b32 = _spec("e4m3", "mx32", "rceil"), _spec("e4m3", "block32x32", "floor")
+    fp4, e5f = _spec("e2m1", "mx32", "rceil"), _spec("e5m2", "mx32", "floor")
+    b128, row = _spec("e4m3", "block128"), _spec("e4m3", "row")
+    t4, t5 = _spec("e4m3", "tensor"), _spec("e5m2", "tensor")
+    d4, d5 = _spec("e4m3", "tensor", delayed=True), _spec("e5m2", "tensor", delayed=True)
+    M, bf = C.MatmulSpec, C.OperandSpec()
+    return [
+        (C.MXQuantizeConfig(), M(mx, mx, mx, name="mxfp8")),
+        (C.MXQuantizeConfig(dtype="fp4"), M(fp4, fp4, fp4, name="mxfp4")),
+        (C.MXQuantizeConfig(dtype="e5m2", scale_mode="floor"), M(e5f, e5f, e5f, name="custom")),
+        (C.BlockQuantizeConfig(), M(mx, b32, mx, name="block32x32")),
+        (C.BlockQuantizeConfig(mxfp4_fake_quantize_config=True),
+         M(mx, b32, mx, fake_quant_mxfp4=True, name="block32x32_fp4")),
+        (C.Block128Config(), M(b128, _spec("e4m3", "block128x128"), b128, name="block128")),
+        (C.Float8RowwiseConfig(), M(row, row, row, keep_quantized=False, name="fp8_rowwise")),
+        (C.Float8TensorwiseConfig(), M(t4, t4, t5, name="fp8_tensorwise")),
+        (C.Float8TensorwiseConfig(delayed=True, history_len=16, margin=2.0,
+                                  amax_compute_algo="most_recent"),
+         M(d4, d4, d5, history_len=16, margin=2.0, amax_compute_algo="most_recent",
+           name="fp8_delayed")),
+        (None, M(bf, bf, bf, keep_quantized=False, name="bf16")),
+    ]
+
+
+def test_configs_build_their_specs_from_the_c_presets():
+    from lowp.torch.config import resolve_config
+    for cfg, want in _specs():
+        assert resolve_config(cfg) == want, cfg
+
+
+def test_gemm_pairs_checked_are_the_c_pairs():
+    from lowp.torch import config as C
+    with pytest.raises(ValueError, match="does not multiply"):
+        C.resolve_config(C.MXQuantizeConfig(), activation_config=C.Float8RowwiseConfig())
+    # MX32 e2m1 activations with a 32x32-tiled e4m3 weight: lowp_gemm multiplies them (the
+    # hand-written Python list refused them)
+    s = C.resolve_config(C.BlockQuantizeConfig(),
+                         activation_config=C.MXQuantizeConfig(dtype="fp4"))
+    assert (s.input.format, s.weight.scaling) == ("e2m1", "block32x32")

@@ -3,7 +3,8 @@
 A config names how the three operands of a linear layer's GEMMs are quantized (the weight, the
 activation and the output gradient); `resolve_config` turns a config (or a preset name) into a
 `MatmulSpec`, the internal description the autograd ops follow. The recipes are the C training
-layer's presets (src/train/recipe.c):
+layer's presets (src/train/recipe.c): each ``to_spec`` builds its MatmulSpec from the C preset
+table (``lowp.rules``), and the GEMM pairs checked are the C library's:
 
   preset           weight                  input / grad_output           keep_quantized
   mxfp8            MX32 e4m3 RCEIL         MX32 e4m3 RCEIL               yes
@@ -32,6 +33,8 @@ from enum import Enum
 from typing import Callable, Optional, Union
 
 import torch
+
+from .. import rules
 
 try:
     from torchao.core.config import AOBaseConfig
@@ -167,6 +170,30 @@ def _set(cfg, name, value):
     object.__setattr__(cfg, name, value)  # __post_init__'s normalization of a frozen field
 
 
+def _operand_of(s: dict) -> OperandSpec:
+    """An operand of a C preset (``lowp.rules.preset(name)["input"]``...) as an OperandSpec, a
+    default E8M0 mode spelled out as the kind's own (RCEIL for mx32, FLOOR for block32x32)."""
+    if s["format"] == "bf16":
+        return OperandSpec()
+    kind = rules.TABLES["scalings"][s["scaling"]]
+    mode = None
+    if kind["scale"] == "e8m0":
+        mode = kind["default_mode"] if s["scale_mode"] == "default" else s["scale_mode"]
+    return OperandSpec(s["format"], s["scaling"], mode, s["pow2"], s["delayed"])
+
+
+def _preset_spec(preset: str, name: str, kernel_preference, **fields) -> MatmulSpec:
+    """The MatmulSpec of the C linear preset ``preset`` (src/train/recipe.c, through
+    lowp.rules), named ``name``, with ``fields`` replaced."""
+    c = rules.preset(preset)
+    spec = MatmulSpec(*(_operand_of(c[r]) for r in ("input", "weight", "grad_output")),
+                      keep_quantized=c["keep_quantized"], wgrad_hp=c["wgrad_hp"],
+                      fake_quant_mxfp4=c["fake_quant_mxfp4"], history_len=c["history_len"],
+                      margin=c["margin"], amax_compute_algo=c["amax_compute_algo"], name=name,
+                      kernel_preference=kernel_preference)
+    return spec.replace(**fields) if fields else spec
+
+
 class _LowpConfig(*_BASES):
     """What every matmul config has: a keyword-only ``kernel_preference`` field (the last one,
     declared by each config), a :class:`KernelPreference` or its name."""
@@ -205,12 +232,13 @@ class MXQuantizeConfig(_LowpConfig):
         return _format_of(self.dtype)
 
     def to_spec(self) -> MatmulSpec:
-        s = OperandSpec(self.format, "mx32", self.scale_mode.value)
+        """The C preset mxfp8 in this config's element format and scale mode."""
         name = {"e4m3": "mxfp8", "e2m1": "mxfp4"}.get(self.format, "custom")
         if self.scale_mode is not ScaleCalculationMode.RCEIL:
             name = "custom"
-        return MatmulSpec(s, s, s, keep_quantized=True, name=name,
-                          kernel_preference=self.kernel_preference)
+        spec = _preset_spec("mxfp8", name, self.kernel_preference)
+        s = dataclasses.replace(spec.input, format=self.format, scale_mode=self.scale_mode.value)
+        return spec.replace(input=s, weight=s, grad_output=s)
 
 
 @dataclass(frozen=True)
@@ -241,12 +269,10 @@ class BlockQuantizeConfig(_LowpConfig):
         _set(self, "mxfp4_fake_quantize_config", c)
 
     def to_spec(self) -> MatmulSpec:
-        act = OperandSpec("e4m3", "mx32", "rceil")
-        w = OperandSpec("e4m3", "block32x32", "floor")
+        """The C preset block_fp8 (block_fp8_fp4 with the MXFP4 fake quantization)."""
         fq = self.mxfp4_fake_quantize_config is not None
-        return MatmulSpec(act, w, act, keep_quantized=True, fake_quant_mxfp4=fq,
-                          name="block32x32_fp4" if fq else "block32x32",
-                          kernel_preference=self.kernel_preference)
+        return _preset_spec("block_fp8_fp4" if fq else "block_fp8",
+                            "block32x32_fp4" if fq else "block32x32", self.kernel_preference)
 
 
 @dataclass(frozen=True)
@@ -258,9 +284,8 @@ class Block128Config(_LowpConfig):
     kernel_preference: KernelPreference = KernelPreference.AUTO
 
     def to_spec(self) -> MatmulSpec:
-        act = OperandSpec("e4m3", "block128")
-        return MatmulSpec(act, OperandSpec("e4m3", "block128x128"), act, keep_quantized=True,
-                          name="block128", kernel_preference=self.kernel_preference)
+        """The C preset block128."""
+        return _preset_spec("block128", "block128", self.kernel_preference)
 
 
 @dataclass(frozen=True)
@@ -271,9 +296,8 @@ class Float8RowwiseConfig(_LowpConfig):
     kernel_preference: KernelPreference = KernelPreference.AUTO
 
     def to_spec(self) -> MatmulSpec:
-        s = OperandSpec("e4m3", "row")
-        return MatmulSpec(s, s, s, keep_quantized=False, name="fp8_rowwise",
-                          kernel_preference=self.kernel_preference)
+        """The C preset fp8_rowwise."""
+        return _preset_spec("fp8_rowwise", "fp8_rowwise", self.kernel_preference)
 
 
 @dataclass(frozen=True)
@@ -308,16 +332,14 @@ class Float8TensorwiseConfig(_LowpConfig):
                              "'most_recent'")
 
     def to_spec(self) -> MatmulSpec:
+        """The C preset fp8_delayed or fp8_current, with this config's history settings."""
         d = self.delayed
-        fwd = OperandSpec("e4m3", "tensor", delayed=d)
-        return MatmulSpec(fwd, fwd, OperandSpec("e5m2", "tensor", delayed=d), keep_quantized=True,
-                          history_len=self.history_len, margin=self.margin,
-                          amax_compute_algo=self.amax_compute_algo,
-                          name="fp8_delayed" if d else "fp8_tensorwise",
-                          kernel_preference=self.kernel_preference)
+        return _preset_spec("fp8_delayed" if d else "fp8_current",
+                            "fp8_delayed" if d else "fp8_tensorwise", self.kernel_preference,
+                            history_len=self.history_len, margin=self.margin,
+                            amax_compute_algo=self.amax_compute_algo)
 
 
-_BF16 = OperandSpec()
 PRESETS = {
     "mxfp8": lambda: MXQuantizeConfig(),
     "mxfp4": lambda: MXQuantizeConfig(dtype="fp4"),
@@ -331,25 +353,22 @@ PRESETS = {
 _CONFIG_TYPES = (MXQuantizeConfig, BlockQuantizeConfig, Block128Config, Float8RowwiseConfig,
                  Float8TensorwiseConfig)
 
-# GEMM operand pairs lowp multiplies (a scaling, b scaling), as src/core/gemm_pair.c.
-_PAIRS = {("tensor", "tensor"), ("row", "row"), ("mx32", "mx32"), ("mx32", "block32x32"),
-          ("block128", "block128x128"), ("block128", "block128")}
+# The GEMM operand pairs lowp multiplies, (a format, a scaling, b format, b scaling): the C
+# library's (src/core/gemm_pair.c, through lowp.rules).
+_PAIRS = frozenset(rules.TABLES["gemm_pairs"])
 
 
 def _check_pair(gemm: str, ra: str, a: OperandSpec, rb: str, b: OperandSpec):
     if not (a.quantized and b.quantized):
         return
-    ok = (a.scaling, b.scaling) in _PAIRS
-    if ok and (a.format == "e2m1" or b.format == "e2m1"):
-        ok = a.scaling == b.scaling == "mx32"
-    if not ok:
+    if (a.format, a.scaling, b.format, b.scaling) not in _PAIRS:
         raise ValueError(f"the {gemm} GEMM pairs {ra} ({a.scaling} {a.format}) with {rb} "
                          f"({b.scaling} {b.format}), which lowp does not multiply")
 
 
 def _spec_of(config) -> MatmulSpec:
     if config is None:
-        return MatmulSpec(_BF16, _BF16, _BF16, keep_quantized=False, name="bf16")
+        return _preset_spec("bf16", "bf16", KernelPreference.AUTO)
     if isinstance(config, MatmulSpec):
         return config
     if isinstance(config, str):
