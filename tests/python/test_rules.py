@@ -133,6 +133,14 @@ def test_linear_plan(qi, qg, hp, ws):
     assert p["dgrad"]["b_kn"] == kn and p["dgrad"]["b_columnwise"] == (not kn)
     assert (p["wgrad"]["a"], p["wgrad"]["b"]) == ("grad_output", "input")
     assert p["wgrad"]["a_columnwise"] and p["wgrad"]["b_columnwise"]
+    # the autograd linear follows it
+    from lowp.torch.config import MatmulSpec, OperandSpec
+    from lowp.torch.ops import linear as L
+    q = OperandSpec("e4m3", "mx32")
+    spec = MatmulSpec(q if qi else OperandSpec(), OperandSpec("e4m3", ws) if qw else OperandSpec(),
+                      q if qg else OperandSpec())
+    assert L._plan(spec, hp) == (qi and qw, qg and qw, qg and qi and not hp)
+    assert L._dgrad_kn(spec, *L._plan(spec, hp)[:2]) == kn
 
 
 def test_recipes_are_the_c_table():

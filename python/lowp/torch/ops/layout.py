@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from ... import rules
 from . import portable as P
 
 __all__ = ["KN_KINDS", "OUT_DTYPES", "data_shape", "scale_dtype", "grouped_scale_bound",
@@ -15,8 +16,9 @@ __all__ = ["KN_KINDS", "OUT_DTYPES", "data_shape", "scale_dtype", "grouped_scale
 
 OUT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
-# b_kn: the kinds whose columnwise copy is the rowwise copy transposed (lowp_gemm_kn).
-KN_KINDS = ("none", "tensor", "block128x128", "block32x32")
+# b_kn: the kinds whose columnwise copy is the rowwise copy transposed (lowp_gemm_kn): the C
+# scaling table's (lowp.rules), plain operands first.
+KN_KINDS = ("none",) + rules.kinds(transposes=True)
 
 
 def data_shape(fmt: str, rows: int, cols: int):

@@ -99,7 +99,7 @@ def _count(op: str, path: str) -> None:
 # shape here is static, so the fake kernels run the same checks and torch.compile / opcheck
 # see the errors eager mode gives.
 
-_QFORMATS = ("e4m3", "e5m2", "e2m1")
+_QFORMATS = tuple(P.FORMATS)  # the element formats of the C tables
 _AXES = ("row", "col", "both")
 
 

@@ -26,7 +26,8 @@ from torch import Tensor
 
 from . import portable as P
 from .cache import WeightCache, _InputMemo, _graph_anchor
-from .layout import KN_KINDS, OUT_DTYPES, empty
+from ... import rules
+from .layout import OUT_DTYPES, empty
 from .library import KernelPreference, _check_offs_values, check_preference, kernel_preference
 from .qtensor import LowpQTensor
 from .._autocast import exact, out_dtype as _autocast_out
@@ -166,15 +167,23 @@ def _pref(spec: MatmulSpec) -> KernelPreference:
                                     getattr(spec, "kernel_preference", "auto")))
 
 
+def _layer_plan(spec: MatmulSpec, wgrad_hp: bool) -> dict:
+    """The C library's linear plan of `spec` (lowp_linear_plan_get, through lowp.rules)."""
+    w = spec.weight.scaling if spec.weight.quantized else "none"
+    return rules.linear_plan(spec.input.quantized, spec.grad_output.quantized, wgrad_hp, w)
+
+
 def _plan(spec: MatmulSpec, wgrad_hp: bool):
-    qi, qw, qg = spec.input.quantized, spec.weight.quantized, spec.grad_output.quantized
-    return qi and qw, qg and qw, qg and qi and not wgrad_hp
+    """Whether the forward, dgrad and wgrad GEMMs run quantized (else in BF16)."""
+    p = _layer_plan(spec, wgrad_hp)
+    return p["forward"]["quantized"], p["dgrad"]["quantized"], p["wgrad"]["quantized"]
 
 
 def _dgrad_kn(spec: MatmulSpec, fwd_q: bool, dgrad_q: bool) -> bool:
     """Whether the input-gradient GEMM reads the forward copy as stored (no second copy): both
-    GEMMs take the weight in one kind, whose copy of W^T is W's copy transposed."""
-    return fwd_q == dgrad_q and (not dgrad_q or spec.weight.scaling in KN_KINDS)
+    GEMMs take the weight in one kind, whose copy of W^T is W's copy transposed (the plan's
+    b_kn; fwd_q and dgrad_q are the plan's own)."""
+    return _layer_plan(spec, False)["dgrad"]["b_kn"]
 
 
 def _first(op: Optional[LowpQTensor]) -> Optional[LowpQTensor]:

@@ -457,27 +457,27 @@ def dequantize(q: LowpQTensor) -> torch.Tensor:
 # ---- GEMM ----
 
 
+# The pairs lowp multiplies, (a format, a scaling, b format, b scaling): the C library's
+# (src/core/gemm_pair.c, through lowp.rules); below, which of this module's GEMM routes runs one.
+_GEMM_PAIRS = frozenset(rules.TABLES["gemm_pairs"])
+_ROUTES = {("none", "none"): "plain", ("tensor", "tensor"): "tensor", ("row", "row"): "row",
+           ("mx32", "mx32"): "mx", ("mx32", "block32x32"): "mx_b32",
+           ("block128", "block128"): "b128", ("block128", "block128x128"): "b128"}
+_PLAIN = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
 def _pair(a: LowpQTensor, b: LowpQTensor) -> str:
     sa, sb = a.scaling, b.scaling
-    fp8 = ("e4m3", "e5m2")
     if sa == "none" and sb == "none":
-        if a.qdata.dtype != b.qdata.dtype or a.qdata.dtype not in (torch.float32, torch.bfloat16):
+        fa, fb = _PLAIN.get(a.qdata.dtype), _PLAIN.get(b.qdata.dtype)
+        if (fa, sa, fb, sb) not in _GEMM_PAIRS:
             raise ValueError(f"plain operand pair a ({a.qdata.dtype}) x b ({b.qdata.dtype}) is not "
                              "float32 x float32 or bfloat16 x bfloat16")
-        return "plain"
-    if sa == sb == "tensor" and a.format in fp8 and b.format in fp8:
-        return "tensor"
-    if sa == sb == "row" and a.format in fp8 and b.format in fp8:
-        return "row"
-    if sa == "mx32" and sb == "mx32":
-        return "mx"
-    if sa == "mx32" and sb == "block32x32" and b.format in fp8:
-        return "mx_b32"
-    if sa == "block128" and sb in ("block128", "block128x128") and a.format in fp8 and b.format in fp8:
-        return "b128"
-    raise ValueError(f"operand pair a ({sa} {a.format}) x b ({sb} {b.format}) is not supported "
-                     "(pairs: none x none, tensor x tensor, row x row, mx32 x mx32, "
-                     "block128 x block128x128, block128 x block128, mx32 x block32x32)")
+    elif (a.format, sa, b.format, sb) not in _GEMM_PAIRS:
+        raise ValueError(f"operand pair a ({sa} {a.format}) x b ({sb} {b.format}) is not supported "
+                         "(pairs: none x none, tensor x tensor, row x row, mx32 x mx32, "
+                         "block128 x block128x128, block128 x block128, mx32 x block32x32)")
+    return _ROUTES[(sa, sb)]
 
 
 def _pow2_int(e: torch.Tensor) -> torch.Tensor:
