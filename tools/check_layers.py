@@ -20,6 +20,8 @@
       never another module of lowp (a private one, the extension, or a library module's path),
       and no module outside it imports it. Its imports of those public __init__s are the only
       imports of an enclosing package's __init__ that rule a allows.
+   d. every module has a docstring saying what it owns, and no function (or method) is over
+      PY_MAX_LINES (60) lines, decorators and docstring included.
    PY_ALLOW lists the known exceptions, each with the issue that removes it (none now).
 
 Calls are found by name: every function defined (not static) in a .c file of src/, and every
@@ -224,10 +226,32 @@ def check_python(pyroot=PYROOT, allow=None, apps=None):
     return len(mods), errors
 
 
+PY_MAX_LINES = 60
+
+
+def check_python_shape(pyroot=PYROOT, max_lines=PY_MAX_LINES):
+    """Rule 3d over the package under pyroot: [violations]."""
+    errors = []
+    for m, (path, _) in sorted(py_modules(pyroot).items()):
+        rel = os.path.relpath(path, os.path.dirname(pyroot))
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        if not ast.get_docstring(tree):
+            errors.append(f"{rel}:1: module {m} has no docstring saying what it owns")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                n = node.end_lineno - first + 1
+                if n > max_lines:
+                    errors.append(f"{rel}:{node.lineno}: function {node.name} has {n} lines "
+                                  f"(> {max_lines})")
+    return errors
+
+
 def main():
     n_files, n_defined, errors = check_c()
     n_py, py_errors = check_python()
-    errors += py_errors
+    errors += py_errors + check_python_shape()
     for e in errors:
         print(e)
     print(f"check_layers: {n_files} files, {n_defined} functions, {n_py} Python modules, "

@@ -134,3 +134,23 @@ def test_the_library_importing_the_application_is_found(tool, tmp_path, path):
 def test_the_trainer_is_an_application_and_nothing_is_allowed(tool):
     assert tool.APPLICATIONS == {"lowp.torch.trainer": ("lowp", "lowp.torch")}
     assert tool.PY_ALLOW == set()
+
+
+def test_module_docstrings_and_function_length(tool, tmp_path):
+    """Rule 3d: a module without a docstring and a function over 60 lines (decorators
+    counted) are found; a 60-line function is not."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(58))
+    files = {
+        "lowp/__init__.py": '"""The package."""\n',
+        "lowp/ok.py": '"""Owns ok."""\n\n\ndef f():\n    """Doc."""\n' + body,
+        "lowp/long.py": '"""Owns long."""\n\n\n@staticmethod\ndef g():\n    """Doc."""\n'
+                        + body,
+        "lowp/bare.py": "X = 1\n",
+    }
+    errors = tool.check_python_shape(_tree(tmp_path, files))
+    root = tmp_path.name
+    assert errors == [
+        f"{os.path.join(root, 'lowp', 'bare.py')}:1: module lowp.bare has no docstring saying "
+        "what it owns",
+        f"{os.path.join(root, 'lowp', 'long.py')}:5: function g has 61 lines (> 60)",
+    ]

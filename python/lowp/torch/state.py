@@ -151,10 +151,9 @@ def unpack_blob(blob, formats, history_len):
     return torch.from_numpy(hist), torch.from_numpy(scales)
 
 
-def _unpack_torch(p, formats, history_len):
-    """unpack_blob of the bytes p, in Python."""
+def _check_header(p, fn):
+    """The blob's magic, version, size and CRC-32; returns the payload's byte count."""
     n = len(p)
-    fn = "set_extra_state"
     if n < _HEAD + _CRC:
         raise ValueError("%s: the blob has %d bytes (< %d): it is truncated" %
                          (fn, n, _HEAD + _CRC))
@@ -175,6 +174,12 @@ def _unpack_torch(p, formats, history_len):
                          (fn, crc, want))
     if payload < _FIXED:
         raise ValueError("%s: payload bytes (%d) < %d" % (fn, payload, _FIXED))
+    return payload
+
+
+def _check_fixed(p, payload, formats, fn):
+    """The payload's fixed part (roles, history length, margin, algorithm, formats); returns
+    the history length L."""
     roles, L, margin, algo = struct.unpack_from("<IIfI", p, 16)
     R = len(ROLES)
     if roles != R:
@@ -195,8 +200,15 @@ def _unpack_torch(p, formats, history_len):
         if _FORMAT_NAMES[f] != formats[r]:
             raise ValueError("%s: format of role %d (%s) in the blob is %s, the module's is %s"
                              % (fn, r, ROLES[r], _FORMAT_NAMES[f], formats[r]))
-    off = _ROLES_OFFSET + 4 * R
+    return L
 
+
+def _unpack_torch(p, formats, history_len):
+    """unpack_blob of the bytes p, in Python."""
+    fn = "set_extra_state"
+    L = _check_fixed(p, _check_header(p, fn), formats, fn)
+    R = len(ROLES)
+    off = _ROLES_OFFSET + 4 * R
     vals = np.frombuffer(p, dtype="<f4", count=R * (L + 1), offset=off).reshape(R, L + 1)
     hist_in = torch.from_numpy(vals[:, :L].astype(np.float32))
     scales = torch.from_numpy(vals[:, L].astype(np.float32))

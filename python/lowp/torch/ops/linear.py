@@ -216,6 +216,46 @@ def _in_groups(t: Tensor, T: int, offs: Optional[Tensor], traced: bool) -> Tenso
     return torch.where(rows < offs[-1:].to(t.device), t, t.new_zeros(()))
 
 
+def _input_copies(x2d, xs, spec: MatmulSpec, fwd_q: bool, keep: bool, grouped: bool, offs,
+                  fp8_state):
+    """(rowwise copy of the input for the forward GEMM, columnwise copy kept for the weight
+    gradient or None) of xs, the grouped rows of x2d; the memo serves a graph tensor quantized
+    by the previous matmul."""
+    ispec = spec.input
+    delayed = fp8_state is not None and ispec.delayed
+    iscale = fp8_state.scale("input") if delayed else None
+    if delayed:
+        fp8_state.record("input", _amax(xs))
+    tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
+    if not fwd_q:
+        xcol = _quant(xs, ispec, "col", iscale, offs if tok else None)[1] if keep else None
+        return _plain(xs), xcol
+    axis = "both" if keep and not tok else "row"
+
+    def quantize_input():
+        r, c = _quant(xs, ispec, axis, iscale)
+        if keep and tok:
+            _, c = _quant(xs, ispec, "col", None, offs)
+        return r, c
+
+    anchor = _graph_anchor(x2d) if iscale is None and _eager(xs, offs) else None
+    if anchor is None:
+        return quantize_input()
+    return _INPUTS.get(anchor, xs, offs, (ispec, axis, keep and tok), quantize_input)
+
+
+def _grouped_forward(xrow, wf, offs, T: int, dims, yodt: str, dev) -> Tensor:
+    """The split-M forward GEMM, [M, N] with zero rows past the groups."""
+    M, N, G = dims
+    y = _grouped_mm(xrow, wf, offs[:G], yodt) if T > 0 else None
+    if y is None or y.shape[0] != M:
+        yy = torch.zeros((M, N), dtype=OUT_DTYPES[yodt], device=dev)
+        if y is not None:
+            yy[:T] = y[:T]
+        y = yy
+    return y
+
+
 class _LowpMatmul(torch.autograd.Function):
     """x2d [M, K] times W3 [G, N, K] (G = 1 and offs None: a plain linear)."""
 
@@ -243,7 +283,6 @@ class _LowpMatmul(torch.autograd.Function):
         T, traced = _group_tokens(M, offs, grouped)
         if torch.compiler.is_compiling():
             cache = None
-        delayed = fp8_state is not None
 
         def make_both():
             return _weight_copies(W3, spec, fwd_q, dgrad_q, True, not kn, fp8_state, True)
@@ -258,39 +297,11 @@ class _LowpMatmul(torch.autograd.Function):
             wf, _ = _weight_copies(W3, spec, fwd_q, dgrad_q, True, False, fp8_state, True)
 
         xs = _in_groups(_x32(x2d.detach()), T, offs, traced)
-        ispec = spec.input
         keep = keep_quantized and wgrad_q and T > 0
-        iscale = fp8_state.scale("input") if (ispec.delayed and delayed) else None
-        if ispec.delayed and delayed:
-            fp8_state.record("input", _amax(xs))
-        xcol = None
-        if fwd_q:
-            tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
-            axis = "both" if keep and not tok else "row"
-
-            def quantize_input():
-                r, c = _quant(xs, ispec, axis, iscale)
-                if keep and tok:
-                    _, c = _quant(xs, ispec, "col", None, offs)
-                return r, c
-
-            anchor = _graph_anchor(x2d) if iscale is None and _eager(xs, offs) else None
-            xrow, xcol = (quantize_input() if anchor is None else
-                          _INPUTS.get(anchor, xs, offs, (ispec, axis, keep and tok),
-                                      quantize_input))
-        else:
-            xrow = _plain(xs)
-            if keep:
-                tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
-                _, xcol = _quant(xs, ispec, "col", iscale, offs if tok else None)
+        xrow, xcol = _input_copies(x2d, xs, spec, fwd_q, keep, grouped, offs, fp8_state)
         yodt = _odt(odt) if bias is None else "f32"  # a bias is added in binary32
         if grouped:
-            y = _grouped_mm(xrow, wf, offs[:G], yodt) if T > 0 else None
-            if y is None or y.shape[0] != M:
-                yy = torch.zeros((M, N), dtype=OUT_DTYPES[yodt], device=x2d.device)
-                if y is not None:
-                    yy[:T] = y[:T]
-                y = yy
+            y = _grouped_forward(xrow, wf, offs, T, (M, N, G), yodt, x2d.device)
         else:
             y = _mm(xrow, _first(wf), yodt)
         if bias is not None:
@@ -314,72 +325,18 @@ class _LowpMatmul(torch.autograd.Function):
         if not torch.compiler.is_compiling():  # the memo is eager-only (thread-local state)
             _INPUTS.clear()
         saved = ctx.saved_tensors
-        x2d, W3, offs = saved[:3]
-        spec, T, grouped = ctx.spec, ctx.T, ctx.grouped
+        offs = saved[2]
         M, K, G, N = ctx.dims
-        fwd_q, dgrad_q, wgrad_q = _plan(spec, ctx.wgrad_hp)
-        kn = _dgrad_kn(spec, fwd_q, dgrad_q)
-        fp8_state = ctx.fp8_state
-        delayed = fp8_state is not None
-        need_dx = ctx.needs_input_grad[0]
-        need_dw = ctx.needs_input_grad[1]
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dev = dy.device
-        dys = _in_groups(_x32(dy), T, offs, ctx.traced)
-        gspec, ispec = spec.grad_output, spec.input
         dx = dw = db = None
-        if T > 0 and (need_dx or need_dw):
-            gscale = fp8_state.scale("grad_output") if (gspec.delayed and delayed) else None
-            if gspec.delayed and delayed:
-                fp8_state.record("grad_output", _amax(dys))
-            tok = grouped and gspec.scaling in P.TOKEN_BLOCK_KINDS
-            dyrow = dycol = None
+        if ctx.T > 0 and (need_dx or need_dw):
+            dys = _in_groups(_x32(dy), ctx.T, offs, ctx.traced)
+            dyrow, dycol = _grad_copies(ctx, dys, offs, need_dx, need_dw)
             if need_dx:
-                if dgrad_q:
-                    axis = "both" if (need_dw and wgrad_q and not tok) else "row"
-                    dyrow, dycol = _quant(dys, gspec, axis, gscale)
-                else:
-                    dyrow = _plain(dys)
-            if need_dw and dycol is None:
-                if wgrad_q:
-                    _, dycol = _quant(dys, gspec, "col", gscale, offs if tok else None)
-                else:
-                    dycol = _plain(dys.t())
-            if need_dx:
-                # kn: the forward copy, read as stored (its first element of the pair)
-                if ctx.wcopies is not None:
-                    wf, wd = ctx.wcopies
-                else:
-                    wf, wd = _weight_copies(W3, spec, fwd_q, dgrad_q, kn, not kn, fp8_state,
-                                            False)
-                wb = wf if kn else wd
-                xodt = _odt(ctx.x_dtype)
-                if grouped:
-                    dxt = _grouped_mm(dyrow, wb, offs[:G], xodt, kn)
-                else:
-                    dxt = _mm(dyrow, _first(wb), xodt, kn)
-                if T < M:
-                    dx = torch.zeros((M, K), dtype=dxt.dtype, device=dev)
-                    dx[:T] = dxt[:T]
-                else:
-                    dx = dxt
-                dx = dx.to(ctx.x_dtype)
+                dx = _dgrad(ctx, dyrow, saved).to(ctx.x_dtype)
             if need_dw:
-                if ctx.xcol_meta is not None:
-                    f, s, r, c, gr = ctx.xcol_meta
-                    xcol = LowpQTensor(saved[3], saved[4], f, s, r, c, grouped=gr)
-                elif wgrad_q:
-                    xs = _in_groups(_x32(x2d.detach()), T, offs, ctx.traced)
-                    iscale = fp8_state.scale("input") if (ispec.delayed and delayed) else None
-                    itok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
-                    _, xcol = _quant(xs, ispec, "col", iscale, offs if itok else None)
-                else:
-                    xcol = _plain(_in_groups(_x32(x2d.detach()), T, offs, ctx.traced).t())
-                wodt = _odt(ctx.w_dtype)
-                if grouped:
-                    dw = _wgrad_mm(dycol, xcol, offs[:G], wodt)
-                else:
-                    dw = _mm(dycol, xcol, wodt).unsqueeze(0)
-                dw = dw.to(ctx.w_dtype)
+                dw = _wgrad(ctx, dycol, saved).to(ctx.w_dtype)
         if need_dx and dx is None:
             dx = torch.zeros((M, K), dtype=ctx.x_dtype, device=dev)
         if need_dw and dw is None:
@@ -388,6 +345,79 @@ class _LowpMatmul(torch.autograd.Function):
             acc = torch.float32 if dev.type == "mps" else torch.float64
             db = dy.to(acc).sum(0).to(torch.float32).to(ctx.bias_dtype)
         return dx, dw, db, None, None, None, None, None, None, None
+
+
+def _grad_copies(ctx, dys: Tensor, offs, need_dx: bool, need_dw: bool):
+    """(rowwise copy of dY for the input gradient, columnwise copy for the weight gradient),
+    None where not needed."""
+    _, dgrad_q, wgrad_q = _plan(ctx.spec, ctx.wgrad_hp)
+    gspec, fp8_state = ctx.spec.grad_output, ctx.fp8_state
+    delayed = fp8_state is not None and gspec.delayed
+    gscale = fp8_state.scale("grad_output") if delayed else None
+    if delayed:
+        fp8_state.record("grad_output", _amax(dys))
+    tok = ctx.grouped and gspec.scaling in P.TOKEN_BLOCK_KINDS
+    dyrow = dycol = None
+    if need_dx:
+        if dgrad_q:
+            axis = "both" if (need_dw and wgrad_q and not tok) else "row"
+            dyrow, dycol = _quant(dys, gspec, axis, gscale)
+        else:
+            dyrow = _plain(dys)
+    if need_dw and dycol is None:
+        if wgrad_q:
+            _, dycol = _quant(dys, gspec, "col", gscale, offs if tok else None)
+        else:
+            dycol = _plain(dys.t())
+    return dyrow, dycol
+
+
+def _dgrad(ctx, dyrow: LowpQTensor, saved) -> Tensor:
+    """dX [M, K] = dY . W (zero rows past the groups)."""
+    W3, offs = saved[1], saved[2]
+    M, K, G, _ = ctx.dims
+    fwd_q, dgrad_q, _ = _plan(ctx.spec, ctx.wgrad_hp)
+    kn = _dgrad_kn(ctx.spec, fwd_q, dgrad_q)
+    # kn: the forward copy, read as stored (its first element of the pair)
+    if ctx.wcopies is not None:
+        wf, wd = ctx.wcopies
+    else:
+        wf, wd = _weight_copies(W3, ctx.spec, fwd_q, dgrad_q, kn, not kn, ctx.fp8_state, False)
+    wb = wf if kn else wd
+    xodt = _odt(ctx.x_dtype)
+    if ctx.grouped:
+        dxt = _grouped_mm(dyrow, wb, offs[:G], xodt, kn)
+    else:
+        dxt = _mm(dyrow, _first(wb), xodt, kn)
+    if ctx.T >= M:
+        return dxt
+    dx = torch.zeros((M, K), dtype=dxt.dtype, device=dxt.device)
+    dx[:ctx.T] = dxt[:ctx.T]
+    return dx
+
+
+def _wgrad(ctx, dycol: LowpQTensor, saved) -> Tensor:
+    """dW [G, N, K] = dY^T . X along each group's tokens, from the input's columnwise copy
+    kept by the forward or made again here."""
+    x2d, offs = saved[0], saved[2]
+    G = ctx.dims[2]
+    _, _, wgrad_q = _plan(ctx.spec, ctx.wgrad_hp)
+    ispec, fp8_state = ctx.spec.input, ctx.fp8_state
+    if ctx.xcol_meta is not None:
+        f, s, r, c, gr = ctx.xcol_meta
+        xcol = LowpQTensor(saved[3], saved[4], f, s, r, c, grouped=gr)
+    elif wgrad_q:
+        xs = _in_groups(_x32(x2d.detach()), ctx.T, offs, ctx.traced)
+        delayed = fp8_state is not None and ispec.delayed
+        iscale = fp8_state.scale("input") if delayed else None
+        itok = ctx.grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
+        _, xcol = _quant(xs, ispec, "col", iscale, offs if itok else None)
+    else:
+        xcol = _plain(_in_groups(_x32(x2d.detach()), ctx.T, offs, ctx.traced).t())
+    wodt = _odt(ctx.w_dtype)
+    if ctx.grouped:
+        return _wgrad_mm(dycol, xcol, offs[:G], wodt)
+    return _mm(dycol, xcol, wodt).unsqueeze(0)
 
 
 # ---- public API ----

@@ -45,6 +45,22 @@ def _step(m, x, dy):
     return y
 
 
+def _print_table(a, med, lops) -> None:
+    import torch
+    print(f"torchao MXFP8 linear training step: {a.tokens} tokens, {a.fin} -> {a.fout}, bf16, "
+          f"forward+backward, {a.threads} thread(s), {a.iters} interleaved rounds, medians")
+    print(f"torch {torch.__version__.split('+')[0]} / torchao "
+          f"{__import__('torchao').__version__}, lowp native: {lops.native_available()}")
+    print("| path | recipe | median s | speed-up vs unpatched |")
+    print("| --- | --- | --- | --- |")
+    print(f"| torchao unpatched (emulated) | MXFP8_EMULATED_RCEIL | {med['torchao']:.3f} "
+          "| 1.00x |")
+    print(f"| patched (lowp) | MXFP8_EMULATED_RCEIL | {med['lowp']:.3f} | "
+          f"{med['torchao'] / med['lowp']:.2f}x |")
+    print(f"| patched (lowp) | MXFP8_RCEIL (AUTO) | {med['lowp_auto']:.3f} | "
+          f"{med['torchao'] / med['lowp_auto']:.2f}x |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lowp.torch.patches.bench",
                                  description=__doc__.split("\n\n")[0])
@@ -93,19 +109,7 @@ def main(argv=None) -> int:
         if i == 0:
             for v in times.values():
                 v.clear()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"torchao MXFP8 linear training step: {a.tokens} tokens, {a.fin} -> {a.fout}, bf16, "
-          f"forward+backward, {a.threads} thread(s), {a.iters} interleaved rounds, medians")
-    print(f"torch {torch.__version__.split('+')[0]} / torchao "
-          f"{__import__('torchao').__version__}, lowp native: {_lops.native_available()}")
-    print("| path | recipe | median s | speed-up vs unpatched |")
-    print("| --- | --- | --- | --- |")
-    print(f"| torchao unpatched (emulated) | MXFP8_EMULATED_RCEIL | {med['torchao']:.3f} "
-          "| 1.00x |")
-    print(f"| patched (lowp) | MXFP8_EMULATED_RCEIL | {med['lowp']:.3f} | "
-          f"{med['torchao'] / med['lowp']:.2f}x |")
-    print(f"| patched (lowp) | MXFP8_RCEIL (AUTO) | {med['lowp_auto']:.3f} | "
-          f"{med['torchao'] / med['lowp_auto']:.2f}x |")
+    _print_table(a, {k: statistics.median(v) for k, v in times.items()}, _lops)
     return 0
 
 
