@@ -136,10 +136,11 @@ static int dnnl_setup(dnnl_mm *d, int64_t m, int64_t n, int64_t k, void *a, void
 static const char *dnnl_label(void) {
     static char buf[96];
     const dnnl_version_t *v = dnnl_version();
-    const char *rt = v->cpu_runtime == DNNL_RUNTIME_OMP   ? "OpenMP"
-                     : v->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB"
-                     : v->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential"
-                                                          : "other runtime";
+    const char *rt = v->cpu_runtime == DNNL_RUNTIME_OMP    ? "OpenMP"
+                     : v->cpu_runtime == DNNL_RUNTIME_TBB  ? "TBB"
+                     : v->cpu_runtime == DNNL_RUNTIME_SEQ  ? "sequential"
+                     : v->cpu_runtime == DNNL_RUNTIME_SYCL ? "SYCL"
+                                                           : "other runtime";
     snprintf(buf, sizeof buf, "oneDNN v%d.%d.%d (%s)", v->major, v->minor, v->patch, rt);
     return buf;
 }
