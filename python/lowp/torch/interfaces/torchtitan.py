@@ -10,6 +10,10 @@ and only 0.3 is supported here). :class:`LowpConverter` rewrites:
   ``lowp.torch.grouped_mm`` on the expert weights themselves (torchtitan's own casts them to
   BF16 first).
 
+Each converted module has a ``lowp.torch.WeightCache``: activation-checkpoint recomputation
+(torchtitan's selective AC) reuses its forward's quantized weights; every other forward
+quantizes afresh (under FSDP2 too: the cache follows the sharded parameter).
+
 Parameters stay plain ``nn.Parameter`` with torchtitan's names and shapes, so its meta-device
 build, FSDP2 and distributed checkpoints need nothing extra. Which weight gets which config is
 ``lowp.torch.plan_recipe(names, recipe, rules)`` over the weights' full names
@@ -45,6 +49,7 @@ from typing import Any, Dict, Iterable, Optional
 import torch
 import torch.nn.functional as F
 
+from ..ops.cache import WeightCache
 from ..ops.linear import grouped_mm, linear
 from ..patches.torchtitan_patch import TESTED_VERSIONS, patch_torchtitan
 from ..recipes import RECIPES, plan_recipe
@@ -140,11 +145,13 @@ class LowpLinear(_Fp8StateMixin, Linear):
     def __init__(self, config: Config):
         super().__init__(config)
         self.lowp_config = config.lowp_config
+        self.lowp_cache = WeightCache()
         self._init_fp8([config.lowp_config])
 
     def forward(self, x):
         b = _local(self.bias) if self.bias is not None else None
-        return linear(x, _local(self.weight), b, self.lowp_config, fp8_state=self._fp8_for(x))
+        return linear(x, _local(self.weight), b, self.lowp_config, cache=self.lowp_cache,
+                      fp8_state=self._fp8_for(x))
 
 
 class LowpGroupedExperts(_Fp8StateMixin, GroupedExperts):
@@ -159,13 +166,15 @@ class LowpGroupedExperts(_Fp8StateMixin, GroupedExperts):
     def __init__(self, config: Config):
         super().__init__(config)
         self.lowp_configs = dict(config.lowp_configs)
+        self.lowp_cache = WeightCache()
         self._init_fp8(list(self.lowp_configs.values()))
 
     def _gmm(self, name, a, w, offs):
         cfg = self.lowp_configs.get(name)
         if cfg is None:
             return torch._grouped_mm(a.bfloat16(), w.bfloat16().transpose(-2, -1), offs=offs)
-        return grouped_mm(a, w.transpose(-2, -1), offs, cfg, fp8_state=self._fp8_for(a))
+        return grouped_mm(a, w.transpose(-2, -1), offs, cfg, cache=self.lowp_cache,
+                          fp8_state=self._fp8_for(a))
 
     def forward(self, x_RD, num_tokens_per_expert_E):
         w1, w2, w3 = (_local(getattr(self, n)) for n in EXPERT_WEIGHTS)
