@@ -8,8 +8,7 @@ from .config import (Block128Config, BlockQuantizeConfig, Float8RowwiseConfig,
                      Float8TensorwiseConfig, MatmulSpec, MXQuantizeConfig, OperandSpec, PRESETS,
                      resolve_config)
 from .ops import (KernelPreference, LowpQTensor, WeightCache, has_native_kernel,
-                  kernel_preference, native_available, portable, register_kernel, reset_stats,
-                  stats)
+                  kernel_preference, native_available, portable, reset_stats, stats)
 from .ops.linear import grouped_mm, linear, mm
 
 __all__ = [
@@ -27,7 +26,6 @@ __all__ = [
     "LowpQTensor",
     "has_native_kernel",
     "kernel_preference",
-    "register_kernel",
     "grouped_mm",
     "linear",
     "mm",
@@ -80,3 +78,20 @@ __all__ += ["QATStep", "ScaleCalculationMode"]
 from .state import update_all as update_fp8_states
 
 __all__ += ["update_fp8_states"]
+
+# The device kernel table and its conformance check (issue 35 section 2).
+# check_device loads on first use, so that `python -m lowp.torch.check_device` runs it once.
+from .device_kernels import (available_kernels, register_kernel, unregister_kernel,
+                             use_device_kernels)
+
+
+def __getattr__(name):
+    if name == "check_device":
+        from .check_device import check_device as fn
+        globals()["check_device"] = fn
+        return fn
+    raise AttributeError(f"module 'lowp.torch' has no attribute {name!r}")
+
+
+__all__ += ["available_kernels", "register_kernel", "unregister_kernel", "use_device_kernels",
+            "check_device"]

@@ -14,7 +14,7 @@
 from . import portable
 from .cache import WeightCache, invalidate_weight_caches
 from .library import (KernelPreference, has_native_kernel, kernel_preference,
-                      native_available, register_kernel, reset_stats, stats)
+                      native_available, reset_stats, stats)
 from .qtensor import LowpQTensor
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     "WeightCache",
     "has_native_kernel",
     "kernel_preference",
-    "register_kernel",
     "invalidate_weight_caches",
     "native_available",
     "portable",

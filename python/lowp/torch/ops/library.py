@@ -17,9 +17,11 @@ Kernels, per dispatch key:
 - "CompositeExplicitAutograd" (every other device: CUDA, XPU, an NPU's PrivateUse1, MPS...,
   and the CPU without the extension): the portable kernels below, plain torch ops over
   `portable.py`, which give the same bytes;
-- a device with vendor kernels registers them for its own key (`register_kernel`).
+- a device with vendor kernels (`lowp.torch.device_kernels.register_kernel`) gets, for its own
+  key, a trampoline that asks that table (`_ROUTER`) and falls back to the portable kernel;
+  the CPU kernel asks it too, and falls back to the native one.
 Every kernel checks its arguments first, with the checks its fake kernel runs plus those of
-values (offs). `stats()` counts which kernels ran.
+values (offs). `stats()` counts which kernels ran ("native", "portable", "device").
 
 `kernel_preference(KernelPreference.PORTABLE)` (a `TorchDispatchMode`, the torch way to
 override the dispatcher's choice) runs the portable kernels on any device, the CPU included:
@@ -58,7 +60,6 @@ __all__ = [
     "KernelPreference",
     "kernel_preference",
     "check_preference",
-    "register_kernel",
     "has_native_kernel",
     "native_available",
     "stats",
@@ -78,8 +79,9 @@ def native_available() -> bool:
 
 
 def stats() -> dict:
-    """Counters of the kernels that ran: {"native": n, "portable": n, "<op>.native": n, ...}."""
-    out = {"native": 0, "portable": 0}
+    """Counters of the kernels that ran: {"native": n, "portable": n, "device": n,
+    "<op>.native": n, ..., "device.<kernel name>": n}."""
+    out = {"native": 0, "portable": 0, "device": 0}
     out.update(_STATS)
     return out
 
@@ -461,12 +463,24 @@ _OPS = {
 }
 
 
-def _kernel(name: str, check, impl, path: str):
-    """impl after check(..., eager=True), counted in stats() under path."""
+# The device kernel table's router (set by lowp.torch.device_kernels when it loads):
+# _ROUTER(device_type, op name, native, args, kwargs) -> (kernel name, fn) or None.
+_ROUTER = None
+
+
+def _kernel(name: str, check, impl, path: str, device_type: Optional[str] = None):
+    """impl after check(..., eager=True), counted in stats() under path. With device_type,
+    a trampoline: a device kernel of the table, where one serves the call, runs instead."""
 
     @functools.wraps(impl)
     def run(*args, **kwargs):
         check(*args, **kwargs, eager=True)
+        if device_type is not None and _ROUTER is not None:
+            hit = _ROUTER(device_type, name, path == "native", args, kwargs)
+            if hit is not None:
+                _count(name, "device")
+                _STATS[f"device.{hit[0]}"] += 1
+                return hit[1](*args, **kwargs)
         _count(name, path)
         return impl(*args, **kwargs)
 
@@ -481,7 +495,7 @@ for _name, (_check, _fake, _port, _nat) in _OPS.items():
     _LIB.impl(_name, _PORTABLE[getattr(torch.ops.lowp, _name).default],
               "CompositeExplicitAutograd")
     if native.available():
-        _LIB.impl(_name, _kernel(_name, _check, _nat, "native"), "CPU")
+        _LIB.impl(_name, _kernel(_name, _check, _nat, "native", "cpu"), "CPU")
     torch.library.register_fake("lowp::" + _name, _fake, lib=_LIB)
 
 quantize_op = torch.ops.lowp.quantize
@@ -490,15 +504,20 @@ scaled_mm_op = torch.ops.lowp.scaled_mm
 scaled_grouped_mm_op = torch.ops.lowp.scaled_grouped_mm
 
 
-def register_kernel(device_type: str, kernels: dict) -> None:
-    """Register vendor kernels for a device type's dispatch key ({op name: kernel}; each
-    kernel takes the op's arguments, already checked). `check_device` must pass for them
-    before they serve a recipe (docs/numerics.md section 10)."""
+_TRAMPOLINES = set()  # (op name, dispatch key) given a device-table trampoline
+
+
+def _install_trampoline(name: str, device_type: str) -> None:
+    """Route op `name` on device_type's dispatch key through the device kernel table (once;
+    the CPU's native kernel already asks the table)."""
     key = _dispatch_key(device_type)
-    for name, fn in kernels.items():
-        if name not in _OPS:
-            raise ValueError(f"register_kernel: {name!r} is not a lowp op ({', '.join(_OPS)})")
-        _LIB.impl(name, _kernel(name, _OPS[name][0], fn, device_type), key)
+    if key == "Meta":
+        raise ValueError("device_type ('meta') runs the fake kernels only")
+    if (name, key) in _TRAMPOLINES or (key == "CPU" and native.available()):
+        return
+    check, _, port, _ = _OPS[name]
+    _LIB.impl(name, _kernel(name, check, port, "portable", device_type), key)
+    _TRAMPOLINES.add((name, key))
 
 
 def _dispatch_key(device_type: str) -> str:
@@ -522,6 +541,9 @@ def has_native_kernel(device) -> bool:
         return False
     if key == "Meta":  # the fake kernels serve it: shapes only
         return False
+    if ("quantize", key) in _TRAMPOLINES:  # the table's trampoline: kernels when enabled
+        from .. import device_kernels
+        return device_kernels.serves(dt)
     return torch._C._dispatch_has_kernel_for_dispatch_key("lowp::quantize", key)
 
 
