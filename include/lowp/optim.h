@@ -68,7 +68,9 @@ LOWP_API lowp_status lowp_adamw_set_t(lowp_adamw *opt, int64_t t);
 
 /* The global L2 norm of every gradient (*norm, may be NULL), summed in a fixed order. When
  * max_norm > 0 and the norm exceeds it, every gradient is scaled by max_norm / norm. A
- * non-finite norm leaves the gradients as they are. */
+ * non-finite norm leaves the gradients as they are. It runs on every core (threads 0 in
+ * lowp/threads.h; the result does not depend on the count); the trainer's clipping runs on
+ * lowp_trainer_cfg.threads. */
 LOWP_API lowp_status lowp_grad_clip(lowp_param *params, int32_t n, float max_norm, float *norm);
 
 #ifdef __cplusplus
