@@ -6,6 +6,12 @@
    (The CPU backend sits below the registry that lists it as built in.)
 2. Outside src/device/ (where the registry and the plugin loader call back and forth by
    design), no files call each other in a loop (the file-level call graph has no cycle).
+4. The CPU backend is a leaf (ggml's ggml-cpu): outside src/cpu/, a header of src/cpu/ is
+   included only as "cpu/host.h" (its host interface) from src/model/ and src/train/, or as
+   "cpu/cpu.h" from the registry (src/device/registry.c, which lists the backend as built in);
+   and every function of src/cpu/ called from outside src/cpu/ is declared in cpu/host.h (the
+   registry's call of lowp_cpu_backend_entry aside). Everything else reaches the backend through
+   its vtable.
 3. The Python package python/lowp (issue 36.6, "no circles, no arrows back up into a
    package's __init__"), from each module's `import` statements found with `ast` (function
    bodies included, relative imports resolved):
@@ -48,15 +54,50 @@ ANYDEFN = re.compile(r"^[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*\([^;{}]*\)\s*\{"
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
-def folder_of(path):
-    rel = os.path.relpath(path, SRC).split(os.sep)
+def folder_of(path, src=SRC):
+    rel = os.path.relpath(path, src).split(os.sep)
     return rel[0] if len(rel) > 1 else None
 
 
-def check_c():
-    """Rules 1 and 2 over src/: (number of files, number of functions, [violations])."""
-    files = []
-    for d, _, names in os.walk(SRC):
+# Rule 4: who may include which header of src/cpu/ from outside it, and the registry's one call.
+CPU_HOST = "cpu/host.h"
+CPU_HOST_USERS = ("model", "train")
+CPU_REGISTRY = (os.path.join("device", "registry.c"), "cpu/cpu.h", "lowp_cpu_backend_entry")
+
+
+def check_cpu_leaf(src, text, defined):
+    """Rule 4 over the files of src/ (text: path -> (raw, code), defined: name -> file)."""
+    errors = []
+    host = os.path.join(src, *CPU_HOST.split("/"))
+    declared = set(CALL.findall(text[host][1])) if host in text else set()
+    for f, (raw, code) in sorted(text.items()):
+        me, rel = folder_of(f, src), os.path.relpath(f, src)
+        if me == "cpu":
+            continue
+        shown = os.path.relpath(f, os.path.dirname(src))
+        for inc in INCLUDE.findall(raw):
+            if inc.split("/")[0] != "cpu":
+                continue
+            if not ((inc == CPU_HOST and me in CPU_HOST_USERS) or
+                    (rel, inc) == CPU_REGISTRY[:2]):
+                errors.append(f"{shown}: includes \"{inc}\": outside src/cpu/ only "
+                              f"src/{'/, src/'.join(CPU_HOST_USERS)}/ may include {CPU_HOST} "
+                              f"(and {CPU_REGISTRY[0]} {CPU_REGISTRY[1]})")
+        local = set(ANYDEFN.findall(code))
+        for name in sorted(set(CALL.findall(code)) - local):
+            g = defined.get(name)
+            if not g or folder_of(g, src) != "cpu" or name in declared:
+                continue
+            if (rel, name) != (CPU_REGISTRY[0], CPU_REGISTRY[2]):
+                errors.append(f"{shown}: calls {name} of {os.path.relpath(g, os.path.dirname(src))}, "
+                              f"which {CPU_HOST} does not declare")
+    return errors
+
+
+def check_c(src=SRC):
+    """Rules 1, 2 and 4 over src/: (number of files, number of functions, [violations])."""
+    root, files = os.path.dirname(src), []
+    for d, _, names in os.walk(src):
         for n in names:
             if n.endswith((".c", ".h")):
                 files.append(os.path.join(d, n))
@@ -73,27 +114,27 @@ def check_c():
     errors = []
     calls = {f: set() for f in files}
     for f, (raw, code) in text.items():
-        me = folder_of(f)
+        me = folder_of(f, src)
         local = set(ANYDEFN.findall(code))  # static and inline helpers shadow other files' names
         if me not in RANK:
-            errors.append(f"{os.path.relpath(f, ROOT)}: folder src/{me}/ is not a known layer")
+            errors.append(f"{os.path.relpath(f, root)}: folder src/{me}/ is not a known layer")
             continue
         for inc in INCLUDE.findall(raw):
             top = inc.split("/")[0]
             if top in RANK and RANK[top] > RANK[me]:
-                errors.append(f"{os.path.relpath(f, ROOT)}: includes \"{inc}\" from a higher layer")
+                errors.append(f"{os.path.relpath(f, root)}: includes \"{inc}\" from a higher layer")
         for name in set(CALL.findall(code)):
             g = defined.get(name)
             if not g or g == f or name in local:
                 continue
-            other = folder_of(g)
+            other = folder_of(g, src)
             if RANK[other] > RANK[me]:
-                errors.append(f"{os.path.relpath(f, ROOT)}: calls {name} of {os.path.relpath(g, ROOT)}, "
+                errors.append(f"{os.path.relpath(f, root)}: calls {name} of {os.path.relpath(g, root)}, "
                               f"a higher layer")
             if f.endswith(".c"):
                 calls[f].add(g)
     # Cycles among .c files outside src/device/.
-    nodes = [f for f in files if f.endswith(".c") and folder_of(f) != "device"]
+    nodes = [f for f in files if f.endswith(".c") and folder_of(f, src) != "device"]
     graph = {f: {g for g in calls[f] if g in nodes} for f in nodes}
     state = {}
 
@@ -103,7 +144,7 @@ def check_c():
         for g in sorted(graph[f]):
             if state.get(g) == 1:
                 cyc = stack[stack.index(g):] + [g]
-                errors.append("call loop: " + " -> ".join(os.path.relpath(x, ROOT) for x in cyc))
+                errors.append("call loop: " + " -> ".join(os.path.relpath(x, root) for x in cyc))
             elif g not in state:
                 visit(g, stack)
         stack.pop()
@@ -112,6 +153,7 @@ def check_c():
     for f in sorted(nodes):
         if f not in state:
             visit(f, [])
+    errors += check_cpu_leaf(src, text, defined)
     return len(files), len(defined), errors
 
 

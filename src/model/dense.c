@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "core/profile_internal.h"
-#include "cpu/cpu.h"
+#include "cpu/host.h"
 #include "model_internal.h"
 
 /* One layer's activations, kept for the backward. */

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "core/profile_internal.h"
-#include "cpu/cpu.h"
+#include "cpu/host.h"
 #include "model_internal.h"
 
 /* Rotates each pair (2i, 2i+1) of every head of row n by the angle t * theta^(-2i / hd), where

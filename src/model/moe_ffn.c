@@ -16,7 +16,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu/cpu.h"
+#include "cpu/host.h"
 #include "model_internal.h"
 
 static float sigmoidf(float u) {

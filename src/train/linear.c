@@ -24,7 +24,7 @@
 
 #include "lowp/threads.h"
 #include "core/profile_internal.h"
-#include "cpu/cpu.h"
+#include "cpu/host.h"
 #include "ops/ops_internal.h"
 #include "train_internal.h"
 
