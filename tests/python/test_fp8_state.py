@@ -28,10 +28,14 @@ FORMATS = ("e4m3", "e4m3", "e5m2")
 @pytest.fixture(params=["c", "torch"])
 def impl(request, monkeypatch):
     """"c": lowp.torch.state as it runs here (the extension's code for the update on the CPU
-    and the blob); "torch": its torch implementation, as without the extension."""
+    and the blob); "torch": its torch implementation, as without the extension (the blob's
+    Python code, lowp::delayed_update's portable kernel)."""
     if request.param == "torch":
         monkeypatch.setattr(fs, "_ext", None)
-    return request.param
+        with lt.kernel_preference("portable"):  # lowp::delayed_update's portable kernel
+            yield request.param
+        return
+    yield request.param
 
 
 def random_state(L, seed):
@@ -177,12 +181,13 @@ def test_cpu_state_runs_the_c_code(monkeypatch):
     implementation is not called."""
     def fail(*a, **k):
         raise AssertionError("the torch implementation ran")
-    monkeypatch.setattr(fs.DelayedScalingState, "_update_torch", fail)
     monkeypatch.setattr(fs, "_pack_torch", fail)
     monkeypatch.setattr(fs, "_unpack_torch", fail)
     st = fs.DelayedScalingState(FORMATS, history_len=4, margin=1.0)
     st.record("input", torch.tensor(3.0))
+    lt.reset_stats()
     st.update()
+    assert lt.stats()["delayed_update.native"] == 1 and not lt.stats()["portable"]
     assert st.scales[0].item() == float(np.float32(224.0) / np.float32(3.0)) and st.amax_history[0, -1].item() == 3.0
     blob = st.state_blob()
     assert blob == bytes(T.extra_state_pack(st.amax_history.numpy(), st.scales.numpy(),

@@ -55,6 +55,9 @@ def _cases():
         "scaled_grouped_mm split-K": (torch.ops.lowp.scaled_grouped_mm.default,
                                       (yd, ysc, "e4m3", "mx32", gd, gsc, "e4m3", "mx32", OFFS,
                                        37, True)),
+        "delayed_update": (torch.ops.lowp.delayed_update.default,
+                           (torch.rand(3, 5, generator=g) * 9, torch.ones(3),
+                            ["e4m3", "e4m3", "e5m2"], 1.0, "max")),
     }
 
 
@@ -71,7 +74,8 @@ def test_opcheck(name, pref):
 
 def test_every_op_is_checked():
     ops = {op.default for op in (torch.ops.lowp.quantize, torch.ops.lowp.dequantize,
-                                 torch.ops.lowp.scaled_mm, torch.ops.lowp.scaled_grouped_mm)}
+                                 torch.ops.lowp.scaled_mm, torch.ops.lowp.scaled_grouped_mm,
+                                 torch.ops.lowp.delayed_update)}
     assert ops == {op for op, _ in CASES.values()}
 
 
@@ -80,7 +84,7 @@ def test_cpu_kernel_is_the_native_one_and_others_default_to_portable():
     extension is built; meta has only the fake one; every other key falls back to the
     portable CompositeExplicitAutograd kernel."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    for name in ("quantize", "dequantize", "scaled_mm", "scaled_grouped_mm"):
+    for name in ("quantize", "dequantize", "scaled_mm", "scaled_grouped_mm", "delayed_update"):
         assert has(f"lowp::{name}", "CompositeExplicitAutograd")
         assert has(f"lowp::{name}", "CPU") == lt.native_available()
     assert lt.has_native_kernel("cpu") == lt.native_available()

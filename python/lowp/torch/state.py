@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from .config import resolve_config
+from .ops import library as _library  # noqa: F401  (defines torch.ops.lowp.delayed_update)
 
 try:  # the C library's update and blob (absent on a host without the extension)
     from .._numpy_api import _lowp as _ext
@@ -71,9 +72,7 @@ ROLES = ("input", "weight", "grad_output")
 _ROLE_INDEX = {r: i for i, r in enumerate(ROLES)}
 _FORMAT_CODES = {"e4m3": 3, "e5m2": 4}  # lowp_format values
 _FORMAT_NAMES = {v: k for k, v in _FORMAT_CODES.items()}
-_FMAX = {"e4m3": 448.0, "e5m2": 57344.0}
 _ALGOS = {"max": 0, "most_recent": 1}
-_FLT_MAX = 3.4028234663852886e38
 
 MAGIC = b"LOWPXST1"
 VERSION = 1
@@ -276,11 +275,6 @@ class DelayedScalingState:
         dev = torch.device(device) if device is not None else torch.device("cpu")
         self.amax_history = torch.zeros(len(ROLES), history_len, dtype=torch.float32, device=dev)
         self.scales = torch.ones(len(ROLES), dtype=torch.float32, device=dev)
-        # float32 scaled_max per role, computed as C does: fmax * 2^-margin in binary32.
-        self._scaled_max = torch.tensor([_FMAX[f] for f in formats], dtype=torch.float32,
-                                        device=dev) * torch.exp2(
-                                            torch.tensor(-self.margin, dtype=torch.float32,
-                                                         device=dev))
         self.group = group
         self.records = {r: 0 for r in ROLES}
         self.skipped_records = 0
@@ -354,42 +348,18 @@ class DelayedScalingState:
         return False
 
     def update(self):
-        """Reduce the staging amaxes (distributed), then NUMERICS.md section 5: the C library's
-        lowp_delayed_update for a state on the CPU where the extension is importable, else
-        ``_update_torch`` on the state's device (the same bits)."""
+        """Reduce the staging amaxes (distributed), then NUMERICS.md section 5 through the
+        `lowp::delayed_update` op: the C library's lowp_delayed_update for a state on the CPU
+        where the extension is built, the portable torch kernel on any other device (the same
+        bits); torch's dispatcher chooses."""
         staging = self.amax_history[:, 0].clone()
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(staging, op=dist.ReduceOp.MAX, group=self.group)
         self.amax_history[:, 0] = staging
-        if _ext is not None and self.device.type == "cpu":
-            self._update_c()
-        else:
-            self._update_torch()
+        torch.ops.lowp.delayed_update(self.amax_history, self.scales, list(self.formats),
+                                      float(self.margin), self.amax_compute_algo)
         self.updates += 1
-
-    def _update_c(self):
-        h = self.amax_history  # float32 [3, L], contiguous (made so, moved only by .to)
-        for r, fmt in enumerate(self.formats):
-            row = h[r]  # updated in place (rolled when this step's amax is nonzero)
-            s, _ = _ext.delayed_update((row.data_ptr(), row.numel() * 4), float(self.scales[r]),
-                                       fmt, self.margin, self.amax_compute_algo)
-            self.scales[r] = s
-
-    def _update_torch(self):
-        h = self.amax_history
-        if self.amax_compute_algo == "max":
-            amax = h.max(dim=1).values  # NaN wins, as C's loop
-        else:
-            amax = h[:, 0].clone()
-        ok = torch.isfinite(amax) & (amax > 0)
-        new = self._scaled_max / torch.where(ok, amax, torch.ones_like(amax))
-        new = torch.where(torch.isinf(new), torch.full_like(new, _FLT_MAX), new)
-        self.scales.copy_(torch.where(ok, new, self.scales))
-        newest = h[:, 0].clone()
-        rolled = torch.roll(h, -1, dims=1)
-        rolled[:, 0] = 0.0
-        h.copy_(torch.where((newest != 0)[:, None], rolled, h))
 
     # ---- pickling (a whole-module torch.save) ----
     def __getstate__(self):
@@ -408,7 +378,6 @@ class DelayedScalingState:
         device = torch.device(device)
         self.amax_history = self.amax_history.to(device)
         self.scales = self.scales.to(device)
-        self._scaled_max = self._scaled_max.to(device)
         return self
 
     # ---- checkpoints ----

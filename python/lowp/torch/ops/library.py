@@ -389,6 +389,51 @@ def _portable_scaled_grouped_mm(a: Tensor, a_scale: Tensor, a_format: str, a_sca
     return out.to(OUT_DTYPES[out_dtype])
 
 
+def _portable_delayed_update(history: Tensor, scales: Tensor, formats: List[str], margin: float,
+                             algo: str) -> None:
+    """NUMERICS.md section 5 on the state's device: new scales from the amax history (rows:
+    roles; scaled_max = fmax * 2^-margin in binary32, as C computes it), then the history
+    rolled where this step's amax (column 0) is not zero."""
+    dev = history.device
+    scaled_max = torch.tensor([P.FORMATS[f].fmax for f in formats], dtype=torch.float32,
+                              device=dev) * torch.exp2(torch.tensor(-margin, dtype=torch.float32,
+                                                                    device=dev))
+    if algo == "max":
+        amax = history.max(dim=1).values  # NaN wins, as C's loop
+    else:
+        amax = history[:, 0].clone()
+    ok = torch.isfinite(amax) & (amax > 0)
+    new = scaled_max / torch.where(ok, amax, torch.ones_like(amax))
+    new = torch.where(torch.isinf(new), torch.full_like(new, _FLT_MAX), new)
+    scales.copy_(torch.where(ok, new, scales))
+    newest = history[:, 0].clone()
+    rolled = torch.roll(history, -1, dims=1)
+    rolled[:, 0] = 0.0
+    history.copy_(torch.where((newest != 0)[:, None], rolled, history))
+
+
+_FLT_MAX = 3.4028234663852886e38
+
+
+def _check_delayed_update_args(history, scales, formats, margin, algo, *,
+                               eager=False) -> None:
+    fn = "lowp::delayed_update"
+    for name, t in (("history", history), ("scales", scales)):
+        if t.dtype != torch.float32:
+            raise ValueError(f"{fn}: {name} must be float32, not {t.dtype}")
+    if history.dim() != 2 or not history.is_contiguous():
+        raise ValueError(f"{fn}: history must be a contiguous [roles, L] tensor, got shape "
+                         f"{tuple(history.shape)}")
+    if tuple(scales.shape) != (history.shape[0],) or len(formats) != history.shape[0]:
+        raise ValueError(f"{fn}: scales {tuple(scales.shape)} and formats ({len(formats)}) "
+                         f"must hold one entry per role ({history.shape[0]})")
+    for f in formats:
+        _check_name(fn, "formats[i]", f, ("e4m3", "e5m2"))
+    if not -1e9 < margin < 1e9:
+        raise ValueError(f"{fn}: margin ({margin}) must be finite")
+    _check_name(fn, "algo", algo, ("max", "most_recent"))
+
+
 # ---- the fake kernels ----
 
 
@@ -451,6 +496,14 @@ _SCHEMAS = {
                          "bool wgrad, str out_dtype=\"f32\", bool b_kn=False) -> Tensor",
 }
 
+_SCHEMAS["delayed_update"] = ("(Tensor(a!) history, Tensor(b!) scales, str[] formats, "
+                              "float margin, str algo) -> ()")
+
+
+def _delayed_update_fake(history, scales, formats, margin, algo):
+    _check_delayed_update_args(history, scales, formats, margin, algo)
+
+
 # name -> (argument check, fake kernel, portable kernel, native CPU kernel)
 _OPS = {
     "quantize": (_check_quantize_args, _quantize_fake, _portable_quantize, native.quantize),
@@ -460,6 +513,8 @@ _OPS = {
                   native.scaled_mm),
     "scaled_grouped_mm": (_check_grouped_args, _scaled_grouped_mm_fake,
                           _portable_scaled_grouped_mm, native.scaled_grouped_mm),
+    "delayed_update": (_check_delayed_update_args, _delayed_update_fake,
+                       _portable_delayed_update, native.delayed_update),
 }
 
 
@@ -553,7 +608,11 @@ def has_native_kernel(device) -> bool:
 class _PortableMode(TorchDispatchMode):
     """Runs the lowp ops' portable kernels whatever the device; every other op as usual."""
 
+    supports_higher_order_operators = True  # (functionalized mutating ops come as HOPs)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **(kwargs or {}))  # not a lowp op: as without this mode
         kwargs = kwargs or {}
         kernel = _PORTABLE.get(func)
         # real tensors only: FakeTensors (tracing, opcheck) go on to the fake kernel

@@ -23,7 +23,8 @@ try:  # lowp's numpy API over the C extension (absent in a checkout without `mak
 except Exception:  # pragma: no cover - depends on the build
     _lp = _ext = None
 
-__all__ = ["available", "quantize", "dequantize", "scaled_mm", "scaled_grouped_mm"]
+__all__ = ["available", "quantize", "dequantize", "scaled_mm", "scaled_grouped_mm",
+           "delayed_update"]
 
 _XFMT = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -201,3 +202,15 @@ def scaled_grouped_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str,
                         k, odt, out_dtype)
     return _split_m(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs, k,
                     odt, out_dtype, b_kn)
+
+
+# ---- delayed scaling ----
+
+def delayed_update(history: Tensor, scales: Tensor, formats, margin: float, algo: str) -> None:
+    """lowp::delayed_update on the C library's lowp_delayed_update, role by role (the history
+    updated in place)."""
+    for r, fmt in enumerate(formats):
+        row = history[r]
+        s, _ = _ext.delayed_update((row.data_ptr(), row.numel() * 4), float(scales[r]), fmt,
+                                   float(margin), algo)
+        scales[r] = s
