@@ -19,7 +19,7 @@ blocks, subnormal blocks, Inf and NaN blocks, block maxima at fmax * 2^k and a f
 side). A kernel that raises fails its case with the error.
 
 `python -m lowp.torch.check_device --device DEV [--kernels NAME ...] [--suite S] [--json FILE]`
-prints the summary, writes progress to stderr, and exits 1 on a failure.
+prints the summary, writes progress to stderr, and exits 1 on a failure (2 on bad arguments).
 """
 
 from __future__ import annotations
@@ -168,14 +168,14 @@ def _step(v: float, ulps: int, dtype) -> float:
 def edge_input(fmt: str, dtype, cols: int = 96) -> Tensor:
     """The edge suite's matrix [rows, cols] of dtype: Gaussian, with special 32-element blocks
     at the start of rows: row 0 zeros, row 1 a code-0 block (amax about fmax * 2^-130), row 2
-    binary32 subnormals, rows 3-5 a block holding +Inf, NaN, -Inf, then rows whose block
-    maximum is fmax * 2^k moved by -2..2 ulps (k = -3, 0, 5)."""
+    subnormals (of binary32 and bfloat16), rows 3-5 a block holding +Inf, NaN, -Inf, then
+    rows whose block maximum is fmax * 2^k moved by -2..2 ulps (k = -3, 0, 5)."""
     fmax = _P.FORMATS[fmt].fmax
     specials = [(k, s) for k in (-3, 0, 5) for s in (-2, -1, 0, 1, 2)]
     x = _gaussian(6 + len(specials), cols, torch.float32, 7).to(torch.float64)
     x[0, :32] = 0
     x[1, :32] *= fmax * 2.0 ** -132
-    x[2, :32] *= 2.0 ** -140
+    x[2, :32] *= 2.0 ** -129  # subnormal in binary32 and in bfloat16
     for r, v in ((3, math.inf), (4, math.nan), (5, -math.inf)):
         x[r, 5] = v
     for i, (k, s) in enumerate(specials):
@@ -561,7 +561,8 @@ def _json_default(o):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The command line: the summary on stdout, progress on stderr, 1 on a failure."""
+    """The command line: the summary on stdout, progress on stderr; returns 1 on a failure,
+    2 on bad arguments."""
     ap = argparse.ArgumentParser(prog="python -m lowp.torch.check_device",
                                  description="Check a device's lowp kernels against the CPU "
                                              "golden kernels (docs/torch.md, Devices).")
@@ -573,7 +574,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     ns = ap.parse_args(argv)
     prog = None if ns.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    rep = check_device(ns.device, ns.kernels, ns.suite, progress=prog)
+    try:
+        rep = check_device(ns.device, ns.kernels, ns.suite, progress=prog)
+    except ValueError as e:
+        print(f"check_device: {e}", file=sys.stderr)
+        return 2
     print(rep)
     if ns.json:
         with open(ns.json, "w") as f:

@@ -8,12 +8,34 @@ from __future__ import annotations
 
 import torch
 
+from ..device_kernels import KernelKey
 from ._common import register_once, scaled_mm_tensor_row, tensor_row_supports
 
 NAME = "torch.scaled_mm"
+_PROBED = {}
+
+
+def _rowwise_runs() -> bool:
+    """Whether this torch's CPU _scaled_mm takes rowwise scales (torch 2.11's took per-tensor
+    scales only): one 2x16 . 16x2 product, once."""
+    if "row" not in _PROBED:
+        a = torch.zeros(2, 16, dtype=torch.float8_e4m3fn)
+        try:
+            torch._scaled_mm(a, a.t(), scale_a=torch.ones(2, 1), scale_b=torch.ones(1, 2),
+                             out_dtype=torch.float32)
+            _PROBED["row"] = True
+        except RuntimeError:
+            _PROBED["row"] = False
+    return _PROBED["row"]
 
 
 def register() -> None:
     if not hasattr(torch, "_scaled_mm"):
         return
-    register_once("cpu", [("scaled_mm", NAME, scaled_mm_tensor_row, tensor_row_supports())])
+    both = tensor_row_supports()
+    row = _rowwise_runs()
+
+    def supports(key: KernelKey) -> bool:
+        return both(key) and (row or key.scaling == "tensor")
+
+    register_once("cpu", [("scaled_mm", NAME, scaled_mm_tensor_row, supports)])
