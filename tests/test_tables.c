@@ -14,19 +14,27 @@ typedef struct kind_row {
     int e8m0, grouped, transposes;
     lowp_scale_mode mode;
     int pow2;
+    lowp_format scale_format;
+    int tensor_scale;
 } kind_row;
 
 /* scale.h: block shapes and scale types; grouped copies for the 1-D token-blocked kinds; the
  * kinds whose copy of X^T is X's copy transposed (lowp_gemm_kn); RCEIL for MX, FLOOR for 32x32
  * tiles, pow2 on for ROW only. */
 static const kind_row k_kinds[] = {
-    {LOWP_SCALING_TENSOR, "tensor", 0, 0, 0, 0, 1, LOWP_SCALE_MODE_DEFAULT, 0},
-    {LOWP_SCALING_ROW, "row", 1, 0, 0, 0, 0, LOWP_SCALE_MODE_DEFAULT, 1},
-    {LOWP_SCALING_MX32, "mx32", 1, 32, 1, 1, 0, LOWP_SCALE_MODE_RCEIL, 0},
-    {LOWP_SCALING_BLOCK128, "block128", 1, 128, 0, 1, 0, LOWP_SCALE_MODE_DEFAULT, 0},
-    {LOWP_SCALING_BLOCK128X128, "block128x128", 128, 128, 0, 0, 1, LOWP_SCALE_MODE_DEFAULT, 0},
-    {LOWP_SCALING_BLOCK32X32, "block32x32", 32, 32, 1, 0, 1, LOWP_SCALE_MODE_FLOOR, 0},
-    {LOWP_SCALING_NONE, "none", 0, 0, 0, 0, 1, LOWP_SCALE_MODE_DEFAULT, 0},
+    {LOWP_SCALING_TENSOR, "tensor", 0, 0, 0, 0, 1, LOWP_SCALE_MODE_DEFAULT, 0, LOWP_FORMAT_F32, 0},
+    {LOWP_SCALING_ROW, "row", 1, 0, 0, 0, 0, LOWP_SCALE_MODE_DEFAULT, 1, LOWP_FORMAT_F32, 0},
+    {LOWP_SCALING_MX32, "mx32", 1, 32, 1, 1, 0, LOWP_SCALE_MODE_RCEIL, 0, LOWP_FORMAT_E8M0, 0},
+    {LOWP_SCALING_BLOCK128, "block128", 1, 128, 0, 1, 0, LOWP_SCALE_MODE_DEFAULT, 0,
+     LOWP_FORMAT_F32, 0},
+    {LOWP_SCALING_BLOCK128X128, "block128x128", 128, 128, 0, 0, 1, LOWP_SCALE_MODE_DEFAULT, 0,
+     LOWP_FORMAT_F32, 0},
+    {LOWP_SCALING_BLOCK32X32, "block32x32", 32, 32, 1, 0, 1, LOWP_SCALE_MODE_FLOOR, 0,
+     LOWP_FORMAT_E8M0, 0},
+    {LOWP_SCALING_NONE, "none", 0, 0, 0, 0, 1, LOWP_SCALE_MODE_DEFAULT, 0, LOWP_FORMAT_F32, 0},
+    {LOWP_SCALING_NV16, "nv16", 1, 16, 0, 1, 0, LOWP_SCALE_MODE_DEFAULT, 0, LOWP_FORMAT_E4M3, 1},
+    {LOWP_SCALING_NV16X16, "nv16x16", 16, 16, 0, 0, 1, LOWP_SCALE_MODE_DEFAULT, 0, LOWP_FORMAT_E4M3,
+     1},
 };
 
 /* The scale of a 32x32 block of value v quantized to e4m3 in kind s with mode / pow2. */
@@ -57,7 +65,8 @@ static void test_scalings(void) {
         CHECKF(t->scaling == k->s && strcmp(t->name, k->name) == 0 && t->block_rows == k->br &&
                    t->block_cols == k->bc && t->scale_is_e8m0 == k->e8m0 &&
                    t->grouped == k->grouped && t->transposes == k->transposes &&
-                   t->default_mode == k->mode && t->default_pow2 == k->pow2,
+                   t->default_mode == k->mode && t->default_pow2 == k->pow2 &&
+                   t->scale_format == k->scale_format && t->tensor_scale == k->tensor_scale,
                "%s", k->name);
         /* grouped: what lowp_qtensor_scale_shape accepts */
         lowp_qtensor g = {LOWP_FORMAT_E4M3, k->s, 16, 64, NULL, NULL, LOWP_DEVICE_HOST, offs, 2};
@@ -66,7 +75,7 @@ static void test_scalings(void) {
                k->name);
     }
     const lowp_scaling_traits *t;
-    CHECK_FAIL(lowp_scaling_get(LOWP_SCALING_COUNT, &t), LOWP_ERR_INVALID_ARG, "scaling (7)");
+    CHECK_FAIL(lowp_scaling_get(LOWP_SCALING_COUNT, &t), LOWP_ERR_INVALID_ARG, "scaling (9)");
     CHECK_FAIL(lowp_scaling_get(LOWP_SCALING_MX32, NULL), LOWP_ERR_INVALID_ARG, "out");
 }
 
@@ -123,6 +132,11 @@ static void test_pairs(void) {
     CHECK(!pair_ok(E4, LOWP_SCALING_ROW, E4, LOWP_SCALING_TENSOR));
     CHECK(!pair_ok(F4, LOWP_SCALING_TENSOR, F4, LOWP_SCALING_TENSOR));
     CHECK(!pair_ok(E4, LOWP_SCALING_BLOCK128, F4, LOWP_SCALING_BLOCK128X128));
+    CHECK(pair_ok(F4, LOWP_SCALING_NV16, F4, LOWP_SCALING_NV16));
+    CHECK(pair_ok(F4, LOWP_SCALING_NV16, F4, LOWP_SCALING_NV16X16));
+    CHECK(pair_ok(F4, LOWP_SCALING_NV16X16, F4, LOWP_SCALING_NV16));
+    CHECK(!pair_ok(E4, LOWP_SCALING_NV16, E4, LOWP_SCALING_NV16));
+    CHECK(!pair_ok(F4, LOWP_SCALING_NV16, F4, LOWP_SCALING_MX32));
     lowp_qtensor a = {E4, LOWP_SCALING_ROW, 0, 0, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
     lowp_qtensor b = {E4, LOWP_SCALING_MX32, 0, 0, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
     CHECK_FAIL(lowp_gemm_pair_check(&a, &b), LOWP_ERR_UNSUPPORTED, "a (row e4m3) x b (mx32 e4m3)");

@@ -48,6 +48,8 @@ typedef enum lowp_scaling {
     LOWP_SCALING_BLOCK128X128 = 4, /* 128x128 tiles, binary32 scale_inv (DeepSeek-V3 weights) */
     LOWP_SCALING_BLOCK32X32 = 5,   /* 32x32 tiles, E8M0 scale (Ascend NPU Block FP8) */
     LOWP_SCALING_NONE = 6,         /* not quantized: F32 or BF16 elements, no scales (GEMM) */
+    LOWP_SCALING_NV16 = 7,         /* NVFP4: 1x16 blocks, E4M3 scales, binary32 tensor scale */
+    LOWP_SCALING_NV16X16 = 8,      /* NVFP4 weights: 16x16 tiles, E4M3 scale, tensor scale */
     LOWP_SCALING_COUNT
 } lowp_scaling;
 
@@ -61,7 +63,7 @@ typedef enum lowp_scale_mode {
 } lowp_scale_mode;
 
 typedef struct lowp_qtensor {
-    lowp_format format; /* E4M3, E5M2, or E2M1 (MX32 only) */
+    lowp_format format; /* E4M3, E5M2, or E2M1 (MX32, NV16, NV16X16) */
     lowp_scaling scaling;
     int64_t rows; /* logical shape of this copy */
     int64_t cols; /* the quantized (reduction) dimension */
@@ -79,12 +81,14 @@ typedef struct lowp_scaling_traits {
     const char *name;   /* "tensor", "mx32", ... as on the command line */
     int64_t block_rows; /* scale block along the rows: 1, 32 or 128 (0: the whole tensor) */
     int64_t block_cols; /* along the quantized dimension: 32 or 128 (0: the whole row) */
-    int scale_is_e8m0;  /* 1: uint8 E8M0 scales; 0: binary32 scale_inv (or none) */
+    int scale_is_e8m0;  /* 1: uint8 E8M0 scales; 0: binary32 scale_inv, E4M3 or none */
     int grouped;        /* 1: a grouped copy (group_offs) restarts its blocks at every group */
     int transposes;     /* 1: the copy of X^T is the copy of X transposed, scales included
                            (lowp_gemm_kn can read the copy of X as stored) */
     lowp_scale_mode default_mode; /* what LOWP_SCALE_MODE_DEFAULT means (E8M0 kinds) */
     int default_pow2;             /* what pow2_scales = -1 means (binary32 kinds) */
+    lowp_format scale_format;     /* of the block scales: E8M0, F32 (scale_inv) or E4M3 */
+    int tensor_scale;             /* 1: a binary32 tensor decode scale follows (NVFP4) */
 } lowp_scaling_traits;
 
 /* The traits of `scaling`; *out points into a static table. */
@@ -95,7 +99,11 @@ LOWP_API const char *lowp_scale_mode_name(lowp_scale_mode mode);
 /* Bytes of the element codes and of the scales of `q` (its format, scaling, shape, groups). */
 LOWP_API lowp_status lowp_qtensor_nbytes(const lowp_qtensor *q, size_t *data_bytes,
                                          size_t *scale_bytes);
-/* Shape of the canonical scale array; *scale_is_e8m0 tells uint8 E8M0 from binary32. */
+/* Byte offset of the binary32 tensor decode scale in q->scales (NV16, NV16X16: the block
+ * scales' bytes rounded up to a multiple of 4); LOWP_ERR_INVALID_ARG for the other kinds. */
+LOWP_API lowp_status lowp_qtensor_tensor_scale_offset(const lowp_qtensor *q, size_t *offset);
+/* Shape of the canonical scale array; *scale_is_e8m0 tells uint8 E8M0 from the others (the
+ * traits' scale_format tells binary32 from E4M3). */
 LOWP_API lowp_status lowp_qtensor_scale_shape(const lowp_qtensor *q, int64_t *scale_rows,
                                               int64_t *scale_cols, int *scale_is_e8m0);
 /* Block size of a scaling kind along the quantized dimension (1x32 -> 32; TENSOR and ROW:
@@ -110,6 +118,10 @@ LOWP_API lowp_status lowp_scale_mode_from_name(const char *name, lowp_scale_mode
  * (docs/numerics.md section 3, steps 1-3). */
 LOWP_API lowp_status lowp_e8m0_scale(float amax, lowp_format format, lowp_scale_mode mode,
                                      uint8_t *code);
+/* NVFP4 (docs/numerics.md section 4b): the binary32 tensor encode scale of a tensor whose amax
+ * is `amax`, and the E4M3 code of a block whose amax is `block_amax` under that encode scale. */
+LOWP_API lowp_status lowp_nvfp4_tensor_scale(float amax, float *encode_scale);
+LOWP_API lowp_status lowp_nvfp4_block_scale(float block_amax, float encode_scale, uint8_t *code);
 /* The binary32 scale of a group (docs/numerics.md section 4, steps 1-3). */
 LOWP_API lowp_status lowp_fp32_scale(float amax, lowp_format format, float eps, int pow2,
                                      float *scale);

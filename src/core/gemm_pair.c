@@ -40,12 +40,19 @@ lowp_status lowp_gemm_classify(const char *fn, const lowp_qtensor *a, const lowp
         *bk = 128;
         return LOWP_OK;
     }
+    const int nv_a = sa == LOWP_SCALING_NV16 || sa == LOWP_SCALING_NV16X16;
+    const int nv_b = sb == LOWP_SCALING_NV16 || sb == LOWP_SCALING_NV16X16;
+    if (nv_a && nv_b && fa == LOWP_FORMAT_E2M1 && fb == LOWP_FORMAT_E2M1) {
+        *pair = LOWP_PAIR_NV;
+        *bk = 16;
+        return LOWP_OK;
+    }
     const lowp_format_traits *ta, *tb;
     const char *na = lowp_format_get(fa, &ta) == LOWP_OK ? ta->name : "?";
     const char *nb = lowp_format_get(fb, &tb) == LOWP_OK ? tb->name : "?";
     return lowp_fail(LOWP_ERR_UNSUPPORTED,
                      "%s: operand pair a (%s %s) x b (%s %s) is not supported (pairs: none x none "
                      "f32/bf16, tensor x tensor, row x row, mx32 x mx32, block128 x block128x128, "
-                     "block128 x block128, mx32 x block32x32)",
+                     "block128 x block128, mx32 x block32x32, nv16/nv16x16 x nv16/nv16x16 e2m1)",
                      fn, lowp_scaling_name(sa), na, lowp_scaling_name(sb), nb);
 }

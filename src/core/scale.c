@@ -14,16 +14,23 @@
 #define NOMODE LOWP_SCALE_MODE_DEFAULT
 
 /* Every rule about a scaling kind: blocks, scale type, grouped copies, orientation, defaults. */
+#define E8 LOWP_FORMAT_E8M0
+#define F4 LOWP_FORMAT_F32
+#define E4 LOWP_FORMAT_E4M3
+
+/* Every rule about a scaling kind: blocks, scale type, grouped copies, orientation, defaults. */
 static const lowp_scaling_traits g_scalings[LOWP_SCALING_COUNT] = {
     /* scaling, name, block_rows, block_cols, scale_is_e8m0, grouped, transposes, default_mode,
-     * default_pow2 */
-    {LOWP_SCALING_TENSOR, "tensor", 0, 0, 0, 0, 1, NOMODE, 0},
-    {LOWP_SCALING_ROW, "row", 1, 0, 0, 0, 0, NOMODE, 1},
-    {LOWP_SCALING_MX32, "mx32", 1, 32, 1, 1, 0, RCEIL, 0},
-    {LOWP_SCALING_BLOCK128, "block128", 1, 128, 0, 1, 0, NOMODE, 0},
-    {LOWP_SCALING_BLOCK128X128, "block128x128", 128, 128, 0, 0, 1, NOMODE, 0},
-    {LOWP_SCALING_BLOCK32X32, "block32x32", 32, 32, 1, 0, 1, FLOOR, 0},
-    {LOWP_SCALING_NONE, "none", 0, 0, 0, 0, 1, NOMODE, 0},
+     * default_pow2, scale_format, tensor_scale */
+    {LOWP_SCALING_TENSOR, "tensor", 0, 0, 0, 0, 1, NOMODE, 0, F4, 0},
+    {LOWP_SCALING_ROW, "row", 1, 0, 0, 0, 0, NOMODE, 1, F4, 0},
+    {LOWP_SCALING_MX32, "mx32", 1, 32, 1, 1, 0, RCEIL, 0, E8, 0},
+    {LOWP_SCALING_BLOCK128, "block128", 1, 128, 0, 1, 0, NOMODE, 0, F4, 0},
+    {LOWP_SCALING_BLOCK128X128, "block128x128", 128, 128, 0, 0, 1, NOMODE, 0, F4, 0},
+    {LOWP_SCALING_BLOCK32X32, "block32x32", 32, 32, 1, 0, 1, FLOOR, 0, E8, 0},
+    {LOWP_SCALING_NONE, "none", 0, 0, 0, 0, 1, NOMODE, 0, F4, 0},
+    {LOWP_SCALING_NV16, "nv16", 1, 16, 0, 1, 0, NOMODE, 0, E4, 1},
+    {LOWP_SCALING_NV16X16, "nv16x16", 16, 16, 0, 0, 1, NOMODE, 0, E4, 1},
 };
 
 static const char *const g_mode_names[] = {"default", "rceil", "floor", "ceil", "even"};
@@ -56,7 +63,7 @@ lowp_status lowp_scaling_from_name(const char *name, lowp_scaling *out) {
     }
     return lowp_fail(LOWP_ERR_INVALID_ARG,
                      "lowp_scaling_from_name: name (\"%s\") is not one of tensor, row, mx32, "
-                     "block128, block128x128, block32x32, none",
+                     "block128, block128x128, block32x32, none, nv16, nv16x16",
                      name);
 }
 
@@ -94,8 +101,8 @@ static lowp_status col_blocks(const char *fn, const lowp_qtensor *q, int64_t bc,
     }
     if (!g_scalings[q->scaling].grouped)
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
-                         "%s: q.group_offs is set but q.scaling (%s) is not mx32 or block128", fn,
-                         lowp_scaling_name(q->scaling));
+                         "%s: q.group_offs is set but q.scaling (%s) is not mx32, block128 or nv16",
+                         fn, lowp_scaling_name(q->scaling));
     if (q->groups < 1)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: q.groups (%d) < 1", fn, q->groups);
     int64_t n = 0, prev = 0;
@@ -145,19 +152,54 @@ lowp_status lowp_qtensor_nbytes(const lowp_qtensor *q, size_t *data_bytes, size_
     const char *fn = "lowp_qtensor_nbytes";
     LOWP_CHECK_PTR(fn, q);
     int64_t sr, sc;
-    int e8;
-    lowp_status st = lowp_qtensor_scale_shape(q, &sr, &sc, &e8);
+    lowp_status st = lowp_qtensor_scale_shape(q, &sr, &sc, NULL);
     if (st != LOWP_OK) return st;
     lowp_tensor t = {q->format, q->rows, q->cols, NULL, q->device};
     size_t db;
     if ((st = lowp_tensor_nbytes(&t, &db)) != LOWP_OK) return st;
+    const lowp_scaling_traits *kt = &g_scalings[q->scaling];
+    const size_t esz = kt->scale_format == LOWP_FORMAT_F32 ? 4u : 1u;
     size_t sb;
-    if (!lowp_mul_size((size_t) sr, (size_t) sc, &sb) || !lowp_mul_size(sb, e8 ? 1u : 4u, &sb))
+    if (!lowp_mul_size((size_t) sr, (size_t) sc, &sb) || !lowp_mul_size(sb, esz, &sb) ||
+        (kt->tensor_scale && !lowp_add_size((sb + 3) & ~(size_t) 3, 4, &sb)))
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: the scales of q (%lld x %lld, %s) take more than SIZE_MAX bytes", fn,
                          (long long) sr, (long long) sc, lowp_scaling_name(q->scaling));
     if (data_bytes) *data_bytes = db;
     if (scale_bytes) *scale_bytes = sb;
+    return LOWP_OK;
+}
+
+lowp_status lowp_qtensor_tensor_scale_offset(const lowp_qtensor *q, size_t *offset) {
+    const char *fn = "lowp_qtensor_tensor_scale_offset";
+    LOWP_CHECK_PTR(fn, q);
+    LOWP_CHECK_PTR(fn, offset);
+    size_t sb;
+    lowp_status st = lowp_qtensor_nbytes(q, NULL, &sb);
+    if (st != LOWP_OK) return st;
+    if (!g_scalings[q->scaling].tensor_scale)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: q.scaling (%s) has no tensor scale (nv16, nv16x16)", fn,
+                         lowp_scaling_name(q->scaling));
+    *offset = sb - 4;
+    return LOWP_OK;
+}
+
+lowp_status lowp_nvfp4_tensor_scale(float amax, float *encode_scale) {
+    LOWP_CHECK_PTR("lowp_nvfp4_tensor_scale", encode_scale);
+    *encode_scale = lowp_rule_nv_tensor_scale(amax);
+    return LOWP_OK;
+}
+
+lowp_status lowp_nvfp4_block_scale(float block_amax, float encode_scale, uint8_t *code) {
+    LOWP_CHECK_PTR("lowp_nvfp4_block_scale", code);
+    if (!(encode_scale > 0.0f) || encode_scale == INFINITY)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "lowp_nvfp4_block_scale: encode_scale (%g) must be finite and > 0",
+                         (double) encode_scale);
+    const lowp_format_traits *e4m3;
+    lowp_format_get(LOWP_FORMAT_E4M3, &e4m3);
+    *code = lowp_rule_nv_block_code(fabsf(block_amax), encode_scale, e4m3);
     return LOWP_OK;
 }
 

@@ -73,4 +73,33 @@ static inline float lowp_rule_fp32_scale(float amax, float fmax, float eps, int 
     return s;
 }
 
+/* NVFP4 (docs/numerics.md section 4b, steps 1-4). The constants are binary32: 2688 = 448 * 6
+ * (E4M3 fmax times E2M1 fmax), and 1/6 rounded to binary32. */
+#define LOWP_NV_ENC_NUM 2688.0f
+#define LOWP_NV_SIXTH   (1.0f / 6.0f)
+
+/* Step 1: the tensor encode scale S = 2688 / amax (one rounded division), FLT_MAX when that is
+ * +Inf; 1 when amax is 0, Inf or NaN. */
+static inline float lowp_rule_nv_tensor_scale(float amax) {
+    if (!(amax > 0.0f) || amax == INFINITY) return 1.0f;
+    float s = LOWP_NV_ENC_NUM / amax;
+    return s == INFINITY ? FLT_MAX : s;
+}
+
+/* Step 2: the E4M3 code of a block: 0x7F (NaN) when the block holds a NaN or an Inf (bamax is
+ * then NaN or Inf), else RNE satfinite of bamax * (S * (1/6)). */
+static inline uint8_t lowp_rule_nv_block_code(float bamax, float s_enc,
+                                              const lowp_format_traits *e4m3) {
+    if (!(lowp_f2u(bamax) < 0x7F800000u)) return 0x7F;
+    return (uint8_t) e4m3->encode(bamax * (s_enc * LOWP_NV_SIXTH), LOWP_OVERFLOW_SATFINITE);
+}
+
+/* Step 3: the element factor 1 / (decode(code) * s_dec), FLT_MAX when that is +Inf (code 0, or
+ * a product that underflows); s_dec = 1 / S is the tensor decode scale. */
+static inline float lowp_rule_nv_elem_factor(uint8_t code, float s_dec,
+                                             const lowp_format_traits *e4m3) {
+    float f = 1.0f / (e4m3->decode(code) * s_dec);
+    return f == INFINITY ? FLT_MAX : f;
+}
+
 #endif

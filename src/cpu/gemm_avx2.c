@@ -71,9 +71,9 @@ static int64_t nc_cols(const lowp_gemm_job *j) {
 }
 
 int lowp_cpu_gemm_avx2_supports(const lowp_gemm_job *j) {
-    (void) j; /* every pair */
+    /* every pair but NVFP4 (the reference, issue 38) */
     const uint32_t need = LOWP_CAP_AVX2 | LOWP_CAP_FMA;
-    return (lowp_cpu_caps()->flags & need) == need;
+    return j->pair != LOWP_PAIR_NV && (lowp_cpu_caps()->flags & need) == need;
 }
 
 size_t lowp_cpu_gemm_avx2_ws_floats(const lowp_gemm_job *j) {

@@ -76,7 +76,9 @@ size_t lowp_gemm_blk_ws_floats(const lowp_gemm_job *j, const lowp_gemm_blk_kerne
 }
 
 int lowp_gemm_blk_supports(const lowp_gemm_job *j) {
-    return !(j->pair == LOWP_PAIR_PLAIN && j->a->format == LOWP_FORMAT_F32);
+    /* NVFP4 runs on the reference for now (issue 38). */
+    return !(j->pair == LOWP_PAIR_PLAIN && j->a->format == LOWP_FORMAT_F32) &&
+           j->pair != LOWP_PAIR_NV;
 }
 
 /* ---- decoding ---- */
@@ -631,6 +633,7 @@ static void tile(blk_ctx *x, int64_t m0, int rows, const tile_facts *sf, int64_t
         lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, x->acc);
         return;
     }
+    case LOWP_PAIR_NV: return; /* never picked: lowp_gemm_blk_supports refuses it */
     }
 }
 

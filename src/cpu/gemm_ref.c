@@ -38,8 +38,8 @@ void lowp_gemm_decode_row(const lowp_qtensor *q, int64_t r, int64_t k0, int64_t 
     }
 }
 
-/* The same for b given [K, N] (b_kn): elements (n, k0..k1) are column n of rows k0..k1 (E2M1
- * is MX32 only, which b_kn excludes). */
+/* The same for b given [K, N] (b_kn): elements (n, k0..k1) are column n of rows k0..k1 (E2M1:
+ * NV16X16, the one E2M1 kind b_kn takes; its rows are packed along N). */
 static void decode_col(const lowp_qtensor *q, int64_t n, int64_t k0, int64_t k1, const float *lut,
                        float *out) {
     const size_t ld = (size_t) q->cols;
@@ -50,6 +50,11 @@ static void decode_col(const lowp_qtensor *q, int64_t n, int64_t k0, int64_t k1,
         case LOWP_FORMAT_BF16:
             out[k - k0] = lowp_u2f((uint32_t) ((const uint16_t *) q->data)[i] << 16);
             break;
+        case LOWP_FORMAT_E2M1: {
+            const uint8_t *row = (const uint8_t *) q->data + (size_t) k * ((ld + 1) / 2);
+            out[k - k0] = lut[(row[n / 2] >> (4 * (n & 1))) & 0xF];
+            break;
+        }
         default: out[k - k0] = lut[((const uint8_t *) q->data)[i]]; break;
         }
     }
@@ -72,6 +77,23 @@ float lowp_gemm_scale_f32(const lowp_qtensor *q, int kn, int64_t r, int64_t blk,
     }
 }
 
+/* E4M3 code of an NVFP4 operand's row r for K-block `blk` (kn as above), and its tensor
+ * decode scale. */
+static uint8_t scale_nv(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
+    const uint8_t *s = (const uint8_t *) q->scales;
+    if (q->scaling == LOWP_SCALING_NV16X16)
+        return kn ? s[blk * nb + r / 16] : s[(r / 16) * nb + blk];
+    return s[r * nb + blk]; /* NV16 */
+}
+
+static float tensor_dec_nv(const lowp_qtensor *q) {
+    size_t off;
+    float g;
+    lowp_qtensor_tensor_scale_offset(q, &off);
+    memcpy(&g, (const uint8_t *) q->scales + off, sizeof g);
+    return g;
+}
+
 uint8_t lowp_gemm_scale_e8m0(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
     const uint8_t *s = (const uint8_t *) q->scales;
     if (q->scaling == LOWP_SCALING_BLOCK32X32)
@@ -92,6 +114,10 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
     float *arow = j->ws, *bpanel = j->ws + K;
     const int e8 = j->pair == LOWP_PAIR_MX || j->pair == LOWP_PAIR_MX_B32;
     const int blk128 = j->pair == LOWP_PAIR_B128_W || j->pair == LOWP_PAIR_B128_B128;
+    const int nv = j->pair == LOWP_PAIR_NV;
+    float lut_e4m3[256];
+    lowp_gemm_decode_lut(LOWP_FORMAT_E4M3, lut_e4m3);
+    const float ga = nv ? tensor_dec_nv(a) : 1.0f, gb = nv ? tensor_dec_nv(b) : 1.0f;
     const int bf16_out = j->c->format == LOWP_FORMAT_BF16;
     const lowp_format_traits *bf16;
     lowp_format_get(LOWP_FORMAT_BF16, &bf16);
@@ -116,6 +142,12 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
                         /* Combine the exponents as integers: 2^-127 * 2^-127 underflows. */
                         s = (ca == 0xFF || cb == 0xFF) ? NAN : ldexpf(s, (int) ca + (int) cb - 254);
                         acc += s;
+                    } else if (nv) {
+                        /* Exact: a 16-block sum has at most 12 significant bits, the product
+                         * of two E4M3 values at most 8 (section 6). */
+                        float sa = lut_e4m3[scale_nv(a, 0, m, j->a_blk + blk, nba)];
+                        float sb = lut_e4m3[scale_nv(b, j->b_kn, n, j->b_blk + blk, nbb)];
+                        acc += s * (sa * sb);
                     } else if (blk128) {
                         float sa = lowp_gemm_scale_f32(a, 0, m, j->a_blk + blk, nba);
                         float sb = lowp_gemm_scale_f32(b, j->b_kn, n, j->b_blk + blk, nbb);
@@ -124,6 +156,7 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
                         acc += s;
                     }
                 }
+                if (nv) acc = acc * ga * gb;
                 if (j->pair == LOWP_PAIR_TENSOR || j->pair == LOWP_PAIR_ROW)
                     acc = acc * lowp_gemm_scale_f32(a, 0, m, 0, 1) *
                           lowp_gemm_scale_f32(b, j->b_kn, n, 0, 1);

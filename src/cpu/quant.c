@@ -120,14 +120,28 @@ static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtens
     case LOWP_SCALING_BLOCK128: j->band_rows = col ? 128 : 1; break;
     case LOWP_SCALING_BLOCK128X128: j->band_rows = 128; break;
     case LOWP_SCALING_BLOCK32X32: j->band_rows = 32; break;
+    case LOWP_SCALING_NV16: j->band_rows = col ? 16 : 1; break;
+    case LOWP_SCALING_NV16X16: j->band_rows = 16; break;
     default: j->band_rows = 1; break;
     }
-    int64_t bs = 1; /* input rows per scale of a columnwise row */
-    if (q->scaling == LOWP_SCALING_MX32 || q->scaling == LOWP_SCALING_BLOCK32X32) bs = 32;
-    if (q->scaling == LOWP_SCALING_BLOCK128 || q->scaling == LOWP_SCALING_BLOCK128X128) bs = 128;
+    const int64_t bs = lowp_quant_block_cols(q->scaling); /* input rows per scale of a col row */
+    lowp_format_get(LOWP_FORMAT_E4M3, &j->e4m3);
     j->col_ob = q->format == LOWP_FORMAT_E2M1 ? (size_t) (j->rows + 1) / 2 : (size_t) j->rows;
     j->col_nbr = (j->rows + bs - 1) / bs;
     return LOWP_OK;
+}
+
+/* NVFP4: the tensor encode and decode scales from the tensor's amax (section 4b, step 1), into
+ * the job and after the block scales of each output. */
+static void nv_tensor_scales(lowp_quant_job *j, float amax) {
+    j->nv_enc = lowp_rule_nv_tensor_scale(amax);
+    j->nv_dec = 1.0f / j->nv_enc;
+    lowp_qtensor *outs[2] = {j->row, j->col};
+    for (int i = 0; i < 2; i++) {
+        size_t off;
+        if (outs[i] && lowp_qtensor_tensor_scale_offset(outs[i], &off) == LOWP_OK)
+            memcpy((uint8_t *) outs[i]->scales + off, &j->nv_dec, sizeof j->nv_dec);
+    }
 }
 
 static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, const char *fn,
@@ -163,6 +177,11 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
         }
         if (row) ((float *) row->scales)[0] = 1.0f / j.tensor_scale;
         if (col) ((float *) col->scales)[0] = 1.0f / j.tensor_scale;
+    }
+    if (j.scaling == LOWP_SCALING_NV16 || j.scaling == LOWP_SCALING_NV16X16) {
+        amax = tensor_amax(&j, threads, amax_bits_of(kernel));
+        have_amax = 1;
+        nv_tensor_scales(&j, amax);
     }
     if (cfg->amax_out) {
         if (!have_amax) amax = tensor_amax(&j, threads, amax_bits_of(kernel));
@@ -281,6 +300,11 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
                              : which == LOWP_CPU_KERNEL_AVX2 ? lowp_cpu_quant_avx2
                                                              : NULL;
     if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads, amax_bits_of(fast));
+    if (j.scaling == LOWP_SCALING_NV16) { /* the tensor scale of the tokens in groups */
+        lowp_quant_job used = j;
+        used.rows = col->group_offs[col->groups - 1];
+        nv_tensor_scales(&j, tensor_amax(&used, threads, NULL));
+    }
     if (fast && quantize_grouped_fast(&j, NULL, cfg, threads, fast)) return LOWP_OK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (j.rows * j.cols > 32768)
     for (int64_t c = 0; c < j.cols; c++) lowp_cpu_quant_grouped_ref(&j, c, c + 1);
@@ -309,6 +333,7 @@ int lowp_cpu_quantize_grouped_dual(const lowp_tensor *x, lowp_qtensor *row, lowp
 lowp_status lowp_cpu_dequantize(const lowp_qtensor *q, lowp_tensor *out, int32_t threads) {
     int64_t br = q->scaling == LOWP_SCALING_BLOCK128X128 ? 128
                  : q->scaling == LOWP_SCALING_BLOCK32X32 ? 32
+                 : q->scaling == LOWP_SCALING_NV16X16    ? 16
                                                          : 1;
     const int64_t nbands = (q->rows + br - 1) / br;
     const int nt = lowp_cpu_threads(threads, nbands);

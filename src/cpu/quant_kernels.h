@@ -25,7 +25,10 @@ typedef struct lowp_quant_job {
     int tensor_fin;         /* TENSOR: computed from this input's maximum, which is finite */
     const float *col_scale; /* ROW with a columnwise copy: scale per input column [cols] */
     int col_fin;            /* ROW with a columnwise copy: every column's maximum is finite */
-    int64_t band_rows;      /* bands start on multiples of this */
+    float nv_enc;           /* NV16, NV16X16: the tensor encode scale S (section 4b) */
+    float nv_dec;           /* and the decode scale 1/S stored after the block scales */
+    const lowp_format_traits *e4m3; /* NV16, NV16X16: the block scales' format */
+    int64_t band_rows;              /* bands start on multiples of this */
     /* The columnwise copy's pitches (AVX-512 kernels): code bytes and scale entries from one of
      * its rows to the next. setup_job sets those of col itself; the grouped path points col
      * at a group's span of a larger output and sets that output's. */
@@ -37,6 +40,19 @@ typedef struct lowp_quant_job {
 LOWP_HIDDEN void lowp_cpu_quant_ref(const lowp_quant_job *j, int64_t r0, int64_t r1);
 
 /* Grouped columnwise quantization: output rows (input columns) [c0, c1). */
+/* The K block of a kind along its quantized dimension (32, 128 or 16; 1 for TENSOR, ROW). */
+static inline int64_t lowp_quant_block_cols(lowp_scaling s) {
+    switch (s) {
+    case LOWP_SCALING_MX32:
+    case LOWP_SCALING_BLOCK32X32: return 32;
+    case LOWP_SCALING_BLOCK128:
+    case LOWP_SCALING_BLOCK128X128: return 128;
+    case LOWP_SCALING_NV16:
+    case LOWP_SCALING_NV16X16: return 16;
+    default: return 1;
+    }
+}
+
 LOWP_HIDDEN void lowp_cpu_quant_grouped_ref(const lowp_quant_job *j, int64_t c0, int64_t c1);
 
 /* Dequantize output rows [r0, r1) of q into out (F32, q's shape). r0 is a multiple of the

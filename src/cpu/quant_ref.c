@@ -1,4 +1,4 @@
-/* The scalar reference of quantization and dequantization (docs/numerics.md sections 3-4): plain
+/* The scalar reference of quantization and dequantization (docs/numerics.md sections 3-4b): plain
  * loops, one element at a time, in the order the document states the rules. It is the golden
  * model the AVX-512 kernels and every other backend are compared with.
  *
@@ -38,6 +38,26 @@ static uint32_t enc_fp32(const lowp_quant_job *j, float x, float scale) {
     return j->et->encode(x * scale, LOWP_OVERFLOW_SATFINITE);
 }
 
+/* NVFP4 element code of x in a block whose E4M3 scale code is `code` and element factor `f`
+ * (section 4b, step 3): a NaN block's elements are 0, as in an MX block. */
+static uint32_t enc_nv(const lowp_quant_job *j, float x, uint8_t code, float f) {
+    if ((code & 0x7F) == 0x7F) return 0;
+    return j->et->encode(x * f, LOWP_OVERFLOW_SATFINITE);
+}
+
+static int is_nv(lowp_scaling s) {
+    return s == LOWP_SCALING_NV16 || s == LOWP_SCALING_NV16X16;
+}
+
+static int byte_scales(lowp_scaling s) {
+    return s == LOWP_SCALING_MX32 || s == LOWP_SCALING_BLOCK32X32 || is_nv(s);
+}
+
+/* The code of x under a block's scale: E8M0 code, NVFP4 E4M3 code and factor, or binary32. */
+static uint32_t enc_any(const lowp_quant_job *j, float x, int kind, uint8_t code, float s) {
+    return kind == 1 ? enc_e8m0(j, x, code) : kind == 2 ? enc_nv(j, x, code, s) : enc_fp32(j, x, s);
+}
+
 /* amax of the input rectangle [r0, r1) x [c0, c1). */
 static float rect_amax(const lowp_quant_job *j, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     float m = 0.0f;
@@ -63,11 +83,15 @@ static block_out quant_block(const lowp_quant_job *j, int64_t r0, int64_t r1, in
                              int64_t c1, int to_row, int to_col) {
     block_out b = {0, 1.0f};
     float amax = rect_amax(j, r0, r1, c0, c1);
-    int e8 = j->scaling == LOWP_SCALING_MX32 || j->scaling == LOWP_SCALING_BLOCK32X32;
+    /* kind: 0 binary32 scale_inv, 1 E8M0 code, 2 NVFP4 E4M3 code (s is its element factor) */
+    const int kind = is_nv(j->scaling) ? 2 : byte_scales(j->scaling) ? 1 : 0;
     float s = 1.0f;
-    if (e8)
+    if (kind == 1) {
         b.code = lowp_rule_e8m0_code(amax, j->et, j->mode);
-    else {
+    } else if (kind == 2) {
+        b.code = lowp_rule_nv_block_code(amax, j->nv_enc, j->e4m3);
+        s = lowp_rule_nv_elem_factor(b.code, j->nv_dec, j->e4m3);
+    } else {
         s = lowp_rule_fp32_scale(amax, j->et->fmax, j->eps, j->pow2);
         b.scale_inv = 1.0f / s;
     }
@@ -75,23 +99,19 @@ static block_out quant_block(const lowp_quant_job *j, int64_t r0, int64_t r1, in
      * nibbles in ascending order; the row copy needs row-major order. */
     if (to_row) {
         for (int64_t r = r0; r < r1; r++)
-            for (int64_t c = c0; c < c1; c++) {
-                float x = lowp_job_x(j, r, c);
-                put(j->row, r, c, e8 ? enc_e8m0(j, x, b.code) : enc_fp32(j, x, s));
-            }
+            for (int64_t c = c0; c < c1; c++)
+                put(j->row, r, c, enc_any(j, lowp_job_x(j, r, c), kind, b.code, s));
     }
     if (to_col) {
         for (int64_t c = c0; c < c1; c++)
-            for (int64_t r = r0; r < r1; r++) {
-                float x = lowp_job_x(j, r, c);
-                put(j->col, c, r, e8 ? enc_e8m0(j, x, b.code) : enc_fp32(j, x, s));
-            }
+            for (int64_t r = r0; r < r1; r++)
+                put(j->col, c, r, enc_any(j, lowp_job_x(j, r, c), kind, b.code, s));
     }
     return b;
 }
 
 static void store_scale(const lowp_qtensor *q, size_t idx, block_out b) {
-    if (q->scaling == LOWP_SCALING_MX32 || q->scaling == LOWP_SCALING_BLOCK32X32)
+    if (byte_scales(q->scaling))
         ((uint8_t *) q->scales)[idx] = b.code;
     else
         ((float *) q->scales)[idx] = b.scale_inv;
@@ -121,8 +141,9 @@ void lowp_cpu_quant_ref(const lowp_quant_job *j, int64_t r0, int64_t r1) {
                     put(j->col, c, r, enc_fp32(j, lowp_job_x(j, r, c), j->col_scale[c]));
         break;
     case LOWP_SCALING_MX32:
-    case LOWP_SCALING_BLOCK128: {
-        const int64_t bs = j->scaling == LOWP_SCALING_MX32 ? 32 : 128;
+    case LOWP_SCALING_BLOCK128:
+    case LOWP_SCALING_NV16: {
+        const int64_t bs = lowp_quant_block_cols(j->scaling);
         if (j->row) {
             const int64_t nb = (C + bs - 1) / bs;
             for (int64_t r = r0; r < r1; r++)
@@ -140,8 +161,9 @@ void lowp_cpu_quant_ref(const lowp_quant_job *j, int64_t r0, int64_t r1) {
         break;
     }
     case LOWP_SCALING_BLOCK128X128:
-    case LOWP_SCALING_BLOCK32X32: {
-        const int64_t bs = j->scaling == LOWP_SCALING_BLOCK32X32 ? 32 : 128;
+    case LOWP_SCALING_BLOCK32X32:
+    case LOWP_SCALING_NV16X16: {
+        const int64_t bs = lowp_quant_block_cols(j->scaling);
         const int64_t nbr = (R + bs - 1) / bs, nbc = (C + bs - 1) / bs;
         for (int64_t tr = r0 / bs; tr * bs < r1; tr++)
             for (int64_t tc = 0; tc < nbc; tc++) {
@@ -158,7 +180,7 @@ void lowp_cpu_quant_ref(const lowp_quant_job *j, int64_t r0, int64_t r1) {
 
 void lowp_cpu_quant_grouped_ref(const lowp_quant_job *j, int64_t c0, int64_t c1) {
     const lowp_qtensor *q = j->col;
-    const int64_t bs = j->scaling == LOWP_SCALING_MX32 ? 32 : 128;
+    const int64_t bs = lowp_quant_block_cols(j->scaling);
     int64_t nbt = 0, prev = 0; /* total blocks per output row */
     for (int32_t g = 0; g < q->groups; g++) {
         nbt += (q->group_offs[g] - prev + bs - 1) / bs;
@@ -190,10 +212,20 @@ static int64_t grouped_block(const lowp_qtensor *q, int64_t c, int64_t bs) {
     return -1;
 }
 
+/* The NVFP4 tensor decode scale of q (after its block scales). */
+static float nv_tensor_dec(const lowp_qtensor *q) {
+    size_t off;
+    float g;
+    lowp_qtensor_tensor_scale_offset(q, &off);
+    memcpy(&g, (const uint8_t *) q->scales + off, sizeof g);
+    return g;
+}
+
 /* Decode factor of element (r, c) of q; *ignored is set for grouped columns past the last
- * group, which decode to 0. */
+ * group, which decode to 0. NVFP4 kinds return the block scale's value; the caller applies
+ * the tensor decode scale after it (section 4b, step 5). */
 static float dequant_factor(const lowp_qtensor *q, int64_t r, int64_t c, int64_t nbt,
-                            int *ignored) {
+                            const lowp_format_traits *e4m3, int *ignored) {
     const float *fs = (const float *) q->scales;
     const uint8_t *es = (const uint8_t *) q->scales;
     *ignored = 0;
@@ -203,29 +235,34 @@ static float dequant_factor(const lowp_qtensor *q, int64_t r, int64_t c, int64_t
     case LOWP_SCALING_BLOCK128X128: return fs[(r / 128) * ((q->cols + 127) / 128) + c / 128];
     case LOWP_SCALING_BLOCK32X32:
         return lowp_rule_e8m0_value(es[(r / 32) * ((q->cols + 31) / 32) + c / 32]);
+    case LOWP_SCALING_NV16X16: return e4m3->decode(es[(r / 16) * ((q->cols + 15) / 16) + c / 16]);
     default: break;
     }
-    /* MX32 and BLOCK128, possibly grouped. */
-    const int64_t bs = q->scaling == LOWP_SCALING_MX32 ? 32 : 128;
+    /* MX32, BLOCK128 and NV16, possibly grouped. */
+    const int64_t bs = lowp_quant_block_cols(q->scaling);
     int64_t blk = q->group_offs ? grouped_block(q, c, bs) : c / bs;
     if (blk < 0) {
         *ignored = 1;
         return 0.0f;
     }
     size_t idx = (size_t) (r * nbt + blk);
+    if (q->scaling == LOWP_SCALING_NV16) return e4m3->decode(es[idx]);
     return q->scaling == LOWP_SCALING_MX32 ? lowp_rule_e8m0_value(es[idx]) : fs[idx];
 }
 
 void lowp_cpu_dequant_ref(const lowp_qtensor *q, float *out, int64_t r0, int64_t r1) {
-    const lowp_format_traits *t;
+    const lowp_format_traits *t, *e4m3;
     lowp_format_get(q->format, &t);
+    lowp_format_get(LOWP_FORMAT_E4M3, &e4m3);
     int64_t sr, sc;
     lowp_qtensor_scale_shape(q, &sr, &sc, NULL);
+    const int nv = is_nv(q->scaling);
+    const float g = nv ? nv_tensor_dec(q) : 1.0f;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t c = 0; c < q->cols; c++) {
             int ignored;
-            float f = dequant_factor(q, r, c, sc, &ignored);
-            out[(size_t) r * (size_t) q->cols + (size_t) c] =
-                ignored ? 0.0f : t->decode(get(q, r, c)) * f;
+            float f = dequant_factor(q, r, c, sc, e4m3, &ignored);
+            float v = ignored ? 0.0f : t->decode(get(q, r, c)) * f;
+            out[(size_t) r * (size_t) q->cols + (size_t) c] = nv && !ignored ? v * g : v;
         }
 }

@@ -89,7 +89,7 @@ static lowp_status check_kn(const char *fn, const char *name, const lowp_qtensor
     if (lowp_scaling_get(b->scaling, &t) == LOWP_OK && t->transposes) return LOWP_OK;
     return lowp_fail(LOWP_ERR_UNSUPPORTED,
                      "%s: %s.scaling (%s) runs along one axis, so b cannot be read as stored "
-                     "[K, N] (kinds that can: none, tensor, block128x128, block32x32); "
+                     "[K, N] (kinds that can: none, tensor, block128x128, block32x32, nv16x16); "
                      "quantize a columnwise copy and call %s",
                      fn, name, lowp_scaling_name(b->scaling), instead);
 }

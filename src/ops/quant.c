@@ -61,16 +61,20 @@ static lowp_status check_q(const char *fn, const char *name, const lowp_qtensor 
     if ((unsigned) q->scaling >= LOWP_SCALING_COUNT)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.scaling (%d) is not a lowp_scaling", fn,
                          name, (int) q->scaling);
+    const int nv = q->scaling == LOWP_SCALING_NV16 || q->scaling == LOWP_SCALING_NV16X16;
     int ok = q->scaling != LOWP_SCALING_NONE &&
-             (q->format == LOWP_FORMAT_E4M3 || q->format == LOWP_FORMAT_E5M2 ||
-              (q->format == LOWP_FORMAT_E2M1 && q->scaling == LOWP_SCALING_MX32));
+             (nv ? q->format == LOWP_FORMAT_E2M1
+                 : (q->format == LOWP_FORMAT_E4M3 || q->format == LOWP_FORMAT_E5M2 ||
+                    (q->format == LOWP_FORMAT_E2M1 && q->scaling == LOWP_SCALING_MX32)));
     if (!ok) {
         const lowp_format_traits *t;
         const char *fname = lowp_format_get(q->format, &t) == LOWP_OK ? t->name : "?";
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
-                         "%s: %s.format (%s) is not supported by scaling %s (e4m3, e5m2%s)", fn,
-                         name, fname, lowp_scaling_name(q->scaling),
-                         q->scaling == LOWP_SCALING_MX32 ? ", e2m1" : "");
+                         "%s: %s.format (%s) is not supported by scaling %s (%s)", fn, name, fname,
+                         lowp_scaling_name(q->scaling),
+                         nv                                ? "e2m1"
+                         : q->scaling == LOWP_SCALING_MX32 ? "e4m3, e5m2, e2m1"
+                                                           : "e4m3, e5m2");
     }
     if (q->rows != rows || q->cols != cols)
         return lowp_fail(
@@ -150,10 +154,11 @@ lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
     if ((st = check_cfg(fn, cfg, col_out->scaling)) != LOWP_OK) return st;
     if (!col_out->group_offs)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.group_offs is NULL", fn);
-    if (col_out->scaling != LOWP_SCALING_MX32 && col_out->scaling != LOWP_SCALING_BLOCK128)
+    if (col_out->scaling != LOWP_SCALING_MX32 && col_out->scaling != LOWP_SCALING_BLOCK128 &&
+        col_out->scaling != LOWP_SCALING_NV16)
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
-                         "%s: col_out.scaling (%s) is not mx32 or block128 (other kinds need no "
-                         "group boundaries: use lowp_quantize)",
+                         "%s: col_out.scaling (%s) is not mx32, block128 or nv16 (other kinds need "
+                         "no group boundaries: use lowp_quantize)",
                          fn, lowp_scaling_name(col_out->scaling));
     if ((st = check_q(fn, "col_out", col_out, x->cols, x->rows)) != LOWP_OK) return st;
     if (!lowp_same_device(col_out->device, x->device))
