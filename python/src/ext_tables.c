@@ -37,16 +37,20 @@ static PyObject *formats(void) {
     return d;
 }
 
-/* scale: "e8m0", "f32" (binary32 scale_inv) or None (no scales); tile: 2-D blocks. */
+/* scale: "e8m0", "f32" (binary32 scale_inv), "e4m3" (NVFP4) or None (no scales); tile: 2-D
+ * blocks; tensor_scale: a binary32 tensor decode scale follows the block scales. */
 static PyObject *scaling_dict(const lowp_scaling_traits *t) {
-    const char *scale = t->scaling == LOWP_SCALING_NONE ? NULL : t->scale_is_e8m0 ? "e8m0" : "f32";
+    const char *scale = t->scaling == LOWP_SCALING_NONE       ? NULL
+                        : t->scale_format == LOWP_FORMAT_E8M0 ? "e8m0"
+                        : t->scale_format == LOWP_FORMAT_E4M3 ? "e4m3"
+                                                              : "f32";
     return Py_BuildValue(
-        "{s:i,s:L,s:L,s:z,s:O,s:O,s:O,s:z,s:O}", "code", (int) t->scaling, "block_rows",
+        "{s:i,s:L,s:L,s:z,s:O,s:O,s:O,s:z,s:O,s:O}", "code", (int) t->scaling, "block_rows",
         (long long) t->block_rows, "block_cols", (long long) t->block_cols, "scale", scale,
         "grouped", t->grouped ? Py_True : Py_False, "tile", t->block_rows > 1 ? Py_True : Py_False,
         "transposes", t->transposes ? Py_True : Py_False, "default_mode",
         t->scale_is_e8m0 ? lowp_scale_mode_name(t->default_mode) : NULL, "default_pow2",
-        t->default_pow2 ? Py_True : Py_False);
+        t->default_pow2 ? Py_True : Py_False, "tensor_scale", t->tensor_scale ? Py_True : Py_False);
 }
 
 static PyObject *scalings(void) {

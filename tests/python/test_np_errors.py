@@ -125,7 +125,7 @@ def test_quantize_offs_errors():
            offs=np.array([6, 3], np.int32))
     raises(ValueError, r"^lowp_\w+: .*offs\[1\] \(9\)", lowp.quantize, X, axis="col",
            offs=np.array([4, 9], np.int32))
-    raises(ValueError, r"^lowp_\w+: .*scaling \(tensor\) is not mx32 or block128", lowp.quantize,
+    raises(ValueError, r"^lowp_\w+: .*scaling \(tensor\) is not mx32, block128 or nv16", lowp.quantize,
            X, "e4m3", "tensor",
            axis="col", offs=o)
 

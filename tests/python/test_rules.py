@@ -53,22 +53,26 @@ def test_e4m3_matches_torch():
     assert rules.TABLES["formats"]["e4m3"]["max_code"] == code
 
 
-# scale.h's layout table: block (rows, cols), scale type; grouped copies for MX32 and BLOCK128;
-# lowp_gemm_kn's kinds; RCEIL for MX32, FLOOR for 32x32; pow2 on for ROW.
+# scale.h's layout table: block (rows, cols), scale type; grouped copies for MX32, BLOCK128 and
+# NV16; lowp_gemm_kn's kinds; RCEIL for MX32, FLOOR for 32x32; pow2 on for ROW; a binary32 tensor
+# scale after the E4M3 block scales for the NVFP4 kinds.
 SCALE_H = {
-    "tensor": (0, 0, "f32", False, True, None, False),
-    "row": (1, 0, "f32", False, False, None, True),
-    "mx32": (1, 32, "e8m0", True, False, "rceil", False),
-    "block128": (1, 128, "f32", True, False, None, False),
-    "block128x128": (128, 128, "f32", False, True, None, False),
-    "block32x32": (32, 32, "e8m0", False, True, "floor", False),
-    "none": (0, 0, None, False, True, None, False),
+    "tensor": (0, 0, "f32", False, True, None, False, False),
+    "row": (1, 0, "f32", False, False, None, True, False),
+    "mx32": (1, 32, "e8m0", True, False, "rceil", False, False),
+    "block128": (1, 128, "f32", True, False, None, False, False),
+    "block128x128": (128, 128, "f32", False, True, None, False, False),
+    "block32x32": (32, 32, "e8m0", False, True, "floor", False, False),
+    "none": (0, 0, None, False, True, None, False, False),
+    "nv16": (1, 16, "e4m3", True, False, None, False, True),
+    "nv16x16": (16, 16, "e4m3", False, True, None, False, True),
 }
 
 
 def test_scalings_are_scale_h():
     got = {n: (s["block_rows"], s["block_cols"], s["scale"], s["grouped"], s["transposes"],
-               s["default_mode"], s["default_pow2"]) for n, s in rules.TABLES["scalings"].items()}
+               s["default_mode"], s["default_pow2"], s["tensor_scale"])
+           for n, s in rules.TABLES["scalings"].items()}
     assert got == SCALE_H
     assert rules.names("scalings") == tuple(SCALE_H)
     assert rules.names("scale_modes") == ("default", "rceil", "floor", "ceil", "even")
@@ -94,6 +98,7 @@ def test_gemm_pairs_are_gemm_h():
     for x in fp8 + ("e2m1",):
         want |= {("e2m1", "mx32", x, "mx32"), (x, "mx32", "e2m1", "mx32")}
     want |= {("e2m1", "mx32", b, "block32x32") for b in fp8}
+    want |= {("e2m1", a, "e2m1", b) for a in ("nv16", "nv16x16") for b in ("nv16", "nv16x16")}
     assert set(rules.TABLES["gemm_pairs"]) == want
 
 

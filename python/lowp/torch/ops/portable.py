@@ -81,9 +81,10 @@ FORMATS = {n: _Fmt(n, f["bits"], f["mbits"], f["bias"], f["max_code"], f["nan_co
 
 E8M0_KINDS = rules.kinds(scale="e8m0")
 FP32_KINDS = rules.kinds(scale="f32")
-TILE_KINDS = rules.kinds(tile=True)
-TOKEN_BLOCK_KINDS = rules.kinds(grouped=True)  # kinds whose grouped copies restart at a group
-SCALINGS = rules.kinds()
+# The NVFP4 kinds (a tensor scale after the block scales) are C-only for now (issue 38).
+TILE_KINDS = rules.kinds(tile=True, tensor_scale=False)
+TOKEN_BLOCK_KINDS = rules.kinds(grouped=True, tensor_scale=False)  # grouped copies restart
+SCALINGS = rules.kinds(tensor_scale=False)
 SCALE_MODES = tuple(m for m in rules.names("scale_modes") if m != "default")
 
 _F32_MAX = _f32(3.4028234663852886e38)
