@@ -270,3 +270,4 @@ def _route(device_type: str, op: str, native: bool, args, kwargs):
 
 
 _lib._ROUTER = _route
+_lib._SERVES = serves

@@ -519,8 +519,10 @@ _OPS = {
 
 
 # The device kernel table's router (set by lowp.torch.device_kernels when it loads):
-# _ROUTER(device_type, op name, native, args, kwargs) -> (kernel name, fn) or None.
+# _ROUTER(device_type, op name, native, args, kwargs) -> (kernel name, fn) or None;
+# _SERVES(device_type): whether the table runs kernels on that device now.
 _ROUTER = None
+_SERVES = None
 
 
 def _kernel(name: str, check, impl, path: str, device_type: Optional[str] = None):
@@ -597,8 +599,7 @@ def has_native_kernel(device) -> bool:
     if key == "Meta":  # the fake kernels serve it: shapes only
         return False
     if ("quantize", key) in _TRAMPOLINES:  # the table's trampoline: kernels when enabled
-        from .. import device_kernels
-        return device_kernels.serves(dt)
+        return _SERVES is not None and _SERVES(dt)
     return torch._C._dispatch_has_kernel_for_dispatch_key("lowp::quantize", key)
 
 
