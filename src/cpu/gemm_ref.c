@@ -101,24 +101,86 @@ uint8_t lowp_gemm_scale_e8m0(const lowp_qtensor *q, int kn, int64_t r, int64_t b
     return s[r * nb + blk]; /* MX32 */
 }
 
+/* What the reference reads for every output element of a job: the pair's kind, the decode
+ * tables of the E4M3 block scales, the operands' scale pitches and NVFP4 tensor scales. */
+typedef struct ref_ctx {
+    const lowp_gemm_job *j;
+    int64_t K, bk, nba, nbb;
+    int e8, blk128, nv;
+    float lut_e4m3[256];
+    float ga, gb; /* NVFP4 tensor decode scales of a and b */
+} ref_ctx;
+
+/* C[m, n] before the output's rounding: block sums scaled as the pair requires, added in
+ * increasing k; tensorwise, rowwise and NVFP4 tensor scales applied at the end. */
+static float dot_blocks(const ref_ctx *x, const float *arow, const float *bp, int64_t m,
+                        int64_t n) {
+    const lowp_gemm_job *j = x->j;
+    const lowp_qtensor *a = j->a, *b = j->b;
+    float acc = 0.0f;
+    for (int64_t k = 0, blk = 0; k < x->K; k += x->bk, blk++) {
+        const int64_t ke = k + x->bk < x->K ? k + x->bk : x->K;
+        float s = 0.0f;
+        for (int64_t i = k; i < ke; i++) s += arow[i] * bp[i];
+        if (x->e8) {
+            uint8_t ca = lowp_gemm_scale_e8m0(a, 0, m, j->a_blk + blk, x->nba);
+            uint8_t cb = lowp_gemm_scale_e8m0(b, j->b_kn, n, j->b_blk + blk, x->nbb);
+            /* Combine the exponents as integers: 2^-127 * 2^-127 underflows. */
+            acc += (ca == 0xFF || cb == 0xFF) ? NAN : ldexpf(s, (int) ca + (int) cb - 254);
+        } else if (x->nv) {
+            /* Exact: a 16-block sum has at most 12 significant bits, the product of two E4M3
+             * values at most 8 (section 6). */
+            float sa = x->lut_e4m3[scale_nv(a, 0, m, j->a_blk + blk, x->nba)];
+            float sb = x->lut_e4m3[scale_nv(b, j->b_kn, n, j->b_blk + blk, x->nbb)];
+            acc += s * (sa * sb);
+        } else if (x->blk128) {
+            float sa = lowp_gemm_scale_f32(a, 0, m, j->a_blk + blk, x->nba);
+            float sb = lowp_gemm_scale_f32(b, j->b_kn, n, j->b_blk + blk, x->nbb);
+            acc += s * sa * sb;
+        } else {
+            acc += s;
+        }
+    }
+    if (x->nv) acc = acc * x->ga * x->gb;
+    if (j->pair == LOWP_PAIR_TENSOR || j->pair == LOWP_PAIR_ROW)
+        acc = acc * lowp_gemm_scale_f32(a, 0, m, 0, 1) * lowp_gemm_scale_f32(b, j->b_kn, n, 0, 1);
+    return acc;
+}
+
+/* Write (or add) C[m, n] in C's format. */
+static void store_c(const lowp_gemm_job *j, int64_t m, int64_t n, float acc,
+                    const lowp_format_traits *bf16) {
+    const size_t ci = (size_t) (j->c_row_base + m) * (size_t) j->c->cols + (size_t) n;
+    if (j->c->format == LOWP_FORMAT_BF16) {
+        uint16_t *c = (uint16_t *) j->c->data;
+        if (j->accumulate) acc += lowp_u2f((uint32_t) c[ci] << 16);
+        c[ci] = (uint16_t) bf16->encode(acc, LOWP_OVERFLOW_NONSAT);
+    } else {
+        float *c = (float *) j->c->data;
+        c[ci] = j->accumulate ? c[ci] + acc : acc;
+    }
+}
+
 void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
     const lowp_qtensor *a = j->a, *b = j->b;
-    const int64_t K = j->k1 - j->k0;
+    ref_ctx x;
+    x.j = j;
+    x.K = j->k1 - j->k0;
+    x.bk = j->bk > 0 ? j->bk : (x.K > 0 ? x.K : 1);
+    int64_t sra, srb;
+    lowp_qtensor_scale_shape(a, &sra, &x.nba, NULL);
+    lowp_qtensor_scale_shape(b, &srb, &x.nbb, NULL);
+    x.e8 = j->pair == LOWP_PAIR_MX || j->pair == LOWP_PAIR_MX_B32;
+    x.blk128 = j->pair == LOWP_PAIR_B128_W || j->pair == LOWP_PAIR_B128_B128;
+    x.nv = j->pair == LOWP_PAIR_NV;
+    lowp_gemm_decode_lut(LOWP_FORMAT_E4M3, x.lut_e4m3);
+    x.ga = x.nv ? tensor_dec_nv(a) : 1.0f;
+    x.gb = x.nv ? tensor_dec_nv(b) : 1.0f;
     float lut_a[256], lut_b[256];
     lowp_gemm_decode_lut(a->format, lut_a);
     lowp_gemm_decode_lut(b->format, lut_b);
-    int64_t sra, nba, srb, nbb;
-    lowp_qtensor_scale_shape(a, &sra, &nba, NULL);
-    lowp_qtensor_scale_shape(b, &srb, &nbb, NULL);
-    const int64_t bk = j->bk > 0 ? j->bk : (K > 0 ? K : 1);
+    const int64_t K = x.K;
     float *arow = j->ws, *bpanel = j->ws + K;
-    const int e8 = j->pair == LOWP_PAIR_MX || j->pair == LOWP_PAIR_MX_B32;
-    const int blk128 = j->pair == LOWP_PAIR_B128_W || j->pair == LOWP_PAIR_B128_B128;
-    const int nv = j->pair == LOWP_PAIR_NV;
-    float lut_e4m3[256];
-    lowp_gemm_decode_lut(LOWP_FORMAT_E4M3, lut_e4m3);
-    const float ga = nv ? tensor_dec_nv(a) : 1.0f, gb = nv ? tensor_dec_nv(b) : 1.0f;
-    const int bf16_out = j->c->format == LOWP_FORMAT_BF16;
     const lowp_format_traits *bf16;
     lowp_format_get(LOWP_FORMAT_BF16, &bf16);
 
@@ -129,47 +191,9 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
                                                           bpanel + (size_t) (n - n0) * (size_t) K);
         for (int64_t m = j->m0; m < j->m1; m++) {
             lowp_gemm_decode_row(a, m, j->k0, j->k1, lut_a, arow);
-            for (int64_t n = n0; n < n1; n++) {
-                const float *bp = bpanel + (size_t) (n - n0) * (size_t) K;
-                float acc = 0.0f;
-                for (int64_t k = 0, blk = 0; k < K; k += bk, blk++) {
-                    const int64_t ke = k + bk < K ? k + bk : K;
-                    float s = 0.0f;
-                    for (int64_t i = k; i < ke; i++) s += arow[i] * bp[i];
-                    if (e8) {
-                        uint8_t ca = lowp_gemm_scale_e8m0(a, 0, m, j->a_blk + blk, nba);
-                        uint8_t cb = lowp_gemm_scale_e8m0(b, j->b_kn, n, j->b_blk + blk, nbb);
-                        /* Combine the exponents as integers: 2^-127 * 2^-127 underflows. */
-                        s = (ca == 0xFF || cb == 0xFF) ? NAN : ldexpf(s, (int) ca + (int) cb - 254);
-                        acc += s;
-                    } else if (nv) {
-                        /* Exact: a 16-block sum has at most 12 significant bits, the product
-                         * of two E4M3 values at most 8 (section 6). */
-                        float sa = lut_e4m3[scale_nv(a, 0, m, j->a_blk + blk, nba)];
-                        float sb = lut_e4m3[scale_nv(b, j->b_kn, n, j->b_blk + blk, nbb)];
-                        acc += s * (sa * sb);
-                    } else if (blk128) {
-                        float sa = lowp_gemm_scale_f32(a, 0, m, j->a_blk + blk, nba);
-                        float sb = lowp_gemm_scale_f32(b, j->b_kn, n, j->b_blk + blk, nbb);
-                        acc += s * sa * sb;
-                    } else {
-                        acc += s;
-                    }
-                }
-                if (nv) acc = acc * ga * gb;
-                if (j->pair == LOWP_PAIR_TENSOR || j->pair == LOWP_PAIR_ROW)
-                    acc = acc * lowp_gemm_scale_f32(a, 0, m, 0, 1) *
-                          lowp_gemm_scale_f32(b, j->b_kn, n, 0, 1);
-                const size_t ci = (size_t) (j->c_row_base + m) * (size_t) j->c->cols + (size_t) n;
-                if (bf16_out) {
-                    uint16_t *c = (uint16_t *) j->c->data;
-                    if (j->accumulate) acc += lowp_u2f((uint32_t) c[ci] << 16);
-                    c[ci] = (uint16_t) bf16->encode(acc, LOWP_OVERFLOW_NONSAT);
-                } else {
-                    float *c = (float *) j->c->data;
-                    c[ci] = j->accumulate ? c[ci] + acc : acc;
-                }
-            }
+            for (int64_t n = n0; n < n1; n++)
+                store_c(j, m, n,
+                        dot_blocks(&x, arow, bpanel + (size_t) (n - n0) * (size_t) K, m, n), bf16);
         }
     }
 }
