@@ -19,7 +19,8 @@ from lowp.torch.ops import portable as P  # noqa: E402
 import npu_standin as S  # noqa: E402
 
 FUNCS = ("npu_dynamic_mx_quant", "npu_dynamic_mx_quant_with_dual_axis",
-         "npu_dynamic_block_mx_quant", "npu_quant_matmul")
+         "npu_dynamic_block_mx_quant", "npu_quant_matmul", "npu_grouped_dynamic_mx_quant",
+         "npu_grouped_matmul")
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +89,24 @@ def test_register_needs_torch_npu_imported_by_the_user():
     assert len(DK._TABLE) == before
     import sys
     assert "torch_npu" not in sys.modules
+
+
+def test_grouped_pair_layout_round_trip_with_empty_and_odd_groups():
+    offs = [40, 40, 70, 135]  # 2, 0, 1 and 3 blocks of 32 tokens
+    canon = torch.randint(1, 255, (5, 6), dtype=torch.uint8)
+    pairs = npu.to_grouped_pairs(canon, offs)
+    assert pairs.shape == (1 + 0 + 1 + 2, 5, 2)
+    assert torch.equal(pairs[1, :, 1], torch.zeros(5, dtype=torch.uint8))  # group 2 padded
+    assert torch.equal(pairs[2], canon[:, 3:5])  # group 3's first pair
+    back = npu.from_grouped_pairs(pairs, offs, 9)
+    assert torch.equal(back[:, :6], canon) and not back[:, 6:].any()
+
+
+def test_grouped_kernels_ran_split_m_and_split_k(names):
+    rep = lt.check_device("cpu", ["standin.npu.grouped_matmul.mx",
+                                  "standin.npu.grouped_dynamic_mx_quant"])
+    assert rep.passed, str(rep)
+    keys = {r.key for r in rep.results}
+    assert any("wgrad=True" in k for k in keys) and any("wgrad" not in k and "scaled_grouped"
+                                                       in k for k in keys)
+    assert any(k.startswith("quantize(") and "grouped=True" in k for k in keys)

@@ -15,9 +15,13 @@ must not serve a recipe.
 - "npu.dynamic_block_mx_quant": block32x32 (FLOOR), its 32x32 scales read from `scale1`;
 - "npu.quant_matmul.mx": `npu_quant_matmul`, MX x MX with E8M0 pair scales
   (`group_sizes=[1, 1, 32]`);
-- "npu.quant_matmul.block_fp8": Block FP8, a 1x128 against b 128x128 (`[1, 128, 128]`).
-Not wrapped yet: `npu_grouped_dynamic_mx_quant` and `npu_grouped_matmul` (the grouped ops
-run the portable path). CANN's FLOOR is predicted to write zero elements in blocks whose scale
+- "npu.quant_matmul.block_fp8": Block FP8, a 1x128 against b 128x128 (`[1, 128, 128]`);
+- "npu.grouped_dynamic_mx_quant": `npu_grouped_dynamic_mx_quant`, the copy quantized along the
+  tokens in groups (its grouped pair layout: each group's blocks padded to an even count);
+- "npu.grouped_matmul.mx": `npu_grouped_matmul` on MX operands, split-M (`group_type=0`) and
+  split-K (`group_type=2`), `group_list` the cumulative group ends.
+The grouped ops' argument conventions (group_list, the split-K operands' orientation and their
+scales' layout) are the least documented: they are this module's reading. CANN's FLOOR is predicted to write zero elements in blocks whose scale
 code is 0 (docs/numerics.md section 10): check_device's edge suite reports those blocks.
 
 `register()` registers the kernels for "npu" only when `torch_npu` has already been imported
@@ -53,6 +57,42 @@ def from_pairs(pairs: Tensor, nb: int, columnwise: bool) -> Tensor:
     if columnwise:
         p = p.permute(1, 0, 2)
     return p.reshape(p.shape[0], -1)[:, :nb].contiguous()
+
+
+def _group_blocks(offs, bs: int = 32):
+    """Blocks of each group along the tokens (a group of n tokens has ceil(n / bs))."""
+    out, prev = [], 0
+    for e in offs:
+        out.append(-(-(int(e) - prev) // bs))
+        prev = int(e)
+    return out
+
+
+def to_grouped_pairs(canon: Tensor, offs) -> Tensor:
+    """Canonical grouped scales [C, nb] (a copy quantized along the tokens in groups, each
+    group's blocks in turn; columns past them ignored) -> the NPU's grouped pair layout
+    (npu_grouped_dynamic_mx_quant's mxscale): each group's blocks zero-padded to an even count,
+    in pairs, stacked along the first dimension: [sum_g ceil(nb_g / 2), C, 2]."""
+    parts, b0 = [], 0
+    for n in _group_blocks(offs):
+        parts.append(to_pairs(canon[:, b0:b0 + n], True))
+        b0 += n
+    C = canon.shape[0]
+    return torch.cat(parts) if parts else canon.new_zeros((0, C, 2))
+
+
+def from_grouped_pairs(pairs: Tensor, offs, width: int) -> Tensor:
+    """The NPU's grouped pair layout -> canonical grouped scales [C, width] (zero past the
+    real blocks, as lowp::quantize pads them)."""
+    p = pairs.view(torch.uint8)
+    C = p.shape[1]
+    out = torch.zeros((C, width), dtype=torch.uint8, device=p.device)
+    b0, r0 = 0, 0
+    for n in _group_blocks(offs):
+        half = -(-n // 2)
+        out[:, b0:b0 + n] = from_pairs(p[r0:r0 + half], n, True)
+        b0, r0 = b0 + n, r0 + half
+    return out
 
 
 def _empty(dev) -> Tensor:
@@ -106,6 +146,47 @@ def _block_quant(mod):
     return run
 
 
+def _grouped_quant(mod):
+    def run(x, format, scaling, scale_mode, pow2, eps, axis, offs=None, scale=None):
+        T, C = x.shape
+        y, s = mod.npu_grouped_dynamic_mx_quant(x, offs.to(torch.int32), round_mode="rint",
+                                                dst_type=FP8_DTYPES[format], blocksize=32,
+                                                scale_alg=_ALG[scale_mode])
+        width = -(-T // 32) + offs.numel()  # lowp::quantize's static bound
+        e = _empty(x.device)
+        return e, e, y.view(torch.uint8).t().contiguous(), from_grouped_pairs(s, offs.tolist(),
+                                                                              width)
+
+    return run
+
+
+def _grouped_mm_mx(mod):
+    """split-M: a [T, k] and b [G, N, k] with mx32 scales along k; split-K (wgrad): a = dY^T
+    [N, T] and b = X^T [K, T] with grouped scales along the tokens."""
+
+    def run(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs, k, wgrad,
+            out_dtype="f32", b_kn=False):
+        e8m0, ol = torch.float8_e8m0fnu, offs.tolist()
+        if not wgrad:
+            w = fp8(b, b_format).transpose(-2, -1)  # [G, k, N]
+            ws = torch.stack([to_pairs(b_scale[g], True) for g in range(b.shape[0])])
+            xs = to_pairs(a_scale, False)
+            group_type = 0
+        else:  # x = a [N, T] grouped along its columns; weight = b^T [T, K]
+            w = fp8(b, b_format).t()
+            ws = to_grouped_pairs(b_scale, ol)
+            xs = to_grouped_pairs(a_scale, ol).permute(1, 0, 2)  # [N, P, 2]
+            group_type = 2
+        out = mod.npu_grouped_matmul(
+            [fp8(a, a_format)], [w], scale=[ws.view(e8m0)], per_token_scale=[xs.view(e8m0)],
+            group_list=offs.to(torch.int64), group_list_type=0, group_type=group_type,
+            split_item=3, output_dtype=OUT_DTYPES[out_dtype], scale_dtype=e8m0,
+            per_token_scale_dtype=e8m0)
+        return out[0]
+
+    return run
+
+
 def _quant_matmul_mx(mod):
     def run(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
             out_dtype="f32", b_kn=False):
@@ -139,6 +220,17 @@ def _quant_supports(axes, scaling="mx32", modes=("rceil", "floor")):
     return supports
 
 
+def _grouped_quant_supports(key: KernelKey) -> bool:
+    return (key.op == "quantize" and key.scaling == "mx32" and key.format in FP8_DTYPES
+            and key.scale_mode in _ALG and key.axis == "col" and key.grouped
+            and key.dtype == torch.bfloat16)
+
+
+def _grouped_mm_supports(key: KernelKey) -> bool:
+    return (key.op == "scaled_grouped_mm" and key.scaling == key.b_scaling == "mx32"
+            and key.format in FP8_DTYPES and key.b_format in FP8_DTYPES and not key.b_kn)
+
+
 def _mm_supports(sa, sb, formats):
     def supports(key: KernelKey) -> bool:
         return (key.op == "scaled_mm" and key.scaling == sa and key.b_scaling == sb
@@ -161,6 +253,10 @@ def kernels(mod):
          _mm_supports("mx32", "mx32", fp8s)),
         ("scaled_mm", "npu.quant_matmul.block_fp8", _quant_matmul_block(mod),
          _mm_supports("block128", "block128x128", ("e4m3",))),
+        ("quantize", "npu.grouped_dynamic_mx_quant", _grouped_quant(mod),
+         _grouped_quant_supports),
+        ("scaled_grouped_mm", "npu.grouped_matmul.mx", _grouped_mm_mx(mod),
+         _grouped_mm_supports),
     ]
 
 
