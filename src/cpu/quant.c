@@ -144,6 +144,32 @@ static void nv_tensor_scales(lowp_quant_job *j, float amax) {
     }
 }
 
+/* The passes over the whole input before the bands: TENSOR's scale (given, or from the amax)
+ * and NVFP4's tensor scale, written next to the outputs' scales, and cfg->amax_out. */
+static void whole_tensor_scales(lowp_quant_job *j, const lowp_quant_cfg *cfg, int threads,
+                                amax_bits_fn fast) {
+    float amax = 0.0f;
+    int have_amax = 0;
+    if (j->scaling == LOWP_SCALING_TENSOR) {
+        if (cfg->scale) {
+            j->tensor_scale = *cfg->scale;
+        } else {
+            amax = tensor_amax(j, threads, fast);
+            have_amax = 1;
+            j->tensor_scale = lowp_rule_fp32_scale(amax, j->et->fmax, j->eps, j->pow2);
+            j->tensor_fin = lowp_f2u(amax) < 0x7F800000u; /* finite (amax is >= 0 or NaN) */
+        }
+        if (j->row) ((float *) j->row->scales)[0] = 1.0f / j->tensor_scale;
+        if (j->col) ((float *) j->col->scales)[0] = 1.0f / j->tensor_scale;
+    }
+    if (j->scaling == LOWP_SCALING_NV16 || j->scaling == LOWP_SCALING_NV16X16) {
+        amax = tensor_amax(j, threads, fast);
+        have_amax = 1;
+        nv_tensor_scales(j, amax);
+    }
+    if (cfg->amax_out) *cfg->amax_out = have_amax ? amax : tensor_amax(j, threads, fast);
+}
+
 static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, const char *fn,
                                lowp_status *st) {
     lowp_cpu_kernel which;
@@ -164,29 +190,7 @@ lowp_status lowp_cpu_quantize(const lowp_tensor *x, lowp_qtensor *row, lowp_qten
     band_kernel kernel = pick_kernel(&j, cfg->path, "lowp_quantize", &st);
     if (!kernel) return st;
 
-    float amax = 0.0f;
-    int have_amax = 0;
-    if (j.scaling == LOWP_SCALING_TENSOR) {
-        if (cfg->scale) {
-            j.tensor_scale = *cfg->scale;
-        } else {
-            amax = tensor_amax(&j, threads, amax_bits_of(kernel));
-            have_amax = 1;
-            j.tensor_scale = lowp_rule_fp32_scale(amax, j.et->fmax, j.eps, j.pow2);
-            j.tensor_fin = lowp_f2u(amax) < 0x7F800000u; /* finite (amax is >= 0 or NaN) */
-        }
-        if (row) ((float *) row->scales)[0] = 1.0f / j.tensor_scale;
-        if (col) ((float *) col->scales)[0] = 1.0f / j.tensor_scale;
-    }
-    if (j.scaling == LOWP_SCALING_NV16 || j.scaling == LOWP_SCALING_NV16X16) {
-        amax = tensor_amax(&j, threads, amax_bits_of(kernel));
-        have_amax = 1;
-        nv_tensor_scales(&j, amax);
-    }
-    if (cfg->amax_out) {
-        if (!have_amax) amax = tensor_amax(&j, threads, amax_bits_of(kernel));
-        *cfg->amax_out = amax;
-    }
+    whole_tensor_scales(&j, cfg, threads, amax_bits_of(kernel));
     float *colsc = NULL;
     if (j.scaling == LOWP_SCALING_ROW && col && j.cols > 0) {
         colsc = malloc((size_t) j.cols * sizeof *colsc);
