@@ -180,7 +180,7 @@ def bench_gemm(argv=None):
         p.error(f"--configs: unknown {bad} (known: bf16, {', '.join(CONFIGS)})")
     import torch
 
-    import lowp
+    from . import _numpy_api as lowp  # the public numpy API (lowp's __init__ re-exports it)
 
     torch.set_num_threads(a.threads)
     lowp.set_threads(a.threads)
