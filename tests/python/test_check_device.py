@@ -187,7 +187,7 @@ def test_cli_json_and_exit_status(tmp_path, register):
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "PASS" in p.stdout and "torch.scaled_mm" in p.stderr  # progress on stderr
-    rep = json.loads(out.read_text())
+    rep = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
     assert rep["passed"] and rep["cases"] == len(rep["results"]) > 0
     p = subprocess.run([sys.executable, "-m", "lowp.torch.check_device", "--device", "cpu",
                         "--kernels", "no.such.kernel"], capture_output=True, text=True, env=env,

@@ -558,10 +558,15 @@ def check_device(device, kernels: Optional[Sequence[str]] = None, suite: str = "
     return DeviceReport(str(dev), suite, [k.name for k in table], results)
 
 
-def _json_default(o):
+def _plain(o):
+    """o with non-finite floats as strings ("inf", "nan"): strict JSON."""
     if isinstance(o, float) and not math.isfinite(o):
         return str(o)
-    return str(o)
+    if isinstance(o, dict):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    return o
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -586,7 +591,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(rep)
     if ns.json:
         with open(ns.json, "w") as f:
-            json.dump(rep.to_dict(), f, indent=1, default=_json_default, allow_nan=True)
+            json.dump(_plain(rep.to_dict()), f, indent=1, default=str, allow_nan=False)
     return 0 if rep.passed else 1
 
 
