@@ -108,8 +108,8 @@ def _fold_rows(torch, lowp, cfg, qx, qw, qdy, out):
     def route(gm):
         a, b = pairs[gm]
         fb = fold_bf16(lowp, torch, b)
-        torch.mm(fold_bf16(lowp, torch, a), fb if gm == "dgrad" and kn else fb.t(),
-                 out=bufs[gm])
+        return torch.mm(fold_bf16(lowp, torch, a), fb if gm == "dgrad" and kn else fb.t(),
+                        out=bufs[gm])
 
     def folds(gm):
         a, b = pairs[gm]

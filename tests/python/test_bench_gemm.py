@@ -4,6 +4,8 @@
   independent numpy reference (ml_dtypes' E4M3 decode times 2^(s - 127) in binary64, rounded to
   BF16), bit for bit: mx32 and block32x32 scales, a width that is not a multiple of 32, a row
   count that is not a multiple of 32, scale codes over the range where every product is normal;
+- the fold route's GEMMs give lowp's kernels' products, orientation included (forward, input
+  gradient, weight gradient), up to the summation order;
 - a bad --shape or --configs is refused naming the option;
 - a small run prints one row per GEMM and implementation (no speed is checked).
 """
@@ -53,6 +55,19 @@ def test_bad_options_name_the_option(args, name, capsys):
         B.bench_gemm(args + ["--reps", "1"])
     assert e.value.code == 2
     assert name in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cfg", ["mxfp8", "block32x32"])
+def test_fold_route_computes_lowps_products(cfg):
+    """The fold route and lowp's kernel multiply the same quantized operands in each GEMM's
+    orientation: their BF16 outputs differ only by the summation order (a rounding or two)."""
+    torch.manual_seed(0)
+    impls = B._impls(torch, lowp, [cfg], 96, 160, 128)
+    for gm in ("fwd", "dgrad", "wgrad"):
+        want = impls[(gm, f"lowp {cfg}")]().float()
+        got = impls[(gm, f"fold {cfg} + torch.mm")]().float()
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-3 * want.abs().max().item())
 
 
 def test_small_run_has_every_row():
