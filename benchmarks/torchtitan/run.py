@@ -8,7 +8,9 @@ options after ``--``), trained by its ``Trainer``, and the process group is torn
 the next. Rank 0 writes ``{"world_size": N, "runs": {config: {"steps": {step: {"loss",
 "tps", "tflops"}}, "num_flops_per_token": F}}}``: loss is torchtitan's global average loss,
 tps its tokens per second per device, tflops its ``num_flops_per_token * tps / 1e12``.
-Without torchrun it runs as one rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT set here).
+Without torchrun it runs as one rank (RANK, WORLD_SIZE, MASTER_ADDR/PORT set here). With two
+ranks give one config per launch: a second Trainer in the same processes fails in FSDP2
+(its parameters are found on the first Trainer's device mesh; torchtitan 0.3.0).
 """
 
 import argparse
