@@ -182,3 +182,17 @@ def test_cublas_scale_layout_equals_the_c_converter(sr, sc):
     canon = lowp.quantize(x, "e4m3", "mx32").scale
     swz = lowp.quantize(x, "e4m3", "mx32", layout="cublas").scale
     assert torch.equal(cuda.cublas_scales(canon), swz.reshape(-1))
+
+
+def test_cuda_tensor_row_kernel_with_its_padding_passes_on_the_cpu():
+    """The CUDA tensorwise/rowwise kernel's own code (K and N zero-padded to 16, b
+    column-major) through the CPU's torch._scaled_mm, on odd shapes (1 x 33, 37 x 70,
+    130 x 261): the padding changes no output."""
+    lt.register_kernel("cpu", "scaled_mm", cuda._tensor_row, name="test.cuda_code.tensor_row",
+                       supports=cuda._tensor_row_supports)
+    try:
+        rep = lt.check_device("cpu", ["test.cuda_code.tensor_row"], suite="standard")
+    finally:
+        lt.unregister_kernel("test.cuda_code.tensor_row")
+    assert rep.passed and len(rep.results) >= 12, str(rep)
+    assert {r.data for r in rep.results} >= {"gaussian 1x33", "gaussian 130x261"}
