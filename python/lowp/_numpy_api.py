@@ -269,8 +269,8 @@ class QTensor:
         return (f"QTensor(shape={self.shape}, format={self.format}, scaling={self.scaling}"
                 f"{mode}, copies={copies}{groups})")
 
-    # The C descriptor tuples of one matrix (index g of a stack) of the rowwise or columnwise
-    # copy: (format, scaling, rows, cols, data, scales, offs).
+    # The extension's descriptor (a lowp._lowp.QDesc) of one matrix (index g of a stack) of the
+    # rowwise or columnwise copy.
     def _desc(self, which, fn, arg, g=None):
         data, scale = (self.data, self.scale) if which == "row" else (self.data_col,
                                                                       self.scale_col)
@@ -292,7 +292,7 @@ class QTensor:
             stacked = len(self.shape) == 3 and g is None
             s = _scales_to_canonical(s, self.layout, is_col, self.format, rows, cols, offs,
                                      self.shape[0] if stacked else None)
-        return (self.format, self.scaling, rows, cols, d, s, offs)
+        return _lowp.QDesc(self.format, self.scaling, rows, cols, d, s, offs)
 
 
 def _check_array(fn, arg, x, np_dtype, shape):
@@ -413,17 +413,20 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
         col = _alloc_copy(fmt, kind, C, R, o, stack, tor)
     amax = []
     grouped = o is not None
+    cfg = _lowp.QuantCfg(scale_mode=mode_arg, pow2=p, eps=float(eps), scale=scale,
+                         amax=kind == "tensor", threads=thr)
     for g in range(stack[0] if stack else 1):
         pick = (lambda t: t if t is None or not stack else t[g])
-        xg = a[g] if stack else a
+        xg = _lowp.QDesc(xfmt, "none", R, C, a[g] if stack else a)
         am = None
         if row[0] is not None or not grouped:
-            cd, cs = (None, None) if grouped else (pick(col[0]), pick(col[1]))
-            am = _lowp.quantize(xg, xfmt, R, C, fmt, kind, pick(row[0]), pick(row[1]), cd, cs,
-                                mode_arg, p, float(eps), thr, 0, scale, kind == "tensor")
+            rq = None if row[0] is None else _lowp.QDesc(fmt, kind, R, C, pick(row[0]),
+                                                         pick(row[1]))
+            cq = None if grouped or col[0] is None else _lowp.QDesc(fmt, kind, C, R, pick(col[0]),
+                                                                    pick(col[1]))
+            am = _lowp.quantize(xg, rq, cq, cfg)
         if grouped:
-            _lowp.quantize_grouped(xg, xfmt, R, C, fmt, kind, o, col[0], col[1], mode_arg, p,
-                                   float(eps), thr, 0)
+            _lowp.quantize_grouped(xg, _lowp.QDesc(fmt, kind, C, R, col[0], col[1], o), cfg)
         if am is not None:
             amax.append(am)
     if kind == "tensor" and amax:
@@ -506,7 +509,7 @@ def _operand(x, fn, arg, which="row", g=None):
     if which == "col":
         a = np.ascontiguousarray(np.swapaxes(a, -1, -2))
     m = a[g] if g is not None else a
-    return (kind, "none", m.shape[-2], m.shape[-1], m, None, None), x.shape, tor
+    return _lowp.QDesc(kind, "none", m.shape[-2], m.shape[-1], m), x.shape, tor
 
 
 def _check_k(fn, ka, kb, b_dim):
@@ -531,6 +534,12 @@ def _out_arg(out, shape, fn, accumulate, as_torch=False):
     return a, kind, out
 
 
+def _gemm_cfg(out_kind, accumulate, b_layout="nk", threads=None):
+    """The extension's GEMM settings, a lowp._lowp.GemmCfg."""
+    return _lowp.GemmCfg(out_dtype=out_kind, accumulate=bool(accumulate),
+                         threads=get_threads() if threads is None else threads, b_layout=b_layout)
+
+
 def gemm(a, b, out=None, accumulate=False):
     """C = A . B^T in float32 (or into `out`, float32 or bfloat16 [M, N]; accumulate=True adds
     to it). a [M, K] and b [N, K] are QTensors (their rowwise copies; pass ``q.col()`` for a
@@ -546,7 +555,7 @@ def gemm(a, b, out=None, accumulate=False):
     _check_k(fn, sa[1], sb[1], "b.shape[1]")
     shape = (sa[0], sb[0])
     c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb)
-    _lowp.gemm(da, db, c, ckind, shape[0], shape[1], bool(accumulate), get_threads(), 0)
+    _lowp.gemm(da, db, c, _gemm_cfg(ckind, accumulate))
     return given if given is not None else A.out_array(c, ta or tb)
 
 
@@ -565,7 +574,7 @@ def gemm_kn(a, b, out=None, accumulate=False):
     _check_k(fn, sa[1], sb[0], "b.shape[0]")
     shape = (sa[0], sb[1])
     c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb)
-    _lowp.gemm(da, db, c, ckind, shape[0], shape[1], bool(accumulate), get_threads(), 0, True)
+    _lowp.gemm(da, db, c, _gemm_cfg(ckind, accumulate, "kn"))
     return given if given is not None else A.out_array(c, ta or tb)
 
 
@@ -599,22 +608,19 @@ def grouped_gemm(a, b, offs, out=None, accumulate=False):
             raise ValueError(f"{fn}: b has {bshape[0]} groups, offs has {G}")
         _check_k(fn, sa[1], bshape[2], "b.shape[2]")
         db0, _, tb = _operand(b, fn, "b", g=None)
-        if isinstance(b, QTensor):
-            fmt, sc, _, _, d, s, _ = db0
-            db = (fmt, sc, bshape[1], bshape[2], d, s, None)
-        else:
-            db = (db0[0], "none", bshape[1], bshape[2], db0[4], None, None)
+        # one expert [N, K]; its data and scales hold the G experts one after the other
+        db = _lowp.QDesc(db0.format, db0.scaling, bshape[1], bshape[2], db0.data, db0.scale)
         shape = (sa[0], bshape[1])
         c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb or to)
-        _lowp.grouped_gemm(da, db, G, o, c, ckind, shape[0], shape[1], bool(accumulate), thr, 0)
+        _lowp.grouped_gemm(da, db, o, c, _gemm_cfg(ckind, accumulate, threads=thr))
         return given if given is not None else A.out_array(c, ta or tb or to)
     da, sa, ta = _wgrad_operand(a, o, fn, "a")
     db, sb, tb = _wgrad_operand(b, o, fn, "b")
-    if da[3] != db[3]:
-        raise ValueError(f"{fn}: a has {da[3]} tokens (rows), b has {db[3]}")
-    shape = (G, da[2], db[2])
+    if da.cols != db.cols:
+        raise ValueError(f"{fn}: a has {da.cols} tokens (rows), b has {db.cols}")
+    shape = (G, da.rows, db.rows)
     c, ckind, given = _out_arg(out, shape, fn, accumulate, ta or tb or to)
-    _lowp.grouped_gemm_wgrad(da, db, o, c, ckind, G * da[2], db[2], bool(accumulate), thr, 0)
+    _lowp.grouped_gemm_wgrad(da, db, o, c, _gemm_cfg(ckind, accumulate, threads=thr))
     return given if given is not None else A.out_array(c, ta or tb or to)
 
 

@@ -1,4 +1,4 @@
-/* Shared helpers of the extension module lowp._lowp: buffers, descriptors, errors.
+/* Shared helpers of the extension module lowp._lowp: buffers, typed descriptors, errors.
  *
  * The extension is a thin layer over liblowp's public API. Python (python/lowp/__init__.py)
  * allocates every output as a numpy array and passes it in as a writable buffer, so this
@@ -47,20 +47,68 @@ int ext_format(const char *name, lowp_format *out);
 int ext_scaling(const char *name, lowp_scaling *out);
 int ext_scale_mode(const char *name, lowp_scale_mode *out);
 
-/* A quantized (or plain) GEMM operand passed from Python as the tuple
- *   (format, scaling, rows, cols, data, scales, offs)
- * format/scaling names, rows/cols ints, data and scales buffers (scales None for scaling
- * "none"), offs an int32 buffer of group ends or None. `count` descriptors of the same shape
- * are laid out one after the other in data and scales (grouped GEMM experts). */
+/* The typed descriptors of ext_types.c, the C API's structs as Python objects (immutable; each
+ * field checked when the object is built, errors naming it):
+ *   lowp._lowp.QDesc(format, scaling, rows, cols, data, scale=None, offs=None): one operand,
+ *     a lowp_qtensor, or a plain lowp_tensor with scaling "none";
+ *   lowp._lowp.QuantCfg(scale_mode, pow2, eps, scale, amax, threads, path): lowp_quant_cfg;
+ *   lowp._lowp.GemmCfg(out_dtype, accumulate, threads, path, b_layout): lowp_gemm_cfg. */
+typedef struct ext_QDesc {
+    PyObject ob_base;
+    lowp_format format;
+    lowp_scaling scaling;
+    long long rows, cols;
+    PyObject *format_name, *scaling_name; /* the names given */
+    PyObject *data, *scale, *offs;        /* buffers (what ext_buf_get takes); Py_None if absent */
+} ext_QDesc;
+
+typedef struct ext_QuantCfg {
+    PyObject ob_base;
+    lowp_quant_cfg cfg; /* scale and amax_out NULL: ext_quant_cfg_get sets them */
+    float scale;        /* cfg.scale's value when has_scale */
+    int has_scale;
+    char amax; /* return the amax (cfg.amax_out) */
+    PyObject *mode_name, *scale_o;
+} ext_QuantCfg;
+
+typedef struct ext_GemmCfg {
+    PyObject ob_base;
+    lowp_gemm_cfg cfg;
+    lowp_format out_format; /* F32 or BF16 */
+    int kn;                 /* b is given [K, N] (lowp_gemm_kn, lowp_grouped_gemm_kn) */
+    PyObject *out_name, *layout_name;
+} ext_GemmCfg;
+
+extern PyTypeObject ext_QDesc_type, ext_QuantCfg_type, ext_GemmCfg_type;
+
+/* Add the three types to the module. */
+int ext_types_add(PyObject *module);
+
+/* The operand `obj` (a QDesc, else TypeError naming `fn` and `arg`) as a lowp_qtensor, its
+ * buffers acquired (writable when asked) and checked to hold `count` descriptors of its shape
+ * one after the other (grouped GEMM experts); release with ext_qdesc_release. */
 typedef struct ext_qdesc {
     lowp_qtensor q;
     ext_buf data, scales, offs;
     size_t data_bytes, scale_bytes; /* of one descriptor */
 } ext_qdesc;
 
-int ext_qdesc_get(PyObject *tuple, ext_qdesc *out, int writable, int64_t count, const char *fn,
+int ext_qdesc_get(PyObject *obj, ext_qdesc *out, int writable, int64_t count, const char *fn,
                   const char *arg);
 void ext_qdesc_release(ext_qdesc *d);
+
+/* The plain operand `obj` (a QDesc of scaling "none") as a lowp_tensor over `buf`, which holds
+ * its bytes; release buf with ext_buf_release. */
+int ext_tensor_get(PyObject *obj, ext_buf *buf, lowp_tensor *t, int writable, const char *fn,
+                   const char *arg);
+
+/* A QuantCfg's lowp_quant_cfg, cfg->scale pointing at *scale and cfg->amax_out at *amax when
+ * set (*want_amax). TypeError unless obj is a QuantCfg. */
+int ext_quant_cfg_get(PyObject *obj, lowp_quant_cfg *cfg, float *scale, float *amax, int *want_amax,
+                      const char *fn);
+
+/* obj as a GemmCfg (borrowed), or NULL with a TypeError. */
+const ext_GemmCfg *ext_gemm_cfg_get(PyObject *obj, const char *fn);
 
 /* Method tables of the parts. */
 extern PyMethodDef ext_quant_methods[];

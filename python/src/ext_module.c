@@ -1,5 +1,4 @@
 /* lowp._lowp: the module object, buffer and error helpers, and lowp.info(). */
-#include <stdio.h>
 #include <string.h>
 
 #include "ext.h"
@@ -93,69 +92,6 @@ int ext_scale_mode(const char *name, lowp_scale_mode *out) {
     lowp_status st = lowp_scale_mode_from_name(name, out);
     if (st != LOWP_OK) return ext_raise(st), -1;
     return 0;
-}
-
-int ext_qdesc_get(PyObject *tuple, ext_qdesc *out, int writable, int64_t count, const char *fn,
-                  const char *arg) {
-    memset(out, 0, sizeof *out);
-    const char *fmt = NULL, *scaling = NULL;
-    long long rows = 0, cols = 0;
-    PyObject *data = NULL, *scales = NULL, *offs = NULL;
-    if (!PyTuple_Check(tuple) ||
-        !PyArg_ParseTuple(tuple, "ssLLOOO", &fmt, &scaling, &rows, &cols, &data, &scales, &offs)) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError,
-                     "%s: %s must be a tuple (format, scaling, rows, cols, data, scales, offs)", fn,
-                     arg);
-        return -1;
-    }
-    char what[96];
-    lowp_qtensor *q = &out->q;
-    q->device = LOWP_DEVICE_HOST;
-    q->rows = rows;
-    q->cols = cols;
-    if (ext_format(fmt, &q->format) || ext_scaling(scaling, &q->scaling)) return -1;
-    snprintf(what, sizeof what, "%s.data", arg);
-    if (ext_buf_get(data, &out->data, writable, 0, fn, what)) goto fail;
-    snprintf(what, sizeof what, "%s.scale", arg);
-    if (ext_buf_get(scales, &out->scales, writable, 1, fn, what)) goto fail;
-    snprintf(what, sizeof what, "%s.offs", arg);
-    if (ext_buf_get(offs, &out->offs, 0, 1, fn, what)) goto fail;
-    if (out->offs.held) {
-        if (out->offs.view.len % 4 != 0 || out->offs.view.len / 4 > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError, "%s: %s.offs must hold int32 values (%zd bytes)", fn,
-                         arg, out->offs.view.len);
-            goto fail;
-        }
-        q->group_offs = (const int32_t *) out->offs.view.buf;
-        q->groups = (int32_t) (out->offs.view.len / 4);
-    }
-    lowp_status st = lowp_qtensor_nbytes(q, &out->data_bytes, &out->scale_bytes);
-    if (st != LOWP_OK) {
-        ext_raise(st);
-        goto fail;
-    }
-    if (count < 1 || (out->data_bytes && (size_t) count > SIZE_MAX / out->data_bytes) ||
-        (out->scale_bytes && (size_t) count > SIZE_MAX / out->scale_bytes)) {
-        PyErr_Format(PyExc_ValueError, "%s: %s: bad count (%lld)", fn, arg, (long long) count);
-        goto fail;
-    }
-    snprintf(what, sizeof what, "%s.data", arg);
-    if (ext_buf_need(&out->data, out->data_bytes * (size_t) count, fn, what)) goto fail;
-    snprintf(what, sizeof what, "%s.scale", arg);
-    if (ext_buf_need(&out->scales, out->scale_bytes * (size_t) count, fn, what)) goto fail;
-    q->data = out->data.held ? out->data.view.buf : NULL;
-    q->scales = out->scales.held ? out->scales.view.buf : NULL;
-    return 0;
-fail:
-    ext_qdesc_release(out);
-    return -1;
-}
-
-void ext_qdesc_release(ext_qdesc *d) {
-    ext_buf_release(&d->data);
-    ext_buf_release(&d->scales);
-    ext_buf_release(&d->offs);
 }
 
 /* ---- info ---- */
@@ -285,7 +221,7 @@ PyMODINIT_FUNC PyInit__lowp(void) {
     if (!m) return NULL;
     if (PyModule_AddFunctions(m, ext_quant_methods) || PyModule_AddFunctions(m, ext_gemm_methods) ||
         PyModule_AddFunctions(m, ext_train_methods) ||
-        PyModule_AddFunctions(m, ext_tables_methods)) {
+        PyModule_AddFunctions(m, ext_tables_methods) || ext_types_add(m)) {
         Py_DECREF(m);
         return NULL;
     }

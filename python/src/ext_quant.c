@@ -96,144 +96,85 @@ static PyObject *py_layout(PyObject *self, PyObject *args) {
                          e8);
 }
 
-static int quant_cfg(lowp_quant_cfg *cfg, const char *mode, int pow2, float eps, int threads,
-                     int path) {
-    lowp_quant_cfg_init(cfg);
-    if (ext_scale_mode(mode, &cfg->scale_mode)) return -1;
-    cfg->pow2_scales = pow2;
-    cfg->eps = eps;
-    cfg->threads = threads;
-    cfg->path = (lowp_kernel_path) path;
-    return 0;
-}
-
-/* An output copy (data, scales) of shape [rows, cols]; both None when not wanted. */
-static int out_copy(PyObject *data_o, PyObject *scales_o, lowp_qtensor *q, ext_buf *data,
-                    ext_buf *scales, const char *fn, const char *arg_data, const char *arg_scales) {
-    memset(data, 0, sizeof *data);
-    memset(scales, 0, sizeof *scales);
-    if (data_o == Py_None) return 0;
-    if (ext_buf_get(data_o, data, 1, 0, fn, arg_data) ||
-        ext_buf_get(scales_o, scales, 1, 1, fn, arg_scales))
-        return -1;
-    size_t db = 0, sb = 0;
-    lowp_status st = lowp_qtensor_nbytes(q, &db, &sb);
-    if (st != LOWP_OK) return ext_raise(st), -1;
-    if (ext_buf_need(data, db, fn, arg_data) || ext_buf_need(scales, sb, fn, arg_scales)) return -1;
-    q->data = data->view.buf;
-    q->scales = scales->held ? scales->view.buf : NULL;
-    return 1;
-}
-
-/* quantize(x, xfmt, rows, cols, format, scaling, row_data, row_scale, col_data, col_scale,
- *          scale_mode, pow2, eps, threads, path, scale, want_amax) -> amax or None */
-static PyObject *py_quantize(PyObject *self, PyObject *args) {
+/* quantize(x, row, col, cfg) -> amax (cfg.amax) or None: x a plain QDesc [R, C] (f32 or bf16),
+ * row [R, C] and col [C, R] the QDescs of the copies to write (None: not wanted), cfg a
+ * QuantCfg (lowp_quantize). */
+static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kwds) {
     (void) self;
+    static char *kw[] = {"x", "row", "col", "cfg", NULL};
     const char *fn = "lowp.quantize";
-    PyObject *x_o, *rd_o, *rs_o, *cd_o, *cs_o, *scale_o;
-    const char *xfmt, *fmt, *scaling, *mode;
-    long long rows, cols;
-    int pow2, threads, path, want_amax;
-    float eps;
-    if (!PyArg_ParseTuple(args, "OsLLssOOOOsifiiOp", &x_o, &xfmt, &rows, &cols, &fmt, &scaling,
-                          &rd_o, &rs_o, &cd_o, &cs_o, &mode, &pow2, &eps, &threads, &path, &scale_o,
-                          &want_amax))
+    PyObject *x_o, *row_o, *col_o, *cfg_o;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO:quantize", kw, &x_o, &row_o, &col_o, &cfg_o))
         return NULL;
-    lowp_tensor x = {LOWP_FORMAT_F32, rows, cols, NULL, LOWP_DEVICE_HOST};
-    lowp_qtensor row, col;
-    memset(&row, 0, sizeof row);
-    memset(&col, 0, sizeof col);
-    if (ext_format(xfmt, &x.format) || ext_format(fmt, &row.format) ||
-        ext_scaling(scaling, &row.scaling))
-        return NULL;
-    row.rows = rows, row.cols = cols, row.device = LOWP_DEVICE_HOST;
-    col = row;
-    col.rows = cols, col.cols = rows;
     lowp_quant_cfg cfg;
-    if (quant_cfg(&cfg, mode, pow2, eps, threads, path)) return NULL;
     float scale = 0.0f, amax = 0.0f;
-    if (scale_o != Py_None) {
-        scale = (float) PyFloat_AsDouble(scale_o);
-        if (PyErr_Occurred()) return NULL;
-        cfg.scale = &scale;
-    }
-    if (want_amax) cfg.amax_out = &amax;
-
-    ext_buf xb, rd, rs, cd, cs;
-    memset(&rd, 0, sizeof rd), memset(&rs, 0, sizeof rs);
-    memset(&cd, 0, sizeof cd), memset(&cs, 0, sizeof cs);
+    int want_amax = 0;
+    if (ext_quant_cfg_get(cfg_o, &cfg, &scale, &amax, &want_amax, fn)) return NULL;
+    lowp_tensor x;
+    ext_buf xb;
+    ext_qdesc row, col;
+    memset(&row, 0, sizeof row), memset(&col, 0, sizeof col);
     PyObject *ret = NULL;
-    if (ext_buf_get(x_o, &xb, 0, 0, fn, "x")) return NULL;
-    x.data = xb.view.buf;
-    lowp_status st = LOWP_OK;
-    if (ext_tensor_need(&xb, &x, fn, "x")) goto done;
-    int have_row = out_copy(rd_o, rs_o, &row, &rd, &rs, fn, "data", "scale");
-    if (have_row < 0) goto done;
-    int have_col = out_copy(cd_o, cs_o, &col, &cd, &cs, fn, "data_col", "scale_col");
-    if (have_col < 0) goto done;
-    Py_BEGIN_ALLOW_THREADS;
-    st = lowp_quantize(&x, have_row ? &row : NULL, have_col ? &col : NULL, &cfg);
-    Py_END_ALLOW_THREADS;
-    if (st != LOWP_OK) {
-        ext_raise(st);
+    if (ext_tensor_get(x_o, &xb, &x, 0, fn, "x")) return NULL;
+    if ((row_o != Py_None && ext_qdesc_get(row_o, &row, 1, 1, fn, "row")) ||
+        (col_o != Py_None && ext_qdesc_get(col_o, &col, 1, 1, fn, "col")))
         goto done;
-    }
-    ret = want_amax ? PyFloat_FromDouble((double) amax) : Py_NewRef(Py_None);
+    lowp_status st;
+    Py_BEGIN_ALLOW_THREADS;
+    st =
+        lowp_quantize(&x, row_o != Py_None ? &row.q : NULL, col_o != Py_None ? &col.q : NULL, &cfg);
+    Py_END_ALLOW_THREADS;
+    if (st != LOWP_OK)
+        ext_raise(st);
+    else
+        ret = want_amax ? PyFloat_FromDouble((double) amax) : Py_NewRef(Py_None);
 done:
     ext_buf_release(&xb);
-    ext_buf_release(&rd), ext_buf_release(&rs);
-    ext_buf_release(&cd), ext_buf_release(&cs);
+    ext_qdesc_release(&row), ext_qdesc_release(&col);
     return ret;
 }
 
-/* quantize_grouped(x, xfmt, rows, cols, format, scaling, offs, col_data, col_scale, scale_mode,
- *                  pow2, eps, threads, path) */
-static PyObject *py_quantize_grouped(PyObject *self, PyObject *args) {
+/* quantize_grouped(x, col, cfg): x a plain QDesc [M, K], col the QDesc [K, M] of the grouped
+ * columnwise copy (its offs: the int32 group ends along M), cfg a QuantCfg
+ * (lowp_quantize_grouped). */
+static PyObject *py_quantize_grouped(PyObject *self, PyObject *args, PyObject *kwds) {
     (void) self;
+    static char *kw[] = {"x", "col", "cfg", NULL};
     const char *fn = "lowp.quantize";
-    PyObject *x_o, *offs_o, *cd_o, *cs_o;
-    const char *xfmt, *fmt, *scaling, *mode;
-    long long rows, cols;
-    int pow2, threads, path;
-    float eps;
-    if (!PyArg_ParseTuple(args, "OsLLssOOOsifii", &x_o, &xfmt, &rows, &cols, &fmt, &scaling,
-                          &offs_o, &cd_o, &cs_o, &mode, &pow2, &eps, &threads, &path))
+    PyObject *x_o, *col_o, *cfg_o;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:quantize_grouped", kw, &x_o, &col_o, &cfg_o))
         return NULL;
-    lowp_tensor x = {LOWP_FORMAT_F32, rows, cols, NULL, LOWP_DEVICE_HOST};
-    lowp_qtensor col;
-    memset(&col, 0, sizeof col);
-    if (ext_format(xfmt, &x.format) || ext_format(fmt, &col.format) ||
-        ext_scaling(scaling, &col.scaling))
-        return NULL;
-    col.rows = cols, col.cols = rows, col.device = LOWP_DEVICE_HOST;
     lowp_quant_cfg cfg;
-    if (quant_cfg(&cfg, mode, pow2, eps, threads, path)) return NULL;
-    ext_buf xb, ob, cd, cs;
-    memset(&ob, 0, sizeof ob), memset(&cd, 0, sizeof cd), memset(&cs, 0, sizeof cs);
+    float scale = 0.0f, amax = 0.0f;
+    int want_amax = 0;
+    if (ext_quant_cfg_get(cfg_o, &cfg, &scale, &amax, &want_amax, fn)) return NULL;
+    lowp_tensor x;
+    ext_buf xb;
+    ext_qdesc col;
     PyObject *ret = NULL;
-    if (ext_buf_get(x_o, &xb, 0, 0, fn, "x")) return NULL;
-    x.data = xb.view.buf;
-    lowp_status st = LOWP_OK;
-    if (ext_tensor_need(&xb, &x, fn, "x")) goto done;
-    if (ext_buf_get(offs_o, &ob, 0, 0, fn, "offs")) goto done;
-    if (ob.view.len % 4 != 0) {
-        PyErr_Format(PyExc_ValueError, "%s: offs must hold int32 values", fn);
+    if (ext_tensor_get(x_o, &xb, &x, 0, fn, "x")) return NULL;
+    if (ext_qdesc_get(col_o, &col, 1, 1, fn, "col")) {
+        ext_buf_release(&xb);
+        return NULL;
+    }
+    if (!col.offs.held) {
+        PyErr_Format(PyExc_ValueError, "%s: col.offs is None: a grouped copy needs offs", fn);
         goto done;
     }
-    col.group_offs = ob.view.buf;
-    col.groups = (int32_t) (ob.view.len / 4);
-    if (out_copy(cd_o, cs_o, &col, &cd, &cs, fn, "data_col", "scale_col") < 0) goto done;
+    lowp_status st;
     Py_BEGIN_ALLOW_THREADS;
-    st = lowp_quantize_grouped(&x, &col, &cfg);
+    st = lowp_quantize_grouped(&x, &col.q, &cfg);
     Py_END_ALLOW_THREADS;
-    ret = ext_none_or_raise(st);
+    ret = st != LOWP_OK ? ext_raise(st)
+          : want_amax   ? PyFloat_FromDouble((double) amax)
+                        : Py_NewRef(Py_None);
 done:
-    ext_buf_release(&xb), ext_buf_release(&ob);
-    ext_buf_release(&cd), ext_buf_release(&cs);
+    ext_buf_release(&xb);
+    ext_qdesc_release(&col);
     return ret;
 }
 
-/* dequantize(qdesc, out): out float32 [rows, cols]. */
+/* dequantize(q, out): q a QDesc [rows, cols], out a float32 [rows, cols] buffer. */
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     (void) self;
     const char *fn = "lowp.dequantize";
@@ -344,13 +285,12 @@ PyMethodDef ext_quant_methods[] = {
     {"layout", py_layout, METH_VARARGS,
      "layout(format, scaling, rows, cols, offs) -> (data_bytes, scale_bytes, scale_rows, "
      "scale_cols, scale_is_e8m0)"},
-    {"quantize", py_quantize, METH_VARARGS,
-     "quantize(x, xfmt, rows, cols, format, scaling, data, scale, data_col, scale_col, mode, "
-     "pow2, eps, threads, path, scale, want_amax) -> amax or None"},
-    {"quantize_grouped", py_quantize_grouped, METH_VARARGS,
-     "quantize_grouped(x, xfmt, rows, cols, format, scaling, offs, data_col, scale_col, mode, "
-     "pow2, eps, threads, path)"},
-    {"dequantize", py_dequantize, METH_VARARGS, "dequantize(qdesc, out)"},
+    {"quantize", (PyCFunction) (void (*)(void)) py_quantize, METH_VARARGS | METH_KEYWORDS,
+     "quantize(x: QDesc, row: QDesc | None, col: QDesc | None, cfg: QuantCfg) -> amax or None"},
+    {"quantize_grouped", (PyCFunction) (void (*)(void)) py_quantize_grouped,
+     METH_VARARGS | METH_KEYWORDS,
+     "quantize_grouped(x: QDesc, col: QDesc (with offs), cfg: QuantCfg) -> amax or None"},
+    {"dequantize", py_dequantize, METH_VARARGS, "dequantize(q: QDesc, out)"},
     {"e8m0_scale", py_e8m0_scale, METH_VARARGS, "e8m0_scale(amax, format, mode) -> code"},
     {"fp32_scale", py_fp32_scale, METH_VARARGS, "fp32_scale(amax, format, eps, pow2) -> scale"},
     {NULL, NULL, 0, NULL},

@@ -708,8 +708,8 @@ def test_bad_grouped_arguments():
 
 def test_raw_memory_buffers():
     """lowp.torch hands contiguous CPU tensors to the extension as (address, nbytes); other
-    layouts go through a numpy view of a contiguous copy. Both give the same bytes, and a bad
-    raw descriptor is refused with a TypeError naming the argument."""
+    layouts go through a numpy view of a contiguous copy. Both give the same bytes, and bad raw
+    memory is refused with a TypeError naming the descriptor's field."""
     import lowp
     from lowp import _lowp as ext
     from lowp.torch.ops import native as O
@@ -722,8 +722,6 @@ def test_raw_memory_buffers():
         assert torch.equal(g, w)
     row = lowp.quantize(xt.contiguous(), "e4m3", "mx32")  # the numpy API, as the oracle here
     assert torch.equal(got[0], row.data) and torch.equal(got[1], row.scale)
-    out = torch.empty(64, 64)
     for bad in ((0, 16), (x.data_ptr(), -1)):
-        with pytest.raises(TypeError, match="x as raw memory"):
-            ext.quantize(bad, "f32", 4, 4, "e4m3", "mx32", O._buf(out), None, None, None,
-                         "default", -1, 0.0, 1, 0, None, False)
+        with pytest.raises(TypeError, match="QDesc: data as raw memory"):
+            ext.QDesc("f32", "none", 4, 4, bad)

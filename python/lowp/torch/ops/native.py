@@ -56,11 +56,30 @@ def _buf(t: Optional[Tensor]):
 
 def _desc(data: Tensor, scale: Optional[Tensor], fmt: str, scaling: str, rows: int, cols: int,
           offs: Optional[Tensor] = None):
-    """The extension's descriptor of one operand [rows, cols]."""
+    """The extension's descriptor of one operand [rows, cols], a `QDesc`."""
     if scaling == "none":
         fmt = _XFMT[data.dtype]
         scale = None
-    return (fmt, scaling, int(rows), int(cols), _buf(data), _buf(scale), _buf(offs))
+    return _ext.QDesc(fmt, scaling, int(rows), int(cols), _buf(data), _buf(scale), _buf(offs))
+
+
+def _plain(x: Tensor):
+    """The descriptor of a plain float32 / bfloat16 source [R, C]."""
+    return _ext.QDesc(_XFMT[x.dtype], "none", x.shape[0], x.shape[1], _buf(x))
+
+
+_GEMM_CFGS: dict = {}
+
+
+def _gemm_cfg(out_dtype: str, b_kn: bool):
+    """The extension's GEMM settings (lowp_gemm_cfg), a `GemmCfg`, built once per (out_dtype,
+    threads, b_kn): building one with keywords costs about as much as a small GEMM's descriptors."""
+    key = (out_dtype, _threads(), b_kn)
+    cfg = _GEMM_CFGS.get(key)
+    if cfg is None:
+        cfg = _GEMM_CFGS[key] = _ext.GemmCfg(out_dtype=out_dtype, threads=key[1],
+                                             b_layout="kn" if b_kn else "nk")
+    return cfg
 
 
 def _src(x: Tensor) -> Tensor:
@@ -92,8 +111,8 @@ def _quantize_grouped(x, fmt, scaling, mode, pow2, eps, offs):
     o32 = offs.to(torch.int32).contiguous()
     ob = _buf(o32)
     cd, cs = _alloc(fmt, scaling, C, R, ob)
-    _ext.quantize_grouped(_buf(x), _XFMT[x.dtype], R, C, fmt, scaling, ob, _buf(cd), _buf(cs),
-                          mode, pow2, float(eps), _threads(), 0)
+    cfg = _ext.QuantCfg(scale_mode=mode, pow2=pow2, eps=float(eps), threads=_threads())
+    _ext.quantize_grouped(_plain(x), _ext.QDesc(fmt, scaling, C, R, _buf(cd), _buf(cs), ob), cfg)
     sc_out = torch.zeros((C, grouped_scale_bound(scaling, R, o32.numel())), dtype=cs.dtype)
     sc_out[:, : cs.shape[1]] = cs
     return empty(x.device), empty(x.device), cd, sc_out
@@ -104,8 +123,10 @@ def _quantize_into(x, fmt, scaling, mode, pow2, eps, axis, s, out):
     axis is not wanted."""
     R, C = x.shape
     rd, rs, cd, cs = out
-    _ext.quantize(_buf(x), _XFMT[x.dtype], R, C, fmt, scaling, _buf(rd), _buf(rs), _buf(cd),
-                  _buf(cs), mode, pow2, float(eps), _threads(), 0, s, False)
+    row = None if rd is None else _ext.QDesc(fmt, scaling, R, C, _buf(rd), _buf(rs))
+    col = None if cd is None else _ext.QDesc(fmt, scaling, C, R, _buf(cd), _buf(cs))
+    cfg = _ext.QuantCfg(scale_mode=mode, pow2=pow2, eps=float(eps), scale=s, threads=_threads())
+    _ext.quantize(_plain(x), row, col, cfg)
 
 
 def quantize(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int, eps: float,
@@ -155,8 +176,8 @@ def scaled_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tens
     out = torch.empty((M, N), dtype=torch.bfloat16 if out_dtype == "bf16" else torch.float32)
     bd = (_desc(b, b_scale, b_format, b_scaling, k, N) if b_kn
           else _desc(b, b_scale, b_format, b_scaling, N, k))
-    _ext.gemm(_desc(a, a_scale, a_format, a_scaling, M, k), bd, _buf(out), out_dtype, M, N,
-              False, _threads(), 0, b_kn)
+    _ext.gemm(_desc(a, a_scale, a_format, a_scaling, M, k), bd, _buf(out),
+              _gemm_cfg(out_dtype, b_kn))
     return out
 
 
@@ -171,8 +192,8 @@ def _split_m(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, o
     o32 = offs.to(torch.int32).contiguous()
     bd = (_desc(b, b_scale, b_format, b_scaling, k, N) if b_kn
           else _desc(b, b_scale, b_format, b_scaling, N, k))
-    _ext.grouped_gemm(_desc(a, a_scale, a_format, a_scaling, T, k), bd, G, _buf(o32),
-                      _buf(out), out_dtype, T, N, False, _threads(), 0, b_kn)
+    _ext.grouped_gemm(_desc(a, a_scale, a_format, a_scaling, T, k), bd, _buf(o32), _buf(out),
+                      _gemm_cfg(out_dtype, b_kn))
     return out
 
 
@@ -189,7 +210,7 @@ def _split_k(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, o
     o32 = offs.to(torch.int32).contiguous()
     _ext.grouped_gemm_wgrad(_desc(a, sa, a_format, a_scaling, N, k, o32 if ga else None),
                             _desc(b, sb, b_format, b_scaling, K, k, o32 if gb else None),
-                            _buf(o32), _buf(out), out_dtype, G * N, K, False, _threads(), 0)
+                            _buf(o32), _buf(out), _gemm_cfg(out_dtype, False))
     return out
 
 
