@@ -196,3 +196,15 @@ def test_cuda_tensor_row_kernel_with_its_padding_passes_on_the_cpu():
         lt.unregister_kernel("test.cuda_code.tensor_row")
     assert rep.passed and len(rep.results) >= 12, str(rep)
     assert {r.data for r in rep.results} >= {"gaussian 1x33", "gaussian 130x261"}
+
+
+def test_an_unregistered_builtin_stays_removed():
+    lt.available_kernels()
+    entry = next(k for k in DK._TABLE if k.name == "torch.scaled_mm")
+    lt.unregister_kernel("torch.scaled_mm")
+    try:
+        assert "torch.scaled_mm" not in {k.name for k in lt.available_kernels()}
+    finally:
+        lt.register_kernel("cpu", "scaled_mm", entry.fn, name=entry.name,
+                           supports=entry.supports)
+    assert "torch.scaled_mm" in {k.name for k in lt.available_kernels()}

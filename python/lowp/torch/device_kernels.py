@@ -104,6 +104,7 @@ class DeviceKernel:
 _TABLE: List[DeviceKernel] = []
 _STATE = {"enabled": False, "only": ()}
 _LOADED = {"entry_points": False}
+_UNREGISTERED = set()  # names the user removed: the built-in adapters do not bring them back
 
 
 def _check_str(fn: str, arg: str, v) -> str:
@@ -136,14 +137,17 @@ def register_kernel(device_type: str, op: str, fn: Callable, *, name: str,
         raise ValueError(f"{fname}: {e}") from None
     entry = DeviceKernel(device_type, op, name, fn, supports)
     _TABLE.append(entry)
+    _UNREGISTERED.discard(name)
     return entry
 
 
 def unregister_kernel(name: str) -> None:
-    """Remove the kernel registered as `name` (its trampoline stays: it falls back)."""
+    """Remove the kernel registered as `name` (its trampoline stays: it falls back). A
+    built-in adapter's kernel stays removed until registered again by hand."""
     for i, k in enumerate(_TABLE):
         if k.name == name:
             del _TABLE[i]
+            _UNREGISTERED.add(name)
             return
     raise ValueError(f"unregister_kernel: name ({name!r}) is not registered")
 

@@ -9,16 +9,17 @@ from typing import Callable, Iterable, Tuple
 import torch
 from torch import Tensor
 
-from ..device_kernels import KernelKey, available_kernels, register_kernel
+from ..device_kernels import KernelKey, register_kernel
 
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 OUT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
 def register_once(device_type: str, kernels: Iterable[Tuple[str, str, Callable, Callable]]):
-    """Register (op, name, fn, supports) entries not registered yet."""
-    from ..device_kernels import _TABLE  # the table itself: available_kernels() would reload
-    have = {k.name for k in _TABLE}
+    """Register (op, name, fn, supports) entries not registered yet (nor removed by the
+    user with unregister_kernel)."""
+    from ..device_kernels import _TABLE, _UNREGISTERED  # available_kernels() would reload
+    have = {k.name for k in _TABLE} | _UNREGISTERED
     for op, name, fn, supports in kernels:
         if name not in have:
             register_kernel(device_type, op, fn, name=name, supports=supports)
