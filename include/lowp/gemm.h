@@ -15,6 +15,8 @@
  *   BLOCK128 x BLOCK128X128   DeepSeek-V3 forward and dgrad (activation 1x128, weight 128x128)
  *   BLOCK128 x BLOCK128       DeepSeek-V3 wgrad
  *   MX32 x BLOCK32X32      NPU Block FP8 weights with MX activations
+ *   NV16 or NV16X16 x NV16 or NV16X16   NVFP4, E2M1 elements (activations 1x16, weights 16x16;
+ *                          the CPU runs them on the scalar reference for now)
  *
  * lowp_gemm_kn and lowp_grouped_gemm_kn take B in its stored [K, N] orientation instead (the
  * kinds whose scales do not depend on the orientation).

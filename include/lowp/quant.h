@@ -1,8 +1,8 @@
 /* Quantize, dequantize and amax: the entry points that turn a high-precision tensor into a
  * lowp_qtensor (scale.h) and back. Every recipe in lowp quantizes through lowp_quantize; the
- * rules are docs/numerics.md sections 3-5, and every kernel agrees with the scalar reference
- * bit for bit. Implemented in src/ops/quant.c (argument checks, backend dispatch); the CPU
- * kernels are src/cpu/quant*.c. Scale layouts of devices are layout.h, delayed scaling
+ * rules are docs/numerics.md sections 3-5 (NVFP4: 4b), and every kernel agrees with the scalar
+ * reference bit for bit. Implemented in src/ops/quant.c (argument checks, backend dispatch); the
+ * CPU kernels are src/cpu/quant*.c. Scale layouts of devices are layout.h, delayed scaling
  * delayed.h.
  *
  *   // X[M,K] float32 -> MXFP8 rowwise copy (for the forward GEMM) and columnwise copy
@@ -32,6 +32,8 @@ extern "C" {
 #endif
 
 typedef struct lowp_quant_cfg {
+    /* NV16 and NV16X16 (NVFP4) take none of scale_mode, pow2_scales, eps and scale: their rules
+     * have no options (docs/numerics.md 4b). */
     lowp_scale_mode scale_mode; /* E8M0 kinds; default per kind */
     int32_t pow2_scales;        /* binary32 kinds: -1 default (on for ROW, off otherwise), 0, 1 */
     float eps;                  /* binary32 kinds: amax floor, default 0 */
@@ -54,7 +56,8 @@ LOWP_API lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out,
 
 /* MoE weight gradients: quantize x [M, K] (tokens x features) into the columnwise copy
  * col_out [K, M] with col_out->group_offs/groups set (offs: int32, cumulative, non-decreasing,
- * offs[G-1] <= M). Scaling MX32 or BLOCK128: no block straddles a group boundary. */
+ * offs[G-1] <= M). Scaling MX32, BLOCK128 or NV16: no block straddles a group boundary (NV16's
+ * tensor scale is that of the tokens in groups, rows [0, offs[G-1]) of x). */
 LOWP_API lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
                                            const lowp_quant_cfg *cfg);
 
