@@ -251,6 +251,8 @@ def test_quantize():
     check_all("wide range", wide_range_tensor(48, 80))
     for shape in ((1, 1), (1, 15), (17, 16), (31, 47), (16, 16), (33, 65), (64, 96)):
         check_all(f"gaussian {shape}", rng.standard_normal(shape).astype(np.float32))
+    # above the dispatcher's 32768 elements: bands of rows on several threads
+    check_all("threads", wide_range_tensor(262, 161), xfmts=(Q.F32,))
     for name, x in special_tensors().items():
         check_all(name, x)
 
@@ -320,7 +322,8 @@ def out_tensor(M, Nn):
 
 
 def test_gemm():
-    for M, Nn, K in ((1, 1, 16), (7, 5, 33), (33, 17, 64), (20, 48, 160)):
+    # the last one has more than 2^22 multiply-adds: pieces on several threads
+    for M, Nn, K in ((1, 1, 16), (7, 5, 33), (33, 17, 64), (20, 48, 160), (200, 190, 112)):
         x = wide_range_tensor(M, K) if K > 33 else rng.standard_normal((M, K)).astype(np.float32)
         w = rng.standard_normal((Nn, K)).astype(np.float32) * np.float32(3e-3)
         for kb in (NV16, NV16X16):
