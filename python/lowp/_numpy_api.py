@@ -323,7 +323,7 @@ def _check_copy(fn, names, data, scale, q, rows, cols, stack, offs, is_col):
                  stack + (rows, (cols + 1) // 2 if q.format == "e2m1" else cols))
     o = None if offs is None else A.int32_input(offs, fn, "offs")[0]
     _, _, sr, sc, e8 = _lowp.layout(q.format, q.scaling, rows, cols, o)
-    sshape = (sr, sc) if q.layout == "canonical" else _layout_shape(q.layout, is_col, sr, sc)
+    sshape = (sr, sc) if q.layout == "canonical" else _layout_shape(q.layout, is_col, sr, sc, o)
     _check_array(fn, sn, scale, np.uint8 if e8 else np.float32, stack + sshape)
 
 
@@ -370,7 +370,9 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
     down to powers of two (None: on for row, off for the others). layout of the mx32 scales:
     "canonical" ([R, ceil(C/32)] row-major), "cublas" (cuBLAS/TE swizzled 128x4 tiles,
     [ceil(R/128)*128, ceil(C/128)*4]) or "npu" (Ascend npu_dynamic_mx_quant pairs: rowwise
-    [R, ceil(C/64), 2], columnwise [ceil(R/64), C, 2]); dequantize and gemm accept every layout.
+    [R, ceil(C/64), 2], columnwise [ceil(R/64), C, 2]; a grouped copy, each group's blocks in
+    pairs, [sum_g ceil(nb_g/2), C, 2], npu_grouped_dynamic_mx_quant's); dequantize and gemm
+    accept every layout.
     offs (int32 cumulative group ends along the rows, the tokens; mx32 or
     block128, 2-D x): the columnwise copy is quantized per group, no block straddling a group
     boundary (for the split-K grouped GEMM). scale (tensor scaling only, keyword): quantize
@@ -383,8 +385,8 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
     lay = _name(layout, fn, "layout", _LAYOUTS)
     if lay != "canonical" and kind != "mx32":
         raise ValueError(f"{fn}: layout {lay} applies to mx32 scales only")
-    if lay != "canonical" and offs is not None:
-        raise ValueError(f"{fn}: layout {lay} does not take grouped (offs) copies")
+    if lay == "cublas" and offs is not None:
+        raise ValueError(f"{fn}: layout cublas does not take grouped (offs) copies")
     mode_name, mode_arg, p = _check_enum_options(fn, kind, scale_mode, pow2, eps)
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
         raise TypeError(f"{fn}: eps must be a float, got {type(eps).__name__}")
@@ -435,7 +437,7 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
         amax = None
     if lay != "canonical":
         row = (row[0], _scales_to_layout(row[1], lay, False, stack, tor))
-        col = (col[0], _scales_to_layout(col[1], lay, True, stack, tor))
+        col = (col[0], _scales_to_layout(col[1], lay, True, stack, tor, o))
     w = (lambda t: None if t is None else A.out_array(t, tor))
     return QTensor(w(row[0]), w(row[1]), fmt, kind, a.shape, mode_name, w(col[0]), w(col[1]),
                    offs=None if o is None else A.out_array(o, tor) if tor else o, amax=amax,
@@ -446,19 +448,52 @@ def _layout_name(layout, is_col):
     return "cublas" if layout == "cublas" else ("npu_first" if is_col else "npu_last")
 
 
-def _layout_shape(layout, is_col, sr, sc):
-    """Shape of canonical E8M0 scales [sr, sc] in a device layout (include/lowp/layout.h)."""
+def _npu_group_blocks(offs):
+    """The 32-token blocks of each group of a grouped copy."""
+    ends = [int(e) for e in np.asarray(offs).reshape(-1)]
+    return [-(-(e - p) // 32) for p, e in zip([0] + ends[:-1], ends)]
+
+
+def _layout_shape(layout, is_col, sr, sc, offs=None):
+    """Shape of canonical E8M0 scales [sr, sc] in a device layout (include/lowp/layout.h). A
+    grouped copy (offs) in the npu layout: each group's blocks padded to an even count and
+    paired, stacked along the first dimension, [sum_g ceil(nb_g / 2), sr, 2]
+    (npu_grouped_dynamic_mx_quant's mxscale)."""
+    if offs is not None and layout == "npu":
+        return (sum(-(-n // 2) for n in _npu_group_blocks(offs)), sr, 2)
     if layout == "cublas":
         return (-(-sr // 128) * 128, -(-sc // 4) * 4)
     return (-(-sc // 2), sr, 2) if is_col else (sr, -(-sc // 2), 2)
 
 
-def _scales_to_layout(canon, layout, is_col, stack, as_torch=False):
-    """Canonical scales [(G,) sr, sc] -> the layout (per matrix of a stack)."""
+def _grouped_npu(src, dst, offs, to_canonical):
+    """A grouped copy's scales, canonical [sr, sum nb_g] <-> npu [sum ceil(nb_g/2), sr, 2]:
+    each group converted on its own (npu_first)."""
+    canon, npu = (dst, src) if to_canonical else (src, dst)
+    sr, b0, r0 = canon.shape[0], 0, 0
+    for n in _npu_group_blocks(offs):
+        if n:
+            part = np.empty((sr, n), np.uint8) if to_canonical else \
+                np.ascontiguousarray(canon[:, b0:b0 + n])
+            pairs = npu[r0:r0 + -(-n // 2)]
+            if to_canonical:
+                _lowp.scale_layout(np.ascontiguousarray(pairs), sr, n, "npu_first", True, part)
+                canon[:, b0:b0 + n] = part
+            else:
+                _lowp.scale_layout(part, sr, n, "npu_first", False, pairs)
+        b0, r0 = b0 + n, r0 + -(-n // 2)
+
+
+def _scales_to_layout(canon, layout, is_col, stack, as_torch=False, offs=None):
+    """Canonical scales [(G,) sr, sc] -> the layout (per matrix of a stack; offs: a grouped
+    copy, npu layout)."""
     if canon is None:
         return None
     sr, sc = canon.shape[-2:]
-    out = A.empty(stack + _layout_shape(layout, is_col, sr, sc), np.uint8, as_torch)
+    out = A.empty(stack + _layout_shape(layout, is_col, sr, sc, offs), np.uint8, as_torch)
+    if offs is not None:
+        _grouped_npu(canon, out, offs, False)
+        return out
     for g in range(stack[0] if stack else 1):
         _lowp.scale_layout(canon[g] if stack else canon, sr, sc, _layout_name(layout, is_col),
                            False, out[g] if stack else out)
@@ -469,6 +504,9 @@ def _scales_to_canonical(s, layout, is_col, fmt, rows, cols, offs, groups=None):
     """Scales in a layout -> canonical [sr, sc] (or [groups, sr, sc] for a stack)."""
     _, _, sr, sc, _ = _lowp.layout(fmt, "mx32", rows, cols, offs)
     out = np.empty(((groups,) if groups else ()) + (sr, sc), np.uint8)
+    if offs is not None and layout == "npu":
+        _grouped_npu(s, out, offs, True)
+        return out
     for g in range(groups or 1):
         src = np.ascontiguousarray(s[g] if groups else s)
         _lowp.scale_layout(src, sr, sc, _layout_name(layout, is_col), True,

@@ -110,3 +110,27 @@ def test_grouped_kernels_ran_split_m_and_split_k(names):
     assert any("wgrad=True" in k for k in keys) and any("wgrad" not in k and "scaled_grouped"
                                                        in k for k in keys)
     assert any(k.startswith("quantize(") and "grouped=True" in k for k in keys)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_grouped_copy_in_the_npu_layout(dtype):
+    """lowp.quantize(layout="npu", offs=...): the grouped copy's scales in the NPU's grouped
+    pair layout, equal to the adapter's converter and the stand-in's (two other
+    implementations); dequantize and the split-K GEMM read it back unchanged."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(135, 40, generator=g).to(dtype)
+    dy = torch.randn(135, 24, generator=g).to(dtype)
+    offs = torch.tensor([40, 40, 70, 135], dtype=torch.int32)
+    q = lowp.quantize(x, "e4m3", "mx32", axis="col", offs=offs)
+    qn = lowp.quantize(x, "e4m3", "mx32", axis="col", offs=offs, layout="npu")
+    assert qn.scale_col.shape == (1 + 0 + 1 + 2, 40, 2)
+    assert torch.equal(qn.scale_col, npu.to_grouped_pairs(q.scale_col, offs.tolist()))
+    assert torch.equal(qn.scale_col, torch.from_numpy(S._grouped_pairs(q.scale_col.numpy(),
+                                                                       offs.tolist())))
+    assert torch.equal(qn.data_col, q.data_col)
+    assert torch.equal(lowp.dequantize(qn, "col"), lowp.dequantize(q, "col"))
+    qd = lowp.quantize(dy, "e4m3", "mx32", axis="col", offs=offs)
+    qdn = lowp.quantize(dy, "e4m3", "mx32", axis="col", offs=offs, layout="npu")
+    assert torch.equal(lowp.grouped_gemm(qdn, qn, offs), lowp.grouped_gemm(qd, q, offs))
+    with pytest.raises(ValueError, match="cublas"):
+        lowp.quantize(x, "e4m3", "mx32", axis="col", offs=offs, layout="cublas")
