@@ -198,6 +198,22 @@ def test_cli_json_and_exit_status(tmp_path, register):
     assert main(["--device", "cpu", "--kernels", "test.cli.wrong", "--quiet"]) == 1
 
 
+def test_nothing_checked_is_not_a_pass(register):
+    register("quantize", floor_under_rceil, lambda key: False, "test.serves_nothing")
+    rep = lt.check_device("cpu", kernels=["test.serves_nothing"])
+    assert not rep.results and not rep.passed and "nothing was checked" in str(rep)
+
+
+def test_cli_npu_without_torch_npu_says_so():
+    from lowp.torch.check_device import main
+    try:
+        import torch_npu  # noqa: F401
+    except ImportError:
+        assert main(["--device", "npu", "--quiet"]) == 2
+    else:  # pragma: no cover - an Ascend host
+        pytest.skip("torch_npu is installed")
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="suite"):
         lt.check_device("cpu", suite="fast")

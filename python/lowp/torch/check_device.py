@@ -19,12 +19,14 @@ blocks, subnormal blocks, Inf and NaN blocks, block maxima at fmax * 2^k and a f
 side). A kernel that raises fails its case with the error.
 
 `python -m lowp.torch.check_device --device DEV [--kernels NAME ...] [--suite S] [--json FILE]`
-prints the summary, writes progress to stderr, and exits 1 on a failure (2 on bad arguments).
+prints the summary, writes progress to stderr, and exits 1 on a failure or when no case ran (2
+on bad arguments). For `--device npu` it imports torch_npu first (the command line only).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import struct
@@ -75,7 +77,8 @@ class DeviceReport:
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.results)
+        """Every case passed, and at least one ran (nothing checked is not a pass)."""
+        return bool(self.results) and all(r.passed for r in self.results)
 
     @property
     def failures(self) -> List[CaseResult]:
@@ -88,8 +91,9 @@ class DeviceReport:
                 "results": [r.__dict__ for r in self.results]}
 
     def __str__(self) -> str:
+        none = "" if self.results else " (no kernel case ran: nothing was checked)"
         head = (f"check_device({self.device!r}, suite={self.suite!r}): "
-                f"{'PASS' if self.passed else 'FAIL'}, {len(self.results)} cases, "
+                f"{'PASS' if self.passed else 'FAIL'}{none}, {len(self.results)} cases, "
                 f"{len(self.failures)} failing, kernels: {', '.join(self.kernels) or 'none'}")
         return "\n".join([head] + [r.line() for r in self.failures])
 
@@ -133,7 +137,8 @@ def _quantize_keys() -> Iterator[tuple]:
 
 def _gemm_pairs():
     from .. import rules
-    return sorted(p for p in rules.TABLES["gemm_pairs"] if p[1] != "none")
+    return sorted(p for p in rules.TABLES["gemm_pairs"]  # the kinds the portable path serves
+                  if p[1] != "none" and p[1] in _P.SCALINGS and p[3] in _P.SCALINGS)
 
 
 def _gemm_keys(op: str) -> Iterator[DK.KernelKey]:
@@ -569,6 +574,21 @@ def _plain(o):
     return o
 
 
+_VENDOR_MODULES = {"npu": "torch_npu"}  # imported by the command line only, never by lowp
+
+
+def _import_vendor(device: str) -> None:
+    """The command line imports the device's torch extension (torch_npu for "npu"), so that
+    torch knows the device and the adapter registers its kernels."""
+    mod = _VENDOR_MODULES.get(str(device).split(":")[0])
+    if mod is not None:
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise ValueError(f"device {device!r} needs {mod}, which does not import: {e}") \
+                from None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line: the summary on stdout, progress on stderr; returns 1 on a failure,
     2 on bad arguments."""
@@ -584,6 +604,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ns = ap.parse_args(argv)
     prog = None if ns.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     try:
+        _import_vendor(ns.device)
         rep = check_device(ns.device, ns.kernels, ns.suite, progress=prog)
     except ValueError as e:
         print(f"check_device: {e}", file=sys.stderr)
