@@ -77,7 +77,8 @@ def _tensor_row_supports(key: KernelKey) -> bool:
 
 def _block128_supports(key: KernelKey) -> bool:
     return (key.op == "scaled_mm" and key.scaling == "block128" and not key.b_kn
-            and key.b_scaling == "block128x128" and key.format == key.b_format == "e4m3")
+            and key.b_scaling == "block128x128" and key.format == key.b_format == "e4m3"
+            and key.out_dtype == "bf16")
 
 
 def _mx_supports(key: KernelKey) -> bool:
