@@ -28,3 +28,11 @@ def test_portable_path_does_not_list_nvfp4():
     from lowp.torch.ops import portable as P
     assert not {"nv16", "nv16x16"} & (set(P.SCALINGS) | set(P.TILE_KINDS) |
                                       set(P.TOKEN_BLOCK_KINDS))
+
+
+def test_check_device_asks_no_nvfp4_kernel():
+    pytest.importorskip("torch")
+    import importlib
+    C = importlib.import_module("lowp.torch.check_device")  # the module, not the function
+    keys = [k for op in ("scaled_mm", "scaled_grouped_mm") for k in C._gemm_keys(op)]
+    assert keys and not [k for k in keys if "nv16" in (k.scaling, k.b_scaling)]

@@ -18,7 +18,7 @@ OUT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 # b_kn: the kinds whose columnwise copy is the rowwise copy transposed (lowp_gemm_kn): the C
 # scaling table's (lowp.rules), plain operands first.
-KN_KINDS = ("none",) + rules.kinds(transposes=True)
+KN_KINDS = ("none",) + rules.kinds(transposes=True, tensor_scale=False)  # NVFP4: C-only
 
 
 def data_shape(fmt: str, rows: int, cols: int):
