@@ -11,7 +11,11 @@ over the timed updates of all rounds. The C trainer (`lowp bench train`, env
 LOWP_CLI or build/bin/lowp) runs the same configuration, batch and thread count between the
 rounds. Prints a markdown table with the ratios to torch's bf16 and to torchao_mxfp8.
 --profile runs torch.profiler over --steps updates of one recipe and prints where the time
-goes (operators by self CPU time).
+goes (operators by self CPU time). A recipe written `name@portable` (all_mxfp8@portable) runs
+lowp's portable kernels, the path of every device without native ones, on the CPU:
+
+    python -m lowp.torch.trainer.bench --config medium --threads 1 \
+        --recipes bf16,all_mxfp8,all_mxfp8@portable,all_block_fp8@portable,fp8_rowwise@portable
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import sys
 import time
 
 import torch
+
+import lowp.torch as lt
 
 from .model import MoEConfig, MoETransformer
 from .config import TrainConfig
@@ -45,19 +51,28 @@ def _cli() -> str | None:
 
 def _trainer(recipe, mcfg, data, batch, steps):
     cfg = TrainConfig(steps=10 ** 6, batch=batch, warmup=1, eval_every=0, seed=1234)
-    return Trainer(MoETransformer(mcfg, 1234), data, recipe, cfg)
+    return Trainer(MoETransformer(mcfg, 1234), data, recipe.partition("@")[0], cfg)
+
+
+def _step(recipe, trainer):
+    """One update; a recipe named `name@portable` runs under lowp.torch.kernel_preference
+    ("portable"): the portable kernels, what every device without lowp's native kernels runs,
+    measured on the CPU."""
+    kernels = recipe.partition("@")[2] or "auto"
+    with lt.kernel_preference(kernels):
+        return trainer.step()
 
 
 def measure(recipes, mcfg, data, batch, steps) -> dict:
     """Tokens/s of `steps` updates per recipe, the recipes' trainers stepped in turn (one
     update each, round robin) so that a change in the machine's load falls on all of them."""
     trainers = {r: _trainer(r, mcfg, data, batch, steps) for r in recipes}
-    for t in trainers.values():
-        t.step()  # untimed: first-touch allocations, weight caches
+    for r, t in trainers.items():
+        _step(r, t)  # untimed: first-touch allocations, weight caches
     out = {r: [] for r in recipes}
     for _ in range(steps):
         for r, t in trainers.items():
-            out[r].append(t.step()["tokens_per_s"])
+            out[r].append(_step(r, t)["tokens_per_s"])
     return out
 
 
@@ -65,7 +80,7 @@ def c_bench(cfg_name, recipes, steps, batch, threads) -> dict:
     cli = _cli()
     if cli is None:
         return {}
-    c_recipes = [r for r in recipes if r not in ("torchao_mxfp8", "fp32")]
+    c_recipes = [r for r in recipes if r not in ("torchao_mxfp8", "fp32") and "@" not in r]
     r = subprocess.run([cli, "bench", "train", "--json", "--configs", cfg_name, "--recipes",
                         ",".join(c_recipes), "--steps", str(steps), "--batch", str(batch),
                         "--threads", str(threads)], capture_output=True, text=True)
