@@ -137,7 +137,8 @@ def test_calls_take_descriptors_only():
         E.gemm(a, a, out, E.QuantCfg())
     with pytest.raises(TypeError, match=f"lowp.quantize: cfg must be a {TN}QuantCfg"):
         E.quantize(a, None, None, E.GemmCfg())
-    with pytest.raises(TypeError, match=f"lowp.dequantize: q must be a {TN}QDesc, got numpy.ndarray"):
+    with pytest.raises(TypeError, match=f"lowp.dequantize: q must be a {TN}QDesc, got "
+                                        "numpy.ndarray"):
         E.dequantize(np.zeros(4, np.uint8), out)
     with pytest.raises(TypeError, match="takes at most 4 arguments"):
         E.gemm(a, a, out, E.GemmCfg(), True)
