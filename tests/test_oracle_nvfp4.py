@@ -10,6 +10,9 @@ Run by ctest with LOWP_LIB set. Prints "N passed, M failed".
 """
 
 import ctypes
+import os
+import subprocess
+import tempfile
 
 import numpy as np
 
@@ -441,6 +444,39 @@ def test_sizes():
                   [f"data {h['db']} scales {h['sb']} offset {h['off']}"])
 
 
+# ---- the command line ----
+
+def test_cli():
+    """`lowp gemm --format e2m1 --scaling nv16 --b-scaling nv16x16` writes lowp_gemm's bytes."""
+    cli = os.environ.get("LOWP_CLI")
+    if not cli:
+        return
+    a = wide_range_tensor(24, 80)
+    b = rng.standard_normal((9, 80)).astype(np.float32)
+    with tempfile.TemporaryDirectory() as d:
+        pa, pb, pc = (os.path.join(d, n) for n in ("a.npy", "b.npy", "c.npy"))
+        np.save(pa, a)
+        np.save(pb, b)
+        for kb in ("nv16", "nv16x16"):
+            r = subprocess.run([cli, "gemm", "--format", "e2m1", "--scaling", "nv16",
+                                "--b-scaling", kb, pa, pb, pc], capture_output=True, text=True)
+            if not rep.check(f"lowp gemm nv16 x {kb}: exit 0", r.returncode == 0, [r.stderr]):
+                continue
+            ha = quantize(a, NV16, "row")["row"]
+            hb = quantize(b, NV16 if kb == "nv16" else NV16X16, "row")["row"]
+            c, t = out_tensor(24, 9)
+            lib.check(d_gemm(ha, hb, t))
+            rep.arrays_equal(f"lowp gemm nv16 x {kb} == lowp_gemm", np.load(pc), c)
+        r = subprocess.run([cli, "gemm", "--format", "e2m1", "--scaling", "nv32", pa, pb, pc],
+                           capture_output=True, text=True)
+        rep.check("lowp gemm --scaling nv32 is refused naming nv16", r.returncode == 2 and
+                  "nv16" in r.stderr, [r.stderr])
+
+
+def d_gemm(ha, hb, t):
+    return d.lowp_gemm(ctypes.byref(ha["q"]), ctypes.byref(hb["q"]), ctypes.byref(t), None)
+
+
 if __name__ == "__main__":
     test_sizes()
     test_rules()
@@ -449,4 +485,5 @@ if __name__ == "__main__":
     test_gemm()
     test_grouped_gemm()
     test_errors()
+    test_cli()
     rep.finish()

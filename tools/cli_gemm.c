@@ -18,16 +18,16 @@ static const char GEMM_USAGE[] =
     "with --offs), both quantized along K as lowp_quantize does, multiplied by lowp_gemm; OUT is\n"
     "float32 [M, N].\n"
     "\n"
-    "  --format FMT      A's element format: e4m3, e5m2, e2m1 (mx32 only), or f32 / bf16 with\n"
-    "                    --scaling none (the unquantized baselines)\n"
-    "  --scaling KIND    A's scaling: none, tensor, row, mx32, block128\n"
+    "  --format FMT      A's element format: e4m3, e5m2, e2m1 (mx32, nv16, nv16x16), or f32 /\n"
+    "                    bf16 with --scaling none (the unquantized baselines)\n"
+    "  --scaling KIND    A's scaling: none, tensor, row, mx32, block128, nv16 (NVFP4)\n"
     "  --scale-mode M    mx32 and block32x32: rceil (default for mx32), floor (default for\n"
     "                    block32x32), ceil or even\n"
     "  --b-format FMT    B's element format (default: A's)\n"
     "  --b-scaling KIND  B's scaling (default: A's; block128x128 for block128). The pairs\n"
     "                    lowp_gemm multiplies: none x none, tensor x tensor, row x row,\n"
     "                    mx32 x mx32, block128 x block128x128, block128 x block128,\n"
-    "                    mx32 x block32x32\n"
+    "                    mx32 x block32x32, nv16 or nv16x16 x nv16 or nv16x16 (e2m1)\n"
     "  --offs OFFS.npy   grouped (MoE, split-M): int32 [G] cumulative row ends of A; B is\n"
     "                    [G, N, K] and group g's rows [offs[g-1], offs[g]) use B[g]; rows past\n"
     "                    offs[G-1] are 0 in OUT\n"
@@ -74,7 +74,9 @@ static int parse_spec(const char *fmt_opt, const char *fmt, const char *kind_opt
         return lowp_cli_fail(CMD, 2, "%s: '%s' is not e4m3, e5m2, e2m1, f32 or bf16", fmt_opt, fmt);
     if (lowp_scaling_from_name(kind, &out->scaling) != LOWP_OK)
         return lowp_cli_fail(
-            CMD, 2, "%s: '%s' is not none, tensor, row, mx32, block128, block128x128 or block32x32",
+            CMD, 2,
+            "%s: '%s' is not none, tensor, row, mx32, block128, block128x128, block32x32, nv16 or "
+            "nv16x16",
             kind_opt, kind);
     const int plain = out->format == LOWP_FORMAT_F32 || out->format == LOWP_FORMAT_BF16;
     if (plain != (out->scaling == LOWP_SCALING_NONE))
