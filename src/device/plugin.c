@@ -1,20 +1,21 @@
-/* The plugin loader: dlopen a shared object, call its lowp_backend_entry and hand the result
- * to the registry. Every failure closes the object again and leaves a message that names the
- * path, so that a bad LOWP_BACKEND_PATH entry can be found from lowp_backend_env_errors. */
+/* The plugin loader: dlopen a shared object and call its lowp_backend_entry; the registry
+ * (registry.c), which owns loading, adds the result or gives it back (lowp_plugin_close). Every
+ * failure closes the object again and leaves a message that names the path, so that a bad
+ * LOWP_BACKEND_PATH entry can be found from lowp_backend_env_errors. Calls nothing of the
+ * registry. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <unistd.h>
 
-#include "device/registry.h"
+#include "device/plugin.h"
 
-/* Re-issue the current message with the path in front: "lowp_backend_load: \"x.so\": ...". */
-static lowp_status fail_with_path(lowp_status st, const char *path) {
+lowp_status lowp_plugin_fail(lowp_status st, const char *path) {
     char inner[1024];
     snprintf(inner, sizeof inner, "%s", lowp_last_error());
     return lowp_fail(st, "lowp_backend_load: \"%s\": %s", path, inner);
 }
 
-lowp_status lowp_plugin_open(const char *path, int32_t *type_out) {
+lowp_status lowp_plugin_open(const char *path, lowp_backend_reg *reg, void **dl_handle) {
     LOWP_CHECK_PTR("lowp_backend_load", path);
     if (!path[0]) return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_backend_load: path is \"\"");
 
@@ -46,35 +47,25 @@ lowp_status lowp_plugin_open(const char *path, int32_t *type_out) {
     lowp_backend_entry_fn entry;
     memcpy(&entry, &sym, sizeof entry);
 
-    lowp_backend_reg reg;
-    memset(&reg, 0, sizeof reg);
+    memset(reg, 0, sizeof *reg);
     lowp_clear_error();
-    lowp_status st = entry(&reg);
+    lowp_status st = entry(reg);
     if (st != LOWP_OK) {
         if (lowp_last_error()[0])
-            st = fail_with_path(st, path);
+            st = lowp_plugin_fail(st, path);
         else
             st = lowp_fail(st, "lowp_backend_load: \"%s\": %s returned %s", path,
                            LOWP_BACKEND_ENTRY_SYMBOL, lowp_status_str(st));
         dlclose(h);
         return st;
     }
-
-    st = lowp_registry_add(LOWP_BACKEND_ENTRY_SYMBOL, &reg, h, type_out);
-    if (st != LOWP_OK) {
-        st = fail_with_path(st, path);
-        /* The entry may have started threads or opened a device for this registration; let it
-         * release them before its code is unmapped. Only when the layout is known to be ours:
-         * a struct from other headers may hold anything where we expect iface. */
-        if (st != LOWP_ERR_VERSION && reg.iface && reg.iface->destroy) reg.iface->destroy(reg.ctx);
-        dlclose(h);
-        return st;
-    }
+    *dl_handle = h;
     return LOWP_OK;
 }
 
-lowp_status lowp_backend_load(const char *path, int32_t *type_out) {
-    LOWP_CHECK_PTR("lowp_backend_load", path);
-    lowp_registry_ensure();
-    return lowp_plugin_open(path, type_out);
+void lowp_plugin_close(void *dl_handle, const lowp_backend_reg *reg, int release) {
+    /* The entry may have started threads or opened a device for this registration; let it
+     * release them before its code is unmapped. */
+    if (release && reg->iface && reg->iface->destroy) reg->iface->destroy(reg->ctx);
+    dlclose(dl_handle);
 }

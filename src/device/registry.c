@@ -3,7 +3,9 @@
  * validate a (type, index) pair and forward to the right backend.
  *
  * The table is filled once on first use (pthread_once): the built-in backends of k_builtins,
- * then every shared object named in LOWP_BACKEND_PATH. Later registrations take a mutex; reads
+ * then every shared object named in LOWP_BACKEND_PATH. The registry owns loading: the plugin
+ * loader (plugin.c) only opens an object and runs its entry, and load_plugin here adds the
+ * result or gives it back. Later registrations take a mutex; reads
  * take no lock, because a slot is written completely before its `present` flag is published
  * with release order and is never changed or removed afterwards. Backends therefore live until
  * the process exits: tearing them down from a destructor would race the plugins' own
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 
 #include "cpu/cpu.h"
+#include "device/plugin.h"
 #include "device/registry.h"
 
 #define NAME_CAP       32          /* backend names: 1..31 characters */
@@ -54,6 +57,7 @@ static void env_errors_add(const char *what, const char *msg) {
 
 static lowp_status add_at(const char *fn, const lowp_backend_reg *reg, void *dl_handle,
                           int32_t fixed_type, int32_t *type_out);
+static lowp_status load_plugin(const char *path, int32_t *type_out);
 
 static void registry_setup(void) {
     /* The setup runs on whichever thread first touches the registry; keep that thread's last
@@ -84,7 +88,7 @@ static void registry_setup(void) {
             char *save = NULL;
             for (char *p = strtok_r(paths, ":", &save); p; p = strtok_r(NULL, ":", &save)) {
                 lowp_clear_error();
-                if (lowp_plugin_open(p, NULL) != LOWP_OK) env_errors_add(NULL, lowp_last_error());
+                if (load_plugin(p, NULL) != LOWP_OK) env_errors_add(NULL, lowp_last_error());
             }
             free(paths);
         }
@@ -96,7 +100,8 @@ static void registry_setup(void) {
         lowp_clear_error();
 }
 
-void lowp_registry_ensure(void) {
+/* Run the one-time setup if no one has yet. Every public device function calls it first. */
+static void lowp_registry_ensure(void) {
     pthread_once(&g_once, registry_setup);
 }
 
@@ -212,9 +217,26 @@ static lowp_status add_at(const char *fn, const lowp_backend_reg *reg, void *dl_
     return LOWP_OK;
 }
 
-lowp_status lowp_registry_add(const char *fn, const lowp_backend_reg *reg, void *dl_handle,
-                              int32_t *type_out) {
-    return add_at(fn, reg, dl_handle, -1, type_out);
+/* Open a plugin and add it at the next plugin id (the setup's LOWP_BACKEND_PATH and
+ * lowp_backend_load); an object the registry refuses is given back, its message naming the path.
+ * Does not run the setup, so the setup itself can call it. */
+static lowp_status load_plugin(const char *path, int32_t *type_out) {
+    lowp_backend_reg reg;
+    void *h = NULL;
+    lowp_status st = lowp_plugin_open(path, &reg, &h);
+    if (st != LOWP_OK) return st;
+    st = add_at(LOWP_BACKEND_ENTRY_SYMBOL, &reg, h, -1, type_out);
+    if (st == LOWP_OK) return LOWP_OK;
+    st = lowp_plugin_fail(st, path);
+    /* A version check that failed means that reg's layout may not be ours. */
+    lowp_plugin_close(h, &reg, st != LOWP_ERR_VERSION);
+    return st;
+}
+
+lowp_status lowp_backend_load(const char *path, int32_t *type_out) {
+    LOWP_CHECK_PTR("lowp_backend_load", path);
+    lowp_registry_ensure();
+    return load_plugin(path, type_out);
 }
 
 lowp_status lowp_backend_register(const lowp_backend_reg *reg, int32_t *type_out) {

@@ -1,25 +1,11 @@
-/* The device layer's internal interface, shared by the registry (registry.c), the plugin
- * loader (plugin.c) and the ops layer above.
- * Not installed. */
+/* The registry's internal interface (registry.c owns it), for the ops layer above:
+ * device resolution and the guard around calls into a backend. The plugin
+ * loader has its own header (plugin.h), which only the registry uses. Not installed. */
 #ifndef LOWP_DEVICE_REGISTRY_H
 #define LOWP_DEVICE_REGISTRY_H
 
 #include "core/internal.h"
 #include "lowp/device.h"
-
-/* Run the one-time registry setup (built-in backends, then LOWP_BACKEND_PATH) if no one has
- * yet. Every public device function calls it first. */
-LOWP_HIDDEN void lowp_registry_ensure(void);
-
-/* Validate and add a backend. `fn` names the public function for messages; `dl_handle` is the
- * plugin's dlopen handle (NULL for in-process backends), kept for the life of the process.
- * Does not run lowp_registry_ensure, so the setup itself may call it. */
-LOWP_HIDDEN lowp_status lowp_registry_add(const char *fn, const lowp_backend_reg *reg,
-                                          void *dl_handle, int32_t *type_out);
-
-/* dlopen `path`, run its entry and add it (plugin.c). Like lowp_registry_add it does not run
- * the setup, so the setup can load LOWP_BACKEND_PATH with it. */
-LOWP_HIDDEN lowp_status lowp_plugin_open(const char *path, int32_t *type_out);
 
 /* Check that `dev` names a registered type and an existing index, and return its backend.
  * Messages read "<fn>: <arg>.index (3) >= device count (2) of \"testdev\"". For the ops

@@ -1,7 +1,8 @@
 """tools/check_layers.py's rule 4 on small made-up C trees: the CPU backend is a leaf. Outside
 src/cpu/ only src/model/ and src/train/ include cpu/host.h, only the registry includes
 cpu/cpu.h, and every function of src/cpu/ called from outside it is declared in cpu/host.h
-(the registry's lowp_cpu_backend_entry aside)."""
+(the registry's lowp_cpu_backend_entry aside). And rule 2 on the same trees: no call loop
+between files, src/device/ included."""
 
 import importlib.util
 import os
@@ -74,3 +75,31 @@ def test_a_local_helper_of_the_same_name_is_not_a_call(tool, tmp_path):
     text = ('#include "cpu/host.h"\nstatic int lowp_cpu_g(int x) {\n    return x;\n}\n'
             "int m(void) {\n    return lowp_cpu_g(1);\n}\n")
     assert _check(tool, tmp_path, {"model/m.c": text}) == []
+
+
+_LOADER = '#include "plugin.h"\nint lowp_plugin_open(int x) {\n    return x;\n}\n'
+_REGISTRY = ('#include "cpu/cpu.h"\n#include "plugin.h"\nint reg(void) {\n'
+             "    return lowp_cpu_backend_entry();\n}\n"
+             "int lowp_backend_load(int x) {\n    return lowp_plugin_open(x);\n}\n")
+
+
+def test_a_registry_that_owns_loading_passes(tool, tmp_path):
+    changes = {"device/plugin.c": _LOADER, "device/registry.c": _REGISTRY}
+    assert _check(tool, tmp_path, changes) == []
+
+
+@pytest.mark.parametrize("src_dir", ["device", "model"])
+def test_a_call_loop_is_found_in_every_folder(tool, tmp_path, src_dir):
+    # The loader calls back into the registry (the old plugin.c -> registry.c -> plugin.c);
+    # the same loop between two files of src/model/.
+    loader = ('#include "registry.h"\nint lowp_registry_add(int x);\n'
+              "int lowp_plugin_open(int x) {\n    return lowp_registry_add(x);\n}\n")
+    registry = _REGISTRY + "int lowp_registry_add(int x) {\n    return x;\n}\n"
+    if src_dir == "device":
+        changes = {"device/plugin.c": loader, "device/registry.c": registry}
+    else:
+        changes = {"model/a.c": "int b(int x);\nint a(int x) {\n    return x ? b(x - 1) : 0;\n}\n",
+                   "model/b.c": "int a(int x);\nint b(int x) {\n    return a(x);\n}\n"}
+    errors = _check(tool, tmp_path, changes)
+    first, second = sorted(changes)
+    assert errors == [f"call loop: src/{first} -> src/{second} -> src/{first}"], errors
