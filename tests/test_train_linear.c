@@ -942,9 +942,27 @@ static void check_empty(void) {
     layer_drop(&G);
 }
 
+/* lowp_param_numel: counted by hand for a plain matrix, a grouped one, and one group. */
+static void check_param_numel(void) {
+    lowp_param p;
+    memset(&p, 0, sizeof p);
+    p.rows = 3;
+    p.cols = 5;
+    CHECK(lowp_param_numel(&p) == 15);
+    p.groups = 1;
+    CHECK(lowp_param_numel(&p) == 15);
+    p.groups = 4;
+    CHECK(lowp_param_numel(&p) == 60);
+    p.rows = 1 << 20;
+    p.cols = 1 << 14;
+    CHECK(lowp_param_numel(&p) == ((int64_t) 1 << 36)); /* no 32-bit overflow */
+    CHECK(lowp_param_numel(NULL) == -1);
+}
+
 int main(void) {
     tu_seed(0x2545F4914F6CDD1Dull);
     const int quick = testutil_quick();
+    check_param_numel();
     const int64_t M = quick ? 72 : 200, N = quick ? 96 : 160, K = quick ? 160 : 320;
     static const char *const recipes[] = {"bf16",          "fp8_delayed", "fp8_current",
                                           "fp8_rowwise",   "all_mxfp8",   "block128",

@@ -22,7 +22,7 @@
 #include "cpu/cpu.h"
 #include "lowp/trainer.h"
 #include "testutil.h"
-#include "trainer/trainer_internal.h"
+#include "trainer/optim.h"
 
 static void test_data(void) {
     /* 900 lowercase bytes, then 100 uppercase: the split separates them exactly. */

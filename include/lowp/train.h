@@ -52,6 +52,10 @@ typedef struct lowp_param {
     struct lowp_weight_cache *plain_cache;
 } lowp_param;
 
+/* Elements of a parameter's data (and of its gradient): (groups, or 1 when 0) x rows x cols;
+ * -1 when param is NULL. */
+LOWP_API int64_t lowp_param_numel(const lowp_param *param);
+
 /* Wrap every parameter that a non-high-precision rule of `recipe` matches (parameters with
  * `wrap` already set are refused). */
 LOWP_API lowp_status lowp_train_prepare(lowp_param *params, int32_t n, const lowp_recipe *recipe);

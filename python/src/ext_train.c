@@ -301,7 +301,7 @@ done:
     return ret;
 }
 
-/* The C trainer's checkpoint integrity code (src/io/crc32c.h, src/trainer/trainer_internal.h:
+/* The C trainer's checkpoint integrity code (src/io/crc32c.h, src/trainer/checkpoint_check.h:
  * internal to liblowp, linked here from the static library; declared here because the
  * extension does not see src/). The PyTorch trainer (lowp.torch.trainer.checkpoint) writes the same
  * format and checks its files with this checker. */

@@ -214,10 +214,6 @@ static lowp_status config_check(const lowp_moe_config *c, const char *fn) {
 
 /* ---------------------------------------------------------------- parameters */
 
-static int64_t param_numel(const lowp_param *p) {
-    return (p->groups > 0 ? p->groups : 1) * p->rows * p->cols;
-}
-
 /* Every parameter's place in the arena starts on a 64-byte line. */
 static int64_t padded(int64_t n) {
     return (n + 15) / 16 * 16;
@@ -335,7 +331,7 @@ static void describe_params(lowp_moe *m, float *init_std) {
 static lowp_status alloc_arena(lowp_moe *m, const float *init_std, uint64_t seed) {
     const int32_t np = m->nparams;
     int64_t data_floats = 0;
-    for (int32_t i = 0; i < np; i++) data_floats += padded(param_numel(&m->params[i]));
+    for (int32_t i = 0; i < np; i++) data_floats += padded(lowp_param_numel(&m->params[i]));
     const int64_t half = m->cfg.dim / m->cfg.heads / 2;
     const int64_t rope_floats = padded((int64_t) m->cfg.seq_len * half);
     const size_t bytes = (size_t) (2 * data_floats + 2 * rope_floats) * sizeof(float);
@@ -352,7 +348,7 @@ static lowp_status alloc_arena(lowp_moe *m, const float *init_std, uint64_t seed
         p->data = m->param_arena + off;
         p->grad = m->param_arena + data_floats + off;
         p->device = LOWP_DEVICE_HOST;
-        const int64_t n = param_numel(p);
+        const int64_t n = lowp_param_numel(p);
         if (init_std[i] < 0.0f)
             for (int64_t j = 0; j < n; j++) p->data[j] = 1.0f;
         else
@@ -470,7 +466,7 @@ lowp_status lowp_moe_active_params(const lowp_moe *m, int64_t *active, int64_t *
     LOWP_CHECK_PTR("lowp_moe_active_params", active);
     LOWP_CHECK_PTR("lowp_moe_active_params", total);
     int64_t all = 0;
-    for (int32_t i = 0; i < m->nparams; i++) all += param_numel(&m->params[i]);
+    for (int32_t i = 0; i < m->nparams; i++) all += lowp_param_numel(&m->params[i]);
     const lowp_moe_config *c = &m->cfg;
     const int64_t idle_experts = (int64_t) c->experts - c->top_k; /* 0 for the dense model */
     *total = all;

@@ -3,10 +3,15 @@
  * parameter a recipe quantizes, lowp_train_convert takes it off again. The master weights
  * themselves are never touched, so convert restores them bit for bit by construction. Also
  * the end-of-step bookkeeping: versions (which invalidate the weight caches) and the
- * delayed-scaling update. */
+ * delayed-scaling update, and the element count of a parameter (lowp_param_numel). */
 #include <stdlib.h>
 
 #include "train_internal.h"
+
+int64_t lowp_param_numel(const lowp_param *param) {
+    if (!param) return -1;
+    return (param->groups > 0 ? param->groups : 1) * param->rows * param->cols;
+}
 
 static void wrap_free(struct lowp_wrap *w) {
     if (!w) return;

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint_check.h"
+#include "guard.h"
 #include "trainer_internal.h"
 
 #define KEYLEN LOWP_CKPT_KEYLEN

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "io/crc32c.h"
-#include "trainer_internal.h"
+#include "checkpoint_check.h"
 
 #define META_CRC_KEY "crc32c.__metadata__"
 

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "trainer/guard.h"
 #include "trainer/trainer_internal.h"
 #include "train/train_internal.h"
 

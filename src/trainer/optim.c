@@ -8,7 +8,7 @@
 
 #include "lowp/threads.h"
 #include "train/train_internal.h"
-#include "trainer_internal.h"
+#include "optim.h"
 
 /* ---- AdamW's element-wise update ---- */
 

@@ -5,7 +5,8 @@
 #include <string.h>
 
 #include "core/philox.h"
-#include "trainer_internal.h"
+#include "core/internal.h"
+#include "lowp/trainer.h"
 
 /* ---- Sampling ---- */
 

@@ -16,6 +16,8 @@
 
 #include "core/profile_internal.h"
 #include "lowp/threads.h"
+#include "guard.h"
+#include "optim.h"
 #include "trainer_internal.h"
 
 double lowp_trainer_now(void) {

@@ -15,7 +15,7 @@
 #include "lowp/lowp.h"
 #include "lowp/model.h"
 #include "lowp/trainer.h"
-#include "trainer/trainer_internal.h"
+#include "trainer/checkpoint_check.h"
 
 static lowp_trainer *g_t;
 static char g_path[512];
