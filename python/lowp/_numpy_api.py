@@ -357,6 +357,50 @@ def _alloc_copy(fmt, scaling, rows, cols, offs=None, stack=(), as_torch=False):
     return data, scale
 
 
+def _quantize_extras(fn, a, kind, ax, scale, offs):
+    """quantize's checks of x's rank, `scale` and `offs`: (scale as a float or None, offs as an
+    int32 array or None)."""
+    if a.ndim not in (2, 3):
+        raise ValueError(f"{fn}: x must be 2-D [R, C] or 3-D [G, R, C], got shape {a.shape}")
+    if scale is not None:
+        if kind != "tensor":
+            raise ValueError(f"{fn}: scale applies to tensor scaling, not {kind}")
+        scale = float(scale)
+    o = None
+    if offs is not None:
+        if a.ndim != 2:
+            raise ValueError(f"{fn}: offs needs a 2-D x, got shape {a.shape}")
+        if ax == "row":
+            raise ValueError(f"{fn}: offs groups the columnwise copy: axis must be 'col' or "
+                             "'both'")
+        o, _ = A.int32_input(offs, fn, "offs")
+    return scale, o
+
+
+def _quantize_into(a, xfmt, fmt, kind, row, col, o, cfg):
+    """Quantize a ([R, C] or a stack) into the allocated copies row = (codes, scales) and col
+    (grouped along tokens with o); returns the amaxes the library reported."""
+    stack = a.shape[:-2]
+    R, C = a.shape[-2:]
+    amax = []
+    grouped = o is not None
+    for g in range(stack[0] if stack else 1):
+        pick = (lambda t: t if t is None or not stack else t[g])
+        xg = _lowp.QDesc(xfmt, "none", R, C, a[g] if stack else a)
+        am = None
+        if row[0] is not None or not grouped:
+            rq = None if row[0] is None else _lowp.QDesc(fmt, kind, R, C, pick(row[0]),
+                                                         pick(row[1]))
+            cq = None if grouped or col[0] is None else _lowp.QDesc(fmt, kind, C, R, pick(col[0]),
+                                                                    pick(col[1]))
+            am = _lowp.quantize(xg, rq, cq, cfg)
+        if grouped:
+            _lowp.quantize_grouped(xg, _lowp.QDesc(fmt, kind, C, R, col[0], col[1], o), cfg)
+        if am is not None:
+            amax.append(am)
+    return amax
+
+
 def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=0.0, pow2=None,
              layout="canonical", offs=None, *, scale=None):
     """Quantize x (float32 or bfloat16, [R, C], or [G, R, C] for G matrices quantized one by
@@ -391,20 +435,7 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
         raise TypeError(f"{fn}: eps must be a float, got {type(eps).__name__}")
     a, xfmt, tor = A.float_input(x, fn, "x")
-    if a.ndim not in (2, 3):
-        raise ValueError(f"{fn}: x must be 2-D [R, C] or 3-D [G, R, C], got shape {a.shape}")
-    if scale is not None:
-        if kind != "tensor":
-            raise ValueError(f"{fn}: scale applies to tensor scaling, not {kind}")
-        scale = float(scale)
-    o = None
-    if offs is not None:
-        if a.ndim != 2:
-            raise ValueError(f"{fn}: offs needs a 2-D x, got shape {a.shape}")
-        if ax == "row":
-            raise ValueError(f"{fn}: offs groups the columnwise copy: axis must be 'col' or "
-                             "'both'")
-        o, _ = A.int32_input(offs, fn, "offs")
+    scale, o = _quantize_extras(fn, a, kind, ax, scale, offs)
     stack = a.shape[:-2]
     R, C = a.shape[-2:]
     thr = get_threads()
@@ -413,24 +444,9 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
         row = _alloc_copy(fmt, kind, R, C, None, stack, tor)
     if ax in ("col", "both"):
         col = _alloc_copy(fmt, kind, C, R, o, stack, tor)
-    amax = []
-    grouped = o is not None
     cfg = _lowp.QuantCfg(scale_mode=mode_arg, pow2=p, eps=float(eps), scale=scale,
                          amax=kind == "tensor", threads=thr)
-    for g in range(stack[0] if stack else 1):
-        pick = (lambda t: t if t is None or not stack else t[g])
-        xg = _lowp.QDesc(xfmt, "none", R, C, a[g] if stack else a)
-        am = None
-        if row[0] is not None or not grouped:
-            rq = None if row[0] is None else _lowp.QDesc(fmt, kind, R, C, pick(row[0]),
-                                                         pick(row[1]))
-            cq = None if grouped or col[0] is None else _lowp.QDesc(fmt, kind, C, R, pick(col[0]),
-                                                                    pick(col[1]))
-            am = _lowp.quantize(xg, rq, cq, cfg)
-        if grouped:
-            _lowp.quantize_grouped(xg, _lowp.QDesc(fmt, kind, C, R, col[0], col[1], o), cfg)
-        if am is not None:
-            amax.append(am)
+    amax = _quantize_into(a, xfmt, fmt, kind, row, col, o, cfg)
     if kind == "tensor" and amax:
         amax = amax[0] if not stack else np.asarray(amax, np.float32)
     else:
