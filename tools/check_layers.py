@@ -12,7 +12,7 @@
    and every function of src/cpu/ called from outside src/cpu/ is declared in cpu/host.h (the
    registry's call of lowp_cpu_backend_entry aside). Everything else reaches the backend through
    its vtable.
-3. The Python package python/lowp (issue 36.6, "no circles, no arrows back up into a
+3. The Python package python/lowp ("no circles, no arrows back up into a
    package's __init__"), from each module's `import` statements found with `ast` (function
    bodies included, relative imports resolved):
    a. no module imports the __init__ of a package it sits in (`import lowp.torch`,
@@ -157,14 +157,14 @@ def check_c(src=SRC):
     return len(files), len(defined), errors
 
 
-# ---- the Python package (issue 36.6) ----
+# ---- the Python package (rule 3) ----
 
 PYROOT = os.path.join(ROOT, "python")
 # Modules that are not .py files in the tree: the C extension (built into python/lowp/ or a
 # build folder).
 EXTENSION_MODULES = {"lowp._lowp"}
 # Known violations: (importing module, imported module) pairs, each with the issue that
-# removes it. None since the trainer moved to lowp.torch.trainer (issue 36.1).
+# removes it. None since the trainer moved to lowp.torch.trainer.
 PY_ALLOW = set()
 # Applications inside the package (rule 3c): {subpackage: the public packages it may import}.
 APPLICATIONS = {"lowp.torch.trainer": ("lowp", "lowp.torch")}

@@ -35,7 +35,7 @@ static const char QUANT_USAGE[] =
     "                     [--scale-mode rceil|floor|ceil|even] [--pow2 | --no-pow2] [--eps X]\n"
     "                     [--axis row|col|both] [--threads N] IN.npy OUT\n"
     "\n"
-    "Quantize a 2-D float32 .npy array X [R, C] as lowp_quantize does (NUMERICS.md sections 3-4).\n"
+    "Quantize a 2-D float32 .npy array X [R, C] as lowp_quantize does (docs/numerics.md 3-4).\n"
     "Writes OUT.data.npy (uint8 element codes [R, C]; e2m1 packed two per byte along the row,\n"
     "element 2i in the low nibble) and OUT.scale.npy (scales in lowp's canonical layout: uint8\n"
     "E8M0 codes for mx32 and block32x32, float32 scale_inv for the others) for the rowwise copy;\n"

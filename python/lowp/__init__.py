@@ -12,7 +12,7 @@ CPU tensors, and answers numpy for numpy and torch for torch, sharing memory (no
     y = lowp.dequantize(q)     # float32 [64, 128]
     c = lowp.gemm(q, lowp.quantize(w, "e4m3", "mx32"))   # float32 C = A . B^T
 
-The numerics are those of ``lowp quantize``/``lowp cast`` and NUMERICS.md: the same bytes as
+The numerics are those of ``lowp quantize``/``lowp cast`` and docs/numerics.md: the same bytes as
 the C library, which the tests compare with torchao's reference code. Bad input raises
 TypeError (wrong type or dtype) or ValueError (shape, layout, option), with a message naming
 the argument; the C library's own message is passed through. The GIL is released while a

@@ -49,7 +49,7 @@ _FMT, _KIND = _TABLES["formats"], _TABLES["scalings"]
 FORMATS = tuple(n for n in sorted(_FMT, key=lambda n: _FMT[n]["code"])
                 if _FMT[n]["signed"] and _FMT[n]["bits"] <= 8)
 #: Scaling kinds, as on the command line (the NVFP4 kinds, whose tensor scale follows the block
-#: scales, are not served by the numpy API yet: issue 38).
+#: scales, are not served by the numpy API yet).
 SCALINGS = tuple(n for n in sorted(_KIND, key=lambda n: _KIND[n]["code"])
                  if n != "none" and not _KIND[n].get("tensor_scale"))
 #: E8M0 scale modes (mx32 and block32x32).

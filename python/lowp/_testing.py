@@ -1,7 +1,7 @@
 """Private thin wrappers over liblowp's training layer, for the tests of lowp.torch (CPU only).
 
 - ``delayed_record(history, amax, format)`` and ``delayed_update(history, scale, format,
-  margin=0.0, algo="max") -> (scale, scale_inv)``: NUMERICS.md section 5 exactly as
+  margin=0.0, algo="max") -> (scale, scale_inv)``: docs/numerics.md section 5 exactly as
   ``lowp_delayed_record``/``lowp_delayed_update`` (the float32 history array is updated in
   place).
 - ``extra_state_pack(histories, scales, formats=("e4m3", "e4m3", "e5m2"), margin=0.0,

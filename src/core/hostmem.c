@@ -1,4 +1,4 @@
-/* Large host buffers on transparent huge pages (issue 14).
+/* Large host buffers on transparent huge pages (docs/tuning.md).
  *
  * A training step walks hundreds of MiB of parameters, gradients, moments, activations and
  * quantized copies, much of it a row apart (the columnwise copies of dual-axis quantization,

@@ -53,7 +53,7 @@ static inline float lowp_u2f(uint32_t u) {
     return f;
 }
 
-/* Checked size arithmetic (issue 10 item 6): 1 and *out = a * b (or a + b) when it fits, else 0.
+/* Checked size arithmetic: 1 and *out = a * b (or a + b) when it fits, else 0.
  * Every buffer size computed from a caller's shape goes through these. */
 static inline int lowp_mul_size(size_t a, size_t b, size_t *out) {
     return !__builtin_mul_overflow(a, b, out);

@@ -224,7 +224,7 @@ lowp_status lowp_fp32_scale(float amax, lowp_format format, float eps, int pow2,
     if (lowp_format_get(format, &t) != LOWP_OK || t->bits > 8 || format == LOWP_FORMAT_E8M0)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "lowp_fp32_scale: format (%d) is not an element format", (int) format);
-    /* The same rule as lowp_quantize's cfg.eps (issue 10 item 9). */
+    /* The same rule as lowp_quantize's cfg.eps. */
     if (!(eps >= 0.0f) || eps == INFINITY)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_fp32_scale: eps (%g) must be finite and >= 0",
                          (double) eps);

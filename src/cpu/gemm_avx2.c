@@ -71,7 +71,7 @@ static int64_t nc_cols(const lowp_gemm_job *j) {
 }
 
 int lowp_cpu_gemm_avx2_supports(const lowp_gemm_job *j) {
-    /* every pair but NVFP4 (the reference, issue 38) */
+    /* every pair but NVFP4 (the reference for now) */
     const uint32_t need = LOWP_CAP_AVX2 | LOWP_CAP_FMA;
     return j->pair != LOWP_PAIR_NV && (lowp_cpu_caps()->flags & need) == need;
 }

@@ -440,7 +440,7 @@ static int plain_f32(const lowp_gemm_job *j) {
 }
 
 int lowp_cpu_gemm_avx512_supports(const lowp_gemm_job *j) {
-    /* every pair but NVFP4 (the reference, issue 38): SGEMM for F32, the BF16 driver for the
+    /* every pair but NVFP4 (the reference for now): SGEMM for F32, the BF16 driver for the
      * rest */
     const uint32_t need = LOWP_CAP_AVX512F | LOWP_CAP_AVX512BW | LOWP_CAP_AVX512VL;
     return j->pair != LOWP_PAIR_NV && (lowp_cpu_caps()->flags & need) == need;

@@ -76,7 +76,7 @@ size_t lowp_gemm_blk_ws_floats(const lowp_gemm_job *j, const lowp_gemm_blk_kerne
 }
 
 int lowp_gemm_blk_supports(const lowp_gemm_job *j) {
-    /* NVFP4 runs on the reference for now (issue 38). */
+    /* NVFP4 runs on the reference for now. */
     return !(j->pair == LOWP_PAIR_PLAIN && j->a->format == LOWP_FORMAT_F32) &&
            j->pair != LOWP_PAIR_NV;
 }

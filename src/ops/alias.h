@@ -1,4 +1,4 @@
-/* The aliasing rule of every op (issue 10 item 7): no output buffer may overlap an input
+/* The aliasing rule of every op: no output buffer may overlap an input
  * buffer or another output; ops are never in place. Overlaps are refused with
  * LOWP_ERR_INVALID_ARG naming both buffers, before any work is queued. Sizes come from
  * lowp_tensor_nbytes / lowp_qtensor_nbytes, so a check costs a few comparisons. */

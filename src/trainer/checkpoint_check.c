@@ -1,4 +1,4 @@
-/* The integrity of training checkpoints (issue 10 item 3): checksums written with every save
+/* The integrity of training checkpoints: checksums written with every save
  * and verified before a load changes anything, and range checks of every value a checkpoint
  * carries. The checkpoint format (trainer.h) version 2:
  *

@@ -1,4 +1,4 @@
-/* The trainer's guard against divergence (issue 10 item 2): a run stops with LOWP_ERR_DIVERGED
+/* The trainer's guard against divergence: a run stops with LOWP_ERR_DIVERGED
  * on a non-finite loss or after cfg.max_skipped consecutive updates skipped for a non-finite
  * gradient, and a checkpoint is never written from a state that holds a non-finite weight,
  * Adam moment (or a negative second moment), or FP8 delayed-scaling value (amax history,

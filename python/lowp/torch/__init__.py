@@ -69,7 +69,7 @@ from .ops import invalidate_weight_caches
 
 __all__ += ["invalidate_weight_caches"]
 
-# The configs' Enums (issue 36.2): the scale mode, and the param swap's step (torchao's QATStep).
+# The configs' Enums: the scale mode, and the param swap's step (torchao's QATStep).
 from .config import QATStep, ScaleCalculationMode
 
 __all__ += ["QATStep", "ScaleCalculationMode"]
@@ -79,7 +79,7 @@ from .state import update_all as update_fp8_states
 
 __all__ += ["update_fp8_states"]
 
-# The device kernel table and its conformance check (issue 35 section 2).
+# The device kernel table and its conformance check (docs/torch.md).
 # check_device loads on first use, so that `python -m lowp.torch.check_device` runs it once.
 from .device_kernels import (available_kernels, register_kernel, unregister_kernel,
                              use_device_kernels)

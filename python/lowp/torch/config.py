@@ -68,7 +68,7 @@ __all__ = [
 
 
 class ScaleCalculationMode(str, Enum):
-    """How an E8M0 block scale is chosen from the block's amax (NUMERICS.md): RCEIL (the
+    """How an E8M0 block scale is chosen from the block's amax (docs/numerics.md): RCEIL (the
     ratio to the format's max rounded up to a power of two), FLOOR (OCP MX 1.0), CEIL, EVEN.
     torchao's ``ScaleCalculationMode`` members are accepted for it."""
 

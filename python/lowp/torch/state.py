@@ -1,4 +1,4 @@
-"""Training state that lives beside the weights: the delayed-scaling FP8 state (NUMERICS.md
+"""Training state that lives beside the weights: the delayed-scaling FP8 state (docs/numerics.md
 section 5) with its extra-state blob, and the RNG states tracker.
 
 **Delayed scaling**, for the param swap, on the device of the weights.
@@ -30,7 +30,7 @@ weight, grad_output). It implements the ``fp8_state`` protocol of ``lowp.torch.l
   blob, validates all of it first (a corrupt blob raises ``ValueError`` and changes nothing),
   then places the state on the device of the module's weights.
 
-**The RNG states tracker**: named random-generator states for any device (NUMERICS.md
+**The RNG states tracker**: named random-generator states for any device (docs/numerics.md
 section 7).
 
 Usage::
@@ -348,7 +348,7 @@ class DelayedScalingState:
         return False
 
     def update(self):
-        """Reduce the staging amaxes (distributed), then NUMERICS.md section 5 through the
+        """Reduce the staging amaxes (distributed), then docs/numerics.md section 5 through the
         `lowp::delayed_update` op: the C library's lowp_delayed_update for a state on the CPU
         where the extension is built, the portable torch kernel on any other device (the same
         bits); torch's dispatcher chooses."""

@@ -391,7 +391,7 @@ def _portable_scaled_grouped_mm(a: Tensor, a_scale: Tensor, a_format: str, a_sca
 
 def _portable_delayed_update(history: Tensor, scales: Tensor, formats: List[str], margin: float,
                              algo: str) -> None:
-    """NUMERICS.md section 5 on the state's device: new scales from the amax history (rows:
+    """docs/numerics.md section 5 on the state's device: new scales from the amax history (rows:
     roles; scaled_max = fmax * 2^-margin in binary32, as C computes it), then the history
     rolled where this step's amax (column 0) is not zero."""
     dev = history.device

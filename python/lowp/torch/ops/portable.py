@@ -3,7 +3,7 @@
 Tensors on a device other than the CPU (CUDA, NPU, XPU, MPS...) run these functions; on the CPU
 they run only under `lowp.torch.kernel_preference("portable")` (the tests compare them with
 the native
-kernels byte for byte). Every rule is ../../../docs/numerics.md (NUMERICS.md): element encoding
+kernels byte for byte). Every rule is docs/numerics.md: element encoding
 (round to nearest even, satfinite), E8M0 block scales (RCEIL, FLOOR, CEIL, EVEN), binary32
 scales, and the GEMM's block-wise scale combination. Bit manipulations go through integer
 views (`x.view(torch.int32)`), never through `log2`/`exp2`, so that the bytes do not depend on a
@@ -81,7 +81,7 @@ FORMATS = {n: _Fmt(n, f["bits"], f["mbits"], f["bias"], f["max_code"], f["nan_co
 
 E8M0_KINDS = rules.kinds(scale="e8m0")
 FP32_KINDS = rules.kinds(scale="f32")
-# The NVFP4 kinds (a tensor scale after the block scales) are C-only for now (issue 38).
+# The NVFP4 kinds (a tensor scale after the block scales) are C-only for now.
 TILE_KINDS = rules.kinds(tile=True, tensor_scale=False)
 TOKEN_BLOCK_KINDS = rules.kinds(grouped=True, tensor_scale=False)  # grouped copies restart
 SCALINGS = rules.kinds(tensor_scale=False)
@@ -121,7 +121,7 @@ def scale_shape(scaling: str, rows: int, cols: int, offs: Optional[Sequence[int]
 
 
 def encode(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Codes (int32) of binary32 x in `fmt`, RNE, satfinite (NUMERICS.md section 2)."""
+    """Codes (int32) of binary32 x in `fmt`, RNE, satfinite (docs/numerics.md section 2)."""
     f = FORMATS[fmt]
     u = x.to(torch.float32).contiguous().view(torch.int32)
     a = u & 0x7FFFFFFF
@@ -205,7 +205,8 @@ def _bits_f32(i: torch.Tensor) -> torch.Tensor:
 
 
 def e8m0_codes(amax: torch.Tensor, fmt: str, mode: str) -> torch.Tensor:
-    """E8M0 scale codes (int32) of blocks whose binary32 amax is `amax` (NUMERICS.md 3.1-3.3)."""
+    """E8M0 scale codes (int32) of blocks whose binary32 amax is `amax` (docs/numerics.md
+    3.1-3.3)."""
     f = FORMATS[fmt]
     amax = amax.to(torch.float32).contiguous()
     a = amax.view(torch.int32) & 0x7FFFFFFF
@@ -242,7 +243,7 @@ def _e8m0_value(code: torch.Tensor) -> torch.Tensor:
 
 
 def fp32_scales(amax: torch.Tensor, fmt: str, eps: float, pow2: bool) -> torch.Tensor:
-    """Binary32 scales of groups whose amax is `amax` (NUMERICS.md section 4, steps 1-3)."""
+    """Binary32 scales of groups whose amax is `amax` (docs/numerics.md section 4, steps 1-3)."""
     fmax = FORMATS[fmt].fmax
     amax = amax.to(torch.float32)
     eps = _f32(eps)
@@ -448,7 +449,7 @@ def _elem_factors(q: LowpQTensor) -> torch.Tensor:
 
 
 def dequantize(q: LowpQTensor) -> torch.Tensor:
-    """binary32 values of q (NUMERICS.md 3.5 and 4.4)."""
+    """binary32 values of q (docs/numerics.md sections 3.5 and 4.4)."""
     if q.scaling == "none":
         return q.qdata.to(torch.float32)
     v = decode(unpack(q), q.format)
@@ -522,8 +523,8 @@ def _ldexp2(c: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
 
 
 def _mx_loop(av, ca, bv, cb) -> torch.Tensor:
-    """The reference route (NUMERICS.md 6): per 32-block binary32 sums times 2^(eA + eB).
-    av [M, K], bv [N, K] decoded codes; ca [M, nb], cb [N, nb] int32 E8M0 codes."""
+    """The reference route (docs/numerics.md section 6): per 32-block binary32 sums times
+    2^(eA + eB). av [M, K], bv [N, K] decoded codes; ca [M, nb], cb [N, nb] int32 E8M0 codes."""
     M, N, K = av.shape[0], bv.shape[0], av.shape[1]
     acc = torch.zeros((M, N), dtype=torch.float32, device=av.device)
     for blk, k in enumerate(range(0, K, 32)):
@@ -608,7 +609,7 @@ def _ieee_f32():
 
 def _b128_loop(av, sa, bv, sb) -> torch.Tensor:
     """The reference route for 128-blocks: per-block binary32 sums times scale_inv_A, then
-    scale_inv_B (NUMERICS.md 6)."""
+    scale_inv_B (docs/numerics.md section 6)."""
     M, N, K = av.shape[0], bv.shape[0], av.shape[1]
     acc = torch.zeros((M, N), dtype=torch.float32, device=av.device)
     for blk, k in enumerate(range(0, K, 128)):
@@ -642,7 +643,7 @@ def _gemm_b128(av, sa, bv, sb) -> torch.Tensor:
 
 
 def gemm(a: LowpQTensor, b: LowpQTensor) -> torch.Tensor:
-    """C[M, N] = A[M, K] . B[N, K]^T in binary32 (NUMERICS.md section 6), each pair as one
+    """C[M, N] = A[M, K] . B[N, K]^T in binary32 (docs/numerics.md section 6), each pair as one
     matmul on exactly represented operands (only the summation order differs from the
     reference's, within section 6's bound of 1e-5 of ||C||)."""
     if a.cols != b.cols:
