@@ -265,12 +265,12 @@ def _amax(x: torch.Tensor, dims) -> torch.Tensor:
 
 
 def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """x [r, c] zero-padded to [rows, cols] (one constant pad: inductor compiles a zeros
+    tensor with a slice assignment into it wrongly for some shapes, torch 2.15 on the CPU)."""
     r, c = x.shape
     if r == rows and c == cols:
         return x
-    out = torch.zeros((rows, cols), dtype=x.dtype, device=x.device)
-    out[:r, :c] = x
-    return out
+    return torch.nn.functional.pad(x, (0, cols - c, 0, rows - r))
 
 
 def _quant_rows(x: torch.Tensor, fmt: str, scaling: str, mode: str, eps: float, pow2: bool,
@@ -310,16 +310,25 @@ def _quant_rows(x: torch.Tensor, fmt: str, scaling: str, mode: str, eps: float, 
     nb = _cdiv(C, bs)
     xp = _pad_to(x, R, nb * bs).reshape(R, nb, bs)
     am = _amax(xp, (2,)) if nb else torch.zeros((R, 0), device=x.device)
+
+    block = torch.arange(C, device=x.device) // bs  # each column's block
+
+    def per_element(t):  # [R, nb] block values -> [R, C], each repeated over its block
+        return t.index_select(1, block)
+
+    # The codes are computed on x itself, not on the padded blocks: inductor (torch 2.15,
+    # CPU) wrote only the full blocks of `codes.reshape(R, nb * bs)[:, :C]` when it fused the
+    # slice into a cast, leaving a partial last block's bytes unwritten.
     if scaling == "mx32":
         code = e8m0_codes(am, fmt, mode)
-        c = encode(xp * _e8m0_quant_factor(code)[:, :, None], fmt)
-        c = torch.where(code[:, :, None] == 0xFF, torch.full_like(c, f.nan_code), c)
+        c = encode(x * per_element(_e8m0_quant_factor(code)), fmt)
+        c = torch.where(per_element(code == 0xFF), torch.full_like(c, f.nan_code), c)
         sc = code.to(torch.uint8)
     else:
         s = fp32_scales(am, fmt, eps, pow2)
-        c = encode(xp * s[:, :, None], fmt)
+        c = encode(x * per_element(s), fmt)
         sc = torch.ones_like(s) / s
-    return c.reshape(R, nb * bs)[:, :C], sc
+    return c, sc
 
 
 def _finish(codes: torch.Tensor, fmt: str) -> torch.Tensor:
