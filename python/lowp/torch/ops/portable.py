@@ -265,8 +265,7 @@ def _amax(x: torch.Tensor, dims) -> torch.Tensor:
 
 
 def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """x [r, c] zero-padded to [rows, cols] (one constant pad: inductor compiles a zeros
-    tensor with a slice assignment into it wrongly for some shapes, torch 2.15 on the CPU)."""
+    """x [r, c] zero-padded to [rows, cols] (one constant pad, no in-place write)."""
     r, c = x.shape
     if r == rows and c == cols:
         return x
