@@ -104,3 +104,47 @@ def test_native_preference_needs_native_kernels():
     with pytest.raises(ValueError, match="meta has no native lowp kernels"):
         with lt.kernel_preference(lt.KernelPreference.NATIVE, device="meta"):
             pass
+
+
+def test_portable_overloads():
+    """Each op has a .portable overload: the portable kernel on any device (what a config's
+    KernelPreference.PORTABLE calls), checked by opcheck too."""
+    for name in ("quantize", "dequantize", "scaled_mm", "scaled_grouped_mm", "delayed_update"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"lowp::{name}.portable",
+                                                               "CompositeExplicitAutograd")
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"lowp::{name}.portable",
+                                                                   "CPU")
+    op, args = CASES["scaled_mm mx"]
+    torch.library.opcheck(torch.ops.lowp.scaled_mm.portable, args)
+
+
+@pytest.mark.parametrize("pref", ["auto", "portable"])
+def test_kernel_preference_holds_under_compile(pref):
+    """A config's kernel preference gives the same forward and backward eagerly and under
+    torch.compile(fullgraph=True), running the kernels it names in both."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 96, requires_grad=True)
+    w = torch.randn(48, 96, requires_grad=True)
+    cfg = lt.MXQuantizeConfig(kernel_preference=pref)
+
+    def run(f):
+        lt.reset_stats()
+        y = f(x, w)
+        y.sum().backward()
+        out = (y.detach(), x.grad, w.grad, lt.stats())
+        x.grad = w.grad = None
+        return out
+
+    def f(a, b):
+        return lt.linear(a, b, config=cfg)
+
+    eager = run(f)
+    torch._dynamo.reset()
+    compiled = run(torch.compile(f, fullgraph=True, backend="aot_eager"))
+    for e, c in zip(eager[:3], compiled[:3]):
+        assert torch.equal(e, c)
+    for s in (eager[3], compiled[3]):
+        if pref == "portable":
+            assert s["portable"] > 0 and s["native"] == 0
+        elif lt.native_available():
+            assert s["native"] > 0 and s["portable"] == 0

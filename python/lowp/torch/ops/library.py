@@ -554,6 +554,12 @@ for _name, (_check, _fake, _port, _nat) in _OPS.items():
     if native.available():
         _LIB.impl(_name, _kernel(_name, _check, _nat, "native", "cpu"), "CPU")
     torch.library.register_fake("lowp::" + _name, _fake, lib=_LIB)
+    # lowp::<name>.portable: the portable kernel on every device, an overload of its own, so
+    # that KernelPreference.PORTABLE holds inside torch.compile (no mode to enter there)
+    _LIB.define(_name + ".portable" + _SCHEMAS[_name])
+    _LIB.impl(_name + ".portable", _kernel(_name, _check, _port, "portable"),
+              "CompositeExplicitAutograd")
+    torch.library.register_fake(f"lowp::{_name}.portable", _fake, lib=_LIB)
 
 quantize_op = torch.ops.lowp.quantize
 dequantize_op = torch.ops.lowp.dequantize

@@ -28,7 +28,7 @@ from . import portable as P
 from .cache import WeightCache, _InputMemo, _graph_anchor
 from ... import rules
 from .layout import OUT_DTYPES, empty
-from .library import KernelPreference, _check_offs_values, check_preference, kernel_preference
+from .library import KernelPreference, _check_offs_values, check_preference
 from .qtensor import LowpQTensor
 from .._autocast import exact, out_dtype as _autocast_out
 from ..config import MatmulSpec, OperandSpec, resolve_config
@@ -56,13 +56,13 @@ _PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 
 
 def _quant(x: Tensor, s: OperandSpec, axis: str, scale: Optional[Tensor] = None,
-           offs: Optional[Tensor] = None):
+           offs: Optional[Tensor] = None, ov: str = "default"):
     """(row LowpQTensor or None, col LowpQTensor or None) of x [R, C] (or [G, R, C], stacked
     copies) per spec s."""
     R, C = x.shape[-2:]
     mode = s.scale_mode or ""
     pow2 = -1 if s.pow2 is None else int(s.pow2)
-    rd, rs, cd, cs = torch.ops.lowp.quantize(x, s.format, s.scaling, mode, pow2, 0.0, axis, offs,
+    rd, rs, cd, cs = _op("quantize", ov)(x, s.format, s.scaling, mode, pow2, 0.0, axis, offs,
                                              scale)
     row = LowpQTensor(rd, rs, s.format, s.scaling, R, C) if axis in ("row", "both") else None
     col = (LowpQTensor(cd, cs, s.format, s.scaling, C, R, grouped=offs is not None)
@@ -90,9 +90,10 @@ def _odt(dtype) -> str:
     return "bf16" if dtype == torch.bfloat16 else "f32"
 
 
-def _mm(a: LowpQTensor, b: LowpQTensor, out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
+def _mm(a: LowpQTensor, b: LowpQTensor, out_dtype: str = "f32", b_kn: bool = False,
+        ov: str = "default") -> Tensor:
     """a . b^T; b_kn: a . b, b (a forward copy [N, K]) read as stored."""
-    return torch.ops.lowp.scaled_mm(a.qdata, a.scale, a.format, a.scaling, b.qdata, b.scale,
+    return _op("scaled_mm", ov)(a.qdata, a.scale, a.format, a.scaling, b.qdata, b.scale,
                                     b.format, b.scaling, a.cols, out_dtype, b_kn)
 
 
@@ -104,14 +105,15 @@ def _stack(ops: List[LowpQTensor]) -> LowpQTensor:
 
 
 def _grouped_mm(a: LowpQTensor, b: LowpQTensor, offs: Tensor, out_dtype: str = "f32",
-                b_kn: bool = False) -> Tensor:
-    return torch.ops.lowp.scaled_grouped_mm(a.qdata, a.scale, a.format, a.scaling, b.qdata,
+                b_kn: bool = False, ov: str = "default") -> Tensor:
+    return _op("scaled_grouped_mm", ov)(a.qdata, a.scale, a.format, a.scaling, b.qdata,
                                             b.scale, b.format, b.scaling, offs, a.cols, False,
                                             out_dtype, b_kn)
 
 
-def _wgrad_mm(a: LowpQTensor, b: LowpQTensor, offs: Tensor, out_dtype: str = "f32") -> Tensor:
-    return torch.ops.lowp.scaled_grouped_mm(a.qdata, a.scale, a.format, a.scaling, b.qdata,
+def _wgrad_mm(a: LowpQTensor, b: LowpQTensor, offs: Tensor, out_dtype: str = "f32",
+              ov: str = "default") -> Tensor:
+    return _op("scaled_grouped_mm", ov)(a.qdata, a.scale, a.format, a.scaling, b.qdata,
                                             b.scale, b.format, b.scaling, offs, a.cols, True,
                                             out_dtype)
 
@@ -127,10 +129,10 @@ def _weight_sources(W3: Tensor, spec: MatmulSpec) -> Tensor:
         return W3
     out = []
     for W in W3:
-        rd, rs, _, _ = torch.ops.lowp.quantize(W, "e2m1", "mx32", "rceil", -1, 0.0, "row", None,
-                                               None)
-        out.append(torch.ops.lowp.dequantize(rd, rs, "e2m1", "mx32", W.shape[0], W.shape[1],
-                                             None))
+        rd, rs, _, _ = _op("quantize", _ov(spec))(W, "e2m1", "mx32", "rceil", -1, 0.0, "row",
+                                                  None, None)
+        out.append(_op("dequantize", _ov(spec))(rd, rs, "e2m1", "mx32", W.shape[0], W.shape[1],
+                                                None))
     return torch.stack(out)
 
 
@@ -149,7 +151,7 @@ def _weight_copies(W3: Tensor, spec: MatmulSpec, fwd_q: bool, dgrad_q: bool, wan
     axis = "both" if qf and qd else ("row" if qf else ("col" if qd else None))
     r = c = None
     if axis:
-        r, c = _quant(src, ws, axis, scale)
+        r, c = _quant(src, ws, axis, scale, None, _ov(spec))
     fwd = (r if qf else _plain(src)) if want_fwd else None
     dgr = (c if qd else _plain(src.transpose(1, 2))) if want_dgr else None
     return fwd, dgr
@@ -171,6 +173,18 @@ def _layer_plan(spec: MatmulSpec, wgrad_hp: bool) -> dict:
     """The C library's linear plan of `spec` (lowp_linear_plan_get, through lowp.rules)."""
     w = spec.weight.scaling if spec.weight.quantized else "none"
     return rules.linear_plan(spec.input.quantized, spec.grad_output.quantized, wgrad_hp, w)
+
+
+def _ov(spec: MatmulSpec) -> str:
+    """The overload of the lowp ops a spec's matmul calls: "portable" (the portable kernels on
+    every device, an op of its own, so it holds inside torch.compile too) for
+    KernelPreference.PORTABLE, else "default" (the dispatcher's kernel for the device; NATIVE
+    was checked to have one)."""
+    return "portable" if _pref(spec) is KernelPreference.PORTABLE else "default"
+
+
+def _op(name: str, ov: str):
+    return getattr(getattr(torch.ops.lowp, name), ov)
 
 
 def _plan(spec: MatmulSpec, wgrad_hp: bool):
@@ -221,21 +235,21 @@ def _input_copies(x2d, xs, spec: MatmulSpec, fwd_q: bool, keep: bool, grouped: b
     """(rowwise copy of the input for the forward GEMM, columnwise copy kept for the weight
     gradient or None) of xs, the grouped rows of x2d; the memo serves a graph tensor quantized
     by the previous matmul."""
-    ispec = spec.input
+    ispec, ov = spec.input, _ov(spec)
     delayed = fp8_state is not None and ispec.delayed
     iscale = fp8_state.scale("input") if delayed else None
     if delayed:
         fp8_state.record("input", _amax(xs))
     tok = grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
     if not fwd_q:
-        xcol = _quant(xs, ispec, "col", iscale, offs if tok else None)[1] if keep else None
+        xcol = _quant(xs, ispec, "col", iscale, offs if tok else None, ov)[1] if keep else None
         return _plain(xs), xcol
     axis = "both" if keep and not tok else "row"
 
     def quantize_input():
-        r, c = _quant(xs, ispec, axis, iscale)
+        r, c = _quant(xs, ispec, axis, iscale, None, ov)
         if keep and tok:
-            _, c = _quant(xs, ispec, "col", None, offs)
+            _, c = _quant(xs, ispec, "col", None, offs, ov)
         return r, c
 
     anchor = _graph_anchor(x2d) if iscale is None and _eager(xs, offs) else None
@@ -244,10 +258,10 @@ def _input_copies(x2d, xs, spec: MatmulSpec, fwd_q: bool, keep: bool, grouped: b
     return _INPUTS.get(anchor, xs, offs, (ispec, axis, keep and tok), quantize_input)
 
 
-def _grouped_forward(xrow, wf, offs, T: int, dims, yodt: str, dev) -> Tensor:
+def _grouped_forward(xrow, wf, offs, T: int, dims, yodt: str, dev, ov: str) -> Tensor:
     """The split-M forward GEMM, [M, N] with zero rows past the groups."""
     M, N, G = dims
-    y = _grouped_mm(xrow, wf, offs[:G], yodt) if T > 0 else None
+    y = _grouped_mm(xrow, wf, offs[:G], yodt, False, ov) if T > 0 else None
     if y is None or y.shape[0] != M:
         yy = torch.zeros((M, N), dtype=OUT_DTYPES[yodt], device=dev)
         if y is not None:
@@ -264,13 +278,13 @@ class _LowpMatmul(torch.autograd.Function):
                 grouped):
         odt = _autocast_out(x2d)  # x's dtype, or the autocast dtype of x's device type
         # lowp's own steps: no autocast inside; the kernels the spec prefers
-        with exact(x2d.device.type), kernel_preference(_pref(spec)):
+        with exact(x2d.device.type):
             return _LowpMatmul._forward(ctx, odt, x2d, W3, bias, offs, spec, keep_quantized,
                                         wgrad_hp, cache, fp8_state, grouped)
 
     @staticmethod
     def backward(ctx, dy):
-        with exact(dy.device.type), kernel_preference(_pref(ctx.spec)):
+        with exact(dy.device.type):
             return _LowpMatmul._backward(ctx, dy)
 
     @staticmethod
@@ -301,9 +315,9 @@ class _LowpMatmul(torch.autograd.Function):
         xrow, xcol = _input_copies(x2d, xs, spec, fwd_q, keep, grouped, offs, fp8_state)
         yodt = _odt(odt) if bias is None else "f32"  # a bias is added in binary32
         if grouped:
-            y = _grouped_forward(xrow, wf, offs, T, (M, N, G), yodt, x2d.device)
+            y = _grouped_forward(xrow, wf, offs, T, (M, N, G), yodt, x2d.device, _ov(spec))
         else:
-            y = _mm(xrow, _first(wf), yodt)
+            y = _mm(xrow, _first(wf), yodt, False, _ov(spec))
         if bias is not None:
             y = y + bias.to(torch.float32)
         ctx.spec, ctx.keep, ctx.wgrad_hp, ctx.cache, ctx.fp8_state = (spec, keep, wgrad_hp,
@@ -351,7 +365,7 @@ def _grad_copies(ctx, dys: Tensor, offs, need_dx: bool, need_dw: bool):
     """(rowwise copy of dY for the input gradient, columnwise copy for the weight gradient),
     None where not needed."""
     _, dgrad_q, wgrad_q = _plan(ctx.spec, ctx.wgrad_hp)
-    gspec, fp8_state = ctx.spec.grad_output, ctx.fp8_state
+    gspec, fp8_state, ov = ctx.spec.grad_output, ctx.fp8_state, _ov(ctx.spec)
     delayed = fp8_state is not None and gspec.delayed
     gscale = fp8_state.scale("grad_output") if delayed else None
     if delayed:
@@ -361,12 +375,12 @@ def _grad_copies(ctx, dys: Tensor, offs, need_dx: bool, need_dw: bool):
     if need_dx:
         if dgrad_q:
             axis = "both" if (need_dw and wgrad_q and not tok) else "row"
-            dyrow, dycol = _quant(dys, gspec, axis, gscale)
+            dyrow, dycol = _quant(dys, gspec, axis, gscale, None, ov)
         else:
             dyrow = _plain(dys)
     if need_dw and dycol is None:
         if wgrad_q:
-            _, dycol = _quant(dys, gspec, "col", gscale, offs if tok else None)
+            _, dycol = _quant(dys, gspec, "col", gscale, offs if tok else None, ov)
         else:
             dycol = _plain(dys.t())
     return dyrow, dycol
@@ -386,9 +400,9 @@ def _dgrad(ctx, dyrow: LowpQTensor, saved) -> Tensor:
     wb = wf if kn else wd
     xodt = _odt(ctx.x_dtype)
     if ctx.grouped:
-        dxt = _grouped_mm(dyrow, wb, offs[:G], xodt, kn)
+        dxt = _grouped_mm(dyrow, wb, offs[:G], xodt, kn, _ov(ctx.spec))
     else:
-        dxt = _mm(dyrow, _first(wb), xodt, kn)
+        dxt = _mm(dyrow, _first(wb), xodt, kn, _ov(ctx.spec))
     if ctx.T >= M:
         return dxt
     dx = torch.zeros((M, K), dtype=dxt.dtype, device=dxt.device)
@@ -411,13 +425,13 @@ def _wgrad(ctx, dycol: LowpQTensor, saved) -> Tensor:
         delayed = fp8_state is not None and ispec.delayed
         iscale = fp8_state.scale("input") if delayed else None
         itok = ctx.grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
-        _, xcol = _quant(xs, ispec, "col", iscale, offs if itok else None)
+        _, xcol = _quant(xs, ispec, "col", iscale, offs if itok else None, _ov(ctx.spec))
     else:
         xcol = _plain(_in_groups(_x32(x2d.detach()), ctx.T, offs, ctx.traced).t())
     wodt = _odt(ctx.w_dtype)
     if ctx.grouped:
-        return _wgrad_mm(dycol, xcol, offs[:G], wodt)
-    return _mm(dycol, xcol, wodt).unsqueeze(0)
+        return _wgrad_mm(dycol, xcol, offs[:G], wodt, _ov(ctx.spec))
+    return _mm(dycol, xcol, wodt, False, _ov(ctx.spec)).unsqueeze(0)
 
 
 # ---- public API ----
