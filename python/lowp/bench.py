@@ -16,13 +16,17 @@ one run, interleaved round by round:
 and prints a markdown table of medians and ratios.
 
   python -m lowp.bench portable [--configs mxfp8,block32x32,block128,fp8_rowwise]
-                                [--portable-from OLD_PORTABLE.py ...]
+                                [--portable-from OLD_PORTABLE.py ...] [--device DEV]
+                                [--device-kernels]
 
 times the same forward + backward through lowp.torch's portable path (plain torch ops, the
 path of every non-CPU device) under `kernel_preference("portable")`, one row per config, against torch's
 BF16 F.linear in the same interleaved rounds. `--portable-from` adds rows that run the GEMMs
 of another copy of portable.py (for instance the previous commit's), so that before and after
-are measured in the same run on a shared machine.
+are measured in the same run on a shared machine. `--device cuda` (or any torch device) runs
+it there, synchronizing the device around each timing; `--device-kernels` adds rows with the
+device kernel table enabled (`lowp.torch.use_device_kernels()`: torch._scaled_mm on CUDA), for
+the configs some registered kernel serves, falling back to portable for the rest.
 """
 
 from __future__ import annotations
@@ -153,6 +157,39 @@ def _portable_impls(lt, configs, others):
     return impls
 
 
+def _synchronize(torch, dev):
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    if dev.type != "cpu":
+        torch.accelerator.synchronize(dev)
+
+
+def _interleaved(impls, x, w, dy, reps, sync):
+    """{name: [seconds]} of reps rounds, every implementation once per round (round 0 warms
+    up)."""
+    times = {name: [] for name in impls}
+    for rep in range(1 + reps):
+        for name, f in impls.items():
+            x.grad = w.grad = None
+            sync()
+            t0 = time.perf_counter()
+            f(x, w, dy)
+            sync()
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def _device_kernel_impls(lt, configs):
+    """{row name: f(x, w, dy)}: lowp.torch.linear with the device kernel table enabled."""
+    impls = {}
+    for cfg in configs:
+        def run(x, w, dy, cfg=cfg):
+            with lt.use_device_kernels():
+                lt.linear(x, w, None, cfg).backward(dy)
+        impls[f"device kernels {cfg}"] = run
+    return impls
+
+
 def bench_portable(argv=None):
     p = argparse.ArgumentParser(prog="python -m lowp.bench portable")
     p.add_argument("--tokens", type=int, default=4096)
@@ -162,6 +199,8 @@ def bench_portable(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--configs", default="mxfp8,block32x32,block128,fp8_rowwise")
     p.add_argument("--portable-from", dest="others", action="append", default=[])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--device-kernels", action="store_true")
     a = p.parse_args(argv)
     import torch
     import torch.nn.functional as F
@@ -175,17 +214,16 @@ def bench_portable(argv=None):
     dy = torch.randn(a.tokens, a.n, generator=g).to(torch.bfloat16)
     impls = {"torch bf16 F.linear": lambda x, w, dy: F.linear(x, w).backward(dy)}
     impls.update(_portable_impls(lt, a.configs.split(","), a.others))
-    times = {name: [] for name in impls}
-    for rep in range(1 + a.reps):  # round 0 warms up
-        for name, f in impls.items():
-            x.grad = w.grad = None
-            t0 = time.perf_counter()
-            f(x, w, dy)
-            if rep:
-                times[name].append(time.perf_counter() - t0)
+    if a.device_kernels:
+        impls.update(_device_kernel_impls(lt, a.configs.split(",")))
+    dev = torch.device(a.device)
+    x, w, dy = (x.detach().to(dev).requires_grad_(), w.detach().to(dev).requires_grad_(),
+                dy.to(dev))
+    times = _interleaved(impls, x, w, dy, a.reps, lambda: _synchronize(torch, dev))
     base = statistics.median(times["torch bf16 F.linear"])
     print(f"portable linear forward+backward, {a.tokens} x {a.k} -> {a.n}, bfloat16, "
-          f"{a.threads} thread(s), {a.reps} interleaved rounds (median, min-max)\n")
+          f"{a.threads} thread(s), device {dev}, {a.reps} interleaved rounds (median, "
+          "min-max)\n")
     print("| implementation | median ms | min-max ms | x torch bf16 speed |")
     print("| --- | ---: | ---: | ---: |")
     for name, v in times.items():
