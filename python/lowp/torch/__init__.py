@@ -62,8 +62,10 @@ __all__ += [
 ]
 
 from .patches import is_patched as torchao_patched, patch_torchao, unpatch_torchao
+from .patches import patch_torchtitan, torchtitan_patched, unpatch_torchtitan
 
-__all__ += ["patch_torchao", "unpatch_torchao", "torchao_patched"]
+__all__ += ["patch_torchao", "unpatch_torchao", "torchao_patched", "patch_torchtitan",
+            "unpatch_torchtitan", "torchtitan_patched"]
 
 from .ops import invalidate_weight_caches
 
