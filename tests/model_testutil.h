@@ -41,7 +41,7 @@ static inline float loss_of(lowp_moe *m, const int32_t *tok, const int32_t *tgt,
 static inline double loss64(lowp_moe *m, const int32_t *tok, const int32_t *tgt, int32_t B,
                             int32_t T, const lowp_moe_run *run) {
     loss_of(m, tok, tgt, B, T, run);
-    return moe_loss_f64(m);
+    return model_loss_f64(m);
 }
 
 #endif

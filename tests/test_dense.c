@@ -219,6 +219,74 @@ static void test_threads_and_preset(void) {
     }
 }
 
+/* The lowp_model handle (model.h) over both models: before any forward, logits and backward
+ * are refused; lowp_model_* and the lowp_moe_* names of 0.2 give the same bits (parameters,
+ * loss, logits, gradients); the counts match the parameter shapes; a bad T is refused naming
+ * the function that was called. */
+static void interface_on(const char *preset) {
+    lowp_moe_config c;
+    CHECK_OK(lowp_moe_config_preset(preset, 65, &c));
+    c.layers = 1;
+    c.seq_len = 16;
+    lowp_model *a = NULL;
+    lowp_moe *b = NULL;
+    CHECK_OK(lowp_model_create(&c, 7, &a));
+    CHECK_OK(lowp_moe_create(&c, 7, &b));
+    const float *la = NULL, *lb = NULL;
+    CHECK(lowp_model_logits(a, &la) == LOWP_ERR_INVALID_ARG);
+    CHECK(strstr(lowp_last_error(), "lowp_model_logits: no forward") != NULL);
+    CHECK(lowp_model_loss_terms(a, NULL, NULL) == LOWP_ERR_INVALID_ARG);
+    CHECK(lowp_model_backward(a) == LOWP_ERR_INVALID_ARG);
+    lowp_param *pa, *pb;
+    int32_t na, nb;
+    CHECK_OK(lowp_model_params(a, &pa, &na));
+    CHECK_OK(lowp_moe_params(b, &pb, &nb));
+    CHECK(na == nb && na == 3 + (c.experts ? MOE_LAYER_PARAMS : DENSE_LAYER_PARAMS));
+    int64_t all = 0;
+    for (int32_t i = 0; i < na; i++) {
+        CHECK(strcmp(pa[i].name, pb[i].name) == 0 && numel(&pa[i]) == numel(&pb[i]));
+        CHECK(memcmp(pa[i].data, pb[i].data, (size_t) numel(&pa[i]) * 4) == 0);
+        all += numel(&pa[i]);
+    }
+    enum { B = 2, T = 16 };
+    int32_t tok[B * T], tgt[B * T];
+    fill_ids(tok, B * T, 65, 3);
+    fill_ids(tgt, B * T, 65, 4);
+    lowp_model_run run = {0};
+    run.training = 1;
+    run.threads = 1;
+    float loss_a = NAN, loss_b = NAN, ce = NAN, aux = NAN;
+    CHECK_OK(lowp_model_forward(a, tok, tgt, B, T, &run, &loss_a));
+    CHECK_OK(lowp_moe_forward(b, tok, tgt, B, T, &run, &loss_b));
+    CHECK(memcmp(&loss_a, &loss_b, sizeof loss_a) == 0 && isfinite(loss_a));
+    CHECK_OK(lowp_model_loss_terms(a, &ce, &aux));
+    CHECK(c.experts ? aux > 0.0f : (aux == 0.0f && ce == loss_a));
+    CHECK_OK(lowp_model_logits(a, &la));
+    CHECK_OK(lowp_moe_logits(b, &lb));
+    CHECK(memcmp(la, lb, (size_t) B * T * 65 * 4) == 0);
+    CHECK_OK(lowp_model_backward(a));
+    CHECK_OK(lowp_moe_backward(b));
+    for (int32_t i = 0; i < na; i++)
+        CHECK(memcmp(pa[i].grad, pb[i].grad, (size_t) numel(&pa[i]) * 4) == 0);
+    int64_t active, total;
+    CHECK_OK(lowp_model_active_params(a, &active, &total));
+    CHECK(total == all);
+    CHECK(active == all - (int64_t) (c.experts - c.top_k) * 3 * c.expert_hidden * c.dim);
+    CHECK(lowp_model_forward(a, tok, tgt, 1, c.seq_len + 1, &run, NULL) == LOWP_ERR_INVALID_ARG);
+    CHECK(strstr(lowp_last_error(), "lowp_model_forward: T (17)") != NULL);
+    CHECK(lowp_moe_forward(b, tok, tgt, 1, c.seq_len + 1, &run, NULL) == LOWP_ERR_INVALID_ARG);
+    CHECK(strstr(lowp_last_error(), "lowp_moe_forward: T (17)") != NULL);
+    CHECK(lowp_model_forward(NULL, tok, tgt, B, T, &run, NULL) == LOWP_ERR_INVALID_ARG);
+    lowp_model_free(a);
+    lowp_moe_free(b);
+    lowp_model_free(NULL);
+}
+
+static void test_interface(void) {
+    interface_on("tiny");    /* the MoE */
+    interface_on("nanogpt"); /* the dense GPT */
+}
+
 #if LOWP_HAVE_LIBMVEC
 /* The vector GELU (libmvec's erff and expf) against binary64: g and gd over a sweep of
  * magnitudes (and zero, the tails where Phi saturates, a length that ends mid-vector), within a
@@ -295,5 +363,6 @@ int main(void) {
     test_gradient_check();
     test_threads_and_preset();
     test_recipes_train();
+    test_interface();
     return testutil_finish();
 }

@@ -1,5 +1,5 @@
 /* CPU thread counts: one rule for every `threads` setting of lowp (lowp_cast_cfg,
- * lowp_quant_cfg, lowp_gemm_cfg, lowp_linear_opts, lowp_moe_run, lowp_adamw_cfg,
+ * lowp_quant_cfg, lowp_gemm_cfg, lowp_linear_opts, lowp_model_run, lowp_adamw_cfg,
  * lowp_trainer_cfg, lowp_sample_cfg) and for the `--threads` option of every `lowp` command.
  * Implemented in src/core/threads.c.
  *

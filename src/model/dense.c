@@ -1,7 +1,7 @@
 /* The dense GPT of model_internal.h (cfg.experts == 0), forward and backward side by side:
  * the shapes of nanoGPT's CPU recipe (LayerNorm, fused QKV projection, causal attention, GELU
  * MLP, learned positions, an output head tied to the token embedding), trained through the
- * same lowp_moe API, trainer and recipes as the MoE model.
+ * same lowp_model API (model_ops, model_internal.h), trainer and recipes as the MoE model.
  *
  *   x_0 = wte[tokens] + wpe[t]
  *   h = ln_1(x);  q | k | v = h Wqkv^T;  o = causal softmax attention;  x_mid = x + o Wo^T
@@ -36,8 +36,9 @@ typedef struct dense_acts {
     lowp_linear_saved *saved[4]; /* wqkv, wo, fc, proj */
 } dense_acts;
 
-struct dense_state {
+typedef struct dense_model {
     lowp_moe_config cfg;
+    model_params p;
     char *arena; /* the activations, laid out anew for each (B, T) */
     size_t cap;
     moe_dims d;
@@ -56,22 +57,98 @@ struct dense_state {
     float *dg;                 /* [N, H] */
     lowp_linear_saved *head_saved;
     double ce;
-};
+} dense_model;
 
-lowp_status dense_state_create(const lowp_moe_config *cfg, dense_state **out) {
-    dense_state *s = calloc(1, sizeof *s);
+/* ---------------------------------------------------------------- the model and its parameters */
+
+/* No routing fields, a plain MLP of width shared_hidden. */
+static lowp_status config_check(const lowp_moe_config *c, const char *fn) {
+    const struct {
+        const char *name;
+        int32_t value;
+    } positive[] = {{"vocab", c->vocab},     {"dim", c->dim},
+                    {"layers", c->layers},   {"heads", c->heads},
+                    {"seq_len", c->seq_len}, {"shared_hidden", c->shared_hidden}};
+    for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
+        if (positive[i].value <= 0)
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.%s (%d) must be > 0", fn,
+                             positive[i].name, positive[i].value);
+    if (c->top_k != 0 || c->expert_hidden != 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.experts (0) selects the dense model, so cfg.top_k (%d) and "
+                         "cfg.expert_hidden (%d) must be 0",
+                         fn, c->top_k, c->expert_hidden);
+    if (c->dim % c->heads != 0)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.dim (%d) is not a multiple of cfg.heads (%d)", fn, c->dim,
+                         c->heads);
+    if (!(c->norm_eps > 0.0f) || !isfinite(c->norm_eps))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.norm_eps (%g) must be > 0", fn,
+                         (double) c->norm_eps);
+    if (c->dropout != 0.0f || c->aux_loss_coef != 0.0f)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: the dense model (cfg.experts = 0) has no dropout and no "
+                         "load-balancing loss: cfg.dropout (%g) and cfg.aux_loss_coef (%g) must "
+                         "be 0",
+                         fn, (double) c->dropout, (double) c->aux_loss_coef);
+    const double total = (4.0 * c->dim * c->dim + 2.0 * c->shared_hidden * c->dim) * c->layers +
+                         ((double) c->vocab + c->seq_len) * c->dim;
+    if (total > 1e10)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: the configuration has %.3g parameters (> 1e10)",
+                         fn, total);
+    return model_size_check(c, fn, total);
+}
+
+/* nanoGPT's block, in the order of model_internal.h; N(0, 0.02), the projections into the
+ * residual stream (wo, proj) scaled by 1/sqrt(2 L), norm weights 1. The head is the
+ * embedding (tied), so there is no "head". */
+static void describe_params(dense_model *s) {
+    const lowp_moe_config *cfg = &s->cfg;
+    const int32_t L = cfg->layers;
+    const int64_t D = cfg->dim, Hs = cfg->shared_hidden;
+    const float std = 0.02f, std_out = 0.02f / sqrtf(2.0f * (float) L);
+    model_params *p = &s->p;
+    model_params_add(p, 0, cfg->vocab, D, std, "embed");
+    model_params_add(p, 0, cfg->seq_len, D, std, "pos_embed");
+    for (int32_t l = 0; l < L; l++) {
+        model_params_add(p, 0, 1, D, -1.0f, "layers.%d.attn_norm", l);
+        model_params_add(p, 0, 3 * D, D, std, "layers.%d.attn.wqkv", l);
+        model_params_add(p, 0, D, D, std_out, "layers.%d.attn.wo", l);
+        model_params_add(p, 0, 1, D, -1.0f, "layers.%d.ffn_norm", l);
+        model_params_add(p, 0, Hs, D, std, "layers.%d.mlp.fc", l);
+        model_params_add(p, 0, D, Hs, std_out, "layers.%d.mlp.proj", l);
+    }
+    model_params_add(p, 0, 1, D, -1.0f, "final_norm");
+}
+
+static void dense_free(void *ctx);
+
+static lowp_status dense_create(const char *fn, const lowp_moe_config *cfg, uint64_t seed,
+                                void **ctx) {
+    lowp_status st = config_check(cfg, fn);
+    if (st != LOWP_OK) return st;
+    dense_model *s = calloc(1, sizeof *s);
     if (s) s->acts = calloc((size_t) cfg->layers, sizeof *s->acts);
     if (!s || !s->acts) {
         free(s);
-        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: dense model state");
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: dense model state", fn);
     }
     s->cfg = *cfg;
     s->ce = NAN;
-    *out = s;
+    st = model_params_alloc(&s->p, 3 + cfg->layers * DENSE_LAYER_PARAMS, fn);
+    if (st == LOWP_OK) {
+        describe_params(s);
+        st = model_params_init(&s->p, seed, 0, fn);
+    }
+    if (st != LOWP_OK) {
+        dense_free(s);
+        return st;
+    }
+    *ctx = s;
     return LOWP_OK;
 }
 
-static void release_saved(dense_state *s) {
+static void release_saved(dense_model *s) {
     for (int32_t l = 0; l < s->cfg.layers; l++)
         for (int i = 0; i < 4; i++) {
             lowp_linear_saved_free(s->acts[l].saved[i]);
@@ -82,20 +159,14 @@ static void release_saved(dense_state *s) {
     s->can_backward = 0;
 }
 
-void dense_state_free(dense_state *s) {
+static void dense_free(void *ctx) {
+    dense_model *s = ctx;
     if (!s) return;
     release_saved(s);
+    model_params_free(&s->p);
     free(s->arena);
     free(s->acts);
     free(s);
-}
-
-const float *dense_logits(const dense_state *s) {
-    return s->logits;
-}
-
-double dense_cross_entropy(const dense_state *s) {
-    return s->ce;
 }
 
 /* ---------------------------------------------------------------- the activation arena */
@@ -104,7 +175,7 @@ static float *carve_f(moe_carver *c, int64_t n) {
     return moe_carve(c, n, sizeof(float));
 }
 
-static void layout(dense_state *s, int grads, moe_carver *c) {
+static void layout(dense_model *s, int grads, moe_carver *c) {
     const moe_dims *d = &s->d;
     const int64_t N = d->N, D = d->D, H = d->Hs, L = d->L;
     s->tokens = moe_carve(c, N, sizeof(int32_t));
@@ -148,7 +219,7 @@ static void layout(dense_state *s, int grads, moe_carver *c) {
     s->dg = carve_f(c, N * H);
 }
 
-static lowp_status prepare(dense_state *s, int grads) {
+static lowp_status prepare(const char *fn, dense_model *s, int grads) {
     moe_carver measure = {NULL, 0};
     layout(s, grads, &measure);
     const size_t need = (measure.off + 63) / 64 * 64;
@@ -157,9 +228,8 @@ static lowp_status prepare(dense_state *s, int grads) {
         s->cap = 0;
         s->arena = lowp_host_alloc(need);
         if (!s->arena)
-            return lowp_fail(LOWP_ERR_OUT_OF_MEMORY,
-                             "lowp_moe_forward: %zu bytes of activations (B*T = %lld)", need,
-                             (long long) s->d.N);
+            return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: %zu bytes of activations (B*T = %lld)",
+                             fn, need, (long long) s->d.N);
         s->cap = need;
     }
     moe_carver place = {s->arena, 0};
@@ -273,7 +343,7 @@ static lowp_param *layer_params(lowp_param *params, int64_t l) {
     return params + 2 + l * DENSE_LAYER_PARAMS;
 }
 
-static lowp_status layer_forward(dense_state *s, lowp_param *params, int64_t l, int keep) {
+static lowp_status layer_forward(dense_model *s, lowp_param *params, int64_t l, int keep) {
     const moe_dims *d = &s->d;
     const moe_exec *ex = &s->ex;
     const int64_t N = d->N, D = d->D, H = d->Hs, ND = N * D;
@@ -314,7 +384,7 @@ static lowp_status layer_forward(dense_state *s, lowp_param *params, int64_t l, 
 }
 
 /* s->dres: dLoss/dx_{l+1} on entry, dLoss/dx_l on return. */
-static lowp_status layer_backward(dense_state *s, lowp_param *params, int64_t l) {
+static lowp_status layer_backward(dense_model *s, lowp_param *params, int64_t l) {
     const moe_dims *d = &s->d;
     const moe_exec *ex = &s->ex;
     const int64_t N = d->N, D = d->D, H = d->Hs, ND = N * D;
@@ -366,10 +436,12 @@ static lowp_status with_context(lowp_status st, const char *fn, int64_t layer) {
     return st;
 }
 
-lowp_status dense_forward(dense_state *s, lowp_param *params, const int32_t *tokens,
-                          const int32_t *targets, int32_t B, int32_t T, const lowp_moe_run *run,
-                          float *loss) {
-    static const char fn[] = "lowp_moe_forward";
+/* Arguments checked by lowp_model_forward (model.c). */
+static lowp_status dense_forward(void *ctx, const char *fn, const int32_t *tokens,
+                                 const int32_t *targets, int32_t B, int32_t T,
+                                 const lowp_model_run *run, float *loss) {
+    dense_model *s = ctx;
+    lowp_param *params = s->p.params;
     const lowp_moe_config *c = &s->cfg;
     if (run->activation_checkpoint && run->training)
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
@@ -399,7 +471,7 @@ lowp_status dense_forward(dense_state *s, lowp_param *params, const int32_t *tok
     d->V = c->vocab;
     d->L = c->layers;
     d->eps = c->norm_eps;
-    lowp_status st = prepare(s, training);
+    lowp_status st = prepare(fn, s, training);
     if (st != LOWP_OK) return st;
     const int64_t N = d->N, D = d->D;
     memcpy(s->tokens, tokens, (size_t) N * sizeof(int32_t));
@@ -428,8 +500,9 @@ lowp_status dense_forward(dense_state *s, lowp_param *params, const int32_t *tok
     return LOWP_OK;
 }
 
-lowp_status dense_backward(dense_state *s, lowp_param *params) {
-    static const char fn[] = "lowp_moe_backward";
+static lowp_status dense_backward(void *ctx, const char *fn) {
+    dense_model *s = ctx;
+    lowp_param *params = s->p.params;
     if (!s->can_backward)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: no training forward with targets to differentiate (run.training "
@@ -463,3 +536,41 @@ lowp_status dense_backward(dense_state *s, lowp_param *params) {
     }
     return LOWP_OK;
 }
+
+static void dense_params(void *ctx, lowp_param **params, int32_t *n) {
+    dense_model *s = ctx;
+    *params = s->p.params;
+    *n = s->p.n;
+}
+
+static const float *dense_logits(const void *ctx) {
+    return ((const dense_model *) ctx)->logits;
+}
+
+static void dense_loss_terms(const void *ctx, double *ce, double *aux) {
+    *ce = ((const dense_model *) ctx)->ce;
+    *aux = 0.0;
+}
+
+/* Every parameter is active. */
+static int64_t dense_idle_params(const lowp_moe_config *c) {
+    (void) c;
+    return 0;
+}
+
+/* The head is the embedding table used as a GEMM weight: only the positions are a lookup. */
+static double dense_lookup_params(const lowp_moe_config *c) {
+    return (double) c->seq_len * c->dim;
+}
+
+const model_ops dense_model_ops = {
+    .create = dense_create,
+    .free = dense_free,
+    .params = dense_params,
+    .forward = dense_forward,
+    .backward = dense_backward,
+    .logits = dense_logits,
+    .loss_terms = dense_loss_terms,
+    .idle_params = dense_idle_params,
+    .lookup_params = dense_lookup_params,
+};

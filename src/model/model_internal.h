@@ -1,8 +1,9 @@
-/* The MoE transformer's internal interface: the model object, the views of one layer's
- * activations, and the two halves of a decoder layer that moe.c strings together
- * (moe_attention.c: RMSNorm + causal attention with RoPE; moe_ffn.c: RMSNorm + the MoE
- * feed-forward). Shapes use N = B * T tokens and S = N * top_k routed token-slots. Not
- * installed. */
+/* The models' internal interface: model_ops, what each model implements behind lowp_model
+ * (model.c), the parameter table every model owns (model_util.c), and the MoE transformer's
+ * pieces: the views of one layer's activations and the two halves of a decoder layer that
+ * moe.c strings together (moe_attention.c: RMSNorm + causal attention with RoPE; moe_ffn.c:
+ * RMSNorm + the MoE feed-forward). Shapes use N = B * T tokens and S = N * top_k routed
+ * token-slots. Not installed. */
 #ifndef LOWP_MODEL_INTERNAL_H
 #define LOWP_MODEL_INTERNAL_H
 
@@ -15,7 +16,7 @@
  * would cost more than the loop. Which thread computes an element never changes its value. */
 #define MOE_PARALLEL_MIN 32768
 
-/* One layer's parameters, in the order lowp_moe_params lists them. */
+/* One layer's parameters, in the order lowp_model_params lists them. */
 enum {
     MOE_ATTN_NORM,
     MOE_WQ,
@@ -43,7 +44,7 @@ typedef struct moe_dims {
     float eps, aux_coef;
 } moe_dims;
 
-/* How one pass runs; derived from lowp_moe_run and kept for the backward, which has no run
+/* How one pass runs; derived from lowp_model_run and kept for the backward, which has no run
  * argument of its own. */
 typedef struct moe_exec {
     lowp_linear_opts lin;          /* recompute is 1 while a checkpointed layer is recomputed */
@@ -118,10 +119,64 @@ LOWP_HIDDEN void moe_cross_entropy_backward(const moe_dims *d, const float *logi
                                             const int32_t *targets, const float *lse,
                                             float *dlogits, int nthreads);
 
+/* ---- The model interface. A model is one file (or folder) of src/model/ that fills a
+ * model_ops; lowp_model (model.c) checks every argument the API documents (pointers, B, T,
+ * token ids, run.threads) before calling it, and picks the model by cfg.experts. ctx is the
+ * model's own state. */
+typedef struct model_ops {
+    /* Checks cfg (messages start "FN: cfg.FIELD", fn the public name called), allocates and
+     * initializes from seed; on failure nothing is left allocated. */
+    lowp_status (*create)(const char *fn, const lowp_moe_config *cfg, uint64_t seed, void **ctx);
+    void (*free)(void *ctx);
+    void (*params)(void *ctx, lowp_param **params, int32_t *n);
+    lowp_status (*forward)(void *ctx, const char *fn, const int32_t *tokens, const int32_t *targets,
+                           int32_t B, int32_t T, const lowp_model_run *run, float *loss);
+    lowp_status (*backward)(void *ctx, const char *fn);
+    const float *(*logits)(const void *ctx); /* NULL before the first forward */
+    /* The last forward's cross-entropy (NaN without targets) and load-balancing loss. */
+    void (*loss_terms)(const void *ctx, double *ce, double *aux);
+    /* Parameters a token does not touch (idle experts), and those read by lookup rather
+     * than as GEMM weights (for lowp_model_flops_per_token). */
+    int64_t (*idle_params)(const lowp_moe_config *cfg);
+    double (*lookup_params)(const lowp_moe_config *cfg);
+} model_ops;
+
+LOWP_HIDDEN extern const model_ops moe_model_ops;   /* moe.c */
+LOWP_HIDDEN extern const model_ops dense_model_ops; /* dense.c */
+
+/* The last forward's loss in binary64 (the float that lowp_model_forward returns rounds it):
+ * finite-difference gradient checks resolve much smaller changes with it. */
+LOWP_HIDDEN double model_loss_f64(const lowp_model *m);
+
+/* ---- The parameter table a model owns (model_util.c): names, shapes, one arena holding
+ * every weight, then every gradient (same offsets, zeroed), then `extra` floats the model
+ * uses as it likes (the MoE's RoPE tables); each parameter starts on a 64-byte line. */
+#define MODEL_NAME_MAX 48
+typedef struct model_params {
+    int32_t n, cap;
+    lowp_param *params;            /* [cap] */
+    char (*names)[MODEL_NAME_MAX]; /* [cap] */
+    float *init_std;               /* [cap] until model_params_init: < 0 means ones */
+    float *arena, *extra;
+} model_params;
+/* Room for cap parameters (fn names the caller in the message). */
+LOWP_HIDDEN lowp_status model_params_alloc(model_params *p, int32_t cap, const char *fn);
+/* Appends a parameter: its name (printf-style), shape and initial standard deviation. */
+LOWP_HIDDEN void model_params_add(model_params *p, int64_t groups, int64_t rows, int64_t cols,
+                                  float std, const char *fmt, ...) LOWP_PRINTF(6, 7);
+/* The arena, each weight drawn N(0, std) from the seed's Philox streams (each parameter's
+ * stream follows the last) through Box-Muller in binary64: the same on every machine. */
+LOWP_HIDDEN lowp_status model_params_init(model_params *p, uint64_t seed, int64_t extra,
+                                          const char *fn);
+LOWP_HIDDEN void model_params_free(model_params *p);
+/* The limits every model shares: the layer count of the parameter table, and the memory of
+ * the machine given `total` parameters. */
+LOWP_HIDDEN lowp_status model_size_check(const lowp_moe_config *c, const char *fn, double total);
+
 /* ---- The dense GPT (cfg.experts == 0; dense.c): nanoGPT's block
  *   x_0 = wte[tokens] + wpe[t];  x_mid = x + attn(ln_1(x));  x_out = x_mid + mlp(ln_2(x_mid))
  *   mlp(h) = gelu(h Wfc^T) Wproj^T;  logits = ln_f(x_L) wte^T (the head is tied to wte)
- * Its parameters, in lowp_moe_params order: embed [V, D], pos_embed [seq_len, D], per layer
+ * Its parameters, in lowp_model_params order: embed [V, D], pos_embed [seq_len, D], per layer
  * attn_norm [1, D], attn.wqkv [3 D, D], attn.wo [D, D], ffn_norm [1, D], mlp.fc [H_s, D],
  * mlp.proj [D, H_s]; then final_norm [1, D]. LayerNorms without bias, as nanoGPT's
  * bias = False. */
@@ -134,20 +189,6 @@ enum {
     DENSE_PROJ,
     DENSE_LAYER_PARAMS
 };
-typedef struct dense_state dense_state;
-LOWP_HIDDEN lowp_status dense_state_create(const lowp_moe_config *cfg, dense_state **out);
-LOWP_HIDDEN void dense_state_free(dense_state *s);
-/* Arguments already checked by lowp_moe_forward. */
-LOWP_HIDDEN lowp_status dense_forward(dense_state *s, lowp_param *params, const int32_t *tokens,
-                                      const int32_t *targets, int32_t B, int32_t T,
-                                      const lowp_moe_run *run, float *loss);
-LOWP_HIDDEN lowp_status dense_backward(dense_state *s, lowp_param *params);
-LOWP_HIDDEN const float *dense_logits(const dense_state *s);
-LOWP_HIDDEN double dense_cross_entropy(const dense_state *s);
-
-/* The last forward's loss in binary64 (the float that lowp_moe_forward returns rounds it):
- * finite-difference gradient checks resolve much smaller changes with it. */
-LOWP_HIDDEN double moe_loss_f64(const lowp_moe *m);
 
 /* A plain F32 host tensor over a buffer. */
 static inline lowp_tensor moe_tensor(const float *p, int64_t rows, int64_t cols) {

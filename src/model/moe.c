@@ -1,5 +1,5 @@
-/* The MoE transformer of model.h, top to bottom: configuration presets, the parameter arena
- * and its initialization, the activation arena, and the pass over the model
+/* The MoE transformer of model.h behind model_ops (model_internal.h), top to bottom: its
+ * configuration check, its parameters, the activation arena, and the pass over the model
  *
  *   x_0 = embed[tokens]
  *   x_{l+1} = x_mid + drop(moe(ffn_norm(x_mid))),  x_mid = x_l + drop(attn(attn_norm(x_l)))
@@ -10,23 +10,16 @@
  * use, in moe_linear.c. */
 #include <math.h>
 #include <omp.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "model_internal.h"
 
-#define MOE_NAME_MAX 48
-
-struct lowp_moe {
+typedef struct moe_model {
     lowp_moe_config cfg;
-    int32_t nparams;
-    lowp_param *params;          /* [nparams]: embed, L x MOE_LAYER_PARAMS, final_norm, head */
-    char (*names)[MOE_NAME_MAX]; /* [nparams] */
-    float *param_arena;          /* every data, then every grad, then the RoPE tables */
-    float *rope_cos, *rope_sin;  /* [seq_len, hd / 2] */
+    model_params p;             /* embed, L x MOE_LAYER_PARAMS, final_norm, head; the RoPE
+                                   tables in p.extra */
+    float *rope_cos, *rope_sin; /* [seq_len, hd / 2] */
 
     /* The activation arena, laid out anew for each forward's (B, T) and mode. */
     char *act_arena;
@@ -53,119 +46,11 @@ struct lowp_moe {
      * (rows 0 .. L - 1) and after the last one (row L). */
     lowp_rng_state (*rng_states)[LOWP_RNG_MAX_STATES]; /* [L + 1] */
     int32_t rng_nstates;
+} moe_model;
 
-    dense_state *dense; /* cfg.experts == 0: the dense GPT's activations (dense.c) */
-};
-
-/* ---------------------------------------------------------------- presets and checks */
-
-lowp_status lowp_moe_config_preset(const char *name, int32_t vocab, lowp_moe_config *out) {
-    LOWP_CHECK_PTR("lowp_moe_config_preset", name);
-    LOWP_CHECK_PTR("lowp_moe_config_preset", out);
-    if (vocab <= 0)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_moe_config_preset: vocab (%d) must be > 0",
-                         vocab);
-    static const struct {
-        const char *name;
-        int32_t dim, layers, heads, seq_len, experts, top_k, hidden, shared;
-    } presets[] = {
-        {"tiny", 64, 2, 4, 32, 4, 2, 64, 64},
-        {"small", 128, 4, 4, 64, 8, 2, 128, 128},
-        {"medium", 384, 6, 6, 256, 8, 2, 512, 512},
-        /* dense (no experts): nanoGPT's CPU recipe, MLP 4 x 128 */
-        {"nanogpt", 128, 4, 4, 64, 0, 0, 0, 512},
-    };
-    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        if (strcmp(name, presets[i].name) != 0) continue;
-        lowp_moe_config c = {0};
-        c.vocab = vocab;
-        c.dim = presets[i].dim;
-        c.layers = presets[i].layers;
-        c.heads = presets[i].heads;
-        c.seq_len = presets[i].seq_len;
-        c.experts = presets[i].experts;
-        c.top_k = presets[i].top_k;
-        c.expert_hidden = presets[i].hidden;
-        c.shared_hidden = presets[i].shared;
-        c.rope_theta = 10000.0f;
-        c.norm_eps = 1e-5f;
-        c.aux_loss_coef = c.experts > 0 ? 0.01f : 0.0f;
-        c.dropout = 0.0f;
-        *out = c;
-        return LOWP_OK;
-    }
-    return lowp_fail(LOWP_ERR_NOT_FOUND,
-                     "lowp_moe_config_preset: name \"%s\" is not a preset (tiny, small, medium, "
-                     "nanogpt)",
-                     name);
-}
-
-/* Bytes of physical memory, or 0 when unknown. */
-static double physical_memory(void) {
-    const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    return pages > 0 && size > 0 ? (double) pages * (double) size : 0.0;
-}
-
-/* The limits both models share: the layer count of the parameter table and the memory of the
- * machine, given the parameter count. */
-static lowp_status size_check(const lowp_moe_config *c, const char *fn, double total) {
-    /* The parameter table counts 3 + layers * MOE_LAYER_PARAMS entries in an int32. */
-    if (c->layers > LOWP_MOE_MAX_LAYERS)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.layers (%d) > %d", fn, c->layers,
-                         LOWP_MOE_MAX_LAYERS);
-    /* Before any allocation: the weights and gradients (and the optimizer's two moments the
-     * trainer adds) must fit the machine, so a typo does not end in a swap storm. */
-    const double need = 16.0 * total + 8.0 * (double) c->seq_len * (double) c->dim;
-    const double have = physical_memory();
-    if (have > 0 && need > have)
-        return lowp_fail(LOWP_ERR_INVALID_ARG,
-                         "%s: the configuration needs about %.3g GB for %.3g parameters (weights, "
-                         "gradients, Adam moments and RoPE tables), more than the %.3g GB of "
-                         "physical memory",
-                         fn, need / 1e9, total, have / 1e9);
-    return LOWP_OK;
-}
-
-/* The dense GPT (experts == 0): no routing fields, a plain MLP of width shared_hidden. */
-static lowp_status dense_config_check(const lowp_moe_config *c, const char *fn) {
-    const struct {
-        const char *name;
-        int32_t value;
-    } positive[] = {{"vocab", c->vocab},     {"dim", c->dim},
-                    {"layers", c->layers},   {"heads", c->heads},
-                    {"seq_len", c->seq_len}, {"shared_hidden", c->shared_hidden}};
-    for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
-        if (positive[i].value <= 0)
-            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.%s (%d) must be > 0", fn,
-                             positive[i].name, positive[i].value);
-    if (c->top_k != 0 || c->expert_hidden != 0)
-        return lowp_fail(LOWP_ERR_INVALID_ARG,
-                         "%s: cfg.experts (0) selects the dense model, so cfg.top_k (%d) and "
-                         "cfg.expert_hidden (%d) must be 0",
-                         fn, c->top_k, c->expert_hidden);
-    if (c->dim % c->heads != 0)
-        return lowp_fail(LOWP_ERR_INVALID_ARG,
-                         "%s: cfg.dim (%d) is not a multiple of cfg.heads (%d)", fn, c->dim,
-                         c->heads);
-    if (!(c->norm_eps > 0.0f) || !isfinite(c->norm_eps))
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.norm_eps (%g) must be > 0", fn,
-                         (double) c->norm_eps);
-    if (c->dropout != 0.0f || c->aux_loss_coef != 0.0f)
-        return lowp_fail(LOWP_ERR_INVALID_ARG,
-                         "%s: the dense model (cfg.experts = 0) has no dropout and no "
-                         "load-balancing loss: cfg.dropout (%g) and cfg.aux_loss_coef (%g) must "
-                         "be 0",
-                         fn, (double) c->dropout, (double) c->aux_loss_coef);
-    const double total = (4.0 * c->dim * c->dim + 2.0 * c->shared_hidden * c->dim) * c->layers +
-                         ((double) c->vocab + c->seq_len) * c->dim;
-    if (total > 1e10)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: the configuration has %.3g parameters (> 1e10)",
-                         fn, total);
-    return size_check(c, fn, total);
-}
+/* ---------------------------------------------------------------- the configuration */
 
 static lowp_status config_check(const lowp_moe_config *c, const char *fn) {
-    if (c->experts == 0) return dense_config_check(c, fn);
     const struct {
         const char *name;
         int32_t value;
@@ -209,160 +94,62 @@ static lowp_status config_check(const lowp_moe_config *c, const char *fn) {
     if (total > 1e10)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: the configuration has %.3g parameters (> 1e10)",
                          fn, total);
-    return size_check(c, fn, total);
+    return model_size_check(c, fn, total);
 }
 
 /* ---------------------------------------------------------------- parameters */
 
-/* Every parameter's place in the arena starts on a 64-byte line. */
-static int64_t padded(int64_t n) {
-    return (n + 15) / 16 * 16;
-}
-
-/* N(0, std) from Philox words through Box-Muller in binary64, so the weights are the same on
- * every machine and for any thread count: words base + 2p and base + 2p + 1 give the radius
- * and the angle of elements 2p (cosine) and 2p + 1 (sine). */
-static void init_normal(float *w, int64_t n, float std, uint64_t seed, uint64_t base,
-                        int nthreads) {
-    enum { CHUNK = 4096 }; /* elements per task, even */
-    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (n >= MOE_PARALLEL_MIN)
-    for (int64_t ci = 0; ci < chunks; ci++) {
-        uint32_t words[CHUNK];
-        const int64_t i0 = ci * CHUNK, m = n - i0 < CHUNK ? n - i0 : CHUNK;
-        /* cannot fail: the buffer is ours and not empty */
-        (void) lowp_philox_fill(seed, base + (uint64_t) i0, words, (size_t) (m + 1) / 2 * 2);
-        for (int64_t i = 0; i < m; i += 2) {
-            const double u1 = ((double) words[i] + 0.5) / 4294967296.0; /* (0, 1) */
-            const double angle = 6.283185307179586 * ((double) words[i + 1] / 4294967296.0);
-            const double r = std * sqrt(-2.0 * log(u1));
-            w[i0 + i] = (float) (r * cos(angle));
-            if (i + 1 < m) w[i0 + i + 1] = (float) (r * sin(angle));
-        }
-    }
-}
-
-/* Appends parameter *np: its name (printf-style), shape and initial standard deviation
- * (< 0: ones). */
-static void add_param(lowp_moe *m, float *init_std, int32_t *np, int64_t groups, int64_t rows,
-                      int64_t cols, float std, const char *fmt, ...) LOWP_PRINTF(8, 9);
-static void add_param(lowp_moe *m, float *init_std, int32_t *np, int64_t groups, int64_t rows,
-                      int64_t cols, float std, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(m->names[*np], MOE_NAME_MAX, fmt, ap);
-    va_end(ap);
-    m->params[*np].groups = (int32_t) groups;
-    m->params[*np].rows = rows;
-    m->params[*np].cols = cols;
-    init_std[(*np)++] = std;
-}
-
-static lowp_param *layer_params(lowp_moe *m, int64_t l) {
-    return m->params + 1 + l * MOE_LAYER_PARAMS;
+static lowp_param *layer_params(moe_model *m, int64_t l) {
+    return m->p.params + 1 + l * MOE_LAYER_PARAMS;
 }
 
 /* The parameter tables and the per-layer state, sized for the configuration. */
-static lowp_status alloc_tables(lowp_moe *m) {
+static lowp_status alloc_tables(moe_model *m, const char *fn) {
     const int32_t L = m->cfg.layers;
-    const int dense = m->cfg.experts == 0;
-    m->nparams = dense ? 3 + L * DENSE_LAYER_PARAMS : 3 + L * MOE_LAYER_PARAMS;
-    m->params = calloc((size_t) m->nparams, sizeof *m->params);
-    m->names = calloc((size_t) m->nparams, sizeof *m->names);
+    lowp_status st = model_params_alloc(&m->p, 3 + L * MOE_LAYER_PARAMS, fn);
+    if (st != LOWP_OK) return st;
     m->x_mid = calloc((size_t) L, sizeof *m->x_mid);
     m->attn = calloc((size_t) L, sizeof *m->attn);
     m->ffn = calloc((size_t) L, sizeof *m->ffn);
     m->rng_states = calloc((size_t) L + 1, sizeof *m->rng_states);
-    if (!m->params || !m->names || !m->x_mid || !m->attn || !m->ffn || !m->rng_states)
-        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: parameter tables");
+    if (!m->x_mid || !m->attn || !m->ffn || !m->rng_states)
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: parameter tables", fn);
     return LOWP_OK;
 }
 
-/* Names, shapes and initial scales, in the order lowp_moe_params reports. Linears and the
+/* Names, shapes and initial scales, in the order lowp_model_params reports. Linears and the
  * embedding draw N(0, 0.02); the projections that write into the residual stream (wo, w2)
  * are scaled down by sqrt(2 L) so the stream's variance does not grow with depth; norm
  * weights start at 1 (init_std < 0). */
-static void describe_params(lowp_moe *m, float *init_std) {
+static void describe_params(moe_model *m) {
     const lowp_moe_config *cfg = &m->cfg;
     const int32_t L = cfg->layers;
-    const int dense = cfg->experts == 0;
     const int64_t D = cfg->dim, V = cfg->vocab, E = cfg->experts;
     const int64_t H = cfg->expert_hidden, Hs = cfg->shared_hidden;
     const float std = 0.02f, std_out = 0.02f / sqrtf(2.0f * (float) L);
-    int32_t np = 0;
-    add_param(m, init_std, &np, 0, V, D, std, "embed");
-    if (dense) {
-        /* nanoGPT's block; the head is the embedding (tied), so there is no "head" */
-        add_param(m, init_std, &np, 0, cfg->seq_len, D, std, "pos_embed");
-        for (int32_t l = 0; l < L; l++) {
-            add_param(m, init_std, &np, 0, 1, D, -1.0f, "layers.%d.attn_norm", l);
-            add_param(m, init_std, &np, 0, 3 * D, D, std, "layers.%d.attn.wqkv", l);
-            add_param(m, init_std, &np, 0, D, D, std_out, "layers.%d.attn.wo", l);
-            add_param(m, init_std, &np, 0, 1, D, -1.0f, "layers.%d.ffn_norm", l);
-            add_param(m, init_std, &np, 0, Hs, D, std, "layers.%d.mlp.fc", l);
-            add_param(m, init_std, &np, 0, D, Hs, std_out, "layers.%d.mlp.proj", l);
-        }
-        add_param(m, init_std, &np, 0, 1, D, -1.0f, "final_norm");
+    model_params *p = &m->p;
+    model_params_add(p, 0, V, D, std, "embed");
+    for (int32_t l = 0; l < L; l++) {
+        model_params_add(p, 0, 1, D, -1.0f, "layers.%d.attn_norm", l);
+        model_params_add(p, 0, D, D, std, "layers.%d.attn.wq", l);
+        model_params_add(p, 0, D, D, std, "layers.%d.attn.wk", l);
+        model_params_add(p, 0, D, D, std, "layers.%d.attn.wv", l);
+        model_params_add(p, 0, D, D, std_out, "layers.%d.attn.wo", l);
+        model_params_add(p, 0, 1, D, -1.0f, "layers.%d.ffn_norm", l);
+        model_params_add(p, 0, E, D, std, "layers.%d.moe.router", l);
+        model_params_add(p, 0, Hs, D, std, "layers.%d.moe.shared.w1", l);
+        model_params_add(p, 0, Hs, D, std, "layers.%d.moe.shared.w3", l);
+        model_params_add(p, 0, D, Hs, std_out, "layers.%d.moe.shared.w2", l);
+        model_params_add(p, E, H, D, std, "layers.%d.moe.experts.w1", l);
+        model_params_add(p, E, H, D, std, "layers.%d.moe.experts.w3", l);
+        model_params_add(p, E, D, H, std_out, "layers.%d.moe.experts.w2", l);
     }
-    for (int32_t l = 0; !dense && l < L; l++) {
-        add_param(m, init_std, &np, 0, 1, D, -1.0f, "layers.%d.attn_norm", l);
-        add_param(m, init_std, &np, 0, D, D, std, "layers.%d.attn.wq", l);
-        add_param(m, init_std, &np, 0, D, D, std, "layers.%d.attn.wk", l);
-        add_param(m, init_std, &np, 0, D, D, std, "layers.%d.attn.wv", l);
-        add_param(m, init_std, &np, 0, D, D, std_out, "layers.%d.attn.wo", l);
-        add_param(m, init_std, &np, 0, 1, D, -1.0f, "layers.%d.ffn_norm", l);
-        add_param(m, init_std, &np, 0, E, D, std, "layers.%d.moe.router", l);
-        add_param(m, init_std, &np, 0, Hs, D, std, "layers.%d.moe.shared.w1", l);
-        add_param(m, init_std, &np, 0, Hs, D, std, "layers.%d.moe.shared.w3", l);
-        add_param(m, init_std, &np, 0, D, Hs, std_out, "layers.%d.moe.shared.w2", l);
-        add_param(m, init_std, &np, E, H, D, std, "layers.%d.moe.experts.w1", l);
-        add_param(m, init_std, &np, E, H, D, std, "layers.%d.moe.experts.w3", l);
-        add_param(m, init_std, &np, E, D, H, std_out, "layers.%d.moe.experts.w2", l);
-    }
-    if (!dense) {
-        add_param(m, init_std, &np, 0, 1, D, -1.0f, "final_norm");
-        add_param(m, init_std, &np, 0, V, D, std, "head");
-    }
-    m->nparams = np;
-}
-
-/* One arena: all data, then all grads (same offsets), then the RoPE tables; the data drawn
- * from the seed's Philox streams (each parameter's stream follows the last). */
-static lowp_status alloc_arena(lowp_moe *m, const float *init_std, uint64_t seed) {
-    const int32_t np = m->nparams;
-    int64_t data_floats = 0;
-    for (int32_t i = 0; i < np; i++) data_floats += padded(lowp_param_numel(&m->params[i]));
-    const int64_t half = m->cfg.dim / m->cfg.heads / 2;
-    const int64_t rope_floats = padded((int64_t) m->cfg.seq_len * half);
-    const size_t bytes = (size_t) (2 * data_floats + 2 * rope_floats) * sizeof(float);
-    m->param_arena = lowp_host_alloc(bytes);
-    if (m->param_arena == NULL)
-        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: %zu bytes of parameters", bytes);
-    memset(m->param_arena, 0, bytes);
-    int64_t off = 0;
-    uint64_t word = 0; /* Philox words used so far */
-    const int nthreads = lowp_thread_count(0);
-    for (int32_t i = 0; i < np; i++) {
-        lowp_param *p = &m->params[i];
-        p->name = m->names[i];
-        p->data = m->param_arena + off;
-        p->grad = m->param_arena + data_floats + off;
-        p->device = LOWP_DEVICE_HOST;
-        const int64_t n = lowp_param_numel(p);
-        if (init_std[i] < 0.0f)
-            for (int64_t j = 0; j < n; j++) p->data[j] = 1.0f;
-        else
-            init_normal(p->data, n, init_std[i], seed, word, nthreads);
-        word += (uint64_t) padded(n);
-        off += padded(n);
-    }
-    m->rope_cos = m->param_arena + 2 * data_floats;
-    m->rope_sin = m->rope_cos + rope_floats;
-    return LOWP_OK;
+    model_params_add(p, 0, 1, D, -1.0f, "final_norm");
+    model_params_add(p, 0, V, D, std, "head");
 }
 
 /* RoPE: position t, pair i turns by t * theta^(-2i / hd), computed in binary64. */
-static void fill_rope(lowp_moe *m) {
+static void fill_rope(moe_model *m) {
     const int64_t half = m->cfg.dim / m->cfg.heads / 2;
     for (int64_t t = 0; t < m->cfg.seq_len; t++)
         for (int64_t i = 0; i < half; i++) {
@@ -373,43 +160,40 @@ static void fill_rope(lowp_moe *m) {
         }
 }
 
-/* The steps of lowp_moe_create after the checks, on a zeroed model holding its cfg (the
- * caller frees it on failure). */
-static lowp_status build(lowp_moe *m, uint64_t seed) {
-    lowp_status st = alloc_tables(m);
+static void moe_free(void *ctx);
+
+/* The steps of moe_create after the checks, on a zeroed model holding its cfg (the caller
+ * frees it on failure): the tables, the weights, the RoPE tables after the gradients. */
+static lowp_status build(moe_model *m, uint64_t seed, const char *fn) {
+    lowp_status st = alloc_tables(m, fn);
     if (st != LOWP_OK) return st;
-    float *init_std = calloc((size_t) m->nparams, sizeof *init_std);
-    if (init_std == NULL)
-        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: parameter tables");
-    describe_params(m, init_std);
-    st = alloc_arena(m, init_std, seed);
-    free(init_std);
-    if (st != LOWP_OK) return st;
+    describe_params(m);
+    const int64_t rope_floats =
+        (m->cfg.seq_len * (int64_t) (m->cfg.dim / m->cfg.heads / 2) + 15) / 16 * 16;
+    if ((st = model_params_init(&m->p, seed, 2 * rope_floats, fn)) != LOWP_OK) return st;
+    m->rope_cos = m->p.extra;
+    m->rope_sin = m->rope_cos + rope_floats;
     fill_rope(m);
-    if (m->cfg.experts == 0) return dense_state_create(&m->cfg, &m->dense);
     return LOWP_OK;
 }
 
-lowp_status lowp_moe_create(const lowp_moe_config *cfg, uint64_t seed, lowp_moe **out) {
-    LOWP_CHECK_PTR("lowp_moe_create", cfg);
-    LOWP_CHECK_PTR("lowp_moe_create", out);
-    *out = NULL;
-    lowp_status st = config_check(cfg, "lowp_moe_create");
+static lowp_status moe_create(const char *fn, const lowp_moe_config *cfg, uint64_t seed,
+                              void **ctx) {
+    lowp_status st = config_check(cfg, fn);
     if (st != LOWP_OK) return st;
-
-    lowp_moe *m = calloc(1, sizeof *m);
-    if (m == NULL) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "lowp_moe_create: model struct");
+    moe_model *m = calloc(1, sizeof *m);
+    if (m == NULL) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: model struct", fn);
     m->cfg = *cfg;
-    if ((st = build(m, seed)) != LOWP_OK) {
-        lowp_moe_free(m);
+    if ((st = build(m, seed, fn)) != LOWP_OK) {
+        moe_free(m);
         return st;
     }
-    *out = m;
+    *ctx = m;
     return LOWP_OK;
 }
 
 /* Frees what the linear layers saved for a backward that will not come. */
-static void release_saved(lowp_moe *m) {
+static void release_saved(moe_model *m) {
     for (int32_t l = 0; l < m->cfg.layers; l++) {
         lowp_linear_saved **as = m->attn[l].saved, **fs = m->ffn[l].saved;
         for (size_t i = 0; i < sizeof m->attn[l].saved / sizeof *as; i++) {
@@ -426,69 +210,33 @@ static void release_saved(lowp_moe *m) {
     m->can_backward = 0;
 }
 
-void lowp_moe_free(lowp_moe *m) {
+static void moe_free(void *ctx) {
+    moe_model *m = ctx;
     if (m == NULL) return;
     if (m->attn && m->ffn) release_saved(m);
-    for (int32_t i = 0; m->params && i < m->nparams; i++) lowp_param_cache_free(&m->params[i]);
-    dense_state_free(m->dense);
-    free(m->param_arena);
+    model_params_free(&m->p);
     free(m->act_arena);
-    free(m->params);
-    free(m->names);
     free(m->x_mid);
     free(m->attn);
     free(m->ffn);
     free(m->rng_states);
     free(m);
-    /* The blocks its updates released (GEMM workspaces, quantized copies) go back too; another
-     * model's next update refills the cache. */
-    lowp_host_empty_cache();
 }
 
-lowp_status lowp_moe_get_config(const lowp_moe *m, lowp_moe_config *out) {
-    LOWP_CHECK_PTR("lowp_moe_get_config", m);
-    LOWP_CHECK_PTR("lowp_moe_get_config", out);
-    *out = m->cfg;
-    return LOWP_OK;
+static void moe_params(void *ctx, lowp_param **params, int32_t *n) {
+    moe_model *m = ctx;
+    *params = m->p.params;
+    *n = m->p.n;
 }
 
-lowp_status lowp_moe_params(lowp_moe *m, lowp_param **params, int32_t *n) {
-    LOWP_CHECK_PTR("lowp_moe_params", m);
-    LOWP_CHECK_PTR("lowp_moe_params", params);
-    LOWP_CHECK_PTR("lowp_moe_params", n);
-    *params = m->params;
-    *n = m->nparams;
-    return LOWP_OK;
+/* The E - top_k experts a token skips, in every layer. */
+static int64_t moe_idle_params(const lowp_moe_config *c) {
+    return (int64_t) c->layers * (c->experts - c->top_k) * 3 * c->expert_hidden * c->dim;
 }
 
-lowp_status lowp_moe_active_params(const lowp_moe *m, int64_t *active, int64_t *total) {
-    LOWP_CHECK_PTR("lowp_moe_active_params", m);
-    LOWP_CHECK_PTR("lowp_moe_active_params", active);
-    LOWP_CHECK_PTR("lowp_moe_active_params", total);
-    int64_t all = 0;
-    for (int32_t i = 0; i < m->nparams; i++) all += lowp_param_numel(&m->params[i]);
-    const lowp_moe_config *c = &m->cfg;
-    const int64_t idle_experts = (int64_t) c->experts - c->top_k; /* 0 for the dense model */
-    *total = all;
-    *active = all - (int64_t) c->layers * idle_experts * 3 * c->expert_hidden * c->dim;
-    return LOWP_OK;
-}
-
-lowp_status lowp_moe_flops_per_token(const lowp_moe *m, int32_t T, double *flops) {
-    LOWP_CHECK_PTR("lowp_moe_flops_per_token", m);
-    LOWP_CHECK_PTR("lowp_moe_flops_per_token", flops);
-    if (T <= 0)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_moe_flops_per_token: T (%d) must be > 0", T);
-    int64_t active, total;
-    lowp_status st = lowp_moe_active_params(m, &active, &total);
-    if (st != LOWP_OK) return st;
-    /* The embedding is a lookup, not a GEMM: its table costs no multiply-adds (the dense model's
-     * head is the same table, used as a GEMM weight: there only the positions are a lookup). */
-    const double lookup =
-        m->dense ? (double) m->cfg.seq_len * m->cfg.dim : (double) m->cfg.vocab * m->cfg.dim;
-    const double gemm_params = (double) active - lookup;
-    *flops = 6.0 * gemm_params + 12.0 * m->cfg.layers * m->cfg.dim * (double) T;
-    return LOWP_OK;
+/* The embedding is a lookup, not a GEMM: its table costs no multiply-adds. */
+static double moe_lookup_params(const lowp_moe_config *c) {
+    return (double) c->vocab * c->dim;
 }
 
 /* ---------------------------------------------------------------- the activation arena */
@@ -503,7 +251,7 @@ static int32_t *carve_i(moe_carver *c, int64_t n) {
 /* Lays the arena out for dims d (c->base NULL: only measures). shared: every layer's buffers
  * are one scratch set (checkpointing, inference); grads: with the backward's scratch;
  * dropout: with masks. The residual stream xs is always per layer. */
-static void act_layout(lowp_moe *m, const moe_dims *d, int shared, int grads, int dropout,
+static void act_layout(moe_model *m, const moe_dims *d, int shared, int grads, int dropout,
                        moe_carver *c) {
     const int64_t N = d->N, D = d->D, S = d->S, L = d->L;
     m->tokens = carve_i(c, N);
@@ -584,7 +332,8 @@ static void act_layout(lowp_moe *m, const moe_dims *d, int shared, int grads, in
 }
 
 /* Grows the arena when this pass needs more than it holds, then lays it out. */
-static lowp_status act_prepare(lowp_moe *m, const moe_dims *d, int shared, int grads, int dropout) {
+static lowp_status act_prepare(const char *fn, moe_model *m, const moe_dims *d, int shared,
+                               int grads, int dropout) {
     moe_carver measure = {NULL, 0};
     act_layout(m, d, shared, grads, dropout, &measure);
     const size_t need = (measure.off + 63) / 64 * 64;
@@ -593,9 +342,8 @@ static lowp_status act_prepare(lowp_moe *m, const moe_dims *d, int shared, int g
         m->act_cap = 0;
         m->act_arena = lowp_host_alloc(need);
         if (m->act_arena == NULL)
-            return lowp_fail(LOWP_ERR_OUT_OF_MEMORY,
-                             "lowp_moe_forward: %zu bytes of activations (B*T = %lld)", need,
-                             (long long) d->N);
+            return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: %zu bytes of activations (B*T = %lld)",
+                             fn, need, (long long) d->N);
         m->act_cap = need;
     }
     moe_carver place = {m->act_arena, 0};
@@ -613,7 +361,7 @@ static lowp_status branch_dropout(const moe_exec *ex, float *y, uint8_t *mask, i
 
 /* x_{l+1} = x_mid + drop(moe(x_mid)),  x_mid = x_l + drop(attn(x_l)). keep: the linear layers
  * save their state for a backward. */
-static lowp_status layer_forward(lowp_moe *m, int64_t l, const moe_exec *ex, int keep) {
+static lowp_status layer_forward(moe_model *m, int64_t l, const moe_exec *ex, int keep) {
     const moe_dims *d = &m->d;
     const int64_t ND = d->N * d->D;
     lowp_param *lp = layer_params(m, l);
@@ -644,7 +392,7 @@ static lowp_status branch_dropout_backward(const moe_exec *ex, const uint8_t *ma
 }
 
 /* g->dres: dLoss/dx_{l+1} on entry, dLoss/dx_l on return. */
-static lowp_status layer_backward(lowp_moe *m, int64_t l, const moe_exec *ex) {
+static lowp_status layer_backward(moe_model *m, int64_t l, const moe_exec *ex) {
     const moe_dims *d = &m->d;
     const int64_t ND = d->N * d->D;
     lowp_param *lp = layer_params(m, l);
@@ -686,16 +434,7 @@ static void embedding_backward(const moe_dims *d, const int32_t *tokens, const f
 
 /* ---------------------------------------------------------------- the model */
 
-static lowp_status check_ids(const int32_t *ids, int64_t n, int32_t V, const char *what) {
-    for (int64_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= V)
-            return lowp_fail(LOWP_ERR_INVALID_ARG,
-                             "lowp_moe_forward: %s[%lld] (%d) is outside [0, vocab = %d)", what,
-                             (long long) i, ids[i], V);
-    return LOWP_OK;
-}
-
-static lowp_status save_rng(lowp_moe *m, int64_t row) {
+static lowp_status save_rng(moe_model *m, int64_t row) {
     return lowp_rng_tracker_get_states(m->ex.rng, m->rng_states[row], LOWP_RNG_MAX_STATES,
                                        &m->rng_nstates);
 }
@@ -709,31 +448,18 @@ static lowp_status with_context(lowp_status st, const char *fn, int64_t layer) {
     return st;
 }
 
-lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *targets, int32_t B,
-                             int32_t T, const lowp_moe_run *run, float *loss) {
-    static const char fn[] = "lowp_moe_forward";
-    LOWP_CHECK_PTR(fn, m);
-    LOWP_CHECK_PTR(fn, tokens);
+/* Arguments checked by lowp_model_forward (model.c), all but the routed slots' count. */
+static lowp_status moe_forward(void *ctx, const char *fn, const int32_t *tokens,
+                               const int32_t *targets, int32_t B, int32_t T,
+                               const lowp_model_run *run, float *loss) {
+    moe_model *m = ctx;
     const lowp_moe_config *c = &m->cfg;
-    if (B <= 0) return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: B (%d) must be > 0", fn, B);
-    if (T <= 0 || T > c->seq_len)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: T (%d) must be in [1, cfg.seq_len = %d]", fn, T,
-                         c->seq_len);
     const int64_t N = (int64_t) B * T;
     if (N * c->top_k > INT32_MAX / 2)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: B * T * top_k (%lld) overflows the experts' int32 row offsets", fn,
                          (long long) (N * c->top_k));
-    lowp_status st = check_ids(tokens, N, c->vocab, "tokens");
-    if (st != LOWP_OK) return st;
-    if (targets && (st = check_ids(targets, N, c->vocab, "targets")) != LOWP_OK) return st;
-    const lowp_moe_run none = {0};
-    if (run == NULL) run = &none;
-    if (run->threads < 0)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: run.threads (%d) must be >= 0", fn,
-                         run->threads);
-    if (m->dense) return dense_forward(m->dense, m->params, tokens, targets, B, T, run, loss);
-
+    lowp_status st;
     release_saved(m);
     m->ce = NAN;
     const int training = run->training != 0;
@@ -768,13 +494,13 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     d->eps = c->norm_eps;
     d->aux_coef = c->aux_loss_coef;
     /* Without a backward to come, the layers can share one set of buffers too. */
-    st = act_prepare(m, d, checkpoint || !training, training, ex.rng != NULL);
+    st = act_prepare(fn, m, d, checkpoint || !training, training, ex.rng != NULL);
     if (st != LOWP_OK) return st;
     memcpy(m->tokens, tokens, (size_t) N * sizeof(int32_t));
     if (targets) memcpy(m->targets, targets, (size_t) N * sizeof(int32_t));
 
     /* x_0 [N, D] = embed[tokens] */
-    embedding(d, m->params[0].data, tokens, m->xs);
+    embedding(d, m->p.params[0].data, tokens, m->xs);
 
     /* The layers. A checkpointed pass keeps nothing but x_l (and the dropout generator's
      * state before each layer, to replay the same masks when recomputing). */
@@ -792,10 +518,10 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     /* hf [N, D] = final_norm(x_L); logits [N, V] = hf Head^T */
     const int64_t D = d->D;
     lowp_tensor xt = moe_tensor(m->xs + d->L * N * D, N, D), ht = moe_tensor(m->hf, N, D);
-    st = lowp_rmsnorm_forward_nt(&xt, m->params[m->nparams - 2].data, d->eps, &ht, m->rstdf,
+    st = lowp_rmsnorm_forward_nt(&xt, m->p.params[m->p.n - 2].data, d->eps, &ht, m->rstdf,
                                  ex.autocast, ex.nthreads);
     if (st != LOWP_OK) return with_context(st, fn, -1);
-    st = moe_linear_fwd(&m->params[m->nparams - 1], m->hf, N, m->logits, &ex,
+    st = moe_linear_fwd(&m->p.params[m->p.n - 1], m->hf, N, m->logits, &ex,
                         training ? &m->head_saved : NULL);
     if (st != LOWP_OK) return with_context(st, fn, -1);
     m->aux = aux / (double) d->L;
@@ -808,10 +534,8 @@ lowp_status lowp_moe_forward(lowp_moe *m, const int32_t *tokens, const int32_t *
     return LOWP_OK;
 }
 
-lowp_status lowp_moe_backward(lowp_moe *m) {
-    static const char fn[] = "lowp_moe_backward";
-    LOWP_CHECK_PTR(fn, m);
-    if (m->dense) return dense_backward(m->dense, m->params);
+static lowp_status moe_backward(void *ctx, const char *fn) {
+    moe_model *m = ctx;
     if (!m->can_backward)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: no training forward with targets to differentiate (run.training "
@@ -828,12 +552,11 @@ lowp_status lowp_moe_backward(lowp_moe *m) {
     moe_cross_entropy_backward(d, m->logits, m->targets, m->lse, m->dlogits, ex.nthreads);
 
     /* logits = hf Head^T:  dh [N, D] = dlogits Head;  hf = final_norm(x_L):  dres [N, D] */
-    st = moe_linear_bwd(&m->params[m->nparams - 1], m->hf, N, m->dlogits, g->dh, &ex,
-                        &m->head_saved);
+    st = moe_linear_bwd(&m->p.params[m->p.n - 1], m->hf, N, m->dlogits, g->dh, &ex, &m->head_saved);
     if (st != LOWP_OK) return with_context(st, fn, -1);
     lowp_tensor xt = moe_tensor(m->xs + d->L * N * D, N, D), dht = moe_tensor(g->dh, N, D);
     lowp_tensor drt = moe_tensor(g->dres, N, D);
-    lowp_param *fnorm = &m->params[m->nparams - 2];
+    lowp_param *fnorm = &m->p.params[m->p.n - 2];
     st = lowp_rmsnorm_backward_nt(&xt, fnorm->data, m->rstdf, &dht, &drt, fnorm->grad, ex.nthreads);
     if (st != LOWP_OK) return with_context(st, fn, -1);
 
@@ -859,41 +582,28 @@ lowp_status lowp_moe_backward(lowp_moe *m) {
     }
 
     /* x_0 = embed[tokens]:  embed.grad += */
-    embedding_backward(d, m->tokens, g->dres, m->params[0].grad);
+    embedding_backward(d, m->tokens, g->dres, m->p.params[0].grad);
     return LOWP_OK;
 }
 
-lowp_status lowp_moe_logits(const lowp_moe *m, const float **logits) {
-    LOWP_CHECK_PTR("lowp_moe_logits", m);
-    LOWP_CHECK_PTR("lowp_moe_logits", logits);
-    if (m->dense) {
-        if ((*logits = dense_logits(m->dense)) == NULL)
-            return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_moe_logits: no forward has run");
-        return LOWP_OK;
-    }
-    if (m->logits == NULL)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_moe_logits: no forward has run");
-    *logits = m->logits;
-    return LOWP_OK;
+static const float *moe_logits(const void *ctx) {
+    return ((const moe_model *) ctx)->logits;
 }
 
-lowp_status lowp_moe_loss_terms(const lowp_moe *m, float *cross_entropy, float *aux) {
-    LOWP_CHECK_PTR("lowp_moe_loss_terms", m);
-    if (m->dense) {
-        if (dense_logits(m->dense) == NULL)
-            return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_moe_loss_terms: no forward has run");
-        if (cross_entropy) *cross_entropy = (float) dense_cross_entropy(m->dense);
-        if (aux) *aux = 0.0f;
-        return LOWP_OK;
-    }
-    if (m->logits == NULL)
-        return lowp_fail(LOWP_ERR_INVALID_ARG, "lowp_moe_loss_terms: no forward has run");
-    if (cross_entropy) *cross_entropy = (float) m->ce;
-    if (aux) *aux = (float) m->aux;
-    return LOWP_OK;
+static void moe_loss_terms(const void *ctx, double *ce, double *aux) {
+    const moe_model *m = ctx;
+    *ce = m->ce;
+    *aux = m->aux;
 }
 
-double moe_loss_f64(const lowp_moe *m) {
-    if (m->dense) return dense_cross_entropy(m->dense);
-    return m->ce + (double) m->cfg.aux_loss_coef * m->aux;
-}
+const model_ops moe_model_ops = {
+    .create = moe_create,
+    .free = moe_free,
+    .params = moe_params,
+    .forward = moe_forward,
+    .backward = moe_backward,
+    .logits = moe_logits,
+    .loss_terms = moe_loss_terms,
+    .idle_params = moe_idle_params,
+    .lookup_params = moe_lookup_params,
+};
