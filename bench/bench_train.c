@@ -4,7 +4,7 @@
  * wrap it with the recipe, run one untimed update (first-touch of the activation arena, the
  * weight caches), then time --steps full updates (forward, backward, clipping, AdamW,
  * lowp_train_step_end; no evaluation). Reports the median update's tokens/s and the achieved
- * GFLOP/s = FLOPs per token (6 x active parameters + attention, lowp_moe_flops_per_token) x
+ * GFLOP/s = FLOPs per token (6 x active parameters + attention, lowp_model_flops_per_token) x
  * tokens/s. Runs on 2 threads unless told otherwise: the machines this is tuned for have two
  * cores, and a fixed count makes runs comparable.
  *
@@ -111,8 +111,8 @@ typedef struct train_result {
 /* The model (seed 1234) and a trainer on a flat schedule without evaluation; 2 (with a line on
  * stderr) when the configuration or recipe is unknown. */
 static int bench_setup(const char *config, const char *recipe_name, const lowp_data *data,
-                       int batch, int threads, lowp_moe_config *mc, lowp_moe **m, lowp_trainer **t,
-                       lowp_status *st) {
+                       int batch, int threads, lowp_moe_config *mc, lowp_model **m,
+                       lowp_trainer **t, lowp_status *st) {
     lowp_data_info di;
     lowp_data_get_info(data, &di);
     lowp_recipe recipe;
@@ -131,7 +131,7 @@ static int bench_setup(const char *config, const char *recipe_name, const lowp_d
     tc.warmup = 0;
     tc.batch = batch;
     tc.threads = threads;
-    *st = lowp_moe_create(mc, 1234, m);
+    *st = lowp_model_create(mc, 1234, m);
     if (*st == LOWP_OK) *st = lowp_trainer_create(*m, data, &recipe, &tc, t);
     return 0;
 }
@@ -160,12 +160,12 @@ static lowp_status bench_steps(lowp_trainer *t, int steps, int profile, double *
 }
 
 /* Rates, MFU and phase shares from the timings. */
-static void bench_summarize(const lowp_moe *m, const lowp_moe_config *mc, int batch, int steps,
+static void bench_summarize(const lowp_model *m, const lowp_moe_config *mc, int batch, int steps,
                             double *secs, const double *phase, double step_sum, double gemm_rate,
                             train_result *res) {
     double flops = 0;
-    lowp_moe_flops_per_token(m, mc->seq_len, &flops);
-    lowp_moe_active_params(m, &res->active, &res->total);
+    lowp_model_flops_per_token(m, mc->seq_len, &flops);
+    lowp_model_active_params(m, &res->active, &res->total);
     res->med = lowp_bench_median(secs, (size_t) steps);
     const double tokens = (double) batch * mc->seq_len;
     res->tps = res->med > 0 ? tokens / res->med : 0;
@@ -226,7 +226,7 @@ static void bench_print_row(const char *config, const char *recipe_name, int pro
 static int bench_one(const char *config, const char *recipe_name, const lowp_data *data, int steps,
                      int batch, int threads, int json, int profile, double gemm_rate) {
     lowp_moe_config mc;
-    lowp_moe *m = NULL;
+    lowp_model *m = NULL;
     lowp_trainer *t = NULL;
     lowp_status st = LOWP_OK;
     const int bad = bench_setup(config, recipe_name, data, batch, threads, &mc, &m, &t, &st);
@@ -253,7 +253,7 @@ static int bench_one(const char *config, const char *recipe_name, const lowp_dat
     }
     free(secs);
     lowp_trainer_free(t);
-    lowp_moe_free(m);
+    lowp_model_free(m);
     return rc;
 }
 

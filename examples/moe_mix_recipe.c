@@ -40,8 +40,8 @@ int main(void) {
     /* The model: the "tiny" preset sized to the vocabulary. */
     lowp_moe_config mc;
     TRY(lowp_moe_config_preset("tiny", di.vocab, &mc));
-    lowp_moe *model;
-    TRY(lowp_moe_create(&mc, 1234, &model));
+    lowp_model *model;
+    TRY(lowp_model_create(&mc, 1234, &model));
 
     /* The recipe, and a trainer that applies it (lowp_train_prepare on every parameter). */
     lowp_recipe mix;
@@ -81,7 +81,7 @@ int main(void) {
     printf("sample: The %s\n", text);
 
     lowp_trainer_free(t); /* unwraps the parameters */
-    lowp_moe_free(model);
+    lowp_model_free(model);
     lowp_data_free(data);
     if (!(val < first - 0.5f)) {
         fprintf(stderr, "the loss did not fall enough: %.3f -> %.3f\n", (double) first,

@@ -522,7 +522,7 @@ typedef struct train_run {
     setup s;
     lowp_recipe recipe;
     uint64_t model_seed;
-    lowp_moe *model;
+    lowp_model *model;
     lowp_trainer *t;
     FILE *log;
     int64_t step0;
@@ -566,7 +566,7 @@ static int train_inputs(train_run *r) {
 static int train_create(train_run *r) {
     const char *cmd = r->c.cmd;
     const train_opts *o = &r->c.o;
-    lowp_status st = lowp_moe_create(&r->s.mc, r->model_seed, &r->model);
+    lowp_status st = lowp_model_create(&r->s.mc, r->model_seed, &r->model);
     if (st == LOWP_OK) st = lowp_trainer_create(r->model, r->s.data, &r->recipe, &r->s.tc, &r->t);
     if (st == LOWP_OK) st = lowp_trainer_set_model_seed(r->t, r->model_seed);
     if (st == LOWP_OK && r->resume) st = lowp_trainer_checkpoint_load(r->t, o->resume);
@@ -674,7 +674,7 @@ int lowp_cli_train(int argc, char **argv) {
     if (rc < 0) rc = train_report(r, secs);
     if (r->log) fclose(r->log);
     lowp_trainer_free(r->t);
-    lowp_moe_free(r->model);
+    lowp_model_free(r->model);
     lowp_data_free(r->s.data);
     free(r);
     return rc;
@@ -738,12 +738,12 @@ static int compare_one(compare_run *r, int i) {
         return lowp_cli_fail(cmd, 1, "out of memory for the records of %d updates", (int) steps);
     lowp_recipe recipe;
     lowp_recipe_init(&recipe, r->names[i]);
-    lowp_moe *model = NULL;
+    lowp_model *model = NULL;
     lowp_trainer *t = NULL;
-    lowp_status st = lowp_moe_create(&r->s.mc, r->s.tc.seed, &model);
+    lowp_status st = lowp_model_create(&r->s.mc, r->s.tc.seed, &model);
     if (st == LOWP_OK) st = lowp_trainer_create(model, r->s.data, &recipe, &r->s.tc, &t);
     if (st != LOWP_OK) {
-        lowp_moe_free(model);
+        lowp_model_free(model);
         return lowp_cli_lib_fail(cmd, st);
     }
     describe_wrapping(t, r->wrapped[i], sizeof r->wrapped[i]);
@@ -759,7 +759,7 @@ static int compare_one(compare_run *r, int i) {
         rc = 1;
     }
     double flops = 0;
-    lowp_moe_flops_per_token(model, r->s.tc.seq_len, &flops);
+    lowp_model_flops_per_token(model, r->s.tc.seq_len, &flops);
     report_run *run = &r->runs[i];
     run->recipe = r->names[i];
     run->points = p->points;
@@ -772,7 +772,7 @@ static int compare_one(compare_run *r, int i) {
     run->skipped = p->skipped;
     run->wrapped = r->wrapped[i];
     lowp_trainer_free(t);
-    lowp_moe_free(model);
+    lowp_model_free(model);
     return rc;
 }
 

@@ -1,8 +1,8 @@
-/* Training the MoE model of model.h: the trainer (gradient accumulation, clipping, AdamW, the
- * schedule, evaluation on a held-out split), sampling, and checkpoints in the safetensors
- * format from which a run resumes bit for bit. Implemented in src/trainer/ (trainer.c: the
- * loop and evaluation; sample.c; checkpoint.c). The data it trains on is data.h, the
- * optimizer optim.h, the file format safetensors.h.
+/* Training a model of model.h (lowp_model: the MoE or the dense GPT): the trainer (gradient
+ * accumulation, clipping, AdamW, the schedule, evaluation on a held-out split), sampling, and
+ * checkpoints in the safetensors format from which a run resumes bit for bit. Implemented in
+ * src/trainer/ (trainer.c: the loop and evaluation; sample.c; checkpoint.c). The data it trains on
+ * is data.h, the optimizer optim.h, the file format safetensors.h.
  *
  *   lowp_data *data;
  *   lowp_data_from_file("input.txt", &data);       // or lowp_data_default(&data)
@@ -10,8 +10,8 @@
  *   lowp_data_get_info(data, &di);
  *   lowp_moe_config mc;
  *   lowp_moe_config_preset("tiny", di.vocab, &mc);
- *   lowp_moe *m;
- *   lowp_moe_create(&mc, 1234, &m);
+ *   lowp_model *m;
+ *   lowp_model_create(&mc, 1234, &m);
  *   lowp_recipe r;
  *   lowp_recipe_init(&r, "all_mxfp8");
  *   lowp_trainer_cfg tc;
@@ -73,7 +73,7 @@ typedef struct lowp_trainer lowp_trainer;
 /* The trainer borrows the model and the data (keep them alive until lowp_trainer_free). It
  * wraps the model's parameters by `recipe` (NULL: none, recorded as "none"), which must not be
  * wrapped already, and the model's vocabulary must equal the data's. */
-LOWP_API lowp_status lowp_trainer_create(lowp_moe *model, const lowp_data *data,
+LOWP_API lowp_status lowp_trainer_create(lowp_model *model, const lowp_data *data,
                                          const lowp_recipe *recipe, const lowp_trainer_cfg *cfg,
                                          lowp_trainer **out);
 /* Unwraps the parameters and frees the optimizer state. */
@@ -132,7 +132,7 @@ typedef struct lowp_sample_cfg {
 } lowp_sample_cfg;
 LOWP_API lowp_status lowp_sample_cfg_init(lowp_sample_cfg *cfg);
 /* out receives n bytes and a terminating NUL (n + 1 bytes). */
-LOWP_API lowp_status lowp_sample_text(lowp_moe *model, const lowp_data *data,
+LOWP_API lowp_status lowp_sample_text(lowp_model *model, const lowp_data *data,
                                       const lowp_sample_cfg *cfg, const char *prompt, int32_t n,
                                       char *out);
 

@@ -52,7 +52,7 @@ static int32_t pick(const float *logits, int32_t V, float temperature, int32_t t
     return order[k - 1];
 }
 
-lowp_status lowp_sample_text(lowp_moe *model, const lowp_data *data, const lowp_sample_cfg *cfg,
+lowp_status lowp_sample_text(lowp_model *model, const lowp_data *data, const lowp_sample_cfg *cfg,
                              const char *prompt, int32_t n, char *out) {
     const char *fn = "lowp_sample_text";
     LOWP_CHECK_PTR(fn, model);
@@ -64,7 +64,7 @@ lowp_status lowp_sample_text(lowp_moe *model, const lowp_data *data, const lowp_
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: temperature (%g) is not finite", fn,
                          (double) cfg->temperature);
     lowp_moe_config mc;
-    lowp_status st = lowp_moe_get_config(model, &mc);
+    lowp_status st = lowp_model_get_config(model, &mc);
     if (st != LOWP_OK) return st;
     const uint8_t *symbols;
     int32_t V;
@@ -93,16 +93,16 @@ lowp_status lowp_sample_text(lowp_moe *model, const lowp_data *data, const lowp_
             if (symbols[v] == '\n') ctx[0] = v;
         len = 1;
     }
-    lowp_moe_run run;
+    lowp_model_run run;
     memset(&run, 0, sizeof run);
     run.threads = cfg->threads;
     for (int32_t i = 0; i < n && st == LOWP_OK; i++) {
         const size_t T = len < (size_t) mc.seq_len ? len : (size_t) mc.seq_len;
         const int32_t *window = ctx + (len - T);
         float unused;
-        st = lowp_moe_forward(model, window, NULL, 1, (int32_t) T, &run, &unused);
+        st = lowp_model_forward(model, window, NULL, 1, (int32_t) T, &run, &unused);
         const float *logits = NULL;
-        if (st == LOWP_OK) st = lowp_moe_logits(model, &logits);
+        if (st == LOWP_OK) st = lowp_model_logits(model, &logits);
         if (st != LOWP_OK) break;
         const uint64_t w = 2 * (uint64_t) i;
         const uint64_t r = ((uint64_t) lowp_philox_word(cfg->seed, w) << 21) ^

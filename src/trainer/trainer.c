@@ -81,7 +81,7 @@ void lowp_trainer_free(lowp_trainer *t) {
     free(t);
 }
 
-lowp_status lowp_trainer_create(lowp_moe *model, const lowp_data *data, const lowp_recipe *recipe,
+lowp_status lowp_trainer_create(lowp_model *model, const lowp_data *data, const lowp_recipe *recipe,
                                 const lowp_trainer_cfg *cfg, lowp_trainer **out) {
     const char *fn = "lowp_trainer_create";
     LOWP_CHECK_PTR(fn, model);
@@ -90,7 +90,7 @@ lowp_status lowp_trainer_create(lowp_moe *model, const lowp_data *data, const lo
     LOWP_CHECK_PTR(fn, out);
     *out = NULL;
     lowp_moe_config mc;
-    lowp_status st = lowp_moe_get_config(model, &mc);
+    lowp_status st = lowp_model_get_config(model, &mc);
     if (st != LOWP_OK) return st;
     if ((st = check_cfg(fn, cfg, &mc)) != LOWP_OK) return st;
     lowp_data_info di;
@@ -117,7 +117,7 @@ lowp_status lowp_trainer_create(lowp_moe *model, const lowp_data *data, const lo
         memset(&t->recipe, 0, sizeof t->recipe);
         strcpy(t->recipe.name, "none");
     }
-    if ((st = lowp_moe_params(model, &t->params, &t->n)) != LOWP_OK) goto fail;
+    if ((st = lowp_model_params(model, &t->params, &t->n)) != LOWP_OK) goto fail;
     if (recipe) {
         if ((st = lowp_train_prepare(t->params, t->n, recipe)) != LOWP_OK) {
             lowp_error_append("%s: preparing the parameters with recipe '%s'", fn, recipe->name);
@@ -223,8 +223,8 @@ lowp_status lowp_trainer_extra_state_load(lowp_trainer *t, const trainer_extra_s
 
 /* ---- Steps ---- */
 
-static lowp_moe_run train_run(lowp_trainer *t, int training) {
-    lowp_moe_run r;
+static lowp_model_run train_run(lowp_trainer *t, int training) {
+    lowp_model_run r;
     memset(&r, 0, sizeof r);
     r.training = training;
     r.activation_checkpoint = training ? t->cfg.activation_checkpoint : 0;
@@ -236,16 +236,16 @@ static lowp_moe_run train_run(lowp_trainer *t, int training) {
 
 static lowp_status eval_raw(lowp_trainer *t, float *val_loss) {
     const int32_t B = t->cfg.batch, T = t->cfg.seq_len;
-    lowp_moe_run run = train_run(t, 0);
+    lowp_model_run run = train_run(t, 0);
     double sum = 0.0;
     for (int32_t i = 0; i < t->cfg.eval_batches; i++) {
         lowp_status st = lowp_data_batch(t->data, LOWP_SPLIT_VAL, t->cfg.eval_seed, (uint64_t) i, B,
                                          T, t->tokens, t->targets);
         if (st != LOWP_OK) return st;
         float loss, ce;
-        if ((st = lowp_moe_forward(t->model, t->tokens, t->targets, B, T, &run, &loss)) !=
+        if ((st = lowp_model_forward(t->model, t->tokens, t->targets, B, T, &run, &loss)) !=
                 LOWP_OK ||
-            (st = lowp_moe_loss_terms(t->model, &ce, NULL)) != LOWP_OK)
+            (st = lowp_model_loss_terms(t->model, &ce, NULL)) != LOWP_OK)
             return st;
         sum += (double) ce;
     }
@@ -301,7 +301,7 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
     lowp_status st = zero_grads(t->params, t->n, nt);
     lowp_prof_pop();
     if (st != LOWP_OK) return st;
-    lowp_moe_run run = train_run(t, 1);
+    lowp_model_run run = train_run(t, 1);
     double ce_sum = 0.0, aux_sum = 0.0;
     for (int32_t a = 0; a < A; a++) {
         lowp_prof_push(LOWP_PHASE_DATA);
@@ -314,10 +314,10 @@ lowp_status lowp_trainer_step(lowp_trainer *t, lowp_step_report *rep) {
         /* The model's own loops (norms, activations, routing, loss) are the elementwise phase;
          * the training layer marks its GEMMs and quantization, the attention its core. */
         lowp_prof_push(LOWP_PHASE_ELEMENTWISE);
-        if ((st = lowp_moe_forward(t->model, t->tokens, t->targets, B, T, &run, &loss)) ==
+        if ((st = lowp_model_forward(t->model, t->tokens, t->targets, B, T, &run, &loss)) ==
                 LOWP_OK &&
-            (st = lowp_moe_loss_terms(t->model, &ce, &aux)) == LOWP_OK)
-            st = lowp_moe_backward(t->model);
+            (st = lowp_model_loss_terms(t->model, &ce, &aux)) == LOWP_OK)
+            st = lowp_model_backward(t->model);
         lowp_prof_pop();
         if (st != LOWP_OK) return st;
         ce_sum += (double) ce;

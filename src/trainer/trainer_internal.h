@@ -9,7 +9,7 @@
 #include "lowp/trainer.h"
 
 struct lowp_trainer {
-    lowp_moe *model;       /* borrowed */
+    lowp_model *model;     /* borrowed */
     const lowp_data *data; /* borrowed */
     lowp_moe_config mcfg;
     lowp_trainer_cfg cfg; /* seq_len resolved */
