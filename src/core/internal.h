@@ -35,7 +35,7 @@ LOWP_HIDDEN void *lowp_host_zalloc(size_t nbytes);
  * LOWP_HOST_CACHE_MIN bytes up, for the next lowp_host_alloc of about its size; smaller
  * blocks, and those the cache has no room for, are freed. For buffers that live for one call
  * or one update. NULL is ignored. The public lowp_host_empty_cache frees every cached block
- * (lowp_moe_free calls it, so that freeing a model gives its updates' blocks back);
+ * (lowp_model_free calls it, so that freeing a model gives its updates' blocks back);
  * lowp_host_cache_bytes is what the cache holds. */
 #define LOWP_HOST_CACHE_MIN ((size_t) 256 << 10)
 LOWP_HIDDEN void lowp_host_free(void *p);
