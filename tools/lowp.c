@@ -91,7 +91,7 @@ static int bench(int argc, char **argv) {
  * own initializer, before main, and libc's initializer resets the environment that an
  * executable's .preinit_array could have changed. A setenv here, as this tool did until the
  * twelfth session, changed nothing (OMP_DISPLAY_ENV=verbose shows GOMP_SPINCOUNT). Measured
- * on a 2-core machine (docs/benchmarks.md): the default is about 8% faster than
+ * on a 2-core machine (docs/bench-log/train-step.md): the default is about 8% faster than
  * OMP_WAIT_POLICY=passive on an idle machine, and passive 1.1-1.4x faster with another
  * process busy on one core. */
 int main(int argc, char **argv) {

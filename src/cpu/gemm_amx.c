@@ -142,7 +142,7 @@ static void micro_amx(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0,
 }
 
 /* 1 MiB of packed B per column block: half the L2 of the cores that have AMX. Measured on AMX
- * hardware (docs/benchmarks.md, fourteenth session): 512 KiB was 5-33% slower at K = 384 to
+ * hardware (docs/bench-log/train-step.md, fourteenth session): 512 KiB was 5-33% slower at K = 384 to
  * 4096 and 4 MiB up to 25% slower at K >= 2048; 2 MiB, and a minimum block width of 256
  * columns, were within the noise; 512 columns was mixed (-23% to +3%). Up to 1.5 MiB in one
  * block when that holds all the job's columns (whole_n_bytes): the K = 2048 weight gradients

@@ -147,7 +147,7 @@ void lowp_gemm_micro_dpbf16(const uint16_t *a, const uint16_t *b, int64_t nkt, i
 }
 
 /* B blocks of at least 512 columns: 199 against 169 GFLOP/s at M=4096 K=4096 N=1024 (MXFP8,
- * one Zen 4 core), no loss at small K (docs/benchmarks.md, "GEMM blocking"). */
+ * one Zen 4 core), no loss at small K (docs/bench-log/gemm.md, "Column blocks"). */
 #define B_MIN_COLS 512
 static const lowp_gemm_blk_kernel k_dp = {lowp_gemm_micro_dpbf16, lowp_gemm_micro_f32x, 4,
                                           B_BUDGET_BYTES,         B_MIN_COLS,           0};

@@ -30,7 +30,7 @@ AI __m512 fp32_scales16(__m512i am, float fmax, float eps, int pow2) {
 /* Rowwise copy, 16 blocks of one row from block b0: the 16 maxima first (loads only), their
  * scales in one vector rule, then the codes of each block. Per block, a horizontal maximum,
  * the scalar rule and two divisions made a dependency chain the next block's loads waited on
- * (8192x4096 BF16, one thread: 0.54 of memcpy; see docs/benchmarks.md). */
+ * (8192x4096 BF16, one thread: 0.54 of memcpy; see docs/bench-log/quant.md). */
 AI void b128_group(const lowp_quant_job *j, const char *xr, uint8_t *orow, float *sc, int64_t b0,
                    lowp_format xf, lowp_format ef, int em_ok, int nt) {
     const int64_t C = j->cols, nb = (C + 127) / 128;

@@ -711,7 +711,7 @@ MX_TILE64B(mx_tile64b_e5m2, LOWP_FORMAT_E5M2)
  * ran 1.9x faster). With those scales staged (SC_GROUP_BLOCKS), 64 rows beat 128 and 256 on
  * two threads too (8192x4096: 4.4-4.5 ms against 4.5-5.0 and 5.5-5.8): so 64 rows whenever the
  * scales are staged, and otherwise when one call takes every row of the input, 256 else
- * (docs/benchmarks.md, "Seventeenth session" and "Eighteenth session"). */
+ * (docs/bench-log/quant.md, "Seventeenth session" and "Eighteenth session"). */
 #define BAND_ROWS   256
 #define BAND_ROWS_1 64
 #define BAND_EL     ((int64_t) 1 << 17)
@@ -724,7 +724,7 @@ MX_TILE64B(mx_tile64b_e5m2, LOWP_FORMAT_E5M2)
  * blocks (2048 rows) of every column, one staging row per block, written by band_codes two
  * whole 64-byte rows a tile and stored, once the group's rows are done, as one 64-byte line
  * per column (scale_flush). Stored directly, two bytes per column and 64 lines 256 bytes
- * apart a tile (8192x4096), they cost 1-4 ms of an 8192x4096 call (docs/benchmarks.md,
+ * apart a tile (8192x4096), they cost 1-4 ms of an 8192x4096 call (docs/bench-log/quant.md,
  * "Seventeenth session"); staged, the call took 9.5-9.8 ms on one thread against 11.0-11.5,
  * and with 64-row super-bands on two threads 4.4-4.5 against 6.0-6.2 (256 rows, direct):
  * "Eighteenth session". Taken when the staging (SC_GROUP_BLOCKS rows of the whole tiles'
@@ -914,7 +914,7 @@ NIV void col_carry_flush(col_carry *cc, const lowp_quant_job *j, int64_t c0, int
  * edges (the last columns short of 64, the last rows short of 64) by mx_tile32. With staged
  * column scales the super-bands have 64 rows (BAND_ROWS), so that none crosses a group's end,
  * and each group is stored when its last super-band is done. One thread, 8192x4096, against
- * mx_tile64b tile by tile: see docs/benchmarks.md ("Fifteenth session"). */
+ * mx_tile64b tile by tile: see docs/bench-log/quant.md ("Fifteenth session"). */
 AI void mx_bands_b(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, lowp_format ef,
                    int em_ok, int nt_row, int nt_col, int col_big, int row_big) {
     const int64_t C = j->cols, C64 = C & ~(int64_t) 63, rend = r0 + (r1 - r0) / 64 * 64;

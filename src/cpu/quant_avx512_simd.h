@@ -718,7 +718,7 @@ AI int lane_of(int i, int hi) {
  * (col_put). Stored as two pieces of lines (ordinary stores), each of the copy's lines was
  * read for ownership, 64 lines rows apart a tile: one thread, 4128x4096 ran at 0.33-0.34 of
  * memcpy against 0.95-0.96 with the carry, and 8192x2048 in 8 groups (lowp_quantize_grouped)
- * took 10.5-11.7 ms against 4.5 (docs/benchmarks.md, "Eighteenth session"). The row copy
+ * took 10.5-11.7 ms against 4.5 (docs/bench-log/quant.md, "Eighteenth session"). The row copy
  * uses the same carry along each row of a super-band (band_chunk's rc) when its rows are not
  * whole lines (columns not a multiple of 64): 4096x4128 0.30-0.31 of memcpy, 0.81-0.85 with
  * it. So do the binary32-scale kinds' column copies (col_store64, by col_put_s): 4128x4096
