@@ -275,8 +275,8 @@ static void test_wgrad(void) {
         float *c = malloc(sizeof(float) * (size_t) (G * N * K));
         lowp_tensor ct = {LOWP_FORMAT_F32, G * N, K, c, LOWP_DEVICE_HOST};
         lowp_gemm_cfg cfg = ref_cfg();
-        CHECKF(lowp_grouped_gemm_wgrad(&a, &b, offs, G, &ct, &cfg) == LOWP_OK, "%s",
-               lowp_last_error());
+        cfg.split = LOWP_GROUPED_SPLIT_K; /* the one grouped entry, split-K */
+        CHECKF(lowp_grouped_gemm(&a, &b, offs, G, &ct, &cfg) == LOWP_OK, "%s", lowp_last_error());
         /* Oracle: float64 sum over each group's tokens of the dequantized copies. */
         float *da = malloc(sizeof(float) * (size_t) (N * T)),
               *dbv = malloc(sizeof(float) * (size_t) (K * T));
@@ -348,6 +348,23 @@ static void test_errors(void) {
     lowp_gemm_cfg_init(&cfg);
     cfg.path = (lowp_kernel_path) 9;
     CHECK(lowp_gemm(&a.q, &b.q, &ct, &cfg) == LOWP_ERR_INVALID_ARG);
+    /* the layout and split fields: named when out of range; split-K is the grouped entry's */
+    lowp_gemm_cfg_init(&cfg);
+    CHECK(cfg.b_layout == LOWP_LAYOUT_NK && cfg.split == LOWP_GROUPED_SPLIT_M);
+    cfg.b_layout = 2;
+    CHECK_FAIL(lowp_gemm(&a.q, &b.q, &ct, &cfg), LOWP_ERR_INVALID_ARG, "cfg.b_layout (2)");
+    CHECK_FAIL(lowp_grouped_gemm(&a.q, bb, offs, 2, &ct, &cfg), LOWP_ERR_INVALID_ARG,
+               "lowp_grouped_gemm: cfg.b_layout (2) is not");
+    cfg.b_layout = LOWP_LAYOUT_NK;
+    cfg.split = -1;
+    CHECK_FAIL(lowp_grouped_gemm(&a.q, bb, offs, 2, &ct, &cfg), LOWP_ERR_INVALID_ARG,
+               "cfg.split (-1)");
+    cfg.split = LOWP_GROUPED_SPLIT_K;
+    CHECK_FAIL(lowp_gemm(&a.q, &b.q, &ct, &cfg), LOWP_ERR_INVALID_ARG,
+               "lowp_gemm: cfg.split (1) is set; split-K runs in lowp_grouped_gemm");
+    /* split-K through the one entry: the same checks as the twin above */
+    CHECK_FAIL(lowp_grouped_gemm(&a.q, &b.q, toffs, 2, &wct, &cfg), LOWP_ERR_INVALID_ARG,
+               "lowp_quantize_grouped");
     operand_drop(&a), operand_drop(&b), operand_drop(&bt), operand_drop(&bk);
 }
 
@@ -399,6 +416,19 @@ static void test_kn(void) {
         CHECK_OK(lowp_grouped_gemm_kn(&a.q, bs, offs, G, &t2, NULL));
         CHECKF(memcmp(c1, c2, sizeof(float) * (size_t) (M * N)) == 0,
                "lowp_grouped_gemm_kn %s != lowp_grouped_gemm on the columnwise copies", name);
+        /* the same through the layout flag: b_layout KN on the stored copies */
+        lowp_gemm_cfg kn;
+        lowp_gemm_cfg_init(&kn);
+        kn.b_layout = LOWP_LAYOUT_KN;
+        memset(c2, 0xff, sizeof(float) * (size_t) (M * N));
+        CHECK_OK(lowp_grouped_gemm(&a.q, bs, offs, G, &t2, &kn));
+        CHECKF(memcmp(c1, c2, sizeof(float) * (size_t) (M * N)) == 0,
+               "lowp_grouped_gemm b_layout KN %s != NK on the columnwise copies", name);
+        CHECK_OK(lowp_gemm(&a.q, &bc[0], &t1, NULL));
+        memset(c2, 0xff, sizeof(float) * (size_t) (M * N));
+        CHECK_OK(lowp_gemm(&a.q, &bs[0], &t2, &kn));
+        CHECKF(memcmp(c1, c2, sizeof(float) * (size_t) (M * N)) == 0,
+               "lowp_gemm b_layout KN %s != NK on the columnwise copy", name);
         if (ki == 0) { /* errors, on these operands */
             lowp_tensor bad = {LOWP_FORMAT_F32, M, K, c1, LOWP_DEVICE_HOST};
             CHECK_FAIL(lowp_gemm_kn(&a.q, &bs[0], &bad, NULL), LOWP_ERR_INVALID_ARG, "c shape");

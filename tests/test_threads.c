@@ -1,14 +1,12 @@
-/* The thread-count rule (lowp/threads.h) and the slots added to the backend vtable since
- * version 1 (amax in version 2, gemm_kn and grouped_gemm_kn in version 3).
+/* The thread-count rule (lowp/threads.h) and the backend's amax slot.
  *
  * - lowp_thread_count: 0 is every core, 1..LOWP_MAX_THREADS as given, more clamped.
  * - cfg.threads far above any machine (65536, INT32_MAX) in lowp_cast, lowp_quantize and
  *   lowp_gemm, and in lowp_moe_run: the result equals the single-threaded one (before the
  *   clamp, libgomp crashed or failed to create the threads).
- * - lowp_amax goes through the backend's amax slot: a backend registered with API version 1
- *   loads, and lowp_amax on it is LOWP_ERR_UNSUPPORTED naming the slot, while the CPU result
- *   equals a plain loop; a version-2 backend gets amax but not gemm_kn, a version-3 one
- *   both. */
+ * - lowp_amax goes through the backend's amax slot: on a backend without one it is
+ *   LOWP_ERR_UNSUPPORTED naming the slot, while the CPU result equals a plain loop (backends of
+ *   older API versions: test_device_compat.c). */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -125,19 +123,6 @@ static lowp_status v1_amax(void *ctx, int32_t index, const lowp_tensor *x, int32
     return LOWP_OK;
 }
 
-static int g_kn_calls;
-static lowp_status v3_gemm_kn(void *ctx, int32_t index, const lowp_qtensor *a,
-                              const lowp_qtensor *b, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
-    (void) ctx;
-    (void) index;
-    (void) a;
-    (void) b;
-    (void) c;
-    (void) cfg;
-    g_kn_calls++;
-    return LOWP_OK;
-}
-
 static void test_amax_slot(void) {
     /* CPU: through the slot, equal to a plain loop (NaN-free input). */
     static float x[3 * 40];
@@ -151,51 +136,25 @@ static void test_amax_slot(void) {
         CHECKF(row[r] == m, "row %d: %g != %g", r, (double) row[r], (double) m);
     }
 
-    /* A version-1 backend: its vtable is read only up to `destroy`, so the amax it would have
-     * past the end is never seen. */
+    /* A backend with no amax slot: LOWP_ERR_UNSUPPORTED naming it, the slot never called
+     * (older versions: test_device_compat). */
     lowp_backend_iface f = {0};
     f.device_count = v1_device_count;
     f.synchronize = v1_synchronize;
     f.alloc = v1_alloc;
     f.free = v1_free;
-    f.amax = v1_amax; /* beyond a version-1 vtable: must be ignored */
-    lowp_backend_reg reg = {1u, sizeof reg, "apiv1", &f, NULL};
+    lowp_backend_reg reg = {LOWP_BACKEND_API_VERSION, sizeof reg, "noamax", &f, NULL};
     int32_t type = -1;
     CHECK_OK(lowp_backend_register(&reg, &type));
     lowp_tensor dt = {LOWP_FORMAT_F32, 3, 40, x, {type, 0}};
     CHECK_FAIL(lowp_amax(&dt, LOWP_SCALING_ROW, row, 3), LOWP_ERR_UNSUPPORTED,
-               "backend \"apiv1\" has no amax kernel");
-    CHECK(g_amax_calls == 0);
-
-    /* The same vtable as version 2: amax is called, gemm_kn (past a version-2 vtable) is
-     * not seen. */
-    f.gemm_kn = v3_gemm_kn;
-    lowp_backend_reg reg2 = {2u, sizeof reg2, "apiv2", &f, NULL};
+               "backend \"noamax\" has no amax kernel");
+    f.amax = v1_amax;
+    lowp_backend_reg reg2 = {LOWP_BACKEND_API_VERSION, sizeof reg2, "withamax", &f, NULL};
     CHECK_OK(lowp_backend_register(&reg2, &type));
     lowp_tensor dt2 = {LOWP_FORMAT_F32, 3, 40, x, {type, 0}};
     CHECK_OK(lowp_amax(&dt2, LOWP_SCALING_ROW, row, 3));
     CHECK(g_amax_calls == 1);
-    lowp_qtensor qa = {LOWP_FORMAT_F32, LOWP_SCALING_NONE, 3, 40, x, NULL, {type, 0}, NULL, 0};
-    lowp_qtensor qb = {LOWP_FORMAT_F32, LOWP_SCALING_NONE, 40, 3, x, NULL, {type, 0}, NULL, 0};
-    float cdata[9];
-    lowp_tensor ct = {LOWP_FORMAT_F32, 3, 3, cdata, {type, 0}};
-    CHECK_FAIL(lowp_gemm_kn(&qa, &qb, &ct, NULL), LOWP_ERR_UNSUPPORTED,
-               "backend \"apiv2\" has no gemm_kn kernel");
-    CHECK(g_kn_calls == 0);
-
-    /* Version 3 (the current one): gemm_kn is called. */
-    lowp_backend_reg reg3 = {LOWP_BACKEND_API_VERSION, sizeof reg3, "apiv3", &f, NULL};
-    CHECK(LOWP_BACKEND_API_VERSION == 3u);
-    CHECK_OK(lowp_backend_register(&reg3, &type));
-    qa.device = qb.device = ct.device = (lowp_device){type, 0};
-    CHECK_OK(lowp_gemm_kn(&qa, &qb, &ct, NULL));
-    CHECK(g_kn_calls == 1);
-
-    /* Versions outside [MIN, current] are refused. */
-    lowp_backend_reg reg0 = {0u, sizeof reg0, "apiv0", &f, NULL};
-    CHECK_FAIL(lowp_backend_register(&reg0, NULL), LOWP_ERR_VERSION, "reg.api_version (0)");
-    lowp_backend_reg reg4 = {LOWP_BACKEND_API_VERSION + 1, sizeof reg4, "apiv4", &f, NULL};
-    CHECK_FAIL(lowp_backend_register(&reg4, NULL), LOWP_ERR_VERSION, "reg.api_version (4)");
 }
 
 int main(void) {

@@ -12,6 +12,11 @@
  *          -e 's/\bLOWP_ROUND_\(RNE\|SR\)\b/LOWP_ROUNDING_\1/g' \
  *          -e 's/\blowp_fp8_state_blob_size\b/lowp_fp8_state_extra_state_size/g' \
  *          -e 's/\blowp_fp8_state_\(save\|load\)\b/lowp_fp8_state_extra_state_\1/g' FILES
+ *
+ * The GEMM twins of 0.2 (lowp_gemm_kn, lowp_grouped_gemm_kn, lowp_grouped_gemm_wgrad,
+ * lowp_grouped_gemm_wgrad_kn) became fields of lowp_gemm_cfg: b_layout = LOWP_LAYOUT_KN and
+ * split = LOWP_GROUPED_SPLIT_K with lowp_gemm and lowp_grouped_gemm. They stay below as thin
+ * wrappers (declared once gemm.h is included, which includes this file again at its end).
  */
 #ifndef LOWP_DEPRECATED_H
 #define LOWP_DEPRECATED_H
@@ -44,4 +49,31 @@
 #define lowp_fp8_state_load      lowp_fp8_state_extra_state_load
 #endif
 
+#endif
+
+/* The GEMM twins (gemm.h), same arguments as before: each sets b_layout and split in a copy of
+ * cfg (NULL: the defaults) and calls lowp_gemm or lowp_grouped_gemm. */
+#if defined(LOWP_GEMM_H) && !defined(LOWP_DEPRECATED_GEMM_H) && !defined(LOWP_NO_DEPRECATED)
+#define LOWP_DEPRECATED_GEMM_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* lowp_gemm with b_layout KN */
+LOWP_API lowp_status lowp_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                                  const lowp_gemm_cfg *cfg);
+/* lowp_grouped_gemm, split-M, b_layout KN */
+LOWP_API lowp_status lowp_grouped_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b,
+                                          const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                          const lowp_gemm_cfg *cfg);
+/* lowp_grouped_gemm, split-K, b_layout NK */
+LOWP_API lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
+                                             const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                             const lowp_gemm_cfg *cfg);
+/* lowp_grouped_gemm, split-K, b_layout KN */
+LOWP_API lowp_status lowp_grouped_gemm_wgrad_kn(const lowp_qtensor *a, const lowp_qtensor *b,
+                                                const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                                const lowp_gemm_cfg *cfg);
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -25,10 +25,10 @@
  *
  * which fills `reg` with api_version = LOWP_BACKEND_API_VERSION, struct_size =
  * sizeof(lowp_backend_reg), a name (1 to 31 characters of [A-Za-z0-9_.-], unique), the
- * vtable and a context. A plugin whose api_version differs from the library's is refused with
- * LOWP_ERR_VERSION. The entry may run while the registry is being set up (for
- * LOWP_BACKEND_PATH), so it must not call lowp functions itself. Registered backends stay
- * until the process exits; the registry is never torn down.
+ * vtable and a context. A plugin of an older version (down to LOWP_BACKEND_API_VERSION_MIN)
+ * still loads; any other api_version is refused with LOWP_ERR_VERSION. The entry may run while the
+ * registry is being set up (for LOWP_BACKEND_PATH), so it must not call lowp functions itself.
+ * Registered backends stay until the process exits; the registry is never torn down.
  */
 #ifndef LOWP_DEVICE_H
 #define LOWP_DEVICE_H
@@ -136,48 +136,34 @@ typedef struct lowp_backend_iface {
                                     struct lowp_qtensor *col_out, const struct lowp_quant_cfg *cfg);
     lowp_status (*dequantize)(void *ctx, int32_t index, const struct lowp_qtensor *q,
                               struct lowp_tensor *out);
-    /* GEMMs (lowp_gemm, lowp_grouped_gemm, lowp_grouped_gemm_wgrad), arguments validated. */
+    /* GEMMs (lowp_gemm; lowp_grouped_gemm, split-M with b[groups] or split-K with one b),
+     * arguments validated. B's layout and the split are cfg->b_layout and cfg->split (a
+     * backend refuses the combinations it cannot run with LOWP_ERR_UNSUPPORTED). */
     lowp_status (*gemm)(void *ctx, int32_t index, const struct lowp_qtensor *a,
                         const struct lowp_qtensor *b, struct lowp_tensor *c,
                         const struct lowp_gemm_cfg *cfg);
     lowp_status (*grouped_gemm)(void *ctx, int32_t index, const struct lowp_qtensor *a,
                                 const struct lowp_qtensor *b, const int32_t *offs, int32_t groups,
                                 struct lowp_tensor *c, const struct lowp_gemm_cfg *cfg);
-    lowp_status (*grouped_gemm_wgrad)(void *ctx, int32_t index, const struct lowp_qtensor *a,
-                                      const struct lowp_qtensor *b, const int32_t *offs,
-                                      int32_t groups, struct lowp_tensor *c,
-                                      const struct lowp_gemm_cfg *cfg);
     /* Called when the registry refuses a registration after the plugin's entry has run (a
      * duplicate name, say), so that the backend can release what the entry made: threads,
      * device contexts. Not called for registered backends, which live until exit. May be
      * NULL. */
     void (*destroy)(void *ctx);
-    /* Since API version 2. amax of x at the granularity of `scaling` (a lowp_scaling) into
-     * out[out_count] (lowp_amax), on device `index`; arguments validated. Appended after
-     * destroy so that a version-1 vtable is a prefix of this one. */
+    /* amax of x at the granularity of `scaling` (a lowp_scaling) into out[out_count]
+     * (lowp_amax), on device `index`; arguments validated. */
     lowp_status (*amax)(void *ctx, int32_t index, const struct lowp_tensor *x, int32_t scaling,
                         float *out, size_t out_count);
-    /* Since API version 3. lowp_gemm_kn, lowp_grouped_gemm_kn (b given [K, N]) and
-     * lowp_grouped_gemm_wgrad_kn (b = X given [M, K]); arguments validated. */
-    lowp_status (*gemm_kn)(void *ctx, int32_t index, const struct lowp_qtensor *a,
-                           const struct lowp_qtensor *b, struct lowp_tensor *c,
-                           const struct lowp_gemm_cfg *cfg);
-    lowp_status (*grouped_gemm_kn)(void *ctx, int32_t index, const struct lowp_qtensor *a,
-                                   const struct lowp_qtensor *b, const int32_t *offs,
-                                   int32_t groups, struct lowp_tensor *c,
-                                   const struct lowp_gemm_cfg *cfg);
-    lowp_status (*grouped_gemm_wgrad_kn)(void *ctx, int32_t index, const struct lowp_qtensor *a,
-                                         const struct lowp_qtensor *b, const int32_t *offs,
-                                         int32_t groups, struct lowp_tensor *c,
-                                         const struct lowp_gemm_cfg *cfg);
 } lowp_backend_iface;
 
-/* Version 2 added the amax slot, version 3 gemm_kn, grouped_gemm_kn and grouped_gemm_wgrad_kn. The
- * registry still loads older backends: it reads a version-1 vtable up to `destroy`, a version-2 one
- * up to amax, and leaves the later slots NULL (the ops that need them are then LOWP_ERR_UNSUPPORTED
- * on that backend's devices, naming the slot). Other versions are refused with
- * LOWP_ERR_VERSION. */
-#define LOWP_BACKEND_API_VERSION     3u
+/* Version 4 has one GEMM slot and one grouped slot, B's layout and the split in the config
+ * (version 3 had gemm, grouped_gemm and grouped_gemm_wgrad, destroy, amax, then gemm_kn,
+ * grouped_gemm_kn and grouped_gemm_wgrad_kn; version 2 ended at amax, version 1 at destroy).
+ * The registry still loads versions 1 to 3: it reads an older vtable in its own layout, no
+ * further than its end, and serves it through adapters that route each (layout, split) to the
+ * old slot (src/device/compat.c); a combination whose old slot is absent is
+ * LOWP_ERR_UNSUPPORTED naming that slot. Other versions are refused with LOWP_ERR_VERSION. */
+#define LOWP_BACKEND_API_VERSION     4u
 #define LOWP_BACKEND_API_VERSION_MIN 1u
 #define LOWP_BACKEND_ENTRY_SYMBOL    "lowp_backend_entry"
 

@@ -18,8 +18,11 @@
  *   NV16 or NV16X16 x NV16 or NV16X16   NVFP4, E2M1 elements (activations 1x16, weights 16x16;
  *                          the CPU runs them on the scalar reference for now)
  *
- * lowp_gemm_kn and lowp_grouped_gemm_kn take B in its stored [K, N] orientation instead (the
- * kinds whose scales do not depend on the orientation).
+ * cfg.b_layout = LOWP_LAYOUT_KN takes B in its stored [K, N] orientation instead (the kinds
+ * whose scales do not depend on the orientation), as TransformerEngine's transb; one grouped
+ * entry, lowp_grouped_gemm, runs split-M (cfg.split = LOWP_GROUPED_SPLIT_M, the default) or split-K
+ * (LOWP_GROUPED_SPLIT_K). The former twins (lowp_gemm_kn, lowp_grouped_gemm_kn,
+ * lowp_grouped_gemm_wgrad, lowp_grouped_gemm_wgrad_kn) stay one release in deprecated.h.
  *
  * Any other pair is LOWP_ERR_UNSUPPORTED, never a silent fallback. C may not overlap the data
  * or scales of any operand (LOWP_ERR_INVALID_ARG); with accumulate, C is read and written.
@@ -38,65 +41,62 @@
 extern "C" {
 #endif
 
+/* How B is laid out (lowp_gemm_cfg.b_layout). NK: b's rows run along the output columns and
+ * its columns along the contraction (C = A . B^T); KN: B as stored, its rows along the
+ * contraction (C = A . B). b's scaling must then be one whose copy of B^T is the transpose of
+ * its copy: NONE (F32 or BF16), TENSOR, BLOCK128X128, BLOCK32X32 or NV16X16; the split-K GEMM
+ * takes NONE or TENSOR only (other kinds: LOWP_ERR_UNSUPPORTED; quantize a columnwise copy and
+ * use NK). The result has the bits of the NK call on that transposed copy. */
+typedef enum lowp_gemm_layout {
+    LOWP_LAYOUT_NK = 0,
+    LOWP_LAYOUT_KN = 1,
+} lowp_gemm_layout;
+
+/* Which grouped GEMM lowp_grouped_gemm runs (lowp_gemm_cfg.split). */
+typedef enum lowp_grouped_split {
+    LOWP_GROUPED_SPLIT_M = 0, /* MoE forward and dgrad: row groups of A and C, a B per group */
+    LOWP_GROUPED_SPLIT_K = 1, /* MoE weight gradient: groups of the contraction, a C block each */
+} lowp_grouped_split;
+
 typedef struct lowp_gemm_cfg {
     int32_t accumulate;    /* 0: C = A.B^T; 1: C = C + A.B^T (weight-gradient accumulation) */
     int32_t threads;       /* 0: all cores */
     lowp_kernel_path path; /* LOWP_ERR_UNSUPPORTED when a forced path cannot run here */
+    int32_t b_layout;      /* a lowp_gemm_layout; 0 (NK) by default */
+    int32_t split;         /* a lowp_grouped_split, for lowp_grouped_gemm; 0 (split-M) by default */
 } lowp_gemm_cfg;
 
 LOWP_API lowp_status lowp_gemm_cfg_init(lowp_gemm_cfg *cfg);
 
-/* C = A . B^T (+ C). a: [M, K], b: [N, K], c: [M, N] of format F32 or BF16 (rounded RNE at the
- * end; with accumulate, the old C is read in c's format and added in binary32 first). */
+/* C = A . B^T (+ C). a: [M, K], b: [N, K] (b_layout KN: [K, N]), c: [M, N] of format F32 or
+ * BF16 (rounded RNE at the end; with accumulate, the old C is read in c's format and added in
+ * binary32 first). cfg.split must be LOWP_GROUPED_SPLIT_M (0). */
 LOWP_API lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
                                const lowp_gemm_cfg *cfg);
 
-/* Grouped GEMM, split-M (MoE forward and dgrad), torch._grouped_mm semantics: offs is int32,
- * length G, cumulative group ends along M; group g owns rows [offs[g-1], offs[g]) of a and c
- * (offs[-1] = 0) and multiplies them by b[g] ([N, K], one descriptor per expert). Empty groups
- * are allowed; rows of c past offs[G-1] are left untouched. */
+/* Grouped GEMM. cfg.split = LOWP_GROUPED_SPLIT_M (MoE forward and dgrad), torch._grouped_mm
+ * semantics: offs is int32, length G, cumulative group ends along M; group g owns rows
+ * [offs[g-1], offs[g]) of a and c (offs[-1] = 0) and multiplies them by b[g] ([N, K], or [K, N]
+ * with b_layout KN; one descriptor per expert). Empty groups are allowed; rows of c past
+ * offs[G-1] are left untouched.
+ *
+ * cfg.split = LOWP_GROUPED_SPLIT_K (MoE weight gradient): dW[g] = dY^T[:, rows_g] . X[rows_g] for
+ * every group, contracting over each group's tokens; b is one descriptor. a = dY^T [N, M] and
+ * b = X^T [K, M] are the columnwise copies (for MX32 and BLOCK128, quantized with
+ * lowp_quantize_grouped over the same offs, so no block straddles a group); with b_layout KN,
+ * b = X as stored, [M, K]. c is [G * N, K], group g's dW in rows [g*N, (g+1)*N). An empty group
+ * gives dW[g] = 0 (or leaves it unchanged with accumulate). */
 LOWP_API lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b,
                                        const int32_t *offs, int32_t groups, lowp_tensor *c,
                                        const lowp_gemm_cfg *cfg);
-
-/* Grouped GEMM, split-K (MoE weight gradient): dW[g] = dY^T[:, rows_g] . X[rows_g] for every
- * group, contracting over each group's tokens. a = dY^T [N, M] and b = X^T [K, M] are the
- * columnwise copies (for MX32 and BLOCK128, quantized with lowp_quantize_grouped over the same
- * offs, so no block straddles a group); c is [G * N, K], group g's dW in rows [g*N, (g+1)*N).
- * An empty group gives dW[g] = 0 (or leaves it unchanged with accumulate). */
-LOWP_API lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
-                                             const int32_t *offs, int32_t groups, lowp_tensor *c,
-                                             const lowp_gemm_cfg *cfg);
 
 /* LOWP_OK when lowp_gemm multiplies the pair a x b (their formats and scalings: one of the pairs
  * above; shapes and buffers are not looked at), else LOWP_ERR_UNSUPPORTED naming both. */
 LOWP_API lowp_status lowp_gemm_pair_check(const lowp_qtensor *a, const lowp_qtensor *b);
 
-/* C = A . B with B given in the orientation it is stored, [K, N] (its rows run along K): the
- * dgrad dX = dY . W of a weight W [N, K] reads W's forward copy itself, so that a weight whose
- * scales tile both axes needs no second, transposed copy. b's scaling must be one whose copy
- * of W^T is the transpose of W's copy: NONE (F32 or BF16), TENSOR, BLOCK128X128 or BLOCK32X32
- * (other kinds: LOWP_ERR_UNSUPPORTED; quantize a columnwise copy and call lowp_gemm). The
- * result has the bits of lowp_gemm(a, b^T) where b^T is that transposed copy. a: [M, K],
- * b: [K, N], c: [M, N]. */
-LOWP_API lowp_status lowp_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
-                                  const lowp_gemm_cfg *cfg);
-
-/* lowp_grouped_gemm with every b[g] given [K, N] as in lowp_gemm_kn (MoE dgrad from the
- * experts' forward copies). */
-LOWP_API lowp_status lowp_grouped_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b,
-                                          const int32_t *offs, int32_t groups, lowp_tensor *c,
-                                          const lowp_gemm_cfg *cfg);
-
-/* lowp_grouped_gemm_wgrad with b = X given as stored, [M, K] (tokens along its rows): the
- * weight gradient reads the forward's copy of X instead of a transposed one. b's scaling: NONE
- * or TENSOR (a kind whose copy does not depend on the orientation); the bits of
- * lowp_grouped_gemm_wgrad on X's transpose. c is [G * N, K]. */
-LOWP_API lowp_status lowp_grouped_gemm_wgrad_kn(const lowp_qtensor *a, const lowp_qtensor *b,
-                                                const int32_t *offs, int32_t groups, lowp_tensor *c,
-                                                const lowp_gemm_cfg *cfg);
-
 #ifdef __cplusplus
 }
 #endif
+
+#include "deprecated.h" /* the GEMM twins, one more release */
 #endif

@@ -75,7 +75,7 @@ typedef struct ext_GemmCfg {
     PyObject ob_base;
     lowp_gemm_cfg cfg;
     lowp_format out_format; /* F32 or BF16 */
-    int kn;                 /* b is given [K, N] (lowp_gemm_kn, lowp_grouped_gemm_kn) */
+    int kn;                 /* b is given [K, N] (lowp_gemm_cfg.b_layout LOWP_LAYOUT_KN) */
     PyObject *out_name, *layout_name;
 } ext_GemmCfg;
 

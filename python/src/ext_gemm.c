@@ -37,10 +37,11 @@ static int out_shape(int kind, int kn, const lowp_qtensor *a, const lowp_qtensor
 static lowp_status gemm_call(int kind, int kn, const ext_qdesc *a, const ext_qdesc *b,
                              const lowp_qtensor *bs, const int32_t *offs, int32_t groups,
                              lowp_tensor *c, const lowp_gemm_cfg *cfg) {
-    if (kind == GEMM_PLAIN) return (kn ? lowp_gemm_kn : lowp_gemm)(&a->q, &b->q, c, cfg);
-    if (kind == GEMM_SPLIT_M)
-        return (kn ? lowp_grouped_gemm_kn : lowp_grouped_gemm)(&a->q, bs, offs, groups, c, cfg);
-    return lowp_grouped_gemm_wgrad(&a->q, &b->q, offs, groups, c, cfg);
+    lowp_gemm_cfg gc = *cfg;
+    gc.b_layout = kn ? LOWP_LAYOUT_KN : LOWP_LAYOUT_NK;
+    gc.split = kind == GEMM_SPLIT_K ? LOWP_GROUPED_SPLIT_K : LOWP_GROUPED_SPLIT_M;
+    if (kind == GEMM_PLAIN) return lowp_gemm(&a->q, &b->q, c, &gc);
+    return lowp_grouped_gemm(&a->q, kind == GEMM_SPLIT_M ? bs : &b->q, offs, groups, c, &gc);
 }
 
 /* The three GEMMs of gemm.h from Python arguments (a, b QDescs, cfg a GemmCfg, out a buffer
@@ -48,10 +49,10 @@ static lowp_status gemm_call(int kind, int kn, const ext_qdesc *a, const ext_qde
  *   GEMM_PLAIN: lowp_gemm: a [M, K], b [N, K], out [M, N] (offs None);
  *   GEMM_SPLIT_M: lowp_grouped_gemm: a [T, K], b describes one expert [N, K], its data and
  *           scales hold `groups` experts one after the other; offs int32 [groups]; out [T, N];
- *   GEMM_SPLIT_K: lowp_grouped_gemm_wgrad: a = dY^T [N, M], b = X^T [K, M] (columnwise
+ *   GEMM_SPLIT_K: lowp_grouped_gemm split-K: a = dY^T [N, M], b = X^T [K, M] (columnwise
  *           copies, grouped for MX32 and BLOCK128), out [groups * N, K].
- * With cfg.b_layout "kn" (GEMM_PLAIN and GEMM_SPLIT_M only), b is given [K, N]: lowp_gemm_kn
- * and lowp_grouped_gemm_kn. The groups are offs's int32 values. */
+ * With cfg.b_layout "kn" (GEMM_PLAIN and GEMM_SPLIT_M only), b is given [K, N]: the C config's
+ * b_layout LOWP_LAYOUT_KN. The groups are offs's int32 values. */
 static PyObject *run_gemm(int kind, PyObject *a_o, PyObject *b_o, PyObject *offs_o, PyObject *c_o,
                           PyObject *cfg_o) {
     const char *fn = kind == GEMM_PLAIN ? "lowp.gemm" : "lowp.grouped_gemm";

@@ -110,48 +110,20 @@ static lowp_status cpu_gemm(void *ctx, int32_t index, const lowp_qtensor *a, con
                             lowp_tensor *c, const lowp_gemm_cfg *cfg) {
     (void) ctx;
     lowp_status st = check_index("lowp_gemm", index);
-    return st == LOWP_OK ? lowp_cpu_gemm(a, b, 0, c, cfg) : st;
+    return st == LOWP_OK ? lowp_cpu_gemm(a, b, cfg->b_layout == LOWP_LAYOUT_KN, c, cfg) : st;
 }
 
-static lowp_status cpu_gemm_kn(void *ctx, int32_t index, const lowp_qtensor *a,
-                               const lowp_qtensor *b, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
-    (void) ctx;
-    lowp_status st = check_index("lowp_gemm_kn", index);
-    return st == LOWP_OK ? lowp_cpu_gemm(a, b, 1, c, cfg) : st;
-}
-
+/* Split-M with b[groups], or split-K with one b (cfg->split). */
 static lowp_status cpu_grouped_gemm(void *ctx, int32_t index, const lowp_qtensor *a,
                                     const lowp_qtensor *b, const int32_t *offs, int32_t groups,
                                     lowp_tensor *c, const lowp_gemm_cfg *cfg) {
     (void) ctx;
     lowp_status st = check_index("lowp_grouped_gemm", index);
-    return st == LOWP_OK ? lowp_cpu_grouped_gemm(a, b, 0, offs, groups, c, cfg) : st;
-}
-
-static lowp_status cpu_grouped_gemm_kn(void *ctx, int32_t index, const lowp_qtensor *a,
-                                       const lowp_qtensor *b, const int32_t *offs, int32_t groups,
-                                       lowp_tensor *c, const lowp_gemm_cfg *cfg) {
-    (void) ctx;
-    lowp_status st = check_index("lowp_grouped_gemm_kn", index);
-    return st == LOWP_OK ? lowp_cpu_grouped_gemm(a, b, 1, offs, groups, c, cfg) : st;
-}
-
-static lowp_status cpu_grouped_gemm_wgrad(void *ctx, int32_t index, const lowp_qtensor *a,
-                                          const lowp_qtensor *b, const int32_t *offs,
-                                          int32_t groups, lowp_tensor *c,
-                                          const lowp_gemm_cfg *cfg) {
-    (void) ctx;
-    lowp_status st = check_index("lowp_grouped_gemm_wgrad", index);
-    return st == LOWP_OK ? lowp_cpu_grouped_gemm_wgrad(a, b, 0, offs, groups, c, cfg) : st;
-}
-
-static lowp_status cpu_grouped_gemm_wgrad_kn(void *ctx, int32_t index, const lowp_qtensor *a,
-                                             const lowp_qtensor *b, const int32_t *offs,
-                                             int32_t groups, lowp_tensor *c,
-                                             const lowp_gemm_cfg *cfg) {
-    (void) ctx;
-    lowp_status st = check_index("lowp_grouped_gemm_wgrad_kn", index);
-    return st == LOWP_OK ? lowp_cpu_grouped_gemm_wgrad(a, b, 1, offs, groups, c, cfg) : st;
+    if (st != LOWP_OK) return st;
+    const int kn = cfg->b_layout == LOWP_LAYOUT_KN;
+    return cfg->split == LOWP_GROUPED_SPLIT_K
+               ? lowp_cpu_grouped_gemm_wgrad(a, b, kn, offs, groups, c, cfg)
+               : lowp_cpu_grouped_gemm(a, b, kn, offs, groups, c, cfg);
 }
 
 static lowp_status cpu_amax(void *ctx, int32_t index, const lowp_tensor *x, int32_t scaling,
@@ -177,12 +149,8 @@ static const lowp_backend_iface k_cpu_iface = {
     .dequantize = cpu_dequantize,
     .gemm = cpu_gemm,
     .grouped_gemm = cpu_grouped_gemm,
-    .grouped_gemm_wgrad = cpu_grouped_gemm_wgrad,
     .destroy = NULL,
     .amax = cpu_amax,
-    .gemm_kn = cpu_gemm_kn,
-    .grouped_gemm_kn = cpu_grouped_gemm_kn,
-    .grouped_gemm_wgrad_kn = cpu_grouped_gemm_wgrad_kn,
 };
 
 lowp_status lowp_cpu_backend_entry(lowp_backend_reg *reg) {

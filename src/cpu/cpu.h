@@ -93,7 +93,7 @@ LOWP_HIDDEN lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, struct l
 LOWP_HIDDEN lowp_status lowp_cpu_amax(const lowp_tensor *x, int scaling, float *out);
 
 /* GEMM entry points (src/cpu/gemm.c), arguments validated by src/ops/gemm.c. b_kn: b is given
- * [K, N] (lowp_gemm_kn, lowp_grouped_gemm_kn), else [N, K]. */
+ * [K, N] (cfg.b_layout LOWP_LAYOUT_KN), else [N, K]. */
 struct lowp_gemm_cfg;
 LOWP_HIDDEN lowp_status lowp_cpu_gemm(const struct lowp_qtensor *a, const struct lowp_qtensor *b,
                                       int b_kn, lowp_tensor *c, const struct lowp_gemm_cfg *cfg);

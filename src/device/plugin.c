@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "device/compat.h"
 #include "device/plugin.h"
 
 lowp_status lowp_plugin_fail(lowp_status st, const char *path) {
@@ -66,6 +67,7 @@ lowp_status lowp_plugin_open(const char *path, lowp_backend_reg *reg, void **dl_
 void lowp_plugin_close(void *dl_handle, const lowp_backend_reg *reg, int release) {
     /* The entry may have started threads or opened a device for this registration; let it
      * release them before its code is unmapped. */
-    if (release && reg->iface && reg->iface->destroy) reg->iface->destroy(reg->ctx);
+    lowp_backend_destroy_fn destroy = release ? lowp_backend_destroy_of(reg) : NULL;
+    if (destroy) destroy(reg->ctx);
     dlclose(dl_handle);
 }

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include "cpu/cpu.h"
+#include "device/compat.h"
 #include "device/plugin.h"
 #include "device/registry.h"
 
@@ -26,9 +27,10 @@
 
 typedef struct backend_slot {
     char name[NAME_CAP];
-    lowp_backend_iface iface; /* a copy: callers may pass a vtable that does not outlive them */
-    void *ctx;
-    void *dl_handle; /* kept open for the life of the process */
+    lowp_backend_iface iface;   /* a copy: callers may pass a vtable that does not outlive them */
+    void *ctx;                  /* the backend's, or &legacy for an older version's adapters */
+    lowp_legacy_backend legacy; /* a vtable of API version 1 to 3 (compat.h) */
+    void *dl_handle;            /* kept open for the life of the process */
 } backend_slot;
 
 static backend_slot g_slots[LOWP_DEVICE_MAX_TYPES];
@@ -201,15 +203,13 @@ static lowp_status add_at(const char *fn, const lowp_backend_reg *reg, void *dl_
     }
     backend_slot *s = &g_slots[type];
     snprintf(s->name, sizeof s->name, "%s", reg->name);
-    if (reg->api_version >= 3) {
+    if (reg->api_version == LOWP_BACKEND_API_VERSION) {
         s->iface = *reg->iface;
-    } else { /* a version-1 vtable ends at destroy, a version-2 one at amax: read no further */
-        memset(&s->iface, 0, sizeof s->iface);
-        memcpy(&s->iface, reg->iface,
-               reg->api_version >= 2 ? offsetof(lowp_backend_iface, gemm_kn)
-                                     : offsetof(lowp_backend_iface, amax));
+        s->ctx = reg->ctx;
+    } else { /* an older layout, read no further than its end and served by adapters */
+        lowp_legacy_adapt(reg, s->name, &s->legacy, &s->iface);
+        s->ctx = &s->legacy;
     }
-    s->ctx = reg->ctx;
     s->dl_handle = dl_handle;
     atomic_store_explicit(&g_present[type], 1, memory_order_release);
     pthread_mutex_unlock(&g_mutex);

@@ -1,5 +1,6 @@
-/* lowp_gemm, lowp_grouped_gemm, lowp_grouped_gemm_wgrad: validate every argument (nothing is
- * written on error) and run on the backend of the operands' device. */
+/* lowp_gemm and lowp_grouped_gemm (split-M or split-K, B as NK or KN): validate every argument
+ * (nothing is written on error) and run on the backend of the operands' device; the deprecated
+ * twins (deprecated.h) as thin wrappers over them. */
 #include <stdio.h>
 
 #include "core/gemm_pair.h"
@@ -18,7 +19,23 @@ static lowp_status check_cfg(const char *fn, const lowp_gemm_cfg *cfg) {
     if (cfg->accumulate != 0 && cfg->accumulate != 1)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.accumulate (%d) is not 0 or 1", fn,
                          cfg->accumulate);
+    if (cfg->b_layout != LOWP_LAYOUT_NK && cfg->b_layout != LOWP_LAYOUT_KN)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.b_layout (%d) is not LOWP_LAYOUT_NK (0) or LOWP_LAYOUT_KN (1)",
+                         fn, cfg->b_layout);
+    if (cfg->split != LOWP_GROUPED_SPLIT_M && cfg->split != LOWP_GROUPED_SPLIT_K)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.split (%d) is not LOWP_GROUPED_SPLIT_M (0) or "
+                         "LOWP_GROUPED_SPLIT_K (1)",
+                         fn, cfg->split);
     return lowp_op_check_threads_path(fn, cfg->threads, cfg->path);
+}
+
+/* cfg, or the defaults in *defaults when NULL. */
+static const lowp_gemm_cfg *cfg_or_defaults(const lowp_gemm_cfg *cfg, lowp_gemm_cfg *defaults) {
+    if (cfg) return cfg;
+    lowp_gemm_cfg_init(defaults);
+    return defaults;
 }
 
 /* An operand: buffers present for its size, on `dev`. */
@@ -94,27 +111,29 @@ static lowp_status check_kn(const char *fn, const char *name, const lowp_qtensor
                      fn, name, lowp_scaling_name(b->scaling), instead);
 }
 
-/* lowp_gemm (kn = 0: b is [N, K]) and lowp_gemm_kn (kn = 1: b is [K, N]). */
+/* lowp_gemm (cfg.b_layout NK: b is [N, K]; KN: b is [K, N]); `fn` names the entry point. */
 static lowp_status gemm_op(const char *fn, const lowp_qtensor *a, const lowp_qtensor *b,
-                           lowp_tensor *c, const lowp_gemm_cfg *cfg, int kn) {
+                           lowp_tensor *c, const lowp_gemm_cfg *cfg) {
     LOWP_CHECK_PTR(fn, a);
     lowp_gemm_cfg defaults;
-    if (!cfg) {
-        lowp_gemm_cfg_init(&defaults);
-        cfg = &defaults;
-    }
+    cfg = cfg_or_defaults(cfg, &defaults);
     lowp_status st;
     if ((st = check_cfg(fn, cfg)) != LOWP_OK) return st;
+    if (cfg->split != LOWP_GROUPED_SPLIT_M)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.split (%d) is set; split-K runs in lowp_grouped_gemm", fn,
+                         cfg->split);
+    const int kn = cfg->b_layout == LOWP_LAYOUT_KN;
     if ((st = check_operand(fn, "a", a, a->device)) != LOWP_OK) return st;
     if ((st = check_operand(fn, "b", b, a->device)) != LOWP_OK) return st;
     if (a->group_offs || b->group_offs)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
-                         "%s: %s.group_offs is set; use lowp_grouped_gemm_wgrad", fn,
+                         "%s: %s.group_offs is set; use lowp_grouped_gemm (split-K)", fn,
                          a->group_offs ? "a" : "b");
     lowp_gemm_pair pair;
     int64_t bk;
     if ((st = lowp_gemm_classify(fn, a, b, &pair, &bk)) != LOWP_OK) return st;
-    if (kn && (st = check_kn(fn, "b", b, "lowp_gemm")) != LOWP_OK) return st;
+    if (kn && (st = check_kn(fn, "b", b, "lowp_gemm with b_layout NK")) != LOWP_OK) return st;
     const int64_t bK = kn ? b->rows : b->cols, bN = kn ? b->cols : b->rows;
     if (a->cols != bK)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: a.cols (%lld) != b.%s (%lld)", fn,
@@ -122,42 +141,35 @@ static lowp_status gemm_op(const char *fn, const lowp_qtensor *a, const lowp_qte
     if ((st = check_c(fn, c, a->rows, bN, a->device)) != LOWP_OK) return st;
     if ((st = check_c_alias(fn, c, a, b, 1)) != LOWP_OK) return st;
     lowp_op_call call;
-    if (kn) {
-        if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(gemm_kn))) !=
-            LOWP_OK)
-            return st;
-        st = call.iface->gemm_kn(call.ctx, a->device.index, a, b, c, cfg);
-    } else {
-        if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(gemm))) != LOWP_OK)
-            return st;
-        st = call.iface->gemm(call.ctx, a->device.index, a, b, c, cfg);
-    }
+    if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(gemm))) != LOWP_OK)
+        return st;
+    st = call.iface->gemm(call.ctx, a->device.index, a, b, c, cfg);
     return lowp_op_end(&call, st);
 }
 
 lowp_status lowp_gemm(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
                       const lowp_gemm_cfg *cfg) {
-    return gemm_op("lowp_gemm", a, b, c, cfg, 0);
+    return gemm_op("lowp_gemm", a, b, c, cfg);
 }
 
-lowp_status lowp_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
-                         const lowp_gemm_cfg *cfg) {
-    return gemm_op("lowp_gemm_kn", a, b, c, cfg, 1);
+/* The backend's grouped slot, both splits. */
+static lowp_status grouped_call(const char *fn, const lowp_qtensor *a, const lowp_qtensor *b,
+                                const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                const lowp_gemm_cfg *cfg) {
+    lowp_op_call call;
+    lowp_status st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm));
+    if (st != LOWP_OK) return st;
+    st = call.iface->grouped_gemm(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
+    return lowp_op_end(&call, st);
 }
 
-/* lowp_grouped_gemm (kn = 0: every b[g] is [N, K]) and lowp_grouped_gemm_kn ([K, N]). */
+/* lowp_grouped_gemm split-M (cfg.b_layout NK: every b[g] is [N, K]; KN: [K, N]); cfg checked. */
 static lowp_status grouped_op(const char *fn, const lowp_qtensor *a, const lowp_qtensor *b,
                               const int32_t *offs, int32_t groups, lowp_tensor *c,
-                              const lowp_gemm_cfg *cfg, int kn) {
-    LOWP_CHECK_PTR(fn, a);
+                              const lowp_gemm_cfg *cfg) {
     LOWP_CHECK_PTR(fn, b);
-    lowp_gemm_cfg defaults;
-    if (!cfg) {
-        lowp_gemm_cfg_init(&defaults);
-        cfg = &defaults;
-    }
+    const int kn = cfg->b_layout == LOWP_LAYOUT_KN;
     lowp_status st;
-    if ((st = check_cfg(fn, cfg)) != LOWP_OK) return st;
     if ((st = check_operand(fn, "a", a, a->device)) != LOWP_OK) return st;
     if (a->group_offs)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
@@ -181,33 +193,12 @@ static lowp_status grouped_op(const char *fn, const lowp_qtensor *a, const lowp_
         lowp_gemm_pair pair;
         int64_t bk;
         if ((st = lowp_gemm_classify(fn, a, &b[g], &pair, &bk)) != LOWP_OK) return st;
-        if (kn && (st = check_kn(fn, name, &b[g], "lowp_grouped_gemm")) != LOWP_OK) return st;
+        if (kn && (st = check_kn(fn, name, &b[g], "lowp_grouped_gemm with b_layout NK")) != LOWP_OK)
+            return st;
     }
     if ((st = check_c(fn, c, a->rows, N, a->device)) != LOWP_OK) return st;
     if ((st = check_c_alias(fn, c, a, b, groups)) != LOWP_OK) return st;
-    lowp_op_call call;
-    if (kn) {
-        if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm_kn))) !=
-            LOWP_OK)
-            return st;
-        st = call.iface->grouped_gemm_kn(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
-    } else {
-        if ((st = lowp_op_begin(&call, fn, "a.device", a->device, LOWP_OP_SLOT(grouped_gemm))) !=
-            LOWP_OK)
-            return st;
-        st = call.iface->grouped_gemm(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
-    }
-    return lowp_op_end(&call, st);
-}
-
-lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
-                              int32_t groups, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
-    return grouped_op("lowp_grouped_gemm", a, b, offs, groups, c, cfg, 0);
-}
-
-lowp_status lowp_grouped_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
-                                 int32_t groups, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
-    return grouped_op("lowp_grouped_gemm_kn", a, b, offs, groups, c, cfg, 1);
+    return grouped_call(fn, a, b, offs, groups, c, cfg);
 }
 
 /* For the block kinds, a wgrad operand must be quantized with the same groups as offs. */
@@ -235,19 +226,13 @@ static lowp_status check_grouping(const char *fn, const char *name, const lowp_q
     return LOWP_OK;
 }
 
-/* lowp_grouped_gemm_wgrad (kn = 0: b = X^T [K, M]) and lowp_grouped_gemm_wgrad_kn (kn = 1:
- * b = X [M, K] as stored). */
+/* lowp_grouped_gemm split-K (cfg.b_layout NK: b = X^T [K, M]; KN: b = X [M, K] as stored);
+ * cfg checked. */
 static lowp_status wgrad_op(const char *fn, const lowp_qtensor *a, const lowp_qtensor *b,
                             const int32_t *offs, int32_t groups, lowp_tensor *c,
-                            const lowp_gemm_cfg *cfg, int kn) {
-    LOWP_CHECK_PTR(fn, a);
-    lowp_gemm_cfg defaults;
-    if (!cfg) {
-        lowp_gemm_cfg_init(&defaults);
-        cfg = &defaults;
-    }
+                            const lowp_gemm_cfg *cfg) {
+    const int kn = cfg->b_layout == LOWP_LAYOUT_KN;
     lowp_status st;
-    if ((st = check_cfg(fn, cfg)) != LOWP_OK) return st;
     if ((st = check_operand(fn, "a", a, a->device)) != LOWP_OK) return st;
     if ((st = check_operand(fn, "b", b, a->device)) != LOWP_OK) return st;
     lowp_gemm_pair pair;
@@ -260,8 +245,8 @@ static lowp_status wgrad_op(const char *fn, const lowp_qtensor *a, const lowp_qt
     if (kn && b->scaling != LOWP_SCALING_NONE && b->scaling != LOWP_SCALING_TENSOR)
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
                          "%s: b.scaling (%s) is not none or tensor: X's rowwise copy is another "
-                         "quantization than the columnwise copy along the tokens; pass that to "
-                         "lowp_grouped_gemm_wgrad",
+                         "quantization than the columnwise copy along the tokens; pass that with "
+                         "b_layout NK",
                          fn, lowp_scaling_name(b->scaling));
     const int64_t bT = kn ? b->rows : b->cols, bK = kn ? b->cols : b->rows;
     if (a->cols != bT)
@@ -272,30 +257,62 @@ static lowp_status wgrad_op(const char *fn, const lowp_qtensor *a, const lowp_qt
     if ((st = check_grouping(fn, "b", b, bk, offs, groups)) != LOWP_OK) return st;
     if ((st = check_c(fn, c, (int64_t) groups * a->rows, bK, a->device)) != LOWP_OK) return st;
     if ((st = check_c_alias(fn, c, a, b, 1)) != LOWP_OK) return st;
-    lowp_op_call call;
-    if (kn) {
-        if ((st = lowp_op_begin(&call, fn, "a.device", a->device,
-                                LOWP_OP_SLOT(grouped_gemm_wgrad_kn))) != LOWP_OK)
-            return st;
-        st = call.iface->grouped_gemm_wgrad_kn(call.ctx, a->device.index, a, b, offs, groups, c,
-                                               cfg);
-    } else {
-        if ((st = lowp_op_begin(&call, fn, "a.device", a->device,
-                                LOWP_OP_SLOT(grouped_gemm_wgrad))) != LOWP_OK)
-            return st;
-        st = call.iface->grouped_gemm_wgrad(call.ctx, a->device.index, a, b, offs, groups, c, cfg);
-    }
-    return lowp_op_end(&call, st);
+    return grouped_call(fn, a, b, offs, groups, c, cfg);
+}
+
+/* lowp_grouped_gemm and the deprecated twins: the split picks the checks. */
+static lowp_status grouped_entry(const char *fn, const lowp_qtensor *a, const lowp_qtensor *b,
+                                 const int32_t *offs, int32_t groups, lowp_tensor *c,
+                                 const lowp_gemm_cfg *cfg) {
+    LOWP_CHECK_PTR(fn, a);
+    lowp_gemm_cfg defaults;
+    cfg = cfg_or_defaults(cfg, &defaults);
+    lowp_status st = check_cfg(fn, cfg);
+    if (st != LOWP_OK) return st;
+    return cfg->split == LOWP_GROUPED_SPLIT_K ? wgrad_op(fn, a, b, offs, groups, c, cfg)
+                                              : grouped_op(fn, a, b, offs, groups, c, cfg);
+}
+
+lowp_status lowp_grouped_gemm(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
+                              int32_t groups, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
+    return grouped_entry("lowp_grouped_gemm", a, b, offs, groups, c, cfg);
+}
+
+/* ---- The deprecated twins (deprecated.h): cfg with b_layout and split set ---- */
+
+static lowp_gemm_cfg twin_cfg(const lowp_gemm_cfg *cfg, int32_t b_layout, int32_t split) {
+    lowp_gemm_cfg out;
+    if (cfg)
+        out = *cfg;
+    else
+        lowp_gemm_cfg_init(&out);
+    out.b_layout = b_layout;
+    out.split = split;
+    return out;
+}
+
+lowp_status lowp_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b, lowp_tensor *c,
+                         const lowp_gemm_cfg *cfg) {
+    const lowp_gemm_cfg t = twin_cfg(cfg, LOWP_LAYOUT_KN, LOWP_GROUPED_SPLIT_M);
+    return gemm_op("lowp_gemm_kn", a, b, c, &t);
+}
+
+lowp_status lowp_grouped_gemm_kn(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
+                                 int32_t groups, lowp_tensor *c, const lowp_gemm_cfg *cfg) {
+    const lowp_gemm_cfg t = twin_cfg(cfg, LOWP_LAYOUT_KN, LOWP_GROUPED_SPLIT_M);
+    return grouped_entry("lowp_grouped_gemm_kn", a, b, offs, groups, c, &t);
 }
 
 lowp_status lowp_grouped_gemm_wgrad(const lowp_qtensor *a, const lowp_qtensor *b,
                                     const int32_t *offs, int32_t groups, lowp_tensor *c,
                                     const lowp_gemm_cfg *cfg) {
-    return wgrad_op("lowp_grouped_gemm_wgrad", a, b, offs, groups, c, cfg, 0);
+    const lowp_gemm_cfg t = twin_cfg(cfg, LOWP_LAYOUT_NK, LOWP_GROUPED_SPLIT_K);
+    return grouped_entry("lowp_grouped_gemm_wgrad", a, b, offs, groups, c, &t);
 }
 
 lowp_status lowp_grouped_gemm_wgrad_kn(const lowp_qtensor *a, const lowp_qtensor *b,
                                        const int32_t *offs, int32_t groups, lowp_tensor *c,
                                        const lowp_gemm_cfg *cfg) {
-    return wgrad_op("lowp_grouped_gemm_wgrad_kn", a, b, offs, groups, c, cfg, 1);
+    const lowp_gemm_cfg t = twin_cfg(cfg, LOWP_LAYOUT_KN, LOWP_GROUPED_SPLIT_K);
+    return grouped_entry("lowp_grouped_gemm_wgrad_kn", a, b, offs, groups, c, &t);
 }

@@ -241,24 +241,19 @@ static lowp_status fill_copies(const char *fn, const lowp_tensor *x, const lowp_
     return st;
 }
 
-/* Which GEMM: C = A . B^T (lowp_gemm, lowp_grouped_gemm), the split-K weight gradient, or
- * either with B as stored (lowp_gemm_kn, lowp_grouped_gemm_kn, lowp_grouped_gemm_wgrad_kn). */
+/* Which GEMM: C = A . B^T (lowp_gemm, lowp_grouped_gemm split-M), the split-K weight gradient,
+ * or either with B as stored (cfg.b_layout KN). */
 enum gemm_kind { GEMM_NT = 0, GEMM_WGRAD = 1, GEMM_KN = 2, GEMM_WGRAD_KN = 3 };
 
-/* The GEMMs of the layers, timed as one phase. */
+/* The GEMMs of the layers, timed as one phase: gc with the kind's layout and split. */
 static lowp_status gemm_timed(const lowp_qtensor *a, const lowp_qtensor *b, const int32_t *offs,
                               int32_t G, int kind, lowp_tensor *c, const lowp_gemm_cfg *gc) {
+    lowp_gemm_cfg cfg = *gc;
+    cfg.b_layout = kind == GEMM_KN || kind == GEMM_WGRAD_KN ? LOWP_LAYOUT_KN : LOWP_LAYOUT_NK;
+    cfg.split = offs && (kind == GEMM_WGRAD || kind == GEMM_WGRAD_KN) ? LOWP_GROUPED_SPLIT_K
+                                                                      : LOWP_GROUPED_SPLIT_M;
     lowp_prof_push(LOWP_PHASE_GEMM);
-    lowp_status st;
-    if (kind == GEMM_WGRAD_KN)
-        st = offs ? lowp_grouped_gemm_wgrad_kn(a, b, offs, G, c, gc) : lowp_gemm_kn(a, b, c, gc);
-    else if (kind == GEMM_KN)
-        st = offs ? lowp_grouped_gemm_kn(a, b, offs, G, c, gc) : lowp_gemm_kn(a, b, c, gc);
-    else if (!offs)
-        st = lowp_gemm(a, b, c, gc);
-    else
-        st = kind == GEMM_WGRAD ? lowp_grouped_gemm_wgrad(a, b, offs, G, c, gc)
-                                : lowp_grouped_gemm(a, b, offs, G, c, gc);
+    lowp_status st = offs ? lowp_grouped_gemm(a, b, offs, G, c, &cfg) : lowp_gemm(a, b, c, &cfg);
     lowp_prof_pop();
     return st;
 }
