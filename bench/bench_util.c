@@ -1,5 +1,6 @@
 /* Shared helpers of the `lowp bench ...` benchmarks (see bench_util.h). */
 #include "bench_util.h"
+#include "lowp/cpu_path.h"
 #include "lowp/device.h"
 
 #include <errno.h>

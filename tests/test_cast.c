@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "lowp/cast.h"
+#include "lowp/cpu_path.h"
 #include "lowp/format.h"
 #include "testutil.h"
 

@@ -79,19 +79,16 @@ enum {
     LOWP_CAP_MX_MATH = 1u << 18,     /* native block-scaled (MX) matrix arithmetic */
 };
 
-/* Which CPU kernel an op runs (lowp_cast_cfg, lowp_quant_cfg, lowp_gemm_cfg `path`); tests
- * and benchmarks force one to compare them. The rule, the same for every op: REFERENCE runs the
+/* Which kernel an op runs (lowp_cast_cfg, lowp_quant_cfg, lowp_gemm_cfg `path`); tests and
+ * benchmarks force one to compare them. The rule, the same for every op: REFERENCE runs the
  * scalar golden model; a forced fast path runs that kernel or fails with LOWP_ERR_UNSUPPORTED
  * naming why (the CPU lacks it, or it has no kernel for this job); AUTO runs the fastest kernel
- * the CPU and the job allow (AMX, then AVX-512, then AVX2, then the reference). Other backends
- * ignore it. */
+ * the device and the job allow (on the CPU: AMX, then AVX-512, then AVX2, then the reference).
+ * The CPU's instruction-set paths are the values of lowp/cpu_path.h; other backends ignore
+ * them. */
 typedef enum lowp_kernel_path {
     LOWP_KERNEL_PATH_AUTO = 0,
     LOWP_KERNEL_PATH_REFERENCE = 1,
-    LOWP_KERNEL_PATH_AVX512 = 2, /* AVX-512F/BW/VL/DQ */
-    LOWP_KERNEL_PATH_AMX = 3,    /* AMX-BF16 (GEMM only: cast and quantize have no AMX kernel) */
-    LOWP_KERNEL_PATH_AVX2 = 4, /* AVX2 and FMA (GEMM; quantize to E4M3/E5M2; F32 <-> BF16 casts) */
-    LOWP_KERNEL_PATH_COUNT
 } lowp_kernel_path;
 
 typedef struct lowp_caps {

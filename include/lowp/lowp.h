@@ -9,6 +9,7 @@
 #include "threads.h"
 #include "rng_tracker.h"
 #include "device.h"
+#include "cpu_path.h"
 #include "tensor.h"
 #include "cast.h"
 #include "scale.h"

@@ -1,6 +1,7 @@
 /* What the three CPU dispatchers (cast.c, quant.c, gemm.c) share: the kernel-path rule and the
  * thread count. */
 #include "cpu.h"
+#include "lowp/cpu_path.h"
 #include "lowp/threads.h"
 
 static int cpu_has_amx(void) {
@@ -17,7 +18,7 @@ lowp_status lowp_cpu_pick_kernel(const char *fn, lowp_kernel_path path, int avx5
                                  int avx2_job, lowp_cpu_kernel *out) {
     const int have512 = lowp_cpu_has_avx512(), have_amx = cpu_has_amx(), have2 = cpu_has_avx2();
     *out = LOWP_CPU_KERNEL_REFERENCE;
-    switch (path) {
+    switch ((int) path) { /* the CPU paths are cpu_path.h's values, outside the enum */
     case LOWP_KERNEL_PATH_REFERENCE: return LOWP_OK;
     case LOWP_KERNEL_PATH_AVX512:
         if (!have512)

@@ -2,6 +2,7 @@
  * guard the call; and the argument checks that several entry points make. */
 #include <string.h>
 
+#include "lowp/cpu_path.h"
 #include "ops_internal.h"
 
 lowp_status lowp_op_begin(lowp_op_call *c, const char *fn, const char *arg, lowp_device dev,
