@@ -16,8 +16,8 @@ __all__ = ["KN_KINDS", "OUT_DTYPES", "data_shape", "scale_dtype", "grouped_scale
 
 OUT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
-# b_kn: the kinds whose columnwise copy is the rowwise copy transposed (lowp_gemm_kn): the C
-# scaling table's (lowp.rules), plain operands first.
+# b_kn: the kinds whose columnwise copy is the rowwise copy transposed (lowp_gemm with b_layout
+# KN): the C scaling table's (lowp.rules), plain operands first.
 KN_KINDS = ("none",) + rules.kinds(transposes=True, tensor_scale=False)  # NVFP4: C-only
 
 
