@@ -616,8 +616,8 @@ def gemm(a, b, out=None, accumulate=False):
 def gemm_kn(a, b, out=None, accumulate=False):
     """C = A . B in float32 (or into `out`, as in `gemm`), with b given as stored, [K, N]: the
     input gradient dX = dY . W reads the weight's own copy W [N, K] (``lowp_gemm`` with
-    ``b_layout`` ``LOWP_LAYOUT_KN``). b is a QTensor (its rowwise copy) of a kind whose transposed copy is the transpose of this one
-    (tensor, block128x128, block32x32), or a plain float32/bfloat16 array; the result has the
+    ``b_layout`` ``LOWP_LAYOUT_KN``). b is a QTensor (its rowwise copy) of a kind whose
+    transposed copy is the transpose of this one (tensor, block128x128, block32x32), or a plain float32/bfloat16 array; the result has the
     bits of ``gemm(a, b.col())`` for the same input. Other kinds raise ValueError (their
     columnwise copy is a different quantization: pass it to `gemm`)."""
     fn = "lowp.gemm_kn"
