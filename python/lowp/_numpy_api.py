@@ -617,9 +617,10 @@ def gemm_kn(a, b, out=None, accumulate=False):
     """C = A . B in float32 (or into `out`, as in `gemm`), with b given as stored, [K, N]: the
     input gradient dX = dY . W reads the weight's own copy W [N, K] (``lowp_gemm`` with
     ``b_layout`` ``LOWP_LAYOUT_KN``). b is a QTensor (its rowwise copy) of a kind whose
-    transposed copy is the transpose of this one (tensor, block128x128, block32x32), or a plain float32/bfloat16 array; the result has the
-    bits of ``gemm(a, b.col())`` for the same input. Other kinds raise ValueError (their
-    columnwise copy is a different quantization: pass it to `gemm`)."""
+    transposed copy is the transpose of this one (tensor, block128x128, block32x32), or a plain
+    float32/bfloat16 array; the result has the bits of ``gemm(a, b.col())`` for the same
+    input. Other kinds raise ValueError (their columnwise copy is a different quantization:
+    pass it to `gemm`)."""
     fn = "lowp.gemm_kn"
     da, sa, ta = _operand(a, fn, "a")
     db, sb, tb = _operand(b, fn, "b")
