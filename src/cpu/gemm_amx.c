@@ -142,13 +142,13 @@ static void micro_amx(const uint16_t *a, const uint16_t *b, int64_t nkt, int r0,
 }
 
 /* 1 MiB of packed B per column block: half the L2 of the cores that have AMX. Measured on AMX
- * hardware (docs/bench-log/train-step.md, fourteenth session): 512 KiB was 5-33% slower at K = 384 to
- * 4096 and 4 MiB up to 25% slower at K >= 2048; 2 MiB, and a minimum block width of 256
- * columns, were within the noise; 512 columns was mixed (-23% to +3%). Up to 1.5 MiB in one
- * block when that holds all the job's columns (whole_n_bytes): the K = 2048 weight gradients
- * with N = 384 then decode A once, not twice (MXFP8 384x384x2048 and 512x384x2048 1.02-1.14x
- * on one thread, 1.07-1.11x on two); 2 MiB made the 512-column pieces of 2048^3 on two
- * threads half as fast (the block and the strips no longer fit the 2 MiB L2). */
+ * hardware (docs/bench-log/train-step.md, fourteenth session): 512 KiB was 5-33% slower at K = 384
+ * to 4096 and 4 MiB up to 25% slower at K >= 2048; 2 MiB, and a minimum block width of 256 columns,
+ * were within the noise; 512 columns was mixed (-23% to +3%). Up to 1.5 MiB in one block when that
+ * holds all the job's columns (whole_n_bytes): the K = 2048 weight gradients with N = 384 then
+ * decode A once, not twice (MXFP8 384x384x2048 and 512x384x2048 1.02-1.14x on one
+ * thread, 1.07-1.11x on two); 2 MiB made the 512-column pieces of 2048^3 on two threads half as
+ * fast (the block and the strips no longer fit the 2 MiB L2). */
 static const lowp_gemm_blk_kernel k_amx = {micro_amx, lowp_gemm_micro_f32x, 32, (size_t) 1 << 20,
                                            0,         (size_t) 3 << 19};
 

@@ -90,7 +90,8 @@ LOWP_HIDDEN void lowp_gemm_prefetch_c(const lowp_gemm_job *j, int64_t m0, int ro
  * about a core's L2 here (1 MiB on Zen 4 and 5), which the output could not stay in anyway.
  * Ordinary stores read every line of C first and stalled the driver's epilogue (a third of its
  * samples in a `medium` update); the threshold was 16 MiB, which no GEMM of a `medium` update
- * reached. Measured in the trainer: GEMM phase 1.07x on one thread (docs/bench-log/train-step.md). */
+ * reached. Measured in the trainer: GEMM phase 1.07x on one thread (docs/bench-log/train-step.md).
+ */
 #define LOWP_GEMM_NT_BYTES ((size_t) 1 << 20)
 
 /* Store rows [m0, m1) x columns [n0, n0 + w) (w <= 32) of C from v (row stride 32 floats,
