@@ -2,7 +2,7 @@
 
 It implements the documented signatures and semantics of the Ascend 950 ops that
 lowp.torch.adapters.npu wraps, from CANN's operator documents, on the independent numpy
-reference of tests/quant_ref.py (not on lowp's kernels):
+reference of tests/oracle/quant_ref.py (not on lowp's kernels):
 - npu_dynamic_mx_quant(input, axis=-1, round_mode="rint", dst_type=..., block_size=32,
   scale_alg=0, dst_type_max=0.0) -> (y, mxscale): y in the input's shape and orientation,
   mxscale in pairs along the quantized axis (rank + 1, last dimension 2); scale_alg 0 is the
@@ -31,7 +31,7 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
 import quant_ref as R  # noqa: E402
 
 floor_zero_code0 = True

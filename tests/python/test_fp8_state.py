@@ -67,7 +67,7 @@ def test_unpack_equals_c(L, Lm, impl):
 
 
 def test_fixture_values_and_repack(impl):
-    """The committed fixture (written from the spec by tests/make_extra_state_fixture.py)."""
+    """The committed fixture (written from the spec by tests/fixtures/make_extra_state_fixture.py)."""
     with open(FIXTURE, "rb") as f:
         blob = f.read()
     hist, scales = fs.unpack_blob(blob, FORMATS, 4)

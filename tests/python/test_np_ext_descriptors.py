@@ -2,7 +2,7 @@
 and `GemmCfg` check each field once, when built, with a TypeError (wrong type) or ValueError
 (wrong value) naming the field; the calls take them (and nothing positional beyond them), check
 that every buffer holds the bytes the library touches, and pass each field through: results are
-checked against numpy and the independent quantization reference (tests/quant_ref.py). numpy
+checked against numpy and the independent quantization reference (tests/oracle/quant_ref.py). numpy
 only (also run under ASan)."""
 
 import ml_dtypes

@@ -1,5 +1,5 @@
 """The portable torch path (lowp.torch.ops.portable) against independent references, byte for byte:
-the numpy/ml_dtypes reference of tests/quant_ref.py on awkward shapes, zeros, subnormals,
+the numpy/ml_dtypes reference of tests/oracle/quant_ref.py on awkward shapes, zeros, subnormals,
 maxima, NaN and Inf (float32 and bfloat16 inputs, rowwise and columnwise, grouped), and
 torchao's own reference code on ordinary blocks (to_mx, float8_utils, the blockwise reference
 quantizers). Portable GEMMs against a float64 product of the dequantized operands."""

@@ -3,7 +3,7 @@ item 13: every operand pair lowp_gemm multiplies (none x none in f32 and bf16; t
 in every e4m3/e5m2 combination; mx32 with e4m3, e5m2 and e2m1 and every scale mode; block128 x
 block128x128; block128 x block128; mx32 x block32x32), on awkward sizes (K not a multiple of 32
 or 128), and the grouped split-M form with --offs (an empty group, rows past the last offset
-zero). The operands are dequantized by the independent reference of tests/quant_ref.py; the
+zero). The operands are dequantized by the independent reference of tests/oracle/quant_ref.py; the
 result must agree to a relative error of 1e-5 of ||C|| (binary32 accumulation). Bad inputs: exit
 2 and one line on stderr. Prints "N passed, M failed".
 """
@@ -18,7 +18,8 @@ import tempfile
 import ml_dtypes
 import numpy as np
 
-import quant_ref as Q
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
+import quant_ref as Q  # noqa: E402
 
 CLI = os.environ.get("LOWP_CLI")
 if not CLI:

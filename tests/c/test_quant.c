@@ -13,7 +13,8 @@
  * - grouped columns past offs[G-1] are code 0 and dequantize to 0; MXFP4 of an amax near
  *   FLT_MAX decodes to Inf (docs/numerics.md section 3, step 5).
  *
- * Bit-exact agreement of every kind with an independent reference is tests/test_oracle_quant.py.
+ * Bit-exact agreement of every kind with an independent reference is
+ * tests/oracle/test_oracle_quant.py.
  */
 #include <float.h>
 #include <math.h>

@@ -32,14 +32,14 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
 from oracle import Report  # noqa: E402
 
 CLI = os.environ.get("LOWP_CLI")
 if not CLI:
     sys.exit("LOWP_CLI is not set (path of the lowp executable); run through ctest")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare.txt"))
 HAVE_DATA = os.path.isfile(DATA)
 DATA_ARGS = ["--data", DATA] if HAVE_DATA else []

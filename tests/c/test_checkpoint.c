@@ -3,8 +3,8 @@
  *    own (table-driven) CRC-32;
  *  - bit-exact round trips (NaN and Inf amaxes included), per state and per parameter;
  *  - the committed version-1 fixture (tests/fixtures/extra_state_v1.bin, written by
- *    tests/make_extra_state_fixture.py from the spec alone): every value, and a re-save that
- *    reproduces it byte for byte;
+ *    tests/fixtures/make_extra_state_fixture.py from the spec alone): every value, and a
+ *    re-save that reproduces it byte for byte;
  *  - history-length changes (pad and truncate, keeping row 0 and the most recent rows);
  *  - stateless parameters (the empty blob), save/load argument errors;
  *  - targeted corruptions (each field, with a valid CRC) and a fuzz of thousands of random
@@ -242,7 +242,7 @@ static unsigned char *read_fixture(size_t *len) {
     return b;
 }
 
-/* The values tests/make_extra_state_fixture.py writes. */
+/* The values tests/fixtures/make_extra_state_fixture.py writes. */
 static const float k_fix_hist[3][4] = {{0.0f, 1.0f, 4.0f, 2.0f},
                                        {0.0f, 0.25f, 0.5f, 0.375f},
                                        {0.125f, 0.0078125f, 0.015625f, 0.01171875f}};

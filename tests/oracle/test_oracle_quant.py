@@ -1,4 +1,4 @@
-"""lowp's quantization against the independent Python reference of tests/quant_ref.py
+"""lowp's quantization against the independent Python reference of tests/oracle/quant_ref.py
 (docs/numerics.md sections 3-5), bit for bit: element codes, E8M0 codes and binary32 scale_invs of
 every scaling kind, scale mode, pow2/eps option, element format, input format and orientation,
 on every CPU kernel path; dequantization, grouped (MoE) quantization, amax, the scale layout

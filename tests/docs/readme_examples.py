@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
 FENCE = re.compile(r"^```(\w+)[ \t]+test[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
 KINDS = ("c", "python", "sh")

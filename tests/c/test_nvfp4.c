@@ -1,7 +1,7 @@
 /* NVFP4 (scalings nv16 and nv16x16, docs/numerics.md section 4b) on hand-worked examples, for
- * builds without the Python oracle (tests/test_oracle_nvfp4.py checks the rules exhaustively):
- * buffer sizes and the tensor scale's offset, the document's example, a tile, an exact GEMM,
- * and the errors for unsupported formats, pairs and grouped kinds. */
+ * builds without the Python oracle (tests/oracle/test_oracle_nvfp4.py checks the rules
+ * exhaustively): buffer sizes and the tensor scale's offset, the document's example, a tile, an
+ * exact GEMM, and the errors for unsupported formats, pairs and grouped kinds. */
 #include <math.h>
 #include <string.h>
 

@@ -1,5 +1,5 @@
 """lowp's NVFP4 (scalings nv16 and nv16x16, docs/numerics.md section 4b) against the independent
-reference of tests/nvfp4_ref.py, bit for bit: the tensor scale and block scale rules over every
+reference of tests/oracle/nvfp4_ref.py, bit for bit: the tensor scale and block scale rules over every
 E4M3 code and its rounding boundaries, E2M1 element codes at every code boundary, zeros, binary32
 subnormals, Inf and NaN, amax at the top and at the bottom of binary32; rowwise, columnwise and
 dual-axis copies, 16x16 tiles, grouped (MoE) copies along tokens, dequantization; the GEMM, the

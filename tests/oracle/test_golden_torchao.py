@@ -213,7 +213,7 @@ def test_rceil_d_cases():
     """make_f32_to_e8m0_rceil_cases: each d is reached through an amax of some element format
     (the function torchao tests takes d = amax/fmax itself). d above 2^127 needs an amax past
     FLT_MAX: no finite block gets there (docs/numerics.md: torchao's function says 255 there, TE
-    caps at 254); tests/test_quant.c checks those patterns on lowp's rounding rule directly.
+    caps at 254); tests/c/test_quant.c checks those patterns on lowp's rounding rule directly.
     Inf and NaN d come from an Inf or NaN amax."""
     unreachable = []
     for d_bits, want in RCEIL_D_CASES:

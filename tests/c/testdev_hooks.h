@@ -1,4 +1,4 @@
-/* Loading the asynchronous "testdev" plugin (tests/plugin_test.c) into a test process and
+/* Loading the asynchronous "testdev" plugin (tests/c/plugin_test.c) into a test process and
  * reaching its hooks, for the tests that need a device whose queue completes work after the
  * call returns. ctest passes the plugin's path in LOWP_TEST_PLUGIN (tests/CMakeLists.txt). */
 #ifndef LOWP_TESTDEV_HOOKS_H

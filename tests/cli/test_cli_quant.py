@@ -1,5 +1,5 @@
 """`lowp quantize` and `lowp dequantize` against the independent Python reference of
-tests/quant_ref.py: every scaling kind, format and option, the files each axis writes (codes,
+tests/oracle/quant_ref.py: every scaling kind, format and option, the files each axis writes (codes,
 canonical scales, the metadata JSON), the round trip back to float32, and bad inputs (exit
 status 2, one line on stderr, no output files).
 
@@ -15,7 +15,8 @@ import tempfile
 
 import numpy as np
 
-import quant_ref as Q
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
+import quant_ref as Q  # noqa: E402
 
 CLI = os.environ.get("LOWP_CLI")
 if not CLI:

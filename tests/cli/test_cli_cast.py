@@ -23,7 +23,7 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
 from oracle import (DEFAULT, E2M1, E4M3, E5M2, E8M0, BF16, F16, FORMATS, NARROW, NONSAT, SATFINITE, SR,  # noqa: E402
                     Lib, Report, bits32, decode_oracle, encode_oracle)
 

@@ -14,7 +14,7 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
 from oracle import Report  # noqa: E402
 
 CLI = os.environ.get("LOWP_CLI")
