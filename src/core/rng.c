@@ -1,7 +1,7 @@
 /* Philox4x32-10 (Salmon, Moraes, Dror, Shaw: "Parallel random numbers: as easy as 1, 2, 3",
  * SC'11) and the word stream of rng.h. The round function is written out from the paper's
  * definition; the known-answer vectors of the Random123 distribution are checked in
- * tests/test_rng.c. */
+ * tests/c/test_rng.c. */
 #include "lowp/rng.h"
 
 #include "internal.h"

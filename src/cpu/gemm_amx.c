@@ -3,7 +3,7 @@
  * columns, four TDPBF16PS per 32 K). The driver's layouts are the tiles themselves, so every
  * tile load is a contiguous 1 KiB.
  *
- * Built with LOWP_AMX_EMULATE (only by tests/test_gemm_fast.c, which includes this file), the
+ * Built with LOWP_AMX_EMULATE (only by tests/c/test_gemm_fast.c, which includes this file), the
  * tile instructions become a scalar model of their documented semantics (BF16 denormal inputs
  * read as zero, binary32 denormal results flushed) and the entry points get an _emu suffix,
  * so the kernel's layouts and tile configuration are tested on machines without AMX. The model

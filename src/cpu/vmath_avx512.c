@@ -5,8 +5,8 @@
  * (LOWP_HAVE_LIBMVEC). Every element goes through the same vector call, the last partial vector
  * included (masked loads, zero lanes), so a value never depends on its position, on the thread
  * count or on n. libmvec's erff and expf are within 4 ulp (glibc's manual), the scalar libm
- * functions they replace within 1-2 (tests/test_dense.c bounds the GELU,
- * tests/test_trainer_units.c the SwiGLU and expf, against binary64). */
+ * functions they replace within 1-2 (tests/c/test_dense.c bounds the GELU,
+ * tests/c/test_trainer_units.c the SwiGLU and expf, against binary64). */
 #include "cpu.h"
 #include "transpose_avx512.h"
 

@@ -23,7 +23,7 @@ typedef struct adamw_coef {
  * toolchain and the object format support it (GCC and Clang on x86-64 ELF): the loop is the
  * same element-wise IEEE sequence (no contraction in ISO C mode, correctly rounded division
  * and square root in every lane), so both clones give the bits of the scalar formula
- * (tests/test_trainer_units.c checks them); the AVX-512 one runs 16 lanes where the baseline
+ * (tests/c/test_trainer_units.c checks them); the AVX-512 one runs 16 lanes where the baseline
  * has 4. The file is built with -fno-math-errno (src/trainer/CMakeLists.txt) so that sqrtf can
  * vectorize: that only stops sqrtf from setting errno for negative inputs, which v * c2 >= 0
  * never is. */
