@@ -440,10 +440,9 @@ static int plain_f32(const lowp_gemm_job *j) {
 }
 
 int lowp_cpu_gemm_avx512_supports(const lowp_gemm_job *j) {
-    /* every pair but NVFP4 (the reference for now): SGEMM for F32, the BF16 driver for the
-     * rest */
+    /* SGEMM for F32, the BF16 driver for the rest */
     const uint32_t need = LOWP_CAP_AVX512F | LOWP_CAP_AVX512BW | LOWP_CAP_AVX512VL;
-    return j->pair != LOWP_PAIR_NV && (lowp_cpu_caps()->flags & need) == need;
+    return (lowp_cpu_caps()->flags & need) == need && (plain_f32(j) || lowp_gemm_blk_supports(j));
 }
 
 size_t lowp_cpu_gemm_avx512_ws_floats(const lowp_gemm_job *j) {

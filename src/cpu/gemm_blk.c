@@ -54,6 +54,11 @@ typedef struct blk_ctx {
     int64_t nb128;        /* 128-blocks of the job's K (BLOCK128 pairs) */
     float *sa128, *sb128; /* scale_invs: strip [blk][32 rows], block [panel][blk][32 cols] */
     dec_table ta, tb;
+    /* NVFP4: nvlut[c][e] = BF16 of E2M1 code e times E4M3 scale code c (exact), and the
+     * tensor decode scales of a and b */
+    int nv;
+    float nv_da, nv_db;
+    uint16_t nvlut[256][16];
 } blk_ctx;
 
 static int64_t rup32(int64_t x) {
@@ -76,9 +81,9 @@ size_t lowp_gemm_blk_ws_floats(const lowp_gemm_job *j, const lowp_gemm_blk_kerne
 }
 
 int lowp_gemm_blk_supports(const lowp_gemm_job *j) {
-    /* NVFP4 runs on the reference for now. */
-    return !(j->pair == LOWP_PAIR_PLAIN && j->a->format == LOWP_FORMAT_F32) &&
-           j->pair != LOWP_PAIR_NV;
+    /* NVFP4 B given [K, N]: panels start on a 16-column tile (every job of lowp_gemm). */
+    if (j->pair == LOWP_PAIR_NV && j->b_kn && (j->n0 & 15) != 0) return 0;
+    return !(j->pair == LOWP_PAIR_PLAIN && j->a->format == LOWP_FORMAT_F32);
 }
 
 /* ---- decoding ---- */
@@ -138,7 +143,7 @@ static inline __m512i fold_add(__m512i v, __m512i d128) {
 /* Columns [k, k + len) (1 <= len <= 32) of row r of q as 32 BF16 (zeros past len), with the
  * power of two 2^d folded into every nonzero finite value (|d| <= FOLD_SPAN). */
 static inline __m512i dec_block(const lowp_qtensor *q, const dec_table *t, int64_t r, int64_t k,
-                                int len, int d) {
+                                int len, int d, const __m512i *nvt) {
     __m512i v;
     switch (q->format) {
     case LOWP_FORMAT_BF16: {
@@ -162,8 +167,10 @@ static inline __m512i dec_block(const lowp_qtensor *q, const dec_table *t, int64
             idx = _mm512_ternarylogic_epi32(_mm512_srli_epi32(w0, 4), _mm512_slli_epi32(w1, 16),
                                             _mm512_set1_epi32(0x000F0000), 0xF8);
         }
-        /* Past len: a row's padding nibble may be anything. */
-        v = _mm512_maskz_permutexvar_epi16(len_mask32(len), idx, t->t0);
+        /* Past len: a row's padding nibble may be anything. NVFP4: lanes 16-31 read the
+         * second block's half of the table. */
+        if (nvt) idx = _mm512_or_si512(idx, _mm512_maskz_set1_epi32(0xFF00, 0x00100010));
+        v = _mm512_maskz_permutexvar_epi16(len_mask32(len), idx, nvt ? *nvt : t->t0);
         break;
     }
     default: { /* E4M3, E5M2 */
@@ -298,6 +305,82 @@ static int fold_shift(const lowp_qtensor *q, int kn, int64_t r, int64_t b, int64
     return fold_d(mx_code(q, kn, r, blk0 + b, nbq), f);
 }
 
+/* ---- NVFP4: the E4M3 block scales folded into the elements ---- */
+
+/* E2M1 times E4M3 is exact in BF16: at most 2 + 4 significant bits, within [2^-10, 2688] (the
+ * normal range, which AMX and VDPBF16PS read as IEEE does). Products of two folded elements are
+ * then exact in binary32 (within [2^-20, 2^23]) and every partial sum is a multiple of 2^-20,
+ * so nothing reaches the denormals, and nothing overflows below K = 2^100: the only change
+ * from the reference is the summation order (docs/numerics.md section 6). */
+
+/* The E4M3 code of row r's K block blk of NVFP4 operand q (kn: q is an NV16X16 copy given
+ * [K, N] and r is its column). */
+static int nv_code(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nbq) {
+    const uint8_t *s = (const uint8_t *) q->scales;
+    if (q->scaling == LOWP_SCALING_NV16X16)
+        return kn ? s[blk * nbq + r / 16] : s[(r / 16) * nbq + blk];
+    return s[r * nbq + blk]; /* NV16 */
+}
+
+/* The 32-entry table of a run whose lanes 0-15 have scale code c0 and lanes 16-31 code c1. */
+static inline __m512i nv_table(const blk_ctx *x, int c0, int c1) {
+    const __m256i lo = _mm256_loadu_si256((const __m256i *) x->nvlut[c0]);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                              _mm256_loadu_si256((const __m256i *) x->nvlut[c1]), 1);
+}
+
+/* The table of row r's run kt (the job's K blocks 2 kt and 2 kt + 1; a run of 16 or fewer
+ * elements has one). */
+static inline __m512i nv_run_table(const blk_ctx *x, const lowp_qtensor *q, int64_t blk0,
+                                   int64_t nbq, int64_t r, int64_t kt, int len) {
+    const int c0 = nv_code(q, 0, r, blk0 + 2 * kt, nbq);
+    return nv_table(x, c0, len > 16 ? nv_code(q, 0, r, blk0 + 2 * kt + 1, nbq) : c0);
+}
+
+static float nv_tensor_dec(const lowp_qtensor *q) {
+    size_t off;
+    float d;
+    lowp_qtensor_tensor_scale_offset(q, &off);
+    memcpy(&d, (const uint8_t *) q->scales + off, sizeof d);
+    return d;
+}
+
+/* The folded values of every (scale code, element code), and the tensor decode scales. A NaN
+ * scale (0x7F, 0xFF) makes every element of its block NaN, zeros included, as the reference's
+ * block product is NaN. */
+static void nv_setup(blk_ctx *x) {
+    const lowp_format_traits *e2, *e4;
+    lowp_format_get(LOWP_FORMAT_E2M1, &e2);
+    lowp_format_get(LOWP_FORMAT_E4M3, &e4);
+    float v[16];
+    for (uint32_t e = 0; e < 16; e++) v[e] = e2->decode(e);
+    const __m512 ve = _mm512_loadu_ps(v);
+    for (uint32_t c = 0; c < 256; c++) {
+        float sc = e4->decode(c);
+        if (sc != sc) sc = NAN; /* quiet: its upper half is a BF16 NaN */
+        const __m512 p = _mm512_mul_ps(ve, _mm512_set1_ps(sc));
+        _mm256_storeu_si256((__m256i *) x->nvlut[c],
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(p), 16)));
+    }
+    x->nv_da = nv_tensor_dec(x->j->a);
+    x->nv_db = nv_tensor_dec(x->j->b);
+}
+
+/* Columns [n0, n0 + w) (n0 a multiple of 16, w <= 32) of stored row k of an NV16X16 b given
+ * [K, N], whose tile row in the scales is blk, as 32 folded BF16 (zeros past w). */
+static inline __m512i nv_dec_kn(const blk_ctx *x, const lowp_qtensor *q, int64_t k, int64_t blk,
+                                int64_t n0, int w) {
+    const uint8_t *s = (const uint8_t *) q->scales + (size_t) (blk * x->nbb + n0 / 16);
+    const __m512i t = nv_table(x, s[0], w > 16 ? s[1] : s[0]);
+    const uint8_t *p =
+        (const uint8_t *) q->data + (size_t) k * (size_t) ((q->cols + 1) / 2) + (size_t) (n0 / 2);
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(len_mask16((w + 1) / 2), p));
+    __m512i idx =
+        _mm512_ternarylogic_epi32(b, _mm512_slli_epi32(b, 12), _mm512_set1_epi32(0x000F000F), 0xA8);
+    idx = _mm512_or_si512(idx, _mm512_maskz_set1_epi32(0xFF00, 0x00100010));
+    return _mm512_maskz_permutexvar_epi16(len_mask32(w), idx, t);
+}
+
 /* ---- packing ---- */
 
 /* The binary32 scale_inv of row r's K block blk (kn as in mx_code). */
@@ -352,6 +435,10 @@ static void pack_panel_kn(blk_ctx *x, int64_t n0, int w, uint16_t *dst, const ti
                 if (k >= j->k1) continue;
                 const char *src =
                     (const char *) b->data + es * ((size_t) k * (size_t) b->cols + (size_t) n0);
+                if (x->nv) {
+                    r[h] = nv_dec_kn(x, b, k, j->b_blk + (k - j->k0) / 16, n0, w);
+                    continue;
+                }
                 r[h] = dec_run(b->format, &x->tb, src, w);
                 if (mx)
                     r[h] = fold_add(r[h], d128);
@@ -386,8 +473,13 @@ static void pack_panel(blk_ctx *x, int64_t n0, int w, uint16_t *dst, tile_facts 
             __m512i v = _mm512_setzero_si512();
             if (i < w) {
                 int d = mx && f->folded ? fold_d(bc[i][kt], f) : 0;
-                v = dec_block(b, &x->tb, n0 + i, k, len, d);
-                if (!mx) plain_stats(v, &denorm, &maxmag);
+                if (x->nv) {
+                    const __m512i t = nv_run_table(x, b, j->b_blk, x->nbb, n0 + i, kt, len);
+                    v = dec_block(b, &x->tb, n0 + i, k, len, 0, &t);
+                } else {
+                    v = dec_block(b, &x->tb, n0 + i, k, len, d, NULL);
+                }
+                if (!mx && !x->nv) plain_stats(v, &denorm, &maxmag);
             }
             _mm512_store_si512(x->tmp + 32 * i, v);
         }
@@ -426,8 +518,14 @@ static void decode_strip(blk_ctx *x, int64_t m0, int rows, tile_facts *f) {
         uint16_t *o = x->astrip + kt * LOWP_BLK_TILE_U16;
         for (int i = 0; i < rows; i++) {
             int d = mx && f->folded ? fold_d(ac[i][kt], f) : 0;
-            __m512i v = dec_block(a, &x->ta, m0 + i, k, len, d);
-            if (!mx) plain_stats(v, &denorm, &maxmag);
+            __m512i v;
+            if (x->nv) {
+                const __m512i t = nv_run_table(x, a, j->a_blk, x->nba, m0 + i, kt, len);
+                v = dec_block(a, &x->ta, m0 + i, k, len, 0, &t);
+            } else {
+                v = dec_block(a, &x->ta, m0 + i, k, len, d, NULL);
+            }
+            if (!mx && !x->nv) plain_stats(v, &denorm, &maxmag);
             _mm512_store_si512(o + 32 * i, v);
         }
         for (int i = rows; i < 32; i++) _mm512_store_si512(o + 32 * i, _mm512_setzero_si512());
@@ -633,7 +731,18 @@ static void tile(blk_ctx *x, int64_t m0, int rows, const tile_facts *sf, int64_t
         lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, x->acc);
         return;
     }
-    case LOWP_PAIR_NV: return; /* never picked: lowp_gemm_blk_supports refuses it */
+    case LOWP_PAIR_NV: {
+        /* Block scales folded: one sum over K, then the reference's ((acc D_A) D_B). */
+        kern->micro(a, panel, x->nkt, 0, mr, P);
+        const __m512 da = _mm512_set1_ps(x->nv_da), db = _mm512_set1_ps(x->nv_db);
+        for (int r = 0; r < rows; r++) {
+            float *p = P + 32 * r;
+            _mm512_storeu_ps(p, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p), da), db));
+            _mm512_storeu_ps(p + 16, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + 16), da), db));
+        }
+        lowp_gemm_store_tile(j, m0, m0 + rows, n0, w, P);
+        return;
+    }
     }
 }
 
@@ -725,6 +834,8 @@ void lowp_gemm_blk_run(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *kern)
     x.sb128 = x.sa128 + 32 * x.nb128;
     build_table(j->a->format, &x.ta);
     build_table(j->b->format, &x.tb);
+    x.nv = j->pair == LOWP_PAIR_NV;
+    if (x.nv) nv_setup(&x);
 
     const int nt_c = !j->accumulate && j->c->format == LOWP_FORMAT_F32 &&
                      (size_t) (j->c->rows * j->c->cols) * 4 >= LOWP_GEMM_NT_BYTES;

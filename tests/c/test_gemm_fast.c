@@ -230,13 +230,18 @@ static lowp_status run(runner r, const lowp_qtensor *a, const lowp_qtensor *b, l
     return run_kn(r, a, b, 0, c, accumulate, threads);
 }
 
+/* NVFP4 operands: the AVX2 kernel does not take them (the reference runs them there). */
+static int is_nv(const lowp_qtensor *q) {
+    return q->scaling == LOWP_SCALING_NV16 || q->scaling == LOWP_SCALING_NV16X16;
+}
+
 static int runner_ok(runner r, const lowp_qtensor *a) {
     switch (r) {
     case RUN_AVX512: return g_have_avx512;
     case RUN_AMX: return g_have_amx && a->format != LOWP_FORMAT_F32;
     case RUN_AMX_EMU: return g_have_avx512 && a->format != LOWP_FORMAT_F32;
     case RUN_F32X: return g_have_avx512 && a->format != LOWP_FORMAT_F32;
-    case RUN_AVX2: return g_have_avx2;
+    case RUN_AVX2: return g_have_avx2 && !is_nv(a);
     default: return g_have_avx512 && g_have_bf16 && a->format != LOWP_FORMAT_F32;
     }
 }
@@ -334,6 +339,9 @@ static const pair_spec PAIRS[] = {
      LOWP_SCALING_BLOCK128X128},
     {"b128 e4m3 x b128 e4m3", LOWP_FORMAT_E4M3, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128,
      LOWP_SCALING_BLOCK128},
+    {"nv16 x nv16", LOWP_FORMAT_E2M1, LOWP_FORMAT_E2M1, LOWP_SCALING_NV16, LOWP_SCALING_NV16},
+    {"nv16 x nv16x16", LOWP_FORMAT_E2M1, LOWP_FORMAT_E2M1, LOWP_SCALING_NV16, LOWP_SCALING_NV16X16},
+    {"nv16x16 x nv16", LOWP_FORMAT_E2M1, LOWP_FORMAT_E2M1, LOWP_SCALING_NV16X16, LOWP_SCALING_NV16},
 };
 #define NPAIRS ((int) (sizeof PAIRS / sizeof PAIRS[0]))
 
@@ -448,7 +456,7 @@ static void grouped_case(const int32_t *sizes, int G, int64_t N, int64_t K, cons
             for (int path = 0; path < 3; path++) {
                 if (path == 0 && !g_have_avx512) continue;
                 if (path == 1 && !g_have_amx) continue;
-                if (path == 2 && !g_have_avx2) continue;
+                if (path == 2 && (!g_have_avx2 || is_nv(&a.q))) continue;
                 memcpy(fast.data, ref.data, es * (size_t) (Mtot * N));
                 lowp_tensor r2 = ref;
                 r2.data = malloc(es * (size_t) (Mtot * N));
@@ -489,11 +497,11 @@ static void grouped_case(const int32_t *sizes, int G, int64_t N, int64_t K, cons
  * in another order than the groups'. */
 static void test_grouped(void) {
     const int32_t small[] = {0, 1, 31, 0, 33, 100, 0};
-    const int picks[] = {1, 2, 7, 9, 12, 14};
-    grouped_case(small, 7, 70, 129, picks, 6);
+    const int picks[] = {1, 2, 7, 9, 12, 14, 17, 18};
+    grouped_case(small, 7, 70, 129, picks, 8);
     const int32_t large[] = {700, 3, 0, 1200, 64, 333, 31};
-    const int lpicks[] = {1, 7};
-    grouped_case(large, 7, 256, 96, lpicks, 2);
+    const int lpicks[] = {1, 7, 18};
+    grouped_case(large, 7, 256, 96, lpicks, 3);
 }
 
 /* Split-K grouped GEMM (MoE weight gradient): k0 != 0, block offsets, short last blocks,
@@ -519,7 +527,7 @@ static void check_wgrad_pair(const lowp_qtensor *qa, const lowp_qtensor *qb, con
         for (int path = 0; path < 3; path++) {
             if (path == 0 && !g_have_avx512) continue;
             if (path == 1 && !g_have_amx) continue;
-            if (path == 2 && !g_have_avx2) continue;
+            if (path == 2 && (!g_have_avx2 || is_nv(qa))) continue;
             lowp_tensor f2 = fast;
             f2.data = malloc(es * cn);
             memcpy(f2.data, fast.data, es * cn);
@@ -568,7 +576,8 @@ static void test_wgrad(void) {
         lowp_scaling s;
     } kinds[] = {{LOWP_FORMAT_BF16, LOWP_SCALING_NONE}, {LOWP_FORMAT_F32, LOWP_SCALING_NONE},
                  {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32}, {LOWP_FORMAT_E2M1, LOWP_SCALING_MX32},
-                 {LOWP_FORMAT_E5M2, LOWP_SCALING_MX32}, {LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128}};
+                 {LOWP_FORMAT_E5M2, LOWP_SCALING_MX32}, {LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128},
+                 {LOWP_FORMAT_E2M1, LOWP_SCALING_NV16}};
     for (int ki = 0; ki < (int) (sizeof kinds / sizeof kinds[0]); ki++) {
         /* dY [Mtot, N] and X [Mtot, K] -> a = dY^T [N, Mtot], b = X^T [K, Mtot]. */
         float *dy = malloc(sizeof(float) * (size_t) (Mtot * N));
@@ -736,7 +745,7 @@ static void test_large_c(void) {
  * 32x32-tile B, BLOCK128 scale panels). */
 static void test_pieces_m(void) {
     const int64_t M = 2304, N = 160, K = 96;
-    const int pis[] = {1, 2, 5, 7, 12, 14, 16};
+    const int pis[] = {1, 2, 5, 7, 12, 14, 16, 18};
     for (size_t i = 0; i < sizeof pis / sizeof pis[0]; i++) {
         const pair_spec *p = &PAIRS[pis[i]];
         for (int how = 0; how < 2; how++) {
@@ -1164,6 +1173,114 @@ static void test_sgp(void) {
     }
 }
 
+/* ---- NVFP4 from raw codes ---- */
+
+/* An NVFP4 operand [rows, cols] of random E2M1 codes (padding nibbles too) and random E4M3
+ * block scale codes: mostly normal, and some of every special kind: 0x00 (a block that decodes
+ * to zero), subnormal codes 0x01-0x07, the largest 0x7E, the NaN codes 0x7F and 0xFF (rare:
+ * they make their whole row of C NaN), and negative codes; tensor decode scale d. */
+static lowp_qtensor nv_raw(lowp_scaling sc, int64_t rows, int64_t cols, float d, int nan_ok) {
+    lowp_qtensor q = {LOWP_FORMAT_E2M1, sc, rows, cols, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
+    size_t db, sb, off;
+    CHECK(lowp_qtensor_nbytes(&q, &db, &sb) == LOWP_OK);
+    CHECK(lowp_qtensor_tensor_scale_offset(&q, &off) == LOWP_OK);
+    q.data = malloc(db + 64);
+    q.scales = malloc(sb + 64);
+    uint8_t *dd = q.data, *ss = q.scales;
+    for (size_t i = 0; i < db; i++) dd[i] = (uint8_t) (urand() * 256.0);
+    for (size_t i = 0; i < off; i++) {
+        const double u = urand();
+        ss[i] = u < 0.05               ? 0x00
+                : u < 0.2              ? (uint8_t) (1 + urand() * 7)
+                : u < 0.25             ? 0x7E
+                : u < 0.3              ? (uint8_t) (0x80 | (uint8_t) (1 + urand() * 125))
+                : u < 0.3015 && nan_ok ? (urand() < 0.5 ? 0x7F : 0xFF)
+                                       : (uint8_t) (8 + urand() * 118);
+    }
+    memcpy(ss + off, &d, sizeof d);
+    return q;
+}
+
+/* Raw-code NVFP4 operands on every runner against the reference: awkward M, N, K (K < 16,
+ * K not a multiple of 16 or 32), subnormal, zero, negative and NaN block scale codes, and
+ * tensor scales from a binary32 denormal to 2^40. */
+static void test_nv_codes(void) {
+    const int64_t shapes[][3] = {{1, 1, 1},    {3, 5, 15},    {17, 33, 16},   {33, 31, 47},
+                                 {65, 40, 96}, {31, 70, 129}, {130, 33, 300}, {40, 64, 17}};
+    /* (D_A, D_B): a binary32 denormal (S = FLT_MAX gives one) beside a large one, so that C
+     * is not all denormal (where one rounding is a large relative error) */
+    const float ds[][2] = {{1.0f, 1.0f},
+                           {0x1p-20f, 1.0f / 2688.0f},
+                           {0x1p-128f, 0x1p40f},
+                           {0x1p40f, 0x1p-128f},
+                           {1.0f / 2688.0f, 0x1p-20f}};
+    const int quick = testutil_quick();
+    for (int s = 0; s < (quick ? 5 : 8); s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int v = 0; v < 3; v++) {
+            const lowp_scaling sa = v == 2 ? LOWP_SCALING_NV16X16 : LOWP_SCALING_NV16;
+            const lowp_scaling sb = v == 1 ? LOWP_SCALING_NV16X16 : LOWP_SCALING_NV16;
+            lowp_qtensor a = nv_raw(sa, M, K, ds[(s + v) % 5][0], v != 0);
+            lowp_qtensor b = nv_raw(sb, N, K, ds[(s + v) % 5][1], v != 0);
+            char name[96];
+            snprintf(name, sizeof name, "nv raw codes %s x %s", lowp_scaling_name(sa),
+                     lowp_scaling_name(sb));
+            check_gemm(name, &a, &b, v == 1 ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32, v == 2,
+                       1 + (v & 1), M * N * K <= 2000000);
+            free(a.data), free(a.scales), free(b.data), free(b.scales);
+        }
+    }
+}
+
+/* An NV16X16 weight read as stored [K, N] (lowp_gemm with the KN layout) against its
+ * columnwise copy [N, K] (the same codes and tile scales, transposed: lowp_quantize's dual
+ * output), on every runner: identical bits, and the reference's result within tolerance. */
+static void test_nv_kn(void) {
+    const int64_t shapes[][3] = {{33, 77, 300}, {1, 129, 161}, {70, 300, 33}, {129, 33, 15}};
+    for (int s = 0; s < 4; s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        operand a = make(LOWP_FORMAT_E2M1, LOWP_SCALING_NV16, M, K, s == 1 ? SPICE_NANINF : 0);
+        operand w = operand_gauss(K, N, 6.0f); /* stored [K, N] */
+        spice(w.src, K, N, s == 2 ? SPICE_EXTREME : 0);
+        w.q.format = LOWP_FORMAT_E2M1;
+        w.q.scaling = LOWP_SCALING_NV16X16;
+        w.q.device = LOWP_DEVICE_HOST;
+        lowp_qtensor col = w.q;
+        col.rows = N, col.cols = K;
+        size_t db, sb;
+        CHECK(lowp_qtensor_nbytes(&w.q, &db, &sb) == LOWP_OK);
+        w.q.data = malloc(db + 64), w.q.scales = malloc(sb + 64);
+        CHECK(lowp_qtensor_nbytes(&col, &db, &sb) == LOWP_OK);
+        col.data = malloc(db + 64), col.scales = malloc(sb + 64);
+        lowp_tensor x = {LOWP_FORMAT_F32, K, N, w.src, LOWP_DEVICE_HOST};
+        CHECKF(lowp_quantize(&x, &w.q, &col, NULL) == LOWP_OK, "%s", lowp_last_error());
+        const size_t cb = 4 * (size_t) (M * N);
+        lowp_tensor c0 = {LOWP_FORMAT_F32, M, N, malloc(cb), LOWP_DEVICE_HOST}, c1 = c0, c2 = c0;
+        c1.data = malloc(cb);
+        c2.data = malloc(cb);
+        lowp_gemm_cfg cfg;
+        lowp_gemm_cfg_init(&cfg);
+        cfg.path = LOWP_KERNEL_PATH_REFERENCE;
+        CHECK(lowp_cpu_gemm(&a.q, &col, 0, &c0, &cfg) == LOWP_OK);
+        for (runner r = RUN_AVX512; r <= RUN_AVX2; r++) {
+            if (!runner_ok(r, &a.q)) continue;
+            const lowp_status s1 = run_kn(r, &a.q, &col, 0, &c1, 0, 2);
+            const lowp_status s2 = run_kn(r, &a.q, &w.q, 1, &c2, 0, 2);
+            char what[128];
+            snprintf(what, sizeof what, "nv kn %s M=%lld N=%lld K=%lld", runner_name(r),
+                     (long long) M, (long long) N, (long long) K);
+            CHECKF(s1 == LOWP_OK && s2 == LOWP_OK, "%s: %s", what, lowp_last_error());
+            CHECKF(memcmp(c1.data, c2.data, cb) == 0, "%s: [K, N] bits differ from [N, K]", what);
+            compare(what, &c2, &c0);
+            g_cases++;
+        }
+        free(c0.data), free(c1.data), free(c2.data);
+        free(col.data), free(col.scales);
+        operand_drop(&a);
+        operand_drop(&w);
+    }
+}
+
 int main(void) {
     tu_seed(0x243F6A8885A308D3ull);
     const uint32_t f = lowp_cpu_caps()->flags;
@@ -1195,6 +1312,8 @@ int main(void) {
     test_part();
     test_mx_scale_range();
     test_mx_fold_overflow();
+    test_nv_codes();
+    test_nv_kn();
     if (g_have_avx512) test_sgp();
     printf("test_gemm_fast: %d GEMM comparisons\n", g_cases);
     return testutil_finish();
