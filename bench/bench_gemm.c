@@ -63,6 +63,8 @@ typedef enum kernel_id {
     K_MXFP8,
     K_B128,
     K_B32,
+    K_NVFP4,
+    K_MXFP4,
     K_F32,
     K_DNNL,
     K_OPENBLAS,
@@ -71,8 +73,8 @@ typedef enum kernel_id {
 } kernel_id;
 
 static const char *const KERNEL_NAMES[K_COUNT] = {
-    "lowp_bf16", "lowp_mxfp8",  "lowp_block128",  "lowp_block32x32",
-    "lowp_f32",  "onednn_bf16", "openblas_sgemm", "lowp_grouped_mxfp8"};
+    "lowp_bf16",  "lowp_mxfp8", "lowp_block128", "lowp_block32x32", "lowp_nvfp4",
+    "lowp_mxfp4", "lowp_f32",   "onednn_bf16",   "openblas_sgemm",  "lowp_grouped_mxfp8"};
 
 /* ---- peers ---- */
 
@@ -201,8 +203,9 @@ typedef struct problem {
     uint16_t *abf, *bbf;
     lowp_qtensor a_bf16, b_bf16, a_f32, b_f32;
     lowp_qtensor a_mx, b_mx, a_b128, b_w128, b_b32;
+    lowp_qtensor a_nv, b_nv, a_mx4, b_mx4; /* NVFP4 (nv16 x nv16x16 weight), MXFP4 */
     lowp_qtensor b_grp[NGROUPS];
-    void *bufs[24];
+    void *bufs[32];
     int nbufs;
 #ifdef LOWP_HAVE_DNNL
     dnnl_mm dnnl;
@@ -304,7 +307,11 @@ static int setup(problem *p, int64_t m, int64_t n, int64_t k, int grouped) {
         if (quantize(p, &p->b_mx, LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, p->bf, n, k) ||
             quantize(p, &p->a_b128, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128, p->af, m, k) ||
             quantize(p, &p->b_w128, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK128X128, p->bf, n, k) ||
-            quantize(p, &p->b_b32, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK32X32, p->bf, n, k))
+            quantize(p, &p->b_b32, LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK32X32, p->bf, n, k) ||
+            quantize(p, &p->a_nv, LOWP_FORMAT_E2M1, LOWP_SCALING_NV16, p->af, m, k) ||
+            quantize(p, &p->b_nv, LOWP_FORMAT_E2M1, LOWP_SCALING_NV16X16, p->bf, n, k) ||
+            quantize(p, &p->a_mx4, LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, p->af, m, k) ||
+            quantize(p, &p->b_mx4, LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, p->bf, n, k))
             return -1;
     }
 #ifdef LOWP_HAVE_DNNL
@@ -355,6 +362,8 @@ static int run_once(problem *p, kernel_id k, int threads) {
     case K_MXFP8: st = lowp_gemm(&p->a_mx, &p->b_mx, &c, &cfg); break;
     case K_B128: st = lowp_gemm(&p->a_b128, &p->b_w128, &c, &cfg); break;
     case K_B32: st = lowp_gemm(&p->a_mx, &p->b_b32, &c, &cfg); break;
+    case K_NVFP4: st = lowp_gemm(&p->a_nv, &p->b_nv, &c, &cfg); break;
+    case K_MXFP4: st = lowp_gemm(&p->a_mx4, &p->b_mx4, &c, &cfg); break;
     case K_F32: st = lowp_gemm(&p->a_f32, &p->b_f32, &c, &cfg); break;
     case K_GROUPED: st = lowp_grouped_gemm(&p->a_mx, p->b_grp, p->offs, NGROUPS, &c, &cfg); break;
     case K_DNNL:
