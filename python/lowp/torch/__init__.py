@@ -42,6 +42,7 @@ from .tensor import LowpWeight
 from .recipes import RECIPES, apply_recipe, plan_recipe
 from .state import DelayedScalingState, RNGStatesTracker, fp8_states
 from .norm import RMSNorm, rms_norm
+from .hadamard import hadamard
 from ._autocast import autocast_dtype
 
 __all__ += [
@@ -59,6 +60,7 @@ __all__ += [
     "RMSNorm",
     "autocast_dtype",
     "rms_norm",
+    "hadamard",
 ]
 
 from .patches import is_patched as torchao_patched, patch_torchao, unpatch_torchao
