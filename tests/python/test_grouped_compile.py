@@ -4,6 +4,7 @@ to eager, with a tail of rows past offs[-1], empty groups and all groups empty, 
 compiled graph. The backends are aot_eager (Dynamo plus AOTAutograd: what fullgraph needs,
 seconds here) and inductor behind LOWP_TEST_INDUCTOR=1 (about a minute of C++ per graph)."""
 
+import dataclasses
 import os
 import warnings
 
@@ -146,3 +147,18 @@ def test_patched_torchao_experts_module_fullgraph(patched):
                            "mxfp8")
         assert torch.equal(got[0], lw)
         _same(got, run(module(), offs))
+
+
+@pytest.mark.parametrize("config", ["mxfp8", "fp8_rowwise", "block128"])
+def test_portable_grouped_mm_fullgraph_equals_eager(config):
+    """Issue 35.1: the portable grouped GEMMs (every group in one torch._grouped_mm) under
+    torch.compile(fullgraph=True) equal eager, forward and backward, tail and empty groups."""
+    cfg = dataclasses.replace(lt.resolve_config(config),
+                              kernel_preference=lt.KernelPreference.PORTABLE)
+
+    def f(x, w, offs):
+        return lt.grouped_mm(x, w.transpose(-2, -1), offs, cfg)
+
+    before = lt.stats()["portable"]
+    _check(torch.compile(f, fullgraph=True, backend="aot_eager"), f)
+    assert lt.stats()["portable"] > before

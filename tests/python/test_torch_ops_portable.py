@@ -603,3 +603,251 @@ def test_quantize_under_torch_compile_equals_eager(fmt, kind, mode):
     got = torch.compile(q, fullgraph=True)(t)
     for g, w in zip(got, q(t)):
         assert g.dtype == w.dtype and torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+
+
+# ---- the grouped GEMMs: every group in one torch._grouped_mm ----
+
+# ragged groups, an empty first and an empty middle group, rows past the last group
+GROUP_SIZES = ((0, 37, 1, 0, 52), (5, 0, 33, 64))
+SPLIT_M_SHAPES = ((3, 2), (40, 300), (17, 130), (64, 64))  # (N, K)
+
+
+def _split_m_case(fa, sa, fb, sb, how, rng, sizes, N, K, specials):
+    """A [T, K] (each group's rows crafted on their own, so that every group holds extreme
+    rows, then a tail of 3 rows) and B [G, N, K], as the op's tensors."""
+    parts = [_operand(fa, sa, n, K, how, rng, specials) for n in sizes + (3,) if n]
+    ad = torch.cat([p[0] for p in parts])
+    asc = parts[0][1] if sa == "tensor" else torch.cat([p[1] for p in parts])
+    bs = [_operand(fb, sb, N, K, how, rng, specials) for _ in sizes]
+    bd, bsc = torch.stack([b[0] for b in bs]), torch.stack([b[1] for b in bs])
+    return ad, asc, bd, bsc
+
+
+def _portable_split_m(ad, asc, fa, sa, bd, bsc, fb, sb, offs, K):
+    T, G, N = ad.shape[0], bd.shape[0], bd.shape[1]
+    qb = [LowpQTensor(bd[g], bsc[g], fb, sb, N, K) for g in range(G)]
+    return P.grouped_gemm(LowpQTensor(ad, asc, fa, sa, T, K), qb, offs)
+
+
+def _check_split_m(got, ad, asc, bd, bsc, fmts, offs, K, whole=None):
+    """Every group's rows against the block oracle of the group (or `whole`'s rows: the native
+    result), within NUMERICS.md 6's bound of the group's norm, NaN and Inf in the same
+    places; rows past the last group 0."""
+    fa, sa, fb, sb = fmts
+    start = 0
+    for g, end in enumerate(offs):
+        if end > start:
+            a_sc = asc if sa == "tensor" else asc[start:end]
+            c_orc, norm = _block_oracle(ad[start:end], a_sc, fa, sa, bd[g], bsc[g], fb, sb, K)
+            _same_as(c_orc if whole is None else whole[start:end], got[start:end], norm)
+        start = end
+    assert torch.equal(got[offs[-1]:], torch.zeros_like(got[offs[-1]:]))
+
+
+@pytest.mark.parametrize("how", ["normal", "extreme", "mixed"])
+@pytest.mark.parametrize("fa,sa,fb,sb", ALL_PAIRS)
+def test_split_m_within_bound_of_block_oracle(fa, sa, fb, sb, how):
+    """P.grouped_gemm (one torch._grouped_mm over every group, the groups holding rows out of
+    the fold's range or NaN blocks computed again group by group) against the block-by-block
+    oracle of each group: ragged, empty and tail rows, extreme scale codes, NaN and Inf."""
+    rng = np.random.default_rng(21)
+    for sizes in GROUP_SIZES:
+        offs = np.cumsum(sizes).tolist()
+        for N, K in SPLIT_M_SHAPES:
+            for specials in (False, True):
+                ad, asc, bd, bsc = _split_m_case(fa, sa, fb, sb, how, rng, sizes, N, K, specials)
+                got = _portable_split_m(ad, asc, fa, sa, bd, bsc, fb, sb, offs, K)
+                _check_split_m(got, ad, asc, bd, bsc, (fa, sa, fb, sb), offs, K)
+
+
+# the pairs of a wgrad: both copies quantized along the tokens
+WGRAD_PAIRS = [p for p in ALL_PAIRS if p[1] == p[3] and p[1] != "block32x32"]
+
+
+def _grouped_operand(fmt, kind, rows, offs, how, rng, specials):
+    """Codes [rows, M] quantized along M (the tokens) in groups, and their scales (the
+    token-blocked kinds: every group's blocks in turn)."""
+    M = offs[-1] + 3  # a tail past the last group
+    data = _codes(fmt, rows, M, rng, specials)
+    grouped = kind in P.TOKEN_BLOCK_KINDS
+    shape = P.scale_shape(kind, rows, M, offs if grouped else None)
+    how = how if shape[1] else "normal"  # no blocks (every group empty): nothing to craft
+    scale = _e8m0(shape, how, rng) if kind in P.E8M0_KINDS else _f32_scales(shape, how, rng)
+    return LowpQTensor(data, scale, fmt, kind, rows, M, tuple(offs) if grouped else None)
+
+
+def _group_args(qa, qb, offs):
+    """(group, the group's oracle arguments) of every nonempty group."""
+    bs = P.block_of(qa.scaling) if qa.scaling in P.TOKEN_BLOCK_KINDS else 1
+    for g, (start, end, blk) in enumerate(P._group_blocks(offs, bs)):
+        if end > start:
+            ag, bg = (P._cols_of_group(q, start, end, blk) for q in (qa, qb))
+            yield g, (ag.qdata, ag.scale, qa.format, qa.scaling, bg.qdata, bg.scale,
+                               qb.format, qb.scaling, end - start)
+
+
+@pytest.mark.parametrize("how", ["normal", "extreme", "mixed"])
+@pytest.mark.parametrize("fa,sa,fb,sb", WGRAD_PAIRS)
+def test_split_k_within_bound_of_block_oracle(fa, sa, fb, sb, how):
+    """P.grouped_gemm_wgrad against the block-by-block oracle of each group: ragged groups,
+    empty (zero-size K) groups giving exact zeros, extreme scale codes, NaN and Inf."""
+    rng = np.random.default_rng(22)
+    for sizes in GROUP_SIZES + ((0, 0, 0),):
+        offs = np.cumsum(sizes).tolist()
+        for N, K in ((3, 2), (40, 70), (33, 17)):
+            for specials in (False, True):
+                qa = _grouped_operand(fa, sa, N, offs, how, rng, specials)
+                qb = _grouped_operand(fb, sb, K, offs, how, rng, specials)
+                got = P.grouped_gemm_wgrad(qa, qb, offs)
+                assert got.shape == (len(offs), N, K)
+                _check_split_k(got, qa, qb, offs)
+
+
+def _check_split_k(got, qa, qb, offs, whole=None):
+    """Every nonempty group against the block oracle (or `whole`'s group), the empty groups
+    exact zeros."""
+    done = set()
+    for g, args in _group_args(qa, qb, offs):
+        c_orc, norm = _block_oracle(*args)
+        _same_as(c_orc if whole is None else whole[g], got[g], norm)
+        done.add(g)
+    for g in set(range(len(offs))) - done:
+        assert torch.equal(got[g], torch.zeros_like(got[g]))
+
+
+def _native_split_k(qa, qb, offs):
+    """torch.ops.lowp.scaled_grouped_mm with wgrad (grouped scales padded to the op's bound)."""
+    G, M = len(offs), qa.cols
+
+    def padded(q):
+        if q.offs is None:
+            return q.scale
+        bound = -(-M // P.block_of(q.scaling)) + G
+        return torch.nn.functional.pad(q.scale, (0, bound - q.scale.shape[1]))
+
+    return torch.ops.lowp.scaled_grouped_mm(qa.qdata, padded(qa), qa.format, qa.scaling,
+                                            qb.qdata, padded(qb), qb.format, qb.scaling,
+                                            torch.tensor(offs, dtype=torch.int32), M, True)
+
+
+@needs_native
+@pytest.mark.parametrize("fa,sa,fb,sb", ALL_PAIRS)
+def test_grouped_within_bound_of_native(fa, sa, fb, sb):
+    """Split-M (every pair) and split-K (the pairs quantized along the tokens) against the
+    native grouped kernels, on ordinary and extreme codes and scales (the mixed rows: the
+    block-oracle tests above)."""
+    import lowp.torch as lt  # noqa: F401 (registers torch.ops.lowp)
+    rng = np.random.default_rng(23)
+    fmts = (fa, sa, fb, sb)
+    for how in ("normal", "extreme"):
+        for sizes in GROUP_SIZES:
+            offs = np.cumsum(sizes).tolist()
+            ot = torch.tensor(offs, dtype=torch.int32)
+            for (N, K), specials in zip(SPLIT_M_SHAPES, (False, True, True, False)):
+                ad, asc, bd, bsc = _split_m_case(fa, sa, fb, sb, how, rng, sizes, N, K, specials)
+                got = _portable_split_m(ad, asc, fa, sa, bd, bsc, fb, sb, offs, K)
+                nat = torch.ops.lowp.scaled_grouped_mm(ad, asc, fa, sa, bd, bsc, fb, sb, ot, K,
+                                                       False)
+                _check_split_m(got, ad, asc, bd, bsc, fmts, offs, K, whole=nat)
+                if fmts in WGRAD_PAIRS:
+                    qa = _grouped_operand(fa, sa, N, offs, how, rng, specials)
+                    qb = _grouped_operand(fb, sb, K, offs, how, rng, specials)
+                    _check_split_k(P.grouped_gemm_wgrad(qa, qb, offs), qa, qb, offs,
+                                   whole=_native_split_k(qa, qb, offs))
+
+
+def _ordinary_grouped(kind, rng):
+    """One split-M and one split-K case of a pair of `kind` (ordinary codes and scales)."""
+    fa, sa, fb, sb = next(p for p in ALL_PAIRS if p[1] == kind[0] and p[3] == kind[1])
+    sizes = (0, 37, 1, 0, 52)
+    offs = np.cumsum(sizes).tolist()
+    ad, asc, bd, bsc = _split_m_case(fa, sa, fb, sb, "normal", rng, sizes, 40, 96, True)
+    m = ((ad, asc, fa, sa, bd, bsc, fb, sb, offs, 96), (ad, asc, bd, bsc, (fa, sa, fb, sb),
+                                                        offs, 96))
+    if (fa, sa, fb, sb) not in WGRAD_PAIRS:
+        return m, None
+    qa = _grouped_operand(fa, sa, 40, offs, "normal", rng, True)
+    qb = _grouped_operand(fb, sb, 33, offs, "normal", rng, True)
+    return m, (qa, qb, offs)
+
+
+GROUPED_KINDS = [("mx32", "mx32"), ("mx32", "block32x32"), ("block128", "block128"),
+                 ("block128", "block128x128"), ("row", "row"), ("tensor", "tensor")]
+
+
+@pytest.mark.parametrize("kind", GROUPED_KINDS, ids=lambda k: "x".join(k))
+def test_grouped_gemms_are_one_grouped_mm(kind, monkeypatch):
+    """Issue 35.1: a grouped GEMM of ordinary rows is one torch._grouped_mm over every group
+    (binary32 operands on this CPU, whose kernel refuses a binary32 output of BF16 ones), not
+    a matmul per group."""
+    real, calls = torch._grouped_mm, []
+
+    def counting(a, b, **kw):
+        calls.append(a.dtype)
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(torch, "_grouped_mm", counting)
+    m, k = _ordinary_grouped(kind, np.random.default_rng(24))
+    _check_split_m(_portable_split_m(*m[0]), *m[1])
+    assert calls.count(torch.float32) == 1 and len(calls) <= 2
+    if k is not None:
+        calls.clear()
+        _check_split_k(P.grouped_gemm_wgrad(*k), *k)
+        assert calls.count(torch.float32) == 1 and len(calls) <= 2
+
+
+@pytest.mark.parametrize("kind", GROUPED_KINDS, ids=lambda k: "x".join(k))
+def test_grouped_gemms_without_grouped_mm(kind, monkeypatch):
+    """A device whose torch._grouped_mm refuses every call: a loop of matmuls, same bound."""
+    def refuse(a, b, **kw):
+        raise RuntimeError("no grouped mm here")
+
+    monkeypatch.setattr(torch, "_grouped_mm", refuse)
+    monkeypatch.setattr(P, "_GROUPED_REFUSED", set())
+    m, k = _ordinary_grouped(kind, np.random.default_rng(25))
+    _check_split_m(_portable_split_m(*m[0]), *m[1])
+    if k is not None:
+        _check_split_k(P.grouped_gemm_wgrad(*k), *k)
+    assert P._GROUPED_REFUSED == {("cpu", torch.float32)} | (
+        {("cpu", torch.bfloat16)} if kind[0] not in ("block128",) else set())
+
+
+def _standin_grouped_mm(a, b, offs=None, out_dtype=None):
+    """A device's BF16 grouped matmul with a binary32 output (CUDA's), in float64: it refuses
+    binary32 operands, and leaves NaN in the output of an empty split-K group."""
+    if a.dtype != torch.bfloat16 or out_dtype != torch.float32:
+        raise RuntimeError("stand-in: BF16 operands and out_dtype=torch.float32 only")
+    a, b, ends = a.double(), b.double(), offs.tolist()
+    starts = [0] + ends[:-1]
+    if b.dim() == 3:
+        out = torch.full((a.shape[0], b.shape[2]), float("nan"), dtype=torch.float64)
+        for g, (s, e) in enumerate(zip(starts, ends)):
+            out[s:e] = a[s:e] @ b[g]
+    else:
+        out = torch.full((len(ends), a.shape[0], b.shape[1]), float("nan"), dtype=torch.float64)
+        for g, (s, e) in enumerate(zip(starts, ends)):
+            if e > s:
+                out[g] = a[:, s:e] @ b[s:e]
+    return out.float()
+
+
+@pytest.mark.parametrize("how", ["normal", "extreme", "mixed"])
+@pytest.mark.parametrize("fa,sa,fb,sb", [p for p in ALL_PAIRS if p[1] != "block128"])
+def test_grouped_gemms_bf16_grouped_mm_standin(fa, sa, fb, sb, how, monkeypatch):
+    """The route of a device whose torch._grouped_mm multiplies BF16 operands into binary32
+    (not this CPU: a float64 stand-in): the folds reach it exactly (a rounded operand would
+    leave the bound), empty split-K groups are zeros whatever the kernel left there."""
+    monkeypatch.setattr(torch, "_grouped_mm", _standin_grouped_mm)
+    monkeypatch.setattr(P, "_GROUPED_REFUSED", set())
+    rng = np.random.default_rng(26)
+    sizes = (0, 37, 1, 0, 52)
+    offs = np.cumsum(sizes).tolist()
+    for N, K in SPLIT_M_SHAPES:
+        ad, asc, bd, bsc = _split_m_case(fa, sa, fb, sb, how, rng, sizes, N, K, True)
+        got = _portable_split_m(ad, asc, fa, sa, bd, bsc, fb, sb, offs, K)
+        _check_split_m(got, ad, asc, bd, bsc, (fa, sa, fb, sb), offs, K)
+        if (fa, sa, fb, sb) in WGRAD_PAIRS:
+            qa = _grouped_operand(fa, sa, N, offs, how, rng, True)
+            qb = _grouped_operand(fb, sb, K, offs, how, rng, True)
+            _check_split_k(P.grouped_gemm_wgrad(qa, qb, offs), qa, qb, offs)
+    assert ("cpu", torch.bfloat16) not in P._GROUPED_REFUSED

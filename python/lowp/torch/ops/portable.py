@@ -15,7 +15,9 @@ Each GEMM is one vendor matmul on exactly represented operands: MX scales folded
 values relative to each row's largest block exponent (exact in BF16), FP8 codes as they are;
 rows whose scales leave the range where that is exact (and NaN/Inf would move) take the
 block-by-block reference route. On the CPU the matmul runs in binary32, where torch's BF16
-matmul would round its output to BF16.
+matmul would round its output to BF16. The grouped GEMMs (split-M, split-K) multiply every
+group in one `torch._grouped_mm` on the same operands (binary32 on the CPU, whose kernel gives
+BF16 operands only a BF16 output), a loop of matmuls where a device has none.
 
 A quantized operand is a `LowpQTensor` (`qtensor.py`): element codes (`uint8`, E2M1 packed two
 per byte, element 2i in the low nibble), scales in lowp's canonical 2-D layout (E8M0 `uint8` or
@@ -705,28 +707,249 @@ def _cols_of_group(q: LowpQTensor, start: int, end: int, blk: int) -> LowpQTenso
     return LowpQTensor(_finish(codes, q.format), sc, q.format, q.scaling, q.rows, n)
 
 
+# ---- grouped GEMMs: every group in one torch._grouped_mm ----
+
+
+_GROUPED_REFUSED = set()  # (device type, operand dtype) whose torch._grouped_mm refused the call
+
+
+def _align8(t: torch.Tensor) -> torch.Tensor:
+    """t zero-padded along its last (reduction) dimension to a multiple of 8 elements:
+    torch._grouped_mm wants 16-byte strides, and zeros add nothing to a sum."""
+    n = t.shape[-1]
+    return t if n % 8 == 0 else torch.nn.functional.pad(t, (0, 8 - n % 8))
+
+
+def _try_grouped_mm(a, b, offs_t, dtype):
+    """torch._grouped_mm of a and b as `dtype` with a binary32 output, or None where the
+    device's kernel refuses it (then not asked again)."""
+    key = (a.device.type, dtype)
+    if key in _GROUPED_REFUSED or not hasattr(torch, "_grouped_mm"):
+        return None
+    mat2 = b.to(dtype).transpose(-2, -1)
+    try:
+        with exact(a.device.type):
+            return torch._grouped_mm(a.to(dtype), mat2, offs=offs_t, out_dtype=torch.float32)
+    except torch.OutOfMemoryError:
+        raise  # not a missing kernel
+    except (RuntimeError, TypeError, NotImplementedError):
+        _GROUPED_REFUSED.add(key)
+        return None
+
+
+def _grouped_products(a: torch.Tensor, b: torch.Tensor, offs: List[int],
+                      bf16_exact: bool) -> torch.Tensor:
+    """Every group's product in binary32, one torch._grouped_mm for all groups. Split-M (b 3-D):
+    a [T, K] with T == offs[-1], b [G, N, K] -> [T, N], rows of group g times b[g]^T. Split-K
+    (b 2-D): a [N, T], b [K, T] -> [G, N, K], group g's columns of a times b's (0 for an empty
+    group). bf16_exact: every element is exact in BF16, so every product is exact in binary32:
+    BF16 operands with `out_dtype=torch.float32` where the device has that (torch 2.15's CPU
+    kernel refuses a binary32 output of BF16 operands), else binary32 operands (on the CPU 1.2x
+    faster than a loop of `mm`, the same sums); a loop of matmuls where the device has no
+    `torch._grouped_mm`."""
+    G = len(offs)
+    a, b = _align8(a), _align8(b)
+    offs_t = torch.tensor(offs, dtype=torch.int32, device=a.device)
+    c = _try_grouped_mm(a, b, offs_t, torch.bfloat16) if bf16_exact else None
+    if c is None:
+        c = _try_grouped_mm(a.to(torch.float32), b.to(torch.float32), offs_t, torch.float32)
+    if c is None:
+        mm = _mm_exact if bf16_exact else _mm
+        split_m = b.dim() == 3
+        c = a.new_zeros((a.shape[0], b.shape[1]) if split_m else (G, a.shape[0], b.shape[0]),
+                        dtype=torch.float32)
+        start = 0
+        for g, end in enumerate(offs):
+            if end > start:
+                if split_m:
+                    c[start:end] = mm(a[start:end], b[g])
+                else:
+                    c[g] = mm(a[:, start:end], b[:, start:end])
+            start = end
+    if b.dim() == 2 and any(e == s for s, e in zip([0] + offs, offs)):
+        empty = torch.tensor([e == s for s, e in zip([0] + offs, offs)], device=c.device)
+        c = torch.where(empty[:, None, None], torch.zeros_like(c), c)  # whatever a kernel left
+    return c
+
+
+def _group_ids(offs: List[int], device) -> torch.Tensor:
+    """The group of each of the offs[-1] rows."""
+    sizes = torch.tensor([e - s for s, e in zip([0] + offs, offs)], device=device)
+    return torch.repeat_interleave(torch.arange(len(offs), device=device), sizes,
+                                   output_size=offs[-1])
+
+
+def _per_group_any(flags: torch.Tensor, gid: torch.Tensor, G: int) -> torch.Tensor:
+    """[G] bool: any of the rows of group g (gid: each row's group) flagged."""
+    hit = torch.zeros(G, dtype=torch.int32, device=flags.device)
+    return hit.index_add(0, gid, flags.to(torch.int32)) > 0
+
+
+def _b128_deq(vp: torch.Tensor, s: torch.Tensor):
+    """128-block values vp [R, nb, 128] times their scale_inv s [R, nb] in binary32, and the
+    rows' blocks that the dequantized route cannot take (a nonzero block whose scale_inv is
+    outside _B128_RANGE or not finite): [R, nb]."""
+    live = (vp != 0).any(-1)
+    ok = (s.abs() >= _B128_RANGE[0]) & (s.abs() <= _B128_RANGE[1])
+    return vp * s[:, :, None], live & ~ok
+
+
+def _split_m_fast(a: LowpQTensor, b: Sequence[LowpQTensor], offs: List[int], route: str):
+    """Split-M of the rows [0, offs[-1]) as one torch._grouped_mm (see gemm for each route's
+    operands and the order of its scale factors). Returns (C [offs[-1], N], the groups whose
+    rows the one-matmul route cannot take exactly: deep MX rows, NaN blocks, 128-blocks with
+    scale_invs out of range)."""
+    T, K, G, N = offs[-1], a.cols, len(offs), b[0].rows
+    dev = a.qdata.device
+    gid = _group_ids(offs, dev)
+    av = decode(unpack(rows_of(a, 0, T)), a.format)
+    bv = torch.stack([decode(unpack(q), q.format) for q in b])  # [G, N, K]
+    bsc = torch.stack([q.scale for q in b])
+    if route in ("tensor", "row"):
+        acc = _grouped_products(av, bv, offs, True)
+        sa = a.scale[:T].reshape(-1, 1) if route == "row" else a.scale.reshape(1, 1)
+        return acc * sa * bsc.reshape(G, -1)[gid], None  # (acc * sa) * sb, as gemm
+    if route in ("mx", "mx_b32"):
+        cb = bsc.to(torch.int32)
+        if route == "mx_b32":
+            cb = cb.repeat_interleave(32, 1)[:, :N]
+        fa, ra, deep_a, nan_a = _mx_fold(av, a.scale[:T].to(torch.int32))
+        fb, rb, deep_b, nan_b = _mx_fold(bv.reshape(G * N, K), cb.reshape(G * N, -1))
+        sa = _pow2_int((ra - 127).clamp(-_MX_REACH, _MX_REACH))
+        sb = _pow2_int((rb - 127).clamp(-_MX_REACH, _MX_REACH)).reshape(G, N)
+        c = _grouped_products(fa, fb.reshape(G, N, K), offs, True) * sa[:, None] * sb[gid]
+        bad_a, bad_b = deep_a | nan_a, (deep_b | nan_b).reshape(G, N)
+    else:  # 128-blocks: binary32 dequantization, one binary32 grouped matmul
+        if b[0].scaling == "block128x128":
+            bsc = bsc.repeat_interleave(128, 1)[:, :N]
+        nb = bsc.shape[-1]
+        pad = (0, nb * 128 - K)
+        da, bad_a = _b128_deq(torch.nn.functional.pad(av, pad).reshape(T, nb, 128), a.scale[:T])
+        db, bad_b = _b128_deq(torch.nn.functional.pad(bv, pad).reshape(G * N, nb, 128),
+                              bsc.reshape(G * N, nb))
+        with _ieee_f32():
+            c = _grouped_products(da.reshape(T, -1), db.reshape(G, N, -1), offs, False)
+        bad_a, bad_b = bad_a.any(1), bad_b.any(1).reshape(G, N)
+    return c, _per_group_any(bad_a, gid, G) | bad_b.any(1)
+
+
+_SPLIT_M_ROUTES = ("tensor", "row", "mx", "mx_b32", "b128")
+
+
 def grouped_gemm(a: LowpQTensor, b: Sequence[LowpQTensor], offs: Sequence[int],
                  out: Optional[torch.Tensor] = None):
-    """Split-M: C[rows_g] = A[rows_g] . B[g]^T; rows past offs[-1] are 0 (or out's)."""
+    """Split-M: C[rows_g] = A[rows_g] . B[g]^T; rows past offs[-1] are 0 (or out's). The pairs of
+    gemm's one-matmul routes run every group in one torch._grouped_mm (_split_m_fast); a group
+    holding rows that route cannot take exactly is computed again by gemm, group by group."""
     offs = [int(o) for o in offs]
     N = b[0].rows
     if out is None:
         out = torch.zeros((a.rows, N), dtype=torch.float32, device=a.qdata.device)
-    start = 0
-    for g, end in enumerate(offs):
+    redo = range(len(offs))
+    if offs and offs[-1] and _pair(a, b[0]) in _SPLIT_M_ROUTES:
+        c, bad = _split_m_fast(a, b, offs, _pair(a, b[0]))
+        out[:offs[-1]] = c
+        redo = [] if bad is None or c.device.type == "meta" else bad.nonzero()[:, 0].tolist()
+    for g in redo:
+        start, end = offs[g - 1] if g else 0, offs[g]
         if end > start:
             out[start:end] = gemm(rows_of(a, start, end), b[g])
-        start = end
     return out
+
+
+def _token_blocks(q: LowpQTensor, offs: List[int], bs: int):
+    """The values of a copy quantized along tokens in groups (q [R, M], q.offs == offs), each
+    group's columns zero-padded to whole blocks: [R, nb, bs], block j scaled by q.scale[:, j].
+    Returns (that, the group of each block [nb], the padded group ends)."""
+    dev = q.qdata.device
+    v = decode(unpack(q), q.format)
+    pos, seg, pends, nb = [], [], [], 0
+    for g, (start, end, blk) in enumerate(_group_blocks(offs, bs)):
+        n = _cdiv(end - start, bs)
+        pos.append(torch.arange(end - start, device=dev) + blk * bs)
+        seg += [g] * n
+        nb = blk + n
+        pends.append(nb * bs)
+    vp = v.new_zeros((q.rows, nb * bs)).index_copy(1, torch.cat(pos), v[:, :offs[-1]])
+    return vp.reshape(q.rows, nb, bs), torch.tensor(seg, dtype=torch.long, device=dev), pends
+
+
+def _mx_fold_groups(vp: torch.Tensor, codes: torch.Tensor, seg: torch.Tensor, G: int):
+    """_mx_fold of every (row, group) of a grouped copy: vp [R, nb, 32] values, codes [R, nb],
+    seg the group of each block. Returns (folded [R, nb * 32], r [R, G], rows that the fold
+    cannot take exactly: deep or holding a NaN block, [R, G])."""
+    R, nb, _ = vp.shape
+    live = (vp != 0).any(-1) & (codes != 0xFF)
+    idx = seg[None, :].expand(R, nb)
+    r = torch.full((R, G), -1, dtype=torch.int32, device=vp.device).scatter_reduce(
+        1, idx, torch.where(live, codes, torch.full_like(codes, -1)), "amax")
+    r = torch.where(r < 0, torch.full_like(r, 127), r)
+    rb = r.index_select(1, seg)
+    bad = ((live & (codes < rb - _MX_SPREAD)) | (codes == 0xFF)).to(torch.int32)
+    bad = torch.zeros((R, G), dtype=torch.int32, device=vp.device).scatter_reduce(
+        1, idx, bad, "amax") > 0
+    f = _pow2_int((codes - rb).clamp(min=-_MX_SPREAD - 1))
+    f = torch.where(live, f, torch.zeros_like(f))
+    return (vp * f[:, :, None]).reshape(R, -1), r, bad | ((r - 127).abs() > _MX_REACH)
+
+
+def _split_k_fast(a: LowpQTensor, b: LowpQTensor, offs: List[int], route: str):
+    """Split-K as one torch._grouped_mm (gemm's routes; the token-blocked copies on their
+    groups' blocks, zero-padded). Returns (dW [G, N, K], the groups that the one-matmul route
+    cannot take exactly)."""
+    G, dev = len(offs), a.qdata.device
+    if route in ("tensor", "row"):
+        av = decode(unpack(a), a.format)[:, :offs[-1]]
+        bv = decode(unpack(b), b.format)[:, :offs[-1]]
+        acc = _grouped_products(av, bv, offs, True)
+        return acc * a.scale.reshape(-1, 1) * b.scale.reshape(1, -1), None
+    bs = block_of(a.scaling)
+    vpa, seg, pends = _token_blocks(a, offs, bs)
+    vpb, _, _ = _token_blocks(b, offs, bs)
+    if route == "mx":
+        fa, ra, bad_a = _mx_fold_groups(vpa, a.scale.to(torch.int32), seg, G)
+        fb, rb, bad_b = _mx_fold_groups(vpb, b.scale.to(torch.int32), seg, G)
+        sa = _pow2_int((ra - 127).clamp(-_MX_REACH, _MX_REACH)).t()
+        sb = _pow2_int((rb - 127).clamp(-_MX_REACH, _MX_REACH)).t()
+        c = _grouped_products(fa, fb, pends, True) * sa[:, :, None] * sb[:, None, :]
+        return c, bad_a.any(0) | bad_b.any(0)
+    da, bad_a = _b128_deq(vpa, a.scale)  # 128-blocks: binary32 dequantization
+    db, bad_b = _b128_deq(vpb, b.scale)
+    with _ieee_f32():
+        c = _grouped_products(da.reshape(a.rows, -1), db.reshape(b.rows, -1), pends, False)
+    blocks = torch.zeros(G, dtype=torch.int32, device=dev)
+    return c, blocks.index_add(0, seg, (bad_a.any(0) | bad_b.any(0)).to(torch.int32)) > 0
+
+
+def _split_k_route(a: LowpQTensor, b: LowpQTensor, offs: List[int]) -> Optional[str]:
+    """The route of _split_k_fast for this pair, or None (gemm group by group)."""
+    route = _pair(a, b)
+    if route in ("tensor", "row"):
+        return route
+    if route in ("mx", "b128") and a.scaling == b.scaling and a.scaling in TOKEN_BLOCK_KINDS \
+            and a.offs is not None and b.offs is not None \
+            and [int(o) for o in a.offs] == offs == [int(o) for o in b.offs]:
+        return route
+    return None
 
 
 def grouped_gemm_wgrad(a: LowpQTensor, b: LowpQTensor, offs: Sequence[int]) -> torch.Tensor:
     """Split-K: dW[g] = A[:, rows_g] . B[:, rows_g]^T with A = dY^T [N, M], B = X^T [K, M]
-    (token-blocked kinds quantized with the same offs); out [G, N, K]."""
+    (token-blocked kinds quantized with the same offs); out [G, N, K]. The pairs of gemm's
+    one-matmul routes run every group in one torch._grouped_mm (_split_k_fast); a group that
+    route cannot take exactly is computed again by gemm."""
     offs = [int(o) for o in offs]
-    out = torch.zeros((len(offs), a.rows, b.rows), dtype=torch.float32, device=a.qdata.device)
+    route = _split_k_route(a, b, offs) if offs and offs[-1] else None
+    if route is not None:
+        out, bad = _split_k_fast(a, b, offs, route)
+        redo = [] if bad is None or out.device.type == "meta" else bad.nonzero()[:, 0].tolist()
+    else:
+        out = torch.zeros((len(offs), a.rows, b.rows), dtype=torch.float32, device=a.qdata.device)
+        redo = range(len(offs))
     bs = block_of(a.scaling) if a.scaling in TOKEN_BLOCK_KINDS else 1
-    for g, (start, end, blk) in enumerate(_group_blocks(offs, bs)):
+    groups = _group_blocks(offs, bs)
+    for g in redo:
+        start, end, blk = groups[g]
         if end > start:
             ag = _cols_of_group(a, start, end, blk)
             bg = _cols_of_group(b, start, end, blk)
