@@ -14,7 +14,7 @@
  *   lowp_qtensor_nbytes(&row, &db, &sb);   // allocate row.data (db) and row.scales (sb)
  *   ...
  *   lowp_quant_cfg cfg;
- *   lowp_quant_cfg_init(&cfg);              // RCEIL for MX, FLOOR for 32x32, eps 0
+ *   lowp_quant_cfg_init(&cfg);              // RCEIL for MX, FLOOR for 32x32, eps 0, RNE
  *   lowp_quantize(&x, &row, &col, &cfg);
  *
  * Aliasing: no output buffer (data or scales of row_out, col_out; out of lowp_dequantize) may
@@ -44,6 +44,12 @@ typedef struct lowp_quant_cfg {
     float *amax_out;
     int32_t threads;       /* 0: all cores */
     lowp_kernel_path path; /* AUTO, REFERENCE or AVX512 */
+    /* Element rounding: RNE (default) or SR (E2M1 elements of NV16, NV16X16 and MX32 only;
+     * scales are computed as with RNE). SR: element i of a copy (its row-major index in the
+     * copy's own [rows, cols]) uses word offset + i of Philox stream seed (rng.h). */
+    lowp_rounding rounding;
+    uint64_t seed;   /* SR: Philox key */
+    uint64_t offset; /* SR: the first Philox word used */
 } lowp_quant_cfg;
 
 LOWP_API lowp_status lowp_quant_cfg_init(lowp_quant_cfg *cfg);

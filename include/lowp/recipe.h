@@ -28,9 +28,14 @@
  * tensorwise scaling), fp8_current (HYBRID, current tensorwise scaling), fp8_rowwise,
  * all_mxfp8, block128 (DeepSeek-V3 1x128 activations, 128x128 weights), all_block_fp8 (NPU
  * 32x32 E8M0 weights, MX32 activations), mix (attention and shared experts MXFP8, routed
- * experts NPU Block FP8), mix_fp4 (mix with MXFP4 fake quantization of the routed experts).
+ * experts NPU Block FP8), mix_fp4 (mix with MXFP4 fake quantization of the routed experts),
+ * nvfp4 and mxfp4 (every weight in that preset but the last transformer block, `layers.{last}.*`,
+ * kept in high precision; see lowp_recipe_bind_last).
  * Presets: bf16, fp8_delayed, fp8_current, fp8_rowwise, mxfp8, block128, block_fp8,
- * block_fp8_fp4 (block_fp8 with MXFP4 fake quantization of the weight).
+ * block_fp8_fp4 (block_fp8 with MXFP4 fake quantization of the weight), nvfp4 (TE's
+ * NVFP4BlockScaling: nv16 activations and gradients, nv16x16 weights, SR gradients, random
+ * Hadamard transform on the wgrad operands), mxfp4 (E2M1 MX32 RCEIL, SR gradients, the same
+ * transform); docs/numerics.md 4b.
  */
 #ifndef LOWP_RECIPE_H
 #define LOWP_RECIPE_H
@@ -45,11 +50,13 @@ extern "C" {
 /* How one operand of a linear layer is quantized. format BF16 means not quantized (the
  * operand goes to a BF16 GEMM). */
 typedef struct lowp_operand_spec {
-    lowp_format format;         /* E4M3, E5M2, E2M1 (MX32 only) or BF16 */
+    lowp_format format;         /* E4M3, E5M2, E2M1 (MX32, NV16, NV16X16) or BF16 */
     lowp_scaling scaling;       /* ignored for BF16 */
     lowp_scale_mode scale_mode; /* E8M0 kinds */
     int32_t pow2_scales;        /* binary32 kinds: -1 default, 0, 1 */
     int32_t delayed;            /* TENSOR only: 1 = delayed scaling from the amax history */
+    lowp_rounding rounding;     /* elements: RNE (default) or SR (e2m1 only; the training layer
+                                   draws the bits from the RNG tracker's "stochastic_rounding") */
 } lowp_operand_spec;
 
 /* The three operands of a linear layer's GEMMs:
@@ -63,6 +70,8 @@ typedef struct lowp_linear_cfg {
     int32_t wgrad_hp;         /* 1: the weight-gradient GEMM runs in BF16 */
     int32_t fake_quant_mxfp4; /* 1: weight -> MXFP4 -> dequantize, then quantized as `weight` */
     lowp_delayed_cfg delayed; /* history length, margin, algorithm (format per role) */
+    int32_t wgrad_hadamard;   /* 1: the random Hadamard transform (lowp_hadamard16) on both
+                                 wgrad operands along the tokens, before their quantization */
 } lowp_linear_cfg;
 
 #define LOWP_RECIPE_MAX_RULES   16
@@ -85,6 +94,12 @@ LOWP_API lowp_status lowp_recipe_init(lowp_recipe *recipe, const char *name);
 /* Add a rule at the end; cfg NULL means high precision. */
 LOWP_API lowp_status lowp_recipe_append(lowp_recipe *recipe, const char *pattern,
                                         const lowp_linear_cfg *cfg);
+/* Replace every `{last}` in recipe's patterns by the decimal `last`: the index of the model's
+ * last transformer block (the FP4 recipes keep it in high precision). lowp_train_prepare does
+ * this itself on a copy, with `last` the highest N of the names that hold `layers.N.` at their
+ * start or after a '.'. last < 0 (no blocks) changes nothing: an unbound `{last}` is literal
+ * text that no parameter name holds. */
+LOWP_API lowp_status lowp_recipe_bind_last(lowp_recipe *recipe, int32_t last);
 /* The rule that decides `param_name` (*rule = NULL when none matches). */
 LOWP_API lowp_status lowp_recipe_match(const lowp_recipe *recipe, const char *param_name,
                                        const lowp_recipe_rule **rule);

@@ -92,15 +92,16 @@ static PyObject *gemm_pairs(void) {
     return l;
 }
 
-/* pow2: None (the kind's default), False or True. */
+/* pow2: None (the kind's default), False or True; rounding: "rne" or "sr". */
 static PyObject *spec_dict(const lowp_operand_spec *s) {
     const lowp_format_traits *t;
     if (lowp_format_get(s->format, &t) != LOWP_OK) return ext_raise(LOWP_ERR_INVALID_ARG);
     PyObject *pow2 = s->pow2_scales < 0 ? Py_None : s->pow2_scales ? Py_True : Py_False;
-    return Py_BuildValue("{s:s,s:s,s:s,s:O,s:O}", "format", t->name, "scaling",
+    const char *rounding = s->rounding == LOWP_ROUNDING_SR ? "sr" : "rne";
+    return Py_BuildValue("{s:s,s:s,s:s,s:O,s:O,s:s}", "format", t->name, "scaling",
                          lowp_scaling_name(s->scaling), "scale_mode",
                          lowp_scale_mode_name(s->scale_mode), "pow2", pow2, "delayed",
-                         s->delayed ? Py_True : Py_False);
+                         s->delayed ? Py_True : Py_False, "rounding", rounding);
 }
 
 static PyObject *cfg_dict(const lowp_linear_cfg *c) {
@@ -113,6 +114,7 @@ static PyObject *cfg_dict(const lowp_linear_cfg *c) {
     if (put(d, "keep_quantized", PyBool_FromLong(c->keep_quantized)) ||
         put(d, "wgrad_hp", PyBool_FromLong(c->wgrad_hp)) ||
         put(d, "fake_quant_mxfp4", PyBool_FromLong(c->fake_quant_mxfp4)) ||
+        put(d, "wgrad_hadamard", PyBool_FromLong(c->wgrad_hadamard)) ||
         put(d, "history_len", PyLong_FromLong(c->delayed.history_len)) ||
         put(d, "margin", PyFloat_FromDouble(c->delayed.margin)) ||
         put(d, "amax_compute_algo", PyUnicode_FromString(algo)))

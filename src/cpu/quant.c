@@ -113,6 +113,9 @@ static lowp_status setup_job(lowp_quant_job *j, const lowp_tensor *x, lowp_qtens
     if (j->mode == LOWP_SCALE_MODE_DEFAULT) j->mode = LOWP_SCALE_MODE_RCEIL; /* binary32 kinds */
     j->pow2 = cfg->pow2_scales < 0 ? kt->default_pow2 : cfg->pow2_scales;
     j->eps = cfg->eps;
+    j->sr = cfg->rounding == LOWP_ROUNDING_SR; /* the reference kernel's (pick_kernel) */
+    j->seed = cfg->seed;
+    j->offset = cfg->offset;
     j->tensor_scale = 1.0f;
     switch (q->scaling) {
     /* 64 (two MX blocks) so that the fast kernel's columnwise lines of 64 codes stay whole */
@@ -173,8 +176,8 @@ static void whole_tensor_scales(lowp_quant_job *j, const lowp_quant_cfg *cfg, in
 static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, const char *fn,
                                lowp_status *st) {
     lowp_cpu_kernel which;
-    *st = lowp_cpu_pick_kernel(fn, path, lowp_cpu_quant_avx512_supports(j), 0,
-                               lowp_cpu_quant_avx2_supports(j), &which);
+    *st = lowp_cpu_pick_kernel(fn, path, !j->sr && lowp_cpu_quant_avx512_supports(j), 0,
+                               !j->sr && lowp_cpu_quant_avx2_supports(j), &which);
     if (*st != LOWP_OK) return NULL;
     return which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512
            : which == LOWP_CPU_KERNEL_AVX2 ? lowp_cpu_quant_avx2

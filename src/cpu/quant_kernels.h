@@ -34,6 +34,10 @@ typedef struct lowp_quant_job {
      * at a group's span of a larger output and sets that output's. */
     size_t col_ob;
     int64_t col_nbr;
+    /* Stochastic rounding of the elements (reference kernel only): element i of a copy uses
+     * Philox word offset + i of stream seed (quant_ref.c). */
+    int sr;
+    uint64_t seed, offset;
 } lowp_quant_job;
 
 /* Quantize input rows [r0, r1) into the job's outputs. */

@@ -4,7 +4,13 @@
  *
  * Packed E2M1 outputs are written in ascending element order along each output row: an even
  * element sets its byte (clearing the high nibble, so the pad nibble of an odd-length row is
- * 0), an odd element ORs its nibble in. */
+ * 0), an odd element ORs its nibble in.
+ *
+ * Stochastic rounding (job->sr, E2M1 elements of MX32, NV16 and NV16X16) replaces the element
+ * encode's RNE by section 2's SR with word offset + i of the Philox stream, i the element's
+ * row-major index in its own copy: r * cols + c in the row copy, c * rows + r in the col copy
+ * (grouped too: rows counts every token). */
+#include "core/philox.h"
 #include "core/scale_rules.h"
 #include "quant_kernels.h"
 
@@ -28,21 +34,31 @@ static uint32_t get(const lowp_qtensor *q, int64_t r, int64_t c) {
     return (row[c / 2] >> (4 * (c & 1))) & 0xF;
 }
 
-/* Element code of x in a block whose E8M0 scale code is `code` (section 3, steps 1 and 4). */
-static uint32_t enc_e8m0(const lowp_quant_job *j, float x, uint8_t code) {
+/* The satfinite element code of a scaled value v: RNE, or SR with word offset + i. */
+static uint32_t enc_elem(const lowp_quant_job *j, float v, uint64_t i) {
+    if (j->sr)
+        return j->et->encode_sr(v, lowp_philox_word(j->seed, j->offset + i),
+                                LOWP_OVERFLOW_SATFINITE);
+    return j->et->encode(v, LOWP_OVERFLOW_SATFINITE);
+}
+
+/* Element code of x (element i of its copy) in a block whose E8M0 scale code is `code`
+ * (section 3, steps 1 and 4). */
+static uint32_t enc_e8m0(const lowp_quant_job *j, float x, uint8_t code, uint64_t i) {
     if (code == 0xFF) return j->et->nan_code; /* 0 for E2M1 */
-    return j->et->encode(x * lowp_rule_e8m0_quant_factor(code), LOWP_OVERFLOW_SATFINITE);
+    return enc_elem(j, x * lowp_rule_e8m0_quant_factor(code), i);
 }
 
 static uint32_t enc_fp32(const lowp_quant_job *j, float x, float scale) {
     return j->et->encode(x * scale, LOWP_OVERFLOW_SATFINITE);
 }
 
-/* NVFP4 element code of x in a block whose E4M3 scale code is `code` and element factor `f`
- * (section 4b, step 3): a NaN block's elements are 0, as in an MX block. */
-static uint32_t enc_nv(const lowp_quant_job *j, float x, uint8_t code, float f) {
+/* NVFP4 element code of x (element i of its copy) in a block whose E4M3 scale code is `code`
+ * and element factor `f` (section 4b, step 3): a NaN block's elements are 0, as in an MX
+ * block. */
+static uint32_t enc_nv(const lowp_quant_job *j, float x, uint8_t code, float f, uint64_t i) {
     if ((code & 0x7F) == 0x7F) return 0;
-    return j->et->encode(x * f, LOWP_OVERFLOW_SATFINITE);
+    return enc_elem(j, x * f, i);
 }
 
 static int is_nv(lowp_scaling s) {
@@ -53,9 +69,13 @@ static int byte_scales(lowp_scaling s) {
     return s == LOWP_SCALING_MX32 || s == LOWP_SCALING_BLOCK32X32 || is_nv(s);
 }
 
-/* The code of x under a block's scale: E8M0 code, NVFP4 E4M3 code and factor, or binary32. */
-static uint32_t enc_any(const lowp_quant_job *j, float x, int kind, uint8_t code, float s) {
-    return kind == 1 ? enc_e8m0(j, x, code) : kind == 2 ? enc_nv(j, x, code, s) : enc_fp32(j, x, s);
+/* The code of x (element i of its copy) under a block's scale: E8M0 code, NVFP4 E4M3 code and
+ * factor, or binary32. */
+static uint32_t enc_any(const lowp_quant_job *j, float x, int kind, uint8_t code, float s,
+                        uint64_t i) {
+    return kind == 1   ? enc_e8m0(j, x, code, i)
+           : kind == 2 ? enc_nv(j, x, code, s, i)
+                       : enc_fp32(j, x, s);
 }
 
 /* amax of the input rectangle [r0, r1) x [c0, c1). */
@@ -100,12 +120,14 @@ static block_out quant_block(const lowp_quant_job *j, int64_t r0, int64_t r1, in
     if (to_row) {
         for (int64_t r = r0; r < r1; r++)
             for (int64_t c = c0; c < c1; c++)
-                put(j->row, r, c, enc_any(j, lowp_job_x(j, r, c), kind, b.code, s));
+                put(j->row, r, c,
+                    enc_any(j, lowp_job_x(j, r, c), kind, b.code, s, (uint64_t) (r * j->cols + c)));
     }
     if (to_col) {
         for (int64_t c = c0; c < c1; c++)
             for (int64_t r = r0; r < r1; r++)
-                put(j->col, c, r, enc_any(j, lowp_job_x(j, r, c), kind, b.code, s));
+                put(j->col, c, r,
+                    enc_any(j, lowp_job_x(j, r, c), kind, b.code, s, (uint64_t) (c * j->rows + r)));
     }
     return b;
 }

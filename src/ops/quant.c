@@ -55,6 +55,28 @@ static lowp_status check_cfg(const char *fn, const lowp_quant_cfg *cfg, lowp_sca
     return lowp_op_check_threads_path(fn, cfg->threads, cfg->path);
 }
 
+/* cfg.rounding: RNE, or SR for E2M1 elements of MX32, NV16 and NV16X16 on the host. */
+static lowp_status check_rounding(const char *fn, const lowp_quant_cfg *cfg, const lowp_qtensor *q,
+                                  const lowp_tensor *x) {
+    if (cfg->rounding == LOWP_ROUNDING_RNE) return LOWP_OK;
+    if (cfg->rounding != LOWP_ROUNDING_SR)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.rounding (%d) is not rne or sr", fn,
+                         (int) cfg->rounding);
+    const int kind = q->scaling == LOWP_SCALING_MX32 || q->scaling == LOWP_SCALING_NV16 ||
+                     q->scaling == LOWP_SCALING_NV16X16;
+    if (q->format != LOWP_FORMAT_E2M1 || !kind)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.rounding is sr, which quantization implements for e2m1 "
+                         "elements of mx32, nv16 and nv16x16 only (not format %d, scaling %s)",
+                         fn, (int) q->format, lowp_scaling_name(q->scaling));
+    if (x->device.type != LOWP_DEVICE_CPU)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: cfg.rounding is sr, which only the host backend implements (x is on "
+                         "device %d:%d)",
+                         fn, x->device.type, x->device.index);
+    return LOWP_OK;
+}
+
 /* Format/scaling support, shape [rows, cols], buffers present. */
 static lowp_status check_q(const char *fn, const char *name, const lowp_qtensor *q, int64_t rows,
                            int64_t cols) {
@@ -109,6 +131,7 @@ lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out, lowp_qten
                          fn, (int) row_out->format, (int) row_out->scaling, (int) col_out->format,
                          (int) col_out->scaling);
     if ((st = check_cfg(fn, cfg, q0->scaling)) != LOWP_OK) return st;
+    if ((st = check_rounding(fn, cfg, q0, x)) != LOWP_OK) return st;
     if (row_out) {
         if (row_out->group_offs)
             return lowp_fail(LOWP_ERR_INVALID_ARG,
@@ -152,6 +175,7 @@ lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
         cfg = &defaults;
     }
     if ((st = check_cfg(fn, cfg, col_out->scaling)) != LOWP_OK) return st;
+    if ((st = check_rounding(fn, cfg, col_out, x)) != LOWP_OK) return st;
     if (!col_out->group_offs)
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.group_offs is NULL", fn);
     if (col_out->scaling != LOWP_SCALING_MX32 && col_out->scaling != LOWP_SCALING_BLOCK128 &&

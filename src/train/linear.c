@@ -79,7 +79,8 @@ static lowp_status qt_alloc(const char *fn, lowp_qtensor *q, const lowp_operand_
     if (kind == COPY_Q) {
         q->format = s->format;
         q->scaling = s->scaling;
-        if (offs && (s->scaling == LOWP_SCALING_MX32 || s->scaling == LOWP_SCALING_BLOCK128)) {
+        if (offs && (s->scaling == LOWP_SCALING_MX32 || s->scaling == LOWP_SCALING_BLOCK128 ||
+                     s->scaling == LOWP_SCALING_NV16)) {
             q->group_offs = offs;
             q->groups = groups;
         }
@@ -362,8 +363,8 @@ static lowp_status cache_fill_raw(const char *fn, const lowp_param *w, const pla
     lowp_qtensor fp4;
     memset(&fp4, 0, sizeof fp4);
     if (p->cfg.fake_quant_mxfp4) {
-        const lowp_operand_spec mxfp4 = {LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, LOWP_SCALE_DEFAULT,
-                                         -1, 0};
+        const lowp_operand_spec mxfp4 = {
+            LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, LOWP_SCALE_DEFAULT, -1, 0, LOWP_ROUNDING_RNE};
         fq = malloc((size_t) (N * K) * sizeof *fq);
         if (!fq) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: fake-quantized weight", fn);
         if ((st = qt_alloc(fn, &fp4, &mxfp4, COPY_Q, N, K, NULL, 0)) != LOWP_OK) {

@@ -17,6 +17,7 @@ static void set_spec(lowp_operand_spec *s, lowp_format format, lowp_scaling scal
     s->scale_mode = LOWP_SCALE_MODE_DEFAULT;
     s->pow2_scales = -1;
     s->delayed = delayed;
+    s->rounding = LOWP_ROUNDING_RNE;
 }
 
 static void base_cfg(lowp_linear_cfg *c) {
@@ -85,6 +86,32 @@ static void preset_block_fp8_fp4(lowp_linear_cfg *c) {
     c->fake_quant_mxfp4 = 1;
 }
 
+/* TransformerEngine's NVFP4BlockScaling for one linear layer: 1x16 activations and gradients,
+ * 16x16 weight tiles (one copy serves forward and dgrad), stochastic rounding of the gradient's
+ * elements and the random Hadamard transform on both wgrad operands (docs/numerics.md 4b). X is
+ * requantized in the backward: its wgrad copy is taken after the transform. */
+static void preset_nvfp4(lowp_linear_cfg *c) {
+    base_cfg(c);
+    set_spec(&c->input, LOWP_FORMAT_E2M1, LOWP_SCALING_NV16, 0);
+    set_spec(&c->weight, LOWP_FORMAT_E2M1, LOWP_SCALING_NV16X16, 0);
+    set_spec(&c->grad_output, LOWP_FORMAT_E2M1, LOWP_SCALING_NV16, 0);
+    c->grad_output.rounding = LOWP_ROUNDING_SR;
+    c->wgrad_hadamard = 1;
+}
+
+/* MXFP4 after Tseng et al. 2025 ("Training LLMs with MXFP4"): E2M1 in MX 1x32 blocks with RCEIL
+ * scales (no block maximum beyond 6, so SR needs no 3/4 prescale), SR of the gradient, and the
+ * random Hadamard transform on the wgrad operands (docs/numerics.md 4b). */
+static void preset_mxfp4(lowp_linear_cfg *c) {
+    base_cfg(c);
+    set_spec(&c->input, LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, 0);
+    set_spec(&c->weight, LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, 0);
+    set_spec(&c->grad_output, LOWP_FORMAT_E2M1, LOWP_SCALING_MX32, 0);
+    c->input.scale_mode = c->weight.scale_mode = c->grad_output.scale_mode = LOWP_SCALE_MODE_RCEIL;
+    c->grad_output.rounding = LOWP_ROUNDING_SR;
+    c->wgrad_hadamard = 1;
+}
+
 typedef struct preset {
     const char *name;
     void (*make)(lowp_linear_cfg *);
@@ -99,6 +126,8 @@ static const preset k_presets[] = {
     {"block128", preset_block128},
     {"block_fp8", preset_block_fp8},
     {"block_fp8_fp4", preset_block_fp8_fp4},
+    {"nvfp4", preset_nvfp4},
+    {"mxfp4", preset_mxfp4},
 };
 #define N_PRESETS ((int) (sizeof k_presets / sizeof k_presets[0]))
 
@@ -113,7 +142,7 @@ lowp_status lowp_linear_cfg_preset(const char *name, lowp_linear_cfg *cfg) {
         }
     return lowp_fail(LOWP_ERR_NOT_FOUND,
                      "%s: name (\"%s\") is not a preset (bf16, fp8_delayed, fp8_current, "
-                     "fp8_rowwise, mxfp8, block128, block_fp8, block_fp8_fp4)",
+                     "fp8_rowwise, mxfp8, block128, block_fp8, block_fp8_fp4, nvfp4, mxfp4)",
                      fn, name);
 }
 
@@ -156,7 +185,8 @@ lowp_status lowp_linear_plan_get(const lowp_linear_cfg *cfg, lowp_linear_plan *p
 
 static int spec_equal(const lowp_operand_spec *a, const lowp_operand_spec *b) {
     return a->format == b->format && a->scaling == b->scaling && a->scale_mode == b->scale_mode &&
-           a->pow2_scales == b->pow2_scales && a->delayed == b->delayed;
+           a->pow2_scales == b->pow2_scales && a->delayed == b->delayed &&
+           a->rounding == b->rounding;
 }
 
 static int cfg_equal(const lowp_linear_cfg *a, const lowp_linear_cfg *b) {
@@ -164,7 +194,8 @@ static int cfg_equal(const lowp_linear_cfg *a, const lowp_linear_cfg *b) {
            spec_equal(&a->grad_output, &b->grad_output) && a->keep_quantized == b->keep_quantized &&
            a->wgrad_hp == b->wgrad_hp && a->fake_quant_mxfp4 == b->fake_quant_mxfp4 &&
            a->delayed.history_len == b->delayed.history_len &&
-           a->delayed.margin == b->delayed.margin && a->delayed.algo == b->delayed.algo;
+           a->delayed.margin == b->delayed.margin && a->delayed.algo == b->delayed.algo &&
+           a->wgrad_hadamard == b->wgrad_hadamard;
 }
 
 const char *lowp_linear_cfg_name(const lowp_linear_cfg *cfg) {
@@ -186,16 +217,33 @@ static lowp_status check_spec(const char *fn, const char *role, const lowp_opera
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: cfg.%s.format (%d) is not e4m3, e5m2, e2m1 or bf16", fn, role,
                          (int) s->format);
-    if ((unsigned) s->scaling >= LOWP_SCALING_NONE)
+    if ((unsigned) s->scaling >= LOWP_SCALING_COUNT || s->scaling == LOWP_SCALING_NONE)
         return lowp_fail(LOWP_ERR_INVALID_ARG,
                          "%s: cfg.%s.scaling (%d) is not a quantized lowp_scaling", fn, role,
                          (int) s->scaling);
-    if (s->format == LOWP_FORMAT_E2M1 && s->scaling != LOWP_SCALING_MX32)
+    const int nv = s->scaling == LOWP_SCALING_NV16 || s->scaling == LOWP_SCALING_NV16X16;
+    if (s->format == LOWP_FORMAT_E2M1 && s->scaling != LOWP_SCALING_MX32 && !nv)
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
-                         "%s: cfg.%s is e2m1 with scaling %s (e2m1 is mx32 only)", fn, role,
-                         lowp_scaling_name(s->scaling));
-    if (activation &&
-        (s->scaling == LOWP_SCALING_BLOCK128X128 || s->scaling == LOWP_SCALING_BLOCK32X32))
+                         "%s: cfg.%s is e2m1 with scaling %s (e2m1 is mx32, nv16 or nv16x16)", fn,
+                         role, lowp_scaling_name(s->scaling));
+    if (nv && s->format != LOWP_FORMAT_E2M1)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: cfg.%s.scaling (%s) takes e2m1 elements only",
+                         fn, role, lowp_scaling_name(s->scaling));
+    if (s->rounding != LOWP_ROUNDING_RNE && s->rounding != LOWP_ROUNDING_SR)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: cfg.%s.rounding (%d) is not rne or sr", fn,
+                         role, (int) s->rounding);
+    if (s->rounding == LOWP_ROUNDING_SR && s->format != LOWP_FORMAT_E2M1)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: cfg.%s.rounding is sr but its format is not e2m1 (stochastic "
+                         "rounding is implemented for e2m1 elements)",
+                         fn, role);
+    if (!activation && s->rounding == LOWP_ROUNDING_SR)
+        return lowp_fail(LOWP_ERR_UNSUPPORTED,
+                         "%s: cfg.%s.rounding is sr, which the training layer implements for "
+                         "input and grad_output only",
+                         fn, role);
+    if (activation && (s->scaling == LOWP_SCALING_BLOCK128X128 ||
+                       s->scaling == LOWP_SCALING_BLOCK32X32 || s->scaling == LOWP_SCALING_NV16X16))
         return lowp_fail(LOWP_ERR_UNSUPPORTED,
                          "%s: cfg.%s.scaling (%s) is a weight tiling; activations and gradients "
                          "are quantized along one axis",
@@ -253,6 +301,15 @@ lowp_status lowp_linear_cfg_check(const char *fn, const lowp_linear_cfg *cfg) {
     if ((st = check_flag(fn, "keep_quantized", cfg->keep_quantized)) != LOWP_OK) return st;
     if ((st = check_flag(fn, "wgrad_hp", cfg->wgrad_hp)) != LOWP_OK) return st;
     if ((st = check_flag(fn, "fake_quant_mxfp4", cfg->fake_quant_mxfp4)) != LOWP_OK) return st;
+    if ((st = check_flag(fn, "wgrad_hadamard", cfg->wgrad_hadamard)) != LOWP_OK) return st;
+    if (cfg->wgrad_hadamard &&
+        (cfg->keep_quantized || cfg->wgrad_hp || !lowp_spec_quantized(&cfg->input) ||
+         !lowp_spec_quantized(&cfg->grad_output)))
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: cfg.wgrad_hadamard is 1 but the wgrad GEMM is not quantized from "
+                         "the backward (it needs quantized input and grad_output, wgrad_hp 0 and "
+                         "keep_quantized 0: X's wgrad copy is made after the transform)",
+                         fn);
     if (lowp_spec_delayed(&cfg->input) || lowp_spec_delayed(&cfg->weight) ||
         lowp_spec_delayed(&cfg->grad_output)) {
         if ((st = lowp_delayed_cfg_check(fn, "cfg.delayed", &cfg->delayed)) != LOWP_OK) return st;
@@ -377,23 +434,32 @@ static const char *const k_hp_patterns[] = {"*router*", "*embed*",    "head*",  
 static const char *const k_expert_patterns[] = {"*.moe.experts.*", "*.moe.routed_experts.*"};
 static const char *const k_shared_patterns[] = {"*.moe.shared_experts.*", "*.moe.shared.*"};
 
+/* The FP4 recipes keep the last transformer block in high precision, as NVIDIA's NVFP4
+ * pretraining keeps its last blocks in BF16. `{last}` stands for that block's index, resolved
+ * from the parameter names by lowp_recipe_bind_last (lowp_train_prepare does it): lowp's and
+ * torchtitan's names both read layers.N. ... */
+static const char *const k_last_patterns[] = {"layers.{last}.*", "*.layers.{last}.*"};
+
 typedef struct builtin {
     const char *name;
     const char *all;     /* preset of every other weight */
     const char *shared;  /* preset of shared experts (NULL: as `all`) */
     const char *experts; /* preset of routed experts (NULL: as `all`) */
+    int hp_last;         /* 1: the last transformer block stays in high precision */
 } builtin;
 
 static const builtin k_recipes[] = {
-    {"bf16", "bf16", NULL, NULL},
-    {"fp8_delayed", "fp8_delayed", NULL, NULL},
-    {"fp8_current", "fp8_current", NULL, NULL},
-    {"fp8_rowwise", "fp8_rowwise", NULL, NULL},
-    {"all_mxfp8", "mxfp8", NULL, NULL},
-    {"block128", "block128", NULL, NULL},
-    {"all_block_fp8", "block_fp8", NULL, NULL},
-    {"mix", "mxfp8", "mxfp8", "block_fp8"},
-    {"mix_fp4", "mxfp8", "mxfp8", "block_fp8_fp4"},
+    {"bf16", "bf16", NULL, NULL, 0},
+    {"fp8_delayed", "fp8_delayed", NULL, NULL, 0},
+    {"fp8_current", "fp8_current", NULL, NULL, 0},
+    {"fp8_rowwise", "fp8_rowwise", NULL, NULL, 0},
+    {"all_mxfp8", "mxfp8", NULL, NULL, 0},
+    {"block128", "block128", NULL, NULL, 0},
+    {"all_block_fp8", "block_fp8", NULL, NULL, 0},
+    {"mix", "mxfp8", "mxfp8", "block_fp8", 0},
+    {"mix_fp4", "mxfp8", "mxfp8", "block_fp8_fp4", 0},
+    {"nvfp4", "nvfp4", NULL, NULL, 1},
+    {"mxfp4", "mxfp4", NULL, NULL, 1},
 };
 #define N_RECIPES ((int) (sizeof k_recipes / sizeof k_recipes[0]))
 
@@ -403,7 +469,7 @@ const char *lowp_recipe_name_at(int32_t index) {
 
 const char *lowp_recipe_names(void) {
     return "bf16,fp8_delayed,fp8_current,fp8_rowwise,all_mxfp8,block128,all_block_fp8,mix,"
-           "mix_fp4";
+           "mix_fp4,nvfp4,mxfp4";
 }
 
 lowp_status lowp_recipe_init(lowp_recipe *recipe, const char *name) {
@@ -422,6 +488,8 @@ lowp_status lowp_recipe_init(lowp_recipe *recipe, const char *name) {
     lowp_status st;
     for (size_t i = 0; i < sizeof k_hp_patterns / sizeof k_hp_patterns[0]; i++)
         if ((st = add_rule(recipe, k_hp_patterns[i], NULL)) != LOWP_OK) return st;
+    for (size_t i = 0; b->hp_last && i < sizeof k_last_patterns / sizeof k_last_patterns[0]; i++)
+        if ((st = add_rule(recipe, k_last_patterns[i], NULL)) != LOWP_OK) return st;
     lowp_linear_cfg c;
     if (b->experts) {
         lowp_linear_cfg_preset(b->experts, &c);
@@ -435,6 +503,42 @@ lowp_status lowp_recipe_init(lowp_recipe *recipe, const char *name) {
     }
     lowp_linear_cfg_preset(b->all, &c);
     return add_rule(recipe, "*", &c);
+}
+
+lowp_status lowp_recipe_bind_last(lowp_recipe *recipe, int32_t last) {
+    const char *fn = "lowp_recipe_bind_last";
+    LOWP_CHECK_PTR(fn, recipe);
+    if (recipe->nrules < 0 || recipe->nrules > LOWP_RECIPE_MAX_RULES)
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: recipe.nrules (%d) is not in [0, %d]", fn,
+                         recipe->nrules, LOWP_RECIPE_MAX_RULES);
+    if (last < 0) return LOWP_OK; /* no blocks: `{last}` stays literal and matches no name */
+    char out[LOWP_RECIPE_PATTERN_MAX];
+    for (int32_t i = 0; i < recipe->nrules; i++) {
+        char *pat = recipe->rules[i].pattern;
+        if (memchr(pat, '\0', LOWP_RECIPE_PATTERN_MAX) == NULL)
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: recipe.rules[%d].pattern is not terminated",
+                             fn, i);
+        size_t o = 0;
+        for (const char *p = pat; *p;) {
+            int w = 1;
+            if (strncmp(p, "{last}", 6) == 0)
+                w = snprintf(out + o, o < sizeof out ? sizeof out - o : 0, "%d", (int) last),
+                p += 6;
+            else if (o + 1 < sizeof out)
+                out[o] = *p++;
+            else
+                p++;
+            o += (size_t) w;
+        }
+        if (o >= sizeof out)
+            return lowp_fail(LOWP_ERR_INVALID_ARG,
+                             "%s: recipe.rules[%d].pattern (\"%.20s...\") with last %d is longer "
+                             "than %d",
+                             fn, i, pat, (int) last, LOWP_RECIPE_PATTERN_MAX - 1);
+        out[o] = '\0';
+        memcpy(pat, out, o + 1);
+    }
+    return LOWP_OK;
 }
 
 lowp_status lowp_recipe_append(lowp_recipe *recipe, const char *pattern,

@@ -71,11 +71,46 @@ lowp_status lowp_param_array_check(const char *fn, const lowp_param *params, int
     return LOWP_OK;
 }
 
+/* The index of the last transformer block: the highest N over the names holding "layers.N."
+ * at their start or after a '.', or -1. */
+static int32_t last_block(const lowp_param *params, int32_t n) {
+    long best = -1;
+    for (int32_t i = 0; i < n; i++) {
+        const char *name = params[i].name;
+        for (const char *p = name; p && (p = strstr(p, "layers.")) != NULL; p++) {
+            if (p != name && p[-1] != '.') continue;
+            const char *d = p + 7, *e = d;
+            long v = 0;
+            while (*e >= '0' && *e <= '9' && v < 100000000) v = v * 10 + (*e++ - '0');
+            if (e > d && *e == '.' && v > best) best = v;
+        }
+    }
+    return (int32_t) best;
+}
+
+static lowp_status prepare(const char *fn, lowp_param *params, int32_t n,
+                           const lowp_recipe *recipe);
+
 lowp_status lowp_train_prepare(lowp_param *params, int32_t n, const lowp_recipe *recipe) {
     const char *fn = "lowp_train_prepare";
     lowp_status st = lowp_param_array_check(fn, params, n);
     if (st != LOWP_OK) return st;
     LOWP_CHECK_PTR(fn, recipe);
+    for (int32_t i = 0; i < n; i++)
+        if (!params[i].name)
+            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: params[%d].name is NULL", fn, i);
+    lowp_recipe *bound = malloc(sizeof *bound);
+    if (!bound) return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: recipe copy", fn);
+    *bound = *recipe;
+    st = lowp_recipe_bind_last(bound, last_block(params, n));
+    if (st == LOWP_OK) st = prepare(fn, params, n, bound);
+    free(bound);
+    return st;
+}
+
+static lowp_status prepare(const char *fn, lowp_param *params, int32_t n,
+                           const lowp_recipe *recipe) {
+    lowp_status st;
     /* Check everything first: a refused call wraps nothing. */
     for (int32_t i = 0; i < n; i++) {
         const lowp_param *p = &params[i];

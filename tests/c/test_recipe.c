@@ -18,12 +18,12 @@ static const char *decide(const lowp_recipe *r, const char *name) {
 }
 
 static void test_builtins(void) {
-    static const char *const names[] = {"bf16",          "fp8_delayed", "fp8_current",
-                                        "fp8_rowwise",   "all_mxfp8",   "block128",
-                                        "all_block_fp8", "mix",         "mix_fp4"};
-    static const char *const presets[] = {"bf16",        "fp8_delayed", "fp8_current",
-                                          "fp8_rowwise", "mxfp8",       "block128",
-                                          "block_fp8",   "mxfp8",       "mxfp8"};
+    static const char *const names[] = {"bf16",      "fp8_delayed", "fp8_current",   "fp8_rowwise",
+                                        "all_mxfp8", "block128",    "all_block_fp8", "mix",
+                                        "mix_fp4",   "nvfp4",       "mxfp4"};
+    static const char *const presets[] = {"bf16",  "fp8_delayed", "fp8_current", "fp8_rowwise",
+                                          "mxfp8", "block128",    "block_fp8",   "mxfp8",
+                                          "mxfp8", "nvfp4",       "mxfp4"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         lowp_recipe r;
         CHECKF(lowp_recipe_init(&r, names[i]) == LOWP_OK, "%s: %s", names[i], lowp_last_error());
@@ -92,7 +92,8 @@ static void test_builtins(void) {
 
 static void test_presets(void) {
     static const char *const names[] = {"bf16",  "fp8_delayed", "fp8_current", "fp8_rowwise",
-                                        "mxfp8", "block128",    "block_fp8",   "block_fp8_fp4"};
+                                        "mxfp8", "block128",    "block_fp8",   "block_fp8_fp4",
+                                        "nvfp4", "mxfp4"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         lowp_linear_cfg c;
         CHECKF(lowp_linear_cfg_preset(names[i], &c) == LOWP_OK, "%s", lowp_last_error());
@@ -246,8 +247,105 @@ static void test_bad(void) {
     CHECK(lowp_recipe_append(&r, "*", &c) == LOWP_ERR_UNSUPPORTED);
 }
 
+/* The FP4 presets (docs/numerics.md 4b) and the recipes' last-block rule: `{last}` bound from the
+ * names by lowp_train_prepare (the highest N of a `layers.N.`), not before. */
+static void test_fp4(void) {
+    lowp_linear_cfg c;
+    CHECK_OK(lowp_linear_cfg_preset("nvfp4", &c));
+    CHECK(c.input.format == LOWP_FORMAT_E2M1 && c.input.scaling == LOWP_SCALING_NV16 &&
+          c.weight.format == LOWP_FORMAT_E2M1 && c.weight.scaling == LOWP_SCALING_NV16X16 &&
+          c.grad_output.format == LOWP_FORMAT_E2M1 && c.grad_output.scaling == LOWP_SCALING_NV16);
+    CHECK(c.input.rounding == LOWP_ROUNDING_RNE && c.weight.rounding == LOWP_ROUNDING_RNE &&
+          c.grad_output.rounding == LOWP_ROUNDING_SR && c.wgrad_hadamard == 1 &&
+          c.keep_quantized == 0 && c.wgrad_hp == 0);
+    lowp_linear_plan plan;
+    CHECK_OK(lowp_linear_plan_get(&c, &plan));
+    CHECK(plan.gemm[LOWP_LINEAR_FORWARD].quantized && plan.gemm[LOWP_LINEAR_DGRAD].quantized &&
+          plan.gemm[LOWP_LINEAR_WGRAD].quantized && plan.gemm[LOWP_LINEAR_DGRAD].b_kn);
+    CHECK_OK(lowp_linear_cfg_preset("mxfp4", &c));
+    CHECK(c.input.format == LOWP_FORMAT_E2M1 && c.input.scaling == LOWP_SCALING_MX32 &&
+          c.weight.scaling == LOWP_SCALING_MX32 && c.grad_output.scaling == LOWP_SCALING_MX32 &&
+          c.grad_output.scale_mode == LOWP_SCALE_MODE_RCEIL &&
+          c.grad_output.rounding == LOWP_ROUNDING_SR && c.input.rounding == LOWP_ROUNDING_RNE &&
+          c.wgrad_hadamard == 1 && c.keep_quantized == 0);
+    /* Changing either new field makes it another configuration. */
+    c.wgrad_hadamard = 0;
+    CHECK(strcmp(lowp_linear_cfg_name(&c), "custom") == 0);
+    c.wgrad_hadamard = 1;
+    c.grad_output.rounding = LOWP_ROUNDING_RNE;
+    CHECK(strcmp(lowp_linear_cfg_name(&c), "custom") == 0);
+    /* Refused: SR of a non-e2m1 operand, a bad rounding, the transform with a saved X copy or
+     * a BF16 wgrad, NV kinds with other elements, 16x16 tiles for an activation. */
+    lowp_linear_cfg_preset("nvfp4", &c);
+    lowp_linear_cfg bad = c;
+    bad.grad_output.rounding = (lowp_rounding) 7;
+    CHECK_FAIL(lowp_linear_cfg_check("t", &bad), LOWP_ERR_INVALID_ARG, "cfg.grad_output.rounding");
+    lowp_linear_cfg_preset("mxfp8", &bad);
+    bad.grad_output.rounding = LOWP_ROUNDING_SR;
+    CHECK_FAIL(lowp_linear_cfg_check("t", &bad), LOWP_ERR_UNSUPPORTED, "cfg.grad_output.rounding");
+    bad = c;
+    bad.keep_quantized = 1;
+    CHECK_FAIL(lowp_linear_cfg_check("t", &bad), LOWP_ERR_INVALID_ARG, "cfg.wgrad_hadamard");
+    bad = c;
+    bad.wgrad_hp = 1;
+    CHECK_FAIL(lowp_linear_cfg_check("t", &bad), LOWP_ERR_INVALID_ARG, "cfg.wgrad_hadamard");
+    bad = c;
+    bad.wgrad_hadamard = 2;
+    CHECK_FAIL(lowp_linear_cfg_check("t", &bad), LOWP_ERR_INVALID_ARG, "cfg.wgrad_hadamard");
+    bad = c;
+    bad.input.format = LOWP_FORMAT_E4M3;
+    CHECK_FAIL(lowp_linear_cfg_check("t", &bad), LOWP_ERR_UNSUPPORTED, "cfg.input.scaling");
+    bad = c;
+    bad.input.scaling = LOWP_SCALING_NV16X16;
+    CHECK_FAIL(lowp_linear_cfg_check("t", &bad), LOWP_ERR_UNSUPPORTED, "cfg.input.scaling");
+
+    /* The recipes: the last block in high precision once bound, every other weight FP4. */
+    for (int k = 0; k < 2; k++) {
+        const char *name = k ? "mxfp4" : "nvfp4";
+        lowp_recipe r;
+        CHECK_OK(lowp_recipe_init(&r, name));
+        CHECK(strcmp(decide(&r, "layers.3.attn.wq"), name) == 0); /* unbound: literal {last} */
+        CHECK_OK(lowp_recipe_bind_last(&r, 3));
+        CHECK(strcmp(decide(&r, "layers.3.attn.wq"), "hp") == 0);
+        CHECK(strcmp(decide(&r, "model.layers.3.moe.experts.w1"), "hp") == 0);
+        CHECK(strcmp(decide(&r, "layers.2.attn.wq"), name) == 0);
+        CHECK(strcmp(decide(&r, "layers.31.attn.wq"), name) == 0);
+        CHECK(strcmp(decide(&r, "layers.2.moe.experts.w1"), name) == 0);
+        CHECK(strcmp(decide(&r, "layers.0.feed_forward.w1.weight"), name) == 0);
+        CHECK(strcmp(decide(&r, "output.weight"), "hp") == 0);
+    }
+    lowp_recipe r;
+    CHECK_OK(lowp_recipe_init(&r, "mix"));
+    const lowp_recipe before = r;
+    CHECK_OK(lowp_recipe_bind_last(&r, 5)); /* no {last}: unchanged */
+    CHECK(memcmp(&before, &r, sizeof r) == 0);
+    CHECK_FAIL(lowp_recipe_bind_last(NULL, 1), LOWP_ERR_INVALID_ARG, "recipe");
+
+    /* lowp_train_prepare binds {last} from the names it is given: of blocks 0..2, block 2. */
+    float w[16 * 16] = {0}, g[16 * 16] = {0};
+    lowp_param ps[4];
+    static const char *const names[] = {"layers.0.attn.wq", "layers.1.attn.wq", "layers.2.attn.wq",
+                                        "head"};
+    for (int i = 0; i < 4; i++)
+        ps[i] = (lowp_param){.name = names[i],
+                             .rows = 16,
+                             .cols = 16,
+                             .data = w,
+                             .grad = g,
+                             .device = LOWP_DEVICE_HOST};
+    CHECK_OK(lowp_recipe_init(&r, "nvfp4"));
+    CHECK_OK(lowp_train_prepare(ps, 4, &r));
+    CHECK(ps[0].wrap && ps[1].wrap && !ps[2].wrap && !ps[3].wrap);
+    CHECK(strcmp(r.rules[8].pattern, "layers.{last}.*") == 0); /* the caller's recipe unchanged */
+    CHECK_OK(lowp_train_convert(ps, 4));
+    CHECK_OK(lowp_train_prepare(ps, 2, &r)); /* only blocks 0 and 1: block 1 is the last */
+    CHECK(ps[0].wrap && !ps[1].wrap);
+    CHECK_OK(lowp_train_convert(ps, 2));
+}
+
 int main(void) {
     test_builtins();
+    test_fp4();
     test_presets();
     test_globs();
     test_bad();

@@ -153,18 +153,19 @@ static void test_walks(void) {
         CHECK(strstr(lowp_recipe_names(), r) != NULL);
         len += strlen(r) + 1;
     }
-    CHECK(n == 9 && len == strlen(lowp_recipe_names()) + 1);
+    CHECK(n == 11 && len == strlen(lowp_recipe_names()) + 1);
     CHECK(lowp_recipe_name_at(-1) == NULL);
     static const char *const presets[] = {"bf16",  "fp8_delayed", "fp8_current", "fp8_rowwise",
-                                          "mxfp8", "block128",    "block_fp8",   "block_fp8_fp4"};
+                                          "mxfp8", "block128",    "block_fp8",   "block_fp8_fp4",
+                                          "nvfp4", "mxfp4"};
     for (n = 0; lowp_linear_cfg_preset_name(n) != NULL; n++) {
         const char *p = lowp_linear_cfg_preset_name(n);
         lowp_linear_cfg c;
-        CHECKF(n < 8 && strcmp(p, presets[n]) == 0, "preset %d: %s", n, p);
+        CHECKF(n < 10 && strcmp(p, presets[n]) == 0, "preset %d: %s", n, p);
         CHECK(lowp_linear_cfg_preset(p, &c) == LOWP_OK);
         CHECKF(strcmp(lowp_linear_cfg_name(&c), p) == 0, "%s", p);
     }
-    CHECK(n == 8 && lowp_linear_cfg_preset_name(-1) == NULL);
+    CHECK(n == 10 && lowp_linear_cfg_preset_name(-1) == NULL);
 }
 
 /* One expected plan: quantized forward, dgrad, wgrad, and whether the dgrad reads W as stored. */

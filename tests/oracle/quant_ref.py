@@ -435,7 +435,8 @@ class QuantCfg(ctypes.Structure):  # lowp_quant_cfg
     _fields_ = [("scale_mode", ctypes.c_int), ("pow2_scales", ctypes.c_int32),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_void_p),
                 ("amax_out", ctypes.c_void_p), ("threads", ctypes.c_int32),
-                ("path", ctypes.c_int)]
+                ("path", ctypes.c_int), ("rounding", ctypes.c_int), ("seed", ctypes.c_uint64),
+                ("offset", ctypes.c_uint64)]
 
 
 class DelayedCfg(ctypes.Structure):  # lowp_delayed_cfg
