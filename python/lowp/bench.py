@@ -128,16 +128,19 @@ def _gemms_from(path):
     """The GEMM functions of another copy of portable.py (loaded as a module of its own)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("lowp.torch._bench_portable_other", path)
+    with open(path) as fh:  # lowp/torch/ops/portable.py imports `from ... import rules`
+        pkg = "lowp.torch.ops" if "from ... import" in fh.read() else "lowp.torch"
+    spec = importlib.util.spec_from_file_location(pkg + "._bench_portable_other", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return {n: getattr(mod, n) for n in ("gemm", "grouped_gemm", "grouped_gemm_wgrad")}
 
 
-def _portable_impls(lt, configs, others):
-    """{row name: f(x, w, dy)}: lowp.torch.linear under kernel_preference("portable"), per config, with the
-    GEMMs of this portable.py and of every `others` copy (swapped in for the call)."""
+def _portable_impls(lt, configs, others, layer=None):
+    """{row name: f(x, w, dy)}: lowp.torch.linear (or layer(x, w, cfg)) under
+    kernel_preference("portable"), per config, with the GEMMs of this portable.py and of every
+    `others` copy (swapped in for the call)."""
     from lowp.torch import portable as P
 
     mine = {n: getattr(P, n) for n in ("gemm", "grouped_gemm", "grouped_gemm_wgrad")}
@@ -149,7 +152,8 @@ def _portable_impls(lt, configs, others):
                     setattr(P, n, f)
                 try:
                     with lt.kernel_preference("portable"):
-                        lt.linear(x, w, None, cfg).backward(dy)
+                        (layer or (lambda x, w, c: lt.linear(x, w, None, c)))(x, w, cfg) \
+                            .backward(dy)
                 finally:
                     for n, f in mine.items():
                         setattr(P, n, f)
@@ -190,6 +194,26 @@ def _device_kernel_impls(lt, configs):
     return impls
 
 
+def _bench_layers(torch, lt, a, g):
+    """(the peer's row name, {that peer: f(x, w, dy), "layer": lowp's layer(x, w, cfg)}): the
+    linear layer, or with a.groups the grouped mm over ragged groups (drawn with g)."""
+    if not a.groups:
+        import torch.nn.functional as F
+
+        return "torch bf16 F.linear", {
+            "torch bf16 F.linear": lambda x, w, dy: F.linear(x, w).backward(dy), "layer": None}
+    sizes = torch.multinomial(torch.ones(a.groups), a.tokens, replacement=True, generator=g)
+    offs = torch.bincount(sizes, minlength=a.groups).cumsum(0).to(torch.int32)
+
+    def peer(x, w, dy):
+        torch._grouped_mm(x, w.transpose(-2, -1), offs=offs.to(x.device)).backward(dy)
+
+    def layer(x, w, cfg):
+        return lt.grouped_mm(x, w.transpose(-2, -1), offs.to(x.device), cfg)
+
+    return "torch bf16 _grouped_mm", {"torch bf16 _grouped_mm": peer, "layer": layer}
+
+
 def bench_portable(argv=None):
     p = argparse.ArgumentParser(prog="python -m lowp.bench portable")
     p.add_argument("--tokens", type=int, default=4096)
@@ -201,27 +225,31 @@ def bench_portable(argv=None):
     p.add_argument("--portable-from", dest="others", action="append", default=[])
     p.add_argument("--device", default="cpu")
     p.add_argument("--device-kernels", action="store_true")
+    p.add_argument("--groups", type=int, default=0,
+                   help="G > 0: lowp.torch.grouped_mm over G ragged groups, w [G, out, in], "
+                        "against torch._grouped_mm in bf16, instead of the linear layer")
     a = p.parse_args(argv)
     import torch
-    import torch.nn.functional as F
 
     import lowp.torch as lt
 
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(a.tokens, a.k, generator=g).to(torch.bfloat16).requires_grad_()
-    w = (torch.randn(a.n, a.k, generator=g) / a.k ** 0.5).to(torch.bfloat16).requires_grad_()
+    wshape = (a.groups, a.n, a.k) if a.groups else (a.n, a.k)
+    w = (torch.randn(wshape, generator=g) / a.k ** 0.5).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(a.tokens, a.n, generator=g).to(torch.bfloat16)
-    impls = {"torch bf16 F.linear": lambda x, w, dy: F.linear(x, w).backward(dy)}
-    impls.update(_portable_impls(lt, a.configs.split(","), a.others))
+    base_name, impls = _bench_layers(torch, lt, a, g)
+    impls.update(_portable_impls(lt, a.configs.split(","), a.others, impls.pop("layer")))
     if a.device_kernels:
         impls.update(_device_kernel_impls(lt, a.configs.split(",")))
     dev = torch.device(a.device)
     x, w, dy = (x.detach().to(dev).requires_grad_(), w.detach().to(dev).requires_grad_(),
                 dy.to(dev))
     times = _interleaved(impls, x, w, dy, a.reps, lambda: _synchronize(torch, dev))
-    base = statistics.median(times["torch bf16 F.linear"])
-    print(f"portable linear forward+backward, {a.tokens} x {a.k} -> {a.n}, bfloat16, "
+    base = statistics.median(times[base_name])
+    what = f"grouped mm ({a.groups} groups)" if a.groups else "linear"
+    print(f"portable {what} forward+backward, {a.tokens} x {a.k} -> {a.n}, bfloat16, "
           f"{a.threads} thread(s), device {dev}, {a.reps} interleaved rounds (median, "
           "min-max)\n")
     print("| implementation | median ms | min-max ms | x torch bf16 speed |")

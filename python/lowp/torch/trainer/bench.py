@@ -16,6 +16,9 @@ lowp's portable kernels, the path of every device without native ones, on the CP
 
     python -m lowp.torch.trainer.bench --config medium --threads 1 \
         --recipes bf16,all_mxfp8,all_mxfp8@portable,all_block_fp8@portable,fp8_rowwise@portable
+
+--portable-from FILE (an older lowp/torch/ops/portable.py) adds `name@portable-from` beside
+every `name@portable`: the same recipe with that file's GEMM functions, in the same rounds.
 """
 
 from __future__ import annotations
@@ -54,13 +57,40 @@ def _trainer(recipe, mcfg, data, batch, steps):
     return Trainer(MoETransformer(mcfg, 1234), data, recipe.partition("@")[0], cfg)
 
 
+_OTHER_GEMMS = {}  # --portable-from: the GEMM functions of another portable.py
+
+
+def _portable_gemms_from(path) -> dict:
+    """gemm, grouped_gemm and grouped_gemm_wgrad of another copy of lowp/torch/ops/portable.py,
+    loaded as a module of its own beside it."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("lowp.torch.ops._bench_portable_from", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return {n: getattr(mod, n) for n in ("gemm", "grouped_gemm", "grouped_gemm_wgrad")}
+
+
 def _step(recipe, trainer):
     """One update; a recipe named `name@portable` runs under lowp.torch.kernel_preference
     ("portable"): the portable kernels, what every device without lowp's native kernels runs,
-    measured on the CPU."""
+    measured on the CPU; `name@portable-from` the same with --portable-from's GEMMs."""
     kernels = recipe.partition("@")[2] or "auto"
-    with lt.kernel_preference(kernels):
-        return trainer.step()
+    if kernels != "portable-from":
+        with lt.kernel_preference(kernels):
+            return trainer.step()
+    from lowp.torch import portable as P  # noqa: PLC0415
+
+    mine = {n: getattr(P, n) for n in _OTHER_GEMMS}
+    try:
+        for n, fn in _OTHER_GEMMS.items():
+            setattr(P, n, fn)
+        with lt.kernel_preference("portable"):
+            return trainer.step()
+    finally:
+        for n, fn in mine.items():
+            setattr(P, n, fn)
 
 
 def measure(recipes, mcfg, data, batch, steps) -> dict:
@@ -116,10 +146,16 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=None)
     ap.add_argument("--profile", default=None, help="a recipe to profile instead")
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--portable-from", default=None,
+                    help="another copy of lowp/torch/ops/portable.py: every name@portable "
+                         "recipe also runs as name@portable-from with its GEMMs, same rounds")
     a = ap.parse_args(argv)
     data = CharData.from_file(a.data) if a.data else CharData.builtin()
     mcfg = MoEConfig.preset(a.config, data.vocab)
     recipes = a.recipes.split(",")
+    if a.portable_from:
+        _OTHER_GEMMS.update(_portable_gemms_from(a.portable_from))
+        recipes += [r + "-from" for r in recipes if r.endswith("@portable")]
     threads = [int(x) for x in a.threads.split(",")]
     if a.profile:
         set_threads(threads[0])
