@@ -300,19 +300,20 @@ def test_grouped():
 
 # ---- GEMM ----
 
-def gemm_bound(a, b, K):
+def gemm_bound(a, b, K, fast=False):
     """Section 6: each 16-block's scaled sum is exact, the K/16 block sums are added in binary32
     and the two tensor decode scales are applied by two rounded multiplies; the dequantized
-    operands are each rounded once. Elementwise bound: (K/16 + 6) u (|A| |B|^T), u = 2^-24."""
-    return (N.cdiv(K, 16) + 6) * 2.0 ** -24 * (np.abs(a) @ np.abs(b).T)
+    operands are each rounded once. Elementwise bound: (K/16 + 6) u (|A| |B|^T), u = 2^-24;
+    the fast kernels (fast) add every product: (K + 6) u (|A| |B|^T)."""
+    return ((K if fast else N.cdiv(K, 16)) + 6) * 2.0 ** -24 * (np.abs(a) @ np.abs(b).T)
 
 
-def check_gemm(tag, got, a, b, K):
+def check_gemm(tag, got, a, b, K, fast=False):
     want = a.astype(np.float64) @ b.astype(np.float64).T
     nan_ok = np.array_equal(np.isnan(got), np.isnan(want))
     fin = ~np.isnan(want)
     err = np.abs(got.astype(np.float64) - want)
-    bound = gemm_bound(a, b, K)
+    bound = gemm_bound(a, b, K, fast)
     ok = nan_ok and bool(np.all(err[fin] <= bound[fin]))
     over = err[fin] - bound[fin]
     worst = float(np.max(over)) if over.size else 0.0
@@ -389,6 +390,70 @@ def test_grouped_gemm():
         check_gemm(f"wgrad group {g}", c[g * Nn:(g + 1) * Nn], ddy[:, start:end],
                    dx[:, start:end], max(end - start, 1))
         start = end
+
+
+def raw_operand(codes, scales, kind=NV16):
+    """An NVFP4 operand from E2M1 codes [rows, cols] and E4M3 block scale codes, D = 1."""
+    h = new_q(kind, *codes.shape)
+    packed = N.pack(codes).reshape(-1)
+    h["data"][:packed.size] = packed
+    h["scales"][:scales.size] = scales.reshape(-1)
+    h["scales"][h["off"]:h["off"] + 4] = np.array([1.0], np.float32).view(np.uint8)
+    return h
+
+
+def cpu_has(name):
+    """Whether /proc/cpuinfo lists the instructions of kernel path `name` (unknown: True)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        return True
+    need = {"avx512": ("avx512f", "avx512bw", "avx512vl"), "amx": ("amx_bf16", "avx512f")}
+    return all(x in flags for x in need[name])
+
+
+def test_gemm_fast_paths():
+    """The AVX-512 and AMX kernels fold each E4M3 block scale into the E2M1 elements (exact in
+    BF16) and sum all of K in binary32, so every addition may round: against float64 their
+    bound is (K + 6) u (|A| |B|^T), where the reference's is (ceil(K/16) + 6) u (section 6). The
+    last case loses its small blocks' products one by one against a large partial sum, where
+    the reference adds each block's exact sum once."""
+    for path, name in ((Q.PATH_AVX512, "avx512"), (3, "amx")):
+        for M, Nn, K, kb in ((5, 3, 7, NV16), (33, 17, 1000, NV16X16), (64, 48, 4096, NV16X16),
+                             (40, 70, 129, NV16)):
+            x = wide_range_tensor(M, K) if K > 33 else rng.standard_normal((M, K)).astype(np.float32)
+            w = rng.standard_normal((Nn, K)).astype(np.float32)
+            ha, hb = quantize(x, NV16, "row")["row"], quantize(w, kb, "row")["row"]
+            c, t = out_tensor(M, Nn)
+            st = d.lowp_gemm(ctypes.byref(ha["q"]), ctypes.byref(hb["q"]), ctypes.byref(t),
+                             ctypes.byref(GemmCfg(0, 1, path)))
+            if st == Q.ERR_UNSUPPORTED and not cpu_has(name):
+                print(f"test_gemm_fast_paths: no {name} on this CPU: skipped")
+                break
+            lib.check(st)
+            check_gemm(f"{name} gemm {M}x{Nn}x{K} nv16 x {kb} (bound (K + 6) u)", c,
+                       dequantize(ha), dequantize(hb), K, fast=True)
+        else:
+            # Block 0: two products 2688^2 (the partial sum 14450688, ulp 1); blocks 1-7: eight
+            # products 0.5 each (even k; odd k zero), each a tie that a sequential sum loses.
+            K = 128
+            ca, cb = np.zeros((1, K), np.uint8), np.zeros((1, K), np.uint8)
+            ca[0, :2] = cb[0, :2] = 7  # 6
+            ca[0, 16::2] = 1           # 0.5
+            cb[0, 16::2] = 2           # 1
+            sa = np.full((1, K // 16), 0x38, np.uint8)  # 1
+            sa[0, 0] = 0x7E                             # 448
+            ha, hb = raw_operand(ca, sa), raw_operand(cb, sa.copy())
+            want = 2 * 2688.0 ** 2 + 56 * 0.5
+            for p in (Q.PATH_REFERENCE, path):
+                c, t = out_tensor(1, 1)
+                lib.check(d.lowp_gemm(ctypes.byref(ha["q"]), ctypes.byref(hb["q"]),
+                                      ctypes.byref(t), ctypes.byref(GemmCfg(0, 1, p))))
+                ok = c[0, 0] == want if p == Q.PATH_REFERENCE else \
+                    abs(c[0, 0] - want) <= (K + 6) * 2.0 ** -24 * want
+                rep.check(f"{name} ties lost against a large sum, path {p}", ok,
+                          [f"got {c[0, 0]!r}, exact {want!r}"])
 
 
 # ---- errors ----
@@ -484,6 +549,7 @@ if __name__ == "__main__":
     test_grouped()
     test_gemm()
     test_grouped_gemm()
+    test_gemm_fast_paths()
     test_errors()
     test_cli()
     rep.finish()
