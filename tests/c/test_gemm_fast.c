@@ -949,8 +949,8 @@ static void test_mx_scale_range(void) {
     static const uint8_t codes[] = {0, 1, 10, 32, 33, 60, 127, 200, 217, 218, 240, 254, 0xFF};
     const int nc = (int) sizeof codes;
     const int64_t M = nc * 2, N = nc * 2 + 3, K = 96; /* 3 blocks a row */
-    const lowp_format fmts[] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E5M2};
-    for (int fi = 0; fi < 2; fi++) {
+    const lowp_format fmts[] = {LOWP_FORMAT_E4M3, LOWP_FORMAT_E5M2, LOWP_FORMAT_E2M1};
+    for (int fi = 0; fi < 3; fi++) {
         lowp_qtensor q[2];
         for (int o = 0; o < 2; o++) {
             const int64_t rows = o ? N : M;
@@ -963,7 +963,12 @@ static void test_mx_scale_range(void) {
             uint8_t *d = t.data, *sc = t.scales;
             for (int64_t r = 0; r < rows; r++) {
                 const int small = (r / nc) % 2; /* the second half: subnormal codes only */
-                for (int64_t k = 0; k < K; k++) {
+                for (int64_t k = 0; k < K / 2 && fmts[fi] == LOWP_FORMAT_E2M1; k++) {
+                    /* MXFP4: any codes (E2M1 has no NaN); the second half +-0.5 and zeros */
+                    const uint8_t by = (uint8_t) (urand() * 256.0);
+                    d[r * K / 2 + k] = small ? (uint8_t) (by & 0x99) : by;
+                }
+                for (int64_t k = 0; k < K && fmts[fi] != LOWP_FORMAT_E2M1; k++) {
                     uint8_t c = (uint8_t) (urand() * (small ? 7 : 0x7E)) + 1; /* no NaN/Inf */
                     if (fmts[fi] == LOWP_FORMAT_E5M2 && !small) c = (uint8_t) (c % 0x7B + 1);
                     if (small && fmts[fi] == LOWP_FORMAT_E5M2) c = (uint8_t) (1 + c % 3);
@@ -976,7 +981,10 @@ static void test_mx_scale_range(void) {
         }
         for (int out = 0; out < 2; out++) {
             char name[64];
-            snprintf(name, sizeof name, "mx scale codes %s", fi ? "e5m2" : "e4m3");
+            snprintf(name, sizeof name, "mx scale codes %s",
+                     fi == 2 ? "e2m1"
+                     : fi    ? "e5m2"
+                             : "e4m3");
             check_gemm(name, &q[0], &q[1], out ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32, out, 1, 1);
         }
         for (int o = 0; o < 2; o++) free(q[o].data), free(q[o].scales);
