@@ -276,7 +276,27 @@ done_src:
     return ret;
 }
 
+/* philox_fill(seed, offset, out, n): words offset .. offset + n - 1 of stream seed into out
+ * (uint32 [n]), lowp_philox_fill. */
+static PyObject *py_philox_fill(PyObject *self, PyObject *args) {
+    (void) self;
+    const char *fn = "lowp.philox_fill";
+    unsigned long long seed, offset;
+    PyObject *out_o;
+    long long n;
+    if (!PyArg_ParseTuple(args, "KKOL", &seed, &offset, &out_o, &n)) return NULL;
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "%s: n (%lld) < 0", fn, n);
+    ext_buf out;
+    if (ext_buf_get(out_o, &out, 1, 0, fn, "out")) return NULL;
+    PyObject *ret = NULL;
+    if (!ext_buf_need(&out, (size_t) n * sizeof(uint32_t), fn, "out"))
+        ret = ext_none_or_raise(lowp_philox_fill(seed, offset, out.view.buf, (size_t) n));
+    ext_buf_release(&out);
+    return ret;
+}
+
 PyMethodDef ext_quant_methods[] = {
+    {"philox_fill", py_philox_fill, METH_VARARGS, "philox_fill(seed, offset, out, n)"},
     {"scale_layout", py_scale_layout, METH_VARARGS,
      "scale_layout(src, srows, scols, layout, to_canonical, dst) -> None, or the layout's bytes "
      "when dst is None"},

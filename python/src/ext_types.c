@@ -297,13 +297,17 @@ static void quantcfg_dealloc(PyObject *self) {
 }
 
 static PyObject *quantcfg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"scale_mode", "pow2", "eps", "scale", "amax", "threads", "path", NULL};
+    static char *kw[] = {"scale_mode", "pow2", "eps",  "scale",  "amax", "threads",
+                         "path",       "sr",   "seed", "offset", NULL};
     const char *tn = "lowp._lowp.QuantCfg";
     PyObject *mode = NULL, *pow2 = NULL, *eps = NULL, *scale = Py_None, *amax = Py_False;
-    PyObject *threads = NULL, *path = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OOOOOOO:QuantCfg", kw, &mode, &pow2, &eps,
-                                     &scale, &amax, &threads, &path))
+    PyObject *threads = NULL, *path = NULL, *sr = Py_False;
+    unsigned long long seed = 0, offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OOOOOOOOKK:QuantCfg", kw, &mode, &pow2, &eps,
+                                     &scale, &amax, &threads, &path, &sr, &seed, &offset))
         return NULL;
+    int want_sr = 0;
+    if (field_bool(sr, tn, "sr", &want_sr)) return NULL;
     lowp_quant_cfg cfg;
     lowp_quant_cfg_init(&cfg);
     int m = (int) cfg.scale_mode, want_amax = 0;
@@ -325,6 +329,9 @@ static PyObject *quantcfg_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     o->cfg.eps = (float) e;
     o->cfg.threads = (int32_t) thr;
     o->cfg.path = (lowp_kernel_path) kp;
+    o->cfg.rounding = want_sr ? LOWP_ROUNDING_SR : LOWP_ROUNDING_RNE;
+    o->cfg.seed = seed;
+    o->cfg.offset = offset;
     o->scale = (float) s;
     o->has_scale = scale != Py_None;
     o->amax = (char) want_amax;
