@@ -21,7 +21,9 @@
  * binary32 denormal results. FP8/FP4 values and products are far from that range; MX block
  * scales are folded into the decoded elements only while every exponent of a strip (panel)
  * lies within FOLD_SPAN of a centre (then no folded value or product is denormal), else the
- * tile is computed block by block with the scale applied in binary32. Plain BF16 tiles that
+ * tile is computed block by block with the scale applied in binary32. NVFP4's E4M3 block scales
+ * are always folded (E2M1 x E4M3 is exact in BF16 and normal; the tensor scales come last), so
+ * its tiles sum all of K: bound (K + 6) u |A||B|^T, not the reference's. Plain BF16 tiles that
  * hold denormals, Inf or NaN, or whose products could all be tiny or could overflow, use
  * micro_exact: the reference's operation sequence (a rounded multiply and add per product,
  * in k order) on the same layouts, so that Inf - Inf and flushed products cannot differ. */
