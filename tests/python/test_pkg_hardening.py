@@ -221,7 +221,8 @@ def _bad_op_calls():
                         lambda: torch.ops.lowp.quantize(f[None], "e4m3", "mx32", "", -1, 0.0,
                                                         "col", torch.tensor([4, 8],
                                                                             dtype=torch.int32))),
-        "offs, tensor": (r"offs \(grouped copies\) needs scaling mx32 or block128, not tensor",
+        "offs, tensor": (r"offs \(grouped copies\) needs scaling mx32 or block128 or nv16, not "
+                         r"tensor",
                          lambda: torch.ops.lowp.quantize(f, "e4m3", "tensor", "", -1, 0.0, "col",
                                                          torch.tensor([4, 8], dtype=torch.int32),
                                                          None)),

@@ -111,13 +111,16 @@ def test_portable_names_are_unchanged():
     assert list(P.FORMATS) == ["e4m3", "e5m2", "e2m1"]
     assert set(P.E8M0_KINDS) == {"mx32", "block32x32"}
     assert set(P.FP32_KINDS) == {"tensor", "row", "block128", "block128x128"}
-    assert set(P.TILE_KINDS) == {"block32x32", "block128x128"}
-    assert set(P.TOKEN_BLOCK_KINDS) == {"mx32", "block128"}
-    assert P.SCALINGS == ("tensor", "row", "mx32", "block128", "block128x128", "block32x32")
+    assert set(P.TILE_KINDS) == {"block32x32", "block128x128", "nv16x16"}
+    assert set(P.TOKEN_BLOCK_KINDS) == {"mx32", "block128", "nv16"}
+    assert set(P.NV_KINDS) == {"nv16", "nv16x16"}
+    assert P.SCALINGS == ("tensor", "row", "mx32", "block128", "block128x128", "block32x32",
+                          "nv16", "nv16x16")
     assert P.SCALE_MODES == ("rceil", "floor", "ceil", "even")
-    assert [P.block_of(k) for k in P.SCALINGS + ("none",)] == [0, 0, 32, 128, 128, 32, 0]
+    assert [P.block_of(k) for k in P.SCALINGS + ("none",)] == [0, 0, 32, 128, 128, 32, 16, 16,
+                                                               0]
     assert [P.default_mode(k, None) for k in ("mx32", "block32x32")] == ["rceil", "floor"]
-    assert [P.default_pow2(k, None) for k in P.SCALINGS] == [False, True] + [False] * 4
+    assert [P.default_pow2(k, None) for k in P.SCALINGS] == [False, True] + [False] * 6
 
 
 @pytest.mark.parametrize("qi", [False, True])

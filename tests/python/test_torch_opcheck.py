@@ -26,7 +26,34 @@ def _cases():
     _, _, gd, gsc = _q(X[:37], axis="col", offs=OFFS)
     _, _, yd, ysc = _q(torch.randn(37, 24, generator=g), axis="col", offs=OFFS)
     xt, xts, _, _ = _q(X, scaling="tensor")
-    return {
+    nd, nsc, _, _ = _q(X, "e2m1", "nv16")  # NVFP4 (issue 38)
+    nkd, nksc, _, _ = _q(X[:, :24].contiguous(), "e2m1", "nv16")
+    nwd, nwsc, _, _ = _q(W, "e2m1", "nv16x16", "both")
+    _, _, ngd, ngsc = _q(X[:37], "e2m1", "nv16", "col", OFFS)
+    _, _, nyd, nysc = _q(torch.randn(37, 24, generator=g), "e2m1", "nv16", "col", OFFS)
+    nvfp4 = {
+        "quantize nv16 both": (torch.ops.lowp.quantize.default,
+                               (X, "e2m1", "nv16", "", -1, 0.0, "both")),
+        "quantize stacked nv16x16": (torch.ops.lowp.quantize.default,
+                                     (W, "e2m1", "nv16x16", "", -1, 0.0, "both")),
+        "quantize grouped nv16": (torch.ops.lowp.quantize.default,
+                                  (X, "e2m1", "nv16", "", -1, 0.0, "col", OFFS)),
+        "dequantize grouped nv16": (torch.ops.lowp.dequantize.default,
+                                    (ngd, ngsc, "e2m1", "nv16", 96, 37, OFFS)),
+        "scaled_mm nv16 x nv16x16": (torch.ops.lowp.scaled_mm.default,
+                                     (nd, nsc, "e2m1", "nv16", nwd[0], nwsc[0], "e2m1",
+                                      "nv16x16", 96)),
+        "scaled_mm nv16x16 kn": (torch.ops.lowp.scaled_mm.default,
+                                 (nkd, nksc, "e2m1", "nv16", nwd[0], nwsc[0], "e2m1", "nv16x16",
+                                  24, "f32", True)),
+        "scaled_grouped_mm nv split-M": (torch.ops.lowp.scaled_grouped_mm.default,
+                                         (nd, nsc, "e2m1", "nv16", nwd, nwsc, "e2m1",
+                                          "nv16x16", OFFS, 96, False)),
+        "scaled_grouped_mm nv split-K": (torch.ops.lowp.scaled_grouped_mm.default,
+                                         (nyd, nysc, "e2m1", "nv16", ngd, ngsc, "e2m1", "nv16",
+                                          OFFS, 37, True)),
+    }
+    return nvfp4 | {
         "quantize mx32 both": (torch.ops.lowp.quantize.default,
                                (X, "e4m3", "mx32", "", -1, 0.0, "both")),
         "quantize e2m1 row": (torch.ops.lowp.quantize.default,

@@ -52,8 +52,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..config import KernelPreference
 from . import native
 from . import portable as P
-from .layout import (OUT_DTYPES, data_shape, empty, grouped_scale_bound, kn_check, scale_dtype,
-                     trim_scale)
+from .layout import (OUT_DTYPES, data_shape, empty, grouped_scale_bound, kn_check, kn_cols,
+                     nv_join, nv_split, op_scale_shape, scale_dtype, trim_scale)
 from .qtensor import LowpQTensor
 
 __all__ = [
@@ -145,10 +145,7 @@ def _check_operand(fn: str, arg: str, data: Tensor, scale: Tensor, fmt: str, sca
                          f"[{rows}, {cols}] {what} are stored as {want}")
     if scaling == "none":
         return
-    if groups is not None:
-        want = stack + (rows, grouped_scale_bound(scaling, cols, groups))
-    else:
-        want = stack + tuple(P.scale_shape(scaling, rows, cols))
+    want = stack + op_scale_shape(scaling, rows, cols, groups)
     if scale.dtype != scale_dtype(scaling) or tuple(scale.shape) != want:
         raise ValueError(f"{fn}: {sn} ({scale.dtype}, shape {tuple(scale.shape)}) does not "
                          f"match {dn}: {scaling} scales of [{rows}, {cols}] are "
@@ -198,9 +195,12 @@ def _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs=N
                          f"not {scaling} (pass \"\")")
     if isinstance(pow2, bool) or pow2 not in (-1, 0, 1):
         raise ValueError(f"{fn}: pow2 ({pow2!r}) must be -1 (the default), 0 or 1")
-    if pow2 >= 0 and scaling in P.E8M0_KINDS:
+    if pow2 >= 0 and scaling in P.E8M0_KINDS + P.NV_KINDS:
         raise ValueError(f"{fn}: pow2 ({pow2}) applies to the binary32 scalings, not {scaling} "
                          "(pass -1)")
+    if scaling in P.NV_KINDS and (format != "e2m1" or eps != 0):
+        raise ValueError(f"{fn}: scaling {scaling} (NVFP4) takes format e2m1 and eps 0, got "
+                         f"format {format!r} and eps {eps}")
     _check_name(fn, "axis", axis, _AXES)
     if not (eps >= 0 and eps < float("inf")):
         raise ValueError(f"{fn}: eps ({eps}) must be finite and >= 0")
@@ -245,7 +245,7 @@ def _check_scaled_mm_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format,
         raise ValueError(f"{fn}: b must be 2-D, got shape {tuple(b.shape)}")
     if b_kn:
         kn_check(b_scaling, fn)
-        _check_operand(fn, "b", b, b_scale, b_format, b_scaling, k, b.shape[1])
+        _check_operand(fn, "b", b, b_scale, b_format, b_scaling, k, kn_cols(b, b_format))
     else:
         _check_operand(fn, "b", b, b_scale, b_format, b_scaling, b.shape[0], k)
 
@@ -267,7 +267,7 @@ def _check_grouped_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b
         _check_operand(fn, "a", a, a_scale, a_format, a_scaling, a.shape[0], k)
         if b_kn:
             kn_check(b_scaling, fn)
-        rows, cols = (k, b.shape[2]) if b_kn else (b.shape[1], k)
+        rows, cols = (k, kn_cols(b, b_format)) if b_kn else (b.shape[1], k)
         _check_operand(fn, "b", b, b_scale, b_format, b_scaling, rows, cols, stack=(G,))
         return
     # split-K: a = dY^T [N, T], b = X^T [K, T], quantized along the tokens (k = T)
@@ -309,6 +309,8 @@ def _portable_quantize(x: Tensor, format: str, scaling: str, scale_mode: str, po
                              dtype=scale_dtype(scaling), device=dev)
         q = P.quantize_grouped(x, offs.tolist(), format, scaling, mode, eps, p2)
         sc_out[:, : q.scale.shape[1]] = q.scale
+        if scaling in P.NV_KINDS:
+            sc_out = nv_join(sc_out, q.tensor_scale)
         return empty(dev), empty(dev), q.qdata, sc_out
     if x.dim() == 3:  # stacked copies: one matrix at a time
         parts = [_portable_quantize(m, format, scaling, scale_mode, pow2, eps, axis, None, scale)
@@ -316,18 +318,27 @@ def _portable_quantize(x: Tensor, format: str, scaling: str, scale_mode: str, po
         return tuple(torch.stack(p) if p[0].numel() or p[0].dim() > 1 else empty(dev)
                      for p in zip(*parts))
     row, col = P.quantize(x, format, scaling, mode, axis, eps, p2, scale)
-    return (row.qdata if row else empty(dev), row.scale if row else empty(dev),
-            col.qdata if col else empty(dev), col.scale if col else empty(dev))
+    return (row.qdata if row else empty(dev), _op_scale(row) if row else empty(dev),
+            col.qdata if col else empty(dev), _op_scale(col) if col else empty(dev))
+
+
+def _op_scale(q: LowpQTensor) -> Tensor:
+    """q's scales as the ops carry them (NVFP4: block codes and D in one tensor, layout.py)."""
+    return nv_join(q.scale, q.tensor_scale) if q.scaling in P.NV_KINDS else q.scale
 
 
 def _portable_dequantize(data: Tensor, scale: Tensor, format: str, scaling: str, rows: int,
                          cols: int, offs: Optional[Tensor] = None) -> Tensor:
     ol = offs.tolist() if offs is not None else None
     sc = trim_scale(scale, scaling, rows, cols, ol)
-    return P.dequantize(LowpQTensor(data, sc, format, scaling, rows, cols, ol))
+    return P.dequantize(_operand(data, sc, format, scaling, rows, cols, ol))
 
 
 def _operand(t, sc, fmt, scaling, rows, cols, offs=None) -> LowpQTensor:
+    """The portable path's operand of one copy's op tensors (NVFP4 scales split in two)."""
+    if scaling in P.NV_KINDS:
+        blocks, d = nv_split(sc, *P.scale_shape(scaling, rows, cols, offs))
+        return LowpQTensor(t, blocks, fmt, scaling, rows, cols, offs, tensor_scale=d)
     return LowpQTensor(t, sc if scaling != "none" else None, fmt, scaling, rows, cols, offs)
 
 
@@ -335,16 +346,21 @@ def _kn_operand(b: Tensor, b_scale: Tensor, b_format: str, b_scaling: str, k: in
                 N: int) -> LowpQTensor:
     """The portable path's [N, k] operand of a copy b given as stored, [k, N]: its codes and
     its tile grid of scales transposed, the bytes of the columnwise copy."""
-    sc = None
+    sc = d = None
+    if b_scaling in P.NV_KINDS:
+        b_scale, d = nv_split(b_scale, *P.scale_shape(b_scaling, k, N))
     if b_scaling != "none":
         sc = b_scale.t().contiguous() if b_scaling in P.TILE_KINDS else b_scale
-    return LowpQTensor(b.t().contiguous(), sc, b_format, b_scaling, N, k)
+    if b_format == "e2m1":  # codes packed along N: unpack, transpose, pack along k
+        codes = P.unpack(LowpQTensor(b, None, b_format, b_scaling, k, N)).t().contiguous()
+        return LowpQTensor(P.pack_e2m1(codes), sc, b_format, b_scaling, N, k, tensor_scale=d)
+    return LowpQTensor(b.t().contiguous(), sc, b_format, b_scaling, N, k, tensor_scale=d)
 
 
 def _portable_scaled_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
                         b_scale: Tensor, b_format: str, b_scaling: str, k: int,
                         out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
-    M, N = a.shape[0], b.shape[1] if b_kn else b.shape[0]
+    M, N = a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[0]
     qa = _operand(a, a_scale, a_format, a_scaling, M, k)
     qb = (_kn_operand(b, b_scale, b_format, b_scaling, k, N) if b_kn else
           _operand(b, b_scale, b_format, b_scaling, N, k))
@@ -353,7 +369,7 @@ def _portable_scaled_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: st
 
 def _portable_split_m(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, ol, k,
                       b_kn):
-    T, N = a.shape[0], b.shape[2] if b_kn else b.shape[1]
+    T, N = a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[1]
     qa = _operand(a, a_scale, a_format, a_scaling, T, k)
     if b_kn:
         qb = [_kn_operand(b[g], b_scale[g] if b_scaling != "none" else b_scale, b_format,
@@ -370,8 +386,8 @@ def _portable_split_k(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_s
     gb = ol if b_scaling in P.TOKEN_BLOCK_KINDS else None
     sa = trim_scale(a_scale, a_scaling, N, k, ga) if a_scaling != "none" else None
     sb = trim_scale(b_scale, b_scaling, K, k, gb) if b_scaling != "none" else None
-    qa = LowpQTensor(a, sa, a_format, a_scaling, N, k, ga)
-    qb = LowpQTensor(b, sb, b_format, b_scaling, K, k, gb)
+    qa = _operand(a, sa, a_format, a_scaling, N, k, ga)
+    qb = _operand(b, sb, b_format, b_scaling, K, k, gb)
     return P.grouped_gemm_wgrad(qa, qb, ol)
 
 
@@ -443,17 +459,16 @@ def _quantize_fake(x, format, scaling, scale_mode, pow2, eps, axis, offs=None, s
     stack = tuple(x.shape[:-2])
     sdt = scale_dtype(scaling)
     if offs is not None:
-        bound = grouped_scale_bound(scaling, R, offs.shape[0])
         return (x.new_empty(0, dtype=torch.uint8), x.new_empty(0, dtype=torch.uint8),
                 x.new_empty(data_shape(format, C, R), dtype=torch.uint8),
-                x.new_empty((C, bound), dtype=sdt))
+                x.new_empty(op_scale_shape(scaling, C, R, offs.shape[0]), dtype=sdt))
     out = [x.new_empty(0, dtype=torch.uint8) for _ in range(4)]
     if axis in ("row", "both"):
         out[0] = x.new_empty(stack + data_shape(format, R, C), dtype=torch.uint8)
-        out[1] = x.new_empty(stack + tuple(P.scale_shape(scaling, R, C)), dtype=sdt)
+        out[1] = x.new_empty(stack + op_scale_shape(scaling, R, C), dtype=sdt)
     if axis in ("col", "both"):
         out[2] = x.new_empty(stack + data_shape(format, C, R), dtype=torch.uint8)
-        out[3] = x.new_empty(stack + tuple(P.scale_shape(scaling, C, R)), dtype=sdt)
+        out[3] = x.new_empty(stack + op_scale_shape(scaling, C, R), dtype=sdt)
     return tuple(out)
 
 
@@ -466,7 +481,7 @@ def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_sca
                     out_dtype="f32", b_kn=False):
     _check_scaled_mm_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
                           out_dtype, b_kn)
-    return a.new_empty((a.shape[0], b.shape[1] if b_kn else b.shape[0]),
+    return a.new_empty((a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[0]),
                        dtype=OUT_DTYPES[out_dtype])
 
 
@@ -476,7 +491,8 @@ def _scaled_grouped_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_forma
                         k, wgrad, out_dtype, b_kn)
     odt = OUT_DTYPES[out_dtype]
     if not wgrad:
-        return a.new_empty((a.shape[0], b.shape[2] if b_kn else b.shape[1]), dtype=odt)
+        return a.new_empty((a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[1]),
+                           dtype=odt)
     return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=odt)
 
 

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from . import portable as P
-from .layout import data_shape, empty, grouped_scale_bound, scale_dtype, trim_scale
+from .layout import (data_shape, empty, grouped_scale_bound, kn_cols, nv_join, nv_split,
+                     scale_dtype, trim_scale)
 
 try:  # lowp's numpy API over the C extension (absent in a checkout without `make build`)
     from ... import _arrays
@@ -93,10 +94,13 @@ def _src(x: Tensor) -> Tensor:
 
 
 def _alloc(fmt, scaling, rows, cols, offs=None, stack=()):
-    """One copy's codes and scales, shaped by the C layout (with a leading stack dim)."""
-    _, _, sr, sc, _ = _ext.layout(fmt, scaling, rows, cols, offs)
-    return (torch.empty(stack + data_shape(fmt, rows, cols), dtype=torch.uint8),
-            torch.empty(stack + (sr, sc), dtype=scale_dtype(scaling)))
+    """One copy's codes and scales, shaped by the C layout (with a leading stack dim; NVFP4:
+    the scales' bytes, block codes then the tensor scale, layout.py)."""
+    _, sb, sr, sc, _ = _ext.layout(fmt, scaling, rows, cols, offs)
+    nv = scaling in P.NV_KINDS  # (zeroed: C writes no padding bytes)
+    scales = (torch.zeros if nv else torch.empty)(stack + ((sb,) if nv else (sr, sc)),
+                                                  dtype=scale_dtype(scaling))
+    return torch.empty(stack + data_shape(fmt, rows, cols), dtype=torch.uint8), scales
 
 
 def _settings(scaling, scale_mode, pow2):
@@ -113,9 +117,12 @@ def _quantize_grouped(x, fmt, scaling, mode, pow2, eps, offs):
     cd, cs = _alloc(fmt, scaling, C, R, ob)
     cfg = _ext.QuantCfg(scale_mode=mode, pow2=pow2, eps=float(eps), threads=_threads())
     _ext.quantize_grouped(_plain(x), _ext.QDesc(fmt, scaling, C, R, _buf(cd), _buf(cs), ob), cfg)
+    d = None
+    if scaling in P.NV_KINDS:  # the op pads the blocks to the static bound, then D
+        cs, d = nv_split(cs, *P.scale_shape(scaling, C, R, o32.tolist()))
     sc_out = torch.zeros((C, grouped_scale_bound(scaling, R, o32.numel())), dtype=cs.dtype)
     sc_out[:, : cs.shape[1]] = cs
-    return empty(x.device), empty(x.device), cd, sc_out
+    return empty(x.device), empty(x.device), cd, sc_out if d is None else nv_join(sc_out, d)
 
 
 def _quantize_into(x, fmt, scaling, mode, pow2, eps, axis, s, out):
@@ -172,7 +179,7 @@ def dequantize(data: Tensor, scale: Tensor, format: str, scaling: str, rows: int
 def scaled_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
               b_scale: Tensor, b_format: str, b_scaling: str, k: int, out_dtype: str = "f32",
               b_kn: bool = False) -> Tensor:
-    M, N = a.shape[0], b.shape[1] if b_kn else b.shape[0]
+    M, N = a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[0]
     out = torch.empty((M, N), dtype=torch.bfloat16 if out_dtype == "bf16" else torch.float32)
     bd = (_desc(b, b_scale, b_format, b_scaling, k, N) if b_kn
           else _desc(b, b_scale, b_format, b_scaling, N, k))
@@ -183,7 +190,7 @@ def scaled_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tens
 
 def _split_m(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs, k, odt,
              out_dtype, b_kn):
-    T, N = a.shape[0], b.shape[2] if b_kn else b.shape[1]
+    T, N = a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[1]
     G = b.shape[0]
     # lowp writes every row of every group and leaves the rows past offs[-1]: only those are
     # zeroed (a zero-filled output cost 5% of a medium MoE step).

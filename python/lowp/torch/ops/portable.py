@@ -83,13 +83,16 @@ FORMATS = {n: _Fmt(n, f["bits"], f["mbits"], f["bias"], f["max_code"], f["nan_co
 
 E8M0_KINDS = rules.kinds(scale="e8m0")
 FP32_KINDS = rules.kinds(scale="f32")
-# The NVFP4 kinds (a tensor scale after the block scales) are C-only for now.
-TILE_KINDS = rules.kinds(tile=True, tensor_scale=False)
-TOKEN_BLOCK_KINDS = rules.kinds(grouped=True, tensor_scale=False)  # grouped copies restart
-SCALINGS = rules.kinds(tensor_scale=False)
+NV_KINDS = rules.kinds(tensor_scale=True)  # NVFP4: E4M3 block codes and a binary32 tensor scale
+TILE_KINDS = rules.kinds(tile=True)
+TOKEN_BLOCK_KINDS = rules.kinds(grouped=True)  # grouped copies restart
+SCALINGS = rules.kinds()
 SCALE_MODES = tuple(m for m in rules.names("scale_modes") if m != "default")
 
 _F32_MAX = _f32(3.4028234663852886e38)
+_NV_SIXTH = _f32(1.0 / 6.0)  # 0x3E2AAAAB, docs/numerics.md 4b
+_NV_NUM = 2688.0  # E4M3 fmax times E2M1 fmax
+_NV_NAN = 0x7F  # the block scale code of a block holding a NaN or an Inf
 
 
 def block_of(scaling: str) -> int:
@@ -279,6 +282,8 @@ def _quant_rows(x: torch.Tensor, fmt: str, scaling: str, mode: str, eps: float, 
     """Rowwise quantization of float32 x [R, C] (blocks along C). Returns (codes int32, scales)."""
     R, C = x.shape
     f = FORMATS[fmt]
+    if scaling in NV_KINDS:
+        return _quant_nv(x, scaling, scale)
     if scaling == "tensor":
         if scale is None:
             s = fp32_scales(_amax(x, (0, 1)) if x.numel() else torch.zeros((), device=x.device),
@@ -332,6 +337,71 @@ def _quant_rows(x: torch.Tensor, fmt: str, scaling: str, mode: str, eps: float, 
     return c, sc
 
 
+# ---- NVFP4 (docs/numerics.md 4b) ----
+
+
+def nv_tensor_scales(amax: torch.Tensor):
+    """(S, D) of a tensor whose binary32 amax is `amax` (4b step 1): S = 2688 / amax (one
+    rounded division), FLT_MAX where that overflows, 1 for an amax of 0, Inf or NaN; D = 1 / S.
+    Both float32 of shape [1]."""
+    a = amax.to(torch.float32).reshape(1)
+    ok = (a > 0) & (a < float("inf"))  # (False for NaN)
+    s = torch.full_like(a, _NV_NUM) / torch.where(ok, a, torch.ones_like(a))
+    s = torch.where(torch.isinf(s), torch.full_like(s, _F32_MAX), s)
+    s = torch.where(ok, s, torch.ones_like(s))
+    return s, torch.ones_like(s) / s
+
+
+def e4m3_value(code: torch.Tensor) -> torch.Tensor:
+    """binary32 values of E4M3 codes (exact; 0x7F and 0xFF are NaN), built from bits."""
+    c = code.to(torch.int32)
+    mag, m = c & 0x7F, c & 7
+    e = mag >> 3
+    normal = _bits_f32(((e + 120) << 23) | (m << 20))  # (8 + m) * 2^(e - 10)
+    v = torch.where(e == 0, m.to(torch.float32) * _f32(2.0 ** -9), normal)
+    v = torch.where((c & 0x80) != 0, -v, v)
+    return torch.where(mag == 0x7F, torch.full_like(v, float("nan")), v)
+
+
+def _nv_blocks(bamax: torch.Tensor, s: torch.Tensor):
+    """(E4M3 codes int32, element factors) of blocks whose binary32 amax is bamax, under the
+    tensor encode scale s (4b steps 2 and 3)."""
+    v = bamax * (s * _NV_SIXTH)
+    code = torch.where(torch.isfinite(bamax), encode(v, "e4m3"),
+                       torch.full_like(bamax, _NV_NAN, dtype=torch.int32))
+    d = torch.ones_like(s) / s
+    f = torch.ones_like(v) / (e4m3_value(code) * d)
+    return code, torch.where(torch.isinf(f), torch.full_like(f, _F32_MAX), f)
+
+
+def _quant_nv(x: torch.Tensor, scaling: str, s: torch.Tensor):
+    """Element codes (int32 [R, C]) and E4M3 block codes (uint8) of float32 x [R, C] under
+    the tensor encode scale s (4b steps 2-4): nv16 blocks of 1x16 along the rows, nv16x16
+    tiles. A NaN block's elements are code 0."""
+    R, C = x.shape
+    if scaling == "nv16x16":
+        nbr, nbc = _cdiv(R, 16), _cdiv(C, 16)
+        xp = _pad_to(x, nbr * 16, nbc * 16).reshape(nbr, 16, nbc, 16)
+        code, f = _nv_blocks(_amax(xp, (1, 3)), s)
+        c = encode(xp * f[:, None, :, None], "e2m1")
+        c = torch.where(code[:, None, :, None] == _NV_NAN, torch.zeros_like(c), c)
+        return c.reshape(nbr * 16, nbc * 16)[:R, :C], code.to(torch.uint8)
+    nb = _cdiv(C, 16)
+    xp = _pad_to(x, R, nb * 16).reshape(R, nb, 16)
+    am = _amax(xp, (2,)) if nb else torch.zeros((R, 0), device=x.device)
+    code, f = _nv_blocks(am, s)
+    block = torch.arange(C, device=x.device) // 16  # each column's block (as in _quant_rows)
+    c = encode(x * f.index_select(1, block), "e2m1")
+    c = torch.where((code == _NV_NAN).index_select(1, block), torch.zeros_like(c), c)
+    return c, code.to(torch.uint8)
+
+
+def _nv_amax_scales(x: torch.Tensor):
+    """(S, D) of float32 x from its amax (NaN wins; an empty x has amax 0)."""
+    am = _amax(x, (0, 1)) if x.numel() else torch.zeros((), device=x.device)
+    return nv_tensor_scales(am)
+
+
 def _finish(codes: torch.Tensor, fmt: str) -> torch.Tensor:
     return pack_e2m1(codes) if fmt == "e2m1" else codes.to(torch.uint8)
 
@@ -359,21 +429,25 @@ def quantize(x: torch.Tensor, fmt: str, scaling: str, scale_mode: Optional[str] 
         raise ValueError(f"format ({fmt!r}) is not one of e4m3, e5m2, e2m1")
     if scaling not in SCALINGS:
         raise ValueError(f"scaling ({scaling!r}) is not one of {', '.join(SCALINGS)}")
-    if fmt == "e2m1" and scaling != "mx32":
-        raise ValueError(f"format e2m1 needs scaling mx32, not {scaling!r}")
+    if fmt == "e2m1" and scaling not in ("mx32",) + NV_KINDS:
+        raise ValueError(f"format e2m1 needs scaling mx32, nv16 or nv16x16, not {scaling!r}")
+    if scaling in NV_KINDS and fmt != "e2m1":
+        raise ValueError(f"scaling {scaling} (NVFP4) needs format e2m1, not {fmt!r}")
     mode = default_mode(scaling, scale_mode)
     p2 = default_pow2(scaling, pow2)
     xf = x.to(torch.float32)
     R, C = xf.shape
-    row = col = None
+    row = col = ts = None
+    if scaling in NV_KINDS:  # one tensor scale for both copies
+        scale, ts = _nv_amax_scales(xf)
     if scaling in TILE_KINDS:
         codes, sc = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale)
         if axis in ("row", "both"):
-            row = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, R, C)
+            row = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, R, C, tensor_scale=ts)
         if axis in ("col", "both"):
             col = LowpQTensor(_finish(codes.t().contiguous(), fmt),
                               sc.t().clone(memory_format=torch.contiguous_format), fmt,
-                              scaling, C, R)
+                              scaling, C, R, tensor_scale=ts)
         return row, col
     if scaling == "tensor" and scale is None and axis == "both":
         # one scale for both copies
@@ -382,10 +456,10 @@ def quantize(x: torch.Tensor, fmt: str, scaling: str, scale_mode: Optional[str] 
         scale = s
     if axis in ("row", "both"):
         codes, sc = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale)
-        row = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, R, C)
+        row = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, R, C, tensor_scale=ts)
     if axis in ("col", "both"):
         codes, sc = _quant_rows(xf.t().contiguous(), fmt, scaling, mode, eps, p2, scale)
-        col = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, C, R)
+        col = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, C, R, tensor_scale=ts)
     return row, col
 
 
@@ -393,29 +467,34 @@ def quantize_grouped(x: torch.Tensor, offs: Sequence[int], fmt: str, scaling: st
                      scale_mode: Optional[str] = None, eps: float = 0.0,
                      pow2: Optional[bool] = None) -> LowpQTensor:
     """Columnwise copy [K, M] of x [M, K] (tokens x features) whose token blocks restart at
-    every group end in offs (mx32, block128); tokens past offs[-1] hold code 0."""
+    every group end in offs (mx32, block128, nv16); tokens past offs[-1] hold code 0. An nv16
+    copy's tensor scale is that of the tokens in groups (docs/numerics.md 4b step 1)."""
     if scaling not in TOKEN_BLOCK_KINDS:
-        raise ValueError(f"grouped quantization needs scaling mx32 or block128, not {scaling!r}")
+        raise ValueError(f"grouped quantization needs scaling {', '.join(TOKEN_BLOCK_KINDS)}, "
+                         f"not {scaling!r}")
     mode = default_mode(scaling, scale_mode)
     p2 = default_pow2(scaling, pow2)
     xf = x.to(torch.float32)
     M, K = xf.shape
     offs = [int(o) for o in offs]
+    s = ts = None
+    if scaling in NV_KINDS:
+        s, ts = _nv_amax_scales(xf[:offs[-1] if offs else 0])
     codes: List[torch.Tensor] = []
     scales: List[torch.Tensor] = []
     start = 0
     for end in offs:
         if end > start:
-            c, s = _quant_rows(xf[start:end].t().contiguous(), fmt, scaling, mode, eps, p2, None)
+            c, sc = _quant_rows(xf[start:end].t().contiguous(), fmt, scaling, mode, eps, p2, s)
             codes.append(c)
-            scales.append(s)
+            scales.append(sc)
         start = end
     if start < M:
         codes.append(torch.zeros((K, M - start), dtype=torch.int32, device=x.device))
-    sdt = torch.uint8 if scaling == "mx32" else torch.float32
+    sdt = torch.uint8 if scaling in E8M0_KINDS + NV_KINDS else torch.float32
     c = torch.cat(codes, 1) if codes else torch.zeros((K, M), dtype=torch.int32, device=x.device)
-    s = torch.cat(scales, 1) if scales else torch.zeros((K, 0), dtype=sdt, device=x.device)
-    return LowpQTensor(_finish(c, fmt), s, fmt, scaling, K, M, tuple(offs))
+    sc = torch.cat(scales, 1) if scales else torch.zeros((K, 0), dtype=sdt, device=x.device)
+    return LowpQTensor(_finish(c, fmt), sc, fmt, scaling, K, M, tuple(offs), tensor_scale=ts)
 
 
 # ---- dequantize ----
@@ -441,7 +520,10 @@ def _elem_factors(q: LowpQTensor) -> torch.Tensor:
     if q.scaling == "row":
         return q.scale.reshape(R, 1).expand(R, C)
     bs = block_of(q.scaling)
-    sv = _e8m0_value(q.scale) if q.scaling in E8M0_KINDS else q.scale
+    if q.scaling in E8M0_KINDS:
+        sv = _e8m0_value(q.scale)
+    else:
+        sv = e4m3_value(q.scale) if q.scaling in NV_KINDS else q.scale
     if q.scaling in TILE_KINDS:
         return sv.repeat_interleave(bs, 0).repeat_interleave(bs, 1)[:R, :C]
     if q.offs is None:
@@ -459,11 +541,11 @@ def _elem_factors(q: LowpQTensor) -> torch.Tensor:
 
 
 def dequantize(q: LowpQTensor) -> torch.Tensor:
-    """binary32 values of q (docs/numerics.md sections 3.5 and 4.4)."""
+    """binary32 values of q (docs/numerics.md sections 3.5, 4.4 and 4b step 5)."""
     if q.scaling == "none":
         return q.qdata.to(torch.float32)
-    v = decode(unpack(q), q.format)
-    return v * _elem_factors(q)
+    v = decode(unpack(q), q.format) * _elem_factors(q)
+    return v * q.tensor_scale.reshape(1, 1) if q.scaling in NV_KINDS else v
 
 
 # ---- GEMM ----
@@ -474,7 +556,8 @@ def dequantize(q: LowpQTensor) -> torch.Tensor:
 _GEMM_PAIRS = frozenset(rules.TABLES["gemm_pairs"])
 _ROUTES = {("none", "none"): "plain", ("tensor", "tensor"): "tensor", ("row", "row"): "row",
            ("mx32", "mx32"): "mx", ("mx32", "block32x32"): "mx_b32",
-           ("block128", "block128"): "b128", ("block128", "block128x128"): "b128"}
+           ("block128", "block128"): "b128", ("block128", "block128x128"): "b128",
+           **dict.fromkeys(((a, b) for a in NV_KINDS for b in NV_KINDS), "nv")}
 _PLAIN = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
@@ -488,7 +571,8 @@ def _pair(a: LowpQTensor, b: LowpQTensor) -> str:
     elif (a.format, sa, b.format, sb) not in _GEMM_PAIRS:
         raise ValueError(f"operand pair a ({sa} {a.format}) x b ({sb} {b.format}) is not supported "
                          "(pairs: none x none, tensor x tensor, row x row, mx32 x mx32, "
-                         "block128 x block128x128, block128 x block128, mx32 x block32x32)")
+                         "block128 x block128x128, block128 x block128, mx32 x block32x32, "
+                         "nv16 or nv16x16 x nv16 or nv16x16)")
     return _ROUTES[(sa, sb)]
 
 
@@ -652,6 +736,17 @@ def _gemm_b128(av, sa, bv, sb) -> torch.Tensor:
     return _redo_rows(c, bad_a, bad_b, _b128_loop, (av, sa), (bv, sb))
 
 
+def _gemm_nv(a: LowpQTensor, av: torch.Tensor, b: LowpQTensor, bv: torch.Tensor):
+    """NVFP4 x NVFP4: each E2M1 value times its E4M3 block scale is exact in BF16 (at most 6
+    significant bits, magnitudes in [2^-10, 2688]: always normal), and the product of two
+    such values is exact in binary32, so one matmul with binary32 accumulation differs from
+    the reference's block sums only in the order of its roundings (section 6's bound); then
+    the tensor scales, (acc * D_A) * D_B as the reference. A NaN block scale makes its
+    folded block NaN, so NaN lands in the rows and columns where the reference puts it."""
+    acc = _mm_exact(av * _elem_factors(a), bv * _elem_factors(b))
+    return acc * a.tensor_scale.reshape(1, 1) * b.tensor_scale.reshape(1, 1)
+
+
 def gemm(a: LowpQTensor, b: LowpQTensor) -> torch.Tensor:
     """C[M, N] = A[M, K] . B[N, K]^T in binary32 (docs/numerics.md section 6), each pair as one
     matmul on exactly represented operands (only the summation order differs from the
@@ -671,6 +766,8 @@ def gemm(a: LowpQTensor, b: LowpQTensor) -> torch.Tensor:
         sa = a.scale.reshape(-1, 1) if pair == "row" else a.scale.reshape(1, 1)
         sb = b.scale.reshape(1, -1) if pair == "row" else b.scale.reshape(1, 1)
         return acc * sa * sb  # (acc * sa) * sb, the reference's order (src/cpu/gemm_ref.c)
+    if pair == "nv":
+        return _gemm_nv(a, av, b, bv)
     if pair in ("mx", "mx_b32"):
         cb = b.scale.to(torch.int32)
         if pair == "mx_b32":
@@ -681,13 +778,19 @@ def gemm(a: LowpQTensor, b: LowpQTensor) -> torch.Tensor:
 
 
 def rows_of(q: LowpQTensor, r0: int, r1: int) -> LowpQTensor:
-    """Rows [r0, r1) of an ungrouped rowwise operand (row-blocked kinds, tensor, none)."""
+    """Rows [r0, r1) of an ungrouped rowwise operand (row-blocked kinds, tensor, none; an
+    nv16x16 copy's rows are an nv16 copy with each row's tile scales, the same values)."""
+    if q.scaling == "nv16x16":
+        sc = q.scale.repeat_interleave(16, 0)[r0:r1]
+        return LowpQTensor(q.qdata[r0:r1], sc, q.format, "nv16", r1 - r0, q.cols,
+                           tensor_scale=q.tensor_scale)
     if q.scaling in TILE_KINDS:
         raise ValueError("rows_of: tile kinds cannot be sliced by rows")
     sc = q.scale
     if sc is not None and q.scaling != "tensor":
         sc = sc[r0:r1]
-    return LowpQTensor(q.qdata[r0:r1], sc, q.format, q.scaling, r1 - r0, q.cols)
+    return LowpQTensor(q.qdata[r0:r1], sc, q.format, q.scaling, r1 - r0, q.cols,
+                       tensor_scale=q.tensor_scale)
 
 
 def _cols_of_group(q: LowpQTensor, start: int, end: int, blk: int) -> LowpQTensor:
@@ -704,7 +807,8 @@ def _cols_of_group(q: LowpQTensor, start: int, end: int, blk: int) -> LowpQTenso
                 raise ValueError("an ungrouped token-blocked copy cannot be split at a group")
             blk = start // bs
         sc = sc[:, blk:blk + _cdiv(n, bs)]
-    return LowpQTensor(_finish(codes, q.format), sc, q.format, q.scaling, q.rows, n)
+    return LowpQTensor(_finish(codes, q.format), sc, q.format, q.scaling, q.rows, n,
+                       tensor_scale=q.tensor_scale)
 
 
 # ---- grouped GEMMs: every group in one torch._grouped_mm ----

@@ -7,7 +7,11 @@ attributes that say how to read them:
 
 - `format`: "e4m3", "e5m2", "e2m1" (two codes per byte, element 2i in the low nibble); for an
   unquantized operand (`scaling` "none") the dtype name of `qdata` ("bf16" or "f32");
-- `scaling`: "tensor", "row", "mx32", "block128", "block128x128", "block32x32" or "none";
+- `scaling`: "tensor", "row", "mx32", "block128", "block128x128", "block32x32", "nv16",
+  "nv16x16" or "none";
+- `tensor_scale`: NVFP4's second level (kinds "nv16", "nv16x16"): the binary32 decode scale
+  D of the whole tensor as a float32 tensor of shape [1] ([G, 1] for a stack), beside the
+  E4M3 block scale codes in `scale` (docs/numerics.md 4b); None for every other kind;
 - `rows`, `cols`: the logical shape [rows, cols] (the contracted axis last);
 - `offs`: group ends along `cols` as host ints, for a copy quantized along the tokens in
   groups (the portable path's grouped copies), else None;
@@ -34,14 +38,16 @@ __all__ = ["LowpQTensor"]
 class LowpQTensor:
     """A quantized (or plain) GEMM operand [rows, cols]: codes, scales and how to read them."""
 
-    __slots__ = ("qdata", "scale", "format", "scaling", "rows", "cols", "offs", "grouped")
+    __slots__ = ("qdata", "scale", "format", "scaling", "rows", "cols", "offs", "grouped",
+                 "tensor_scale")
 
     def __init__(self, qdata: torch.Tensor, scale: Optional[torch.Tensor], format: str,
                  scaling: str, rows: int, cols: int, offs: Optional[Sequence[int]] = None,
-                 grouped: bool = False):
+                 grouped: bool = False, tensor_scale: Optional[torch.Tensor] = None):
         self.qdata, self.scale, self.format, self.scaling = qdata, scale, format, scaling
         self.rows, self.cols, self.offs = rows, cols, offs
         self.grouped = grouped or offs is not None
+        self.tensor_scale = tensor_scale
 
     @property
     def shape(self):
