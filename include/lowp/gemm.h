@@ -16,7 +16,7 @@
  *   BLOCK128 x BLOCK128       DeepSeek-V3 wgrad
  *   MX32 x BLOCK32X32      NPU Block FP8 weights with MX activations
  *   NV16 or NV16X16 x NV16 or NV16X16   NVFP4, E2M1 elements (activations 1x16, weights 16x16;
- *                          AMX and AVX-512 kernels; the reference on AVX2-only CPUs)
+ *                          on the CPU's AMX, AVX-512 and AVX2 kernels)
  *
  * cfg.b_layout = LOWP_LAYOUT_KN takes B in its stored [K, N] orientation instead (the kinds
  * whose scales do not depend on the orientation), as TransformerEngine's transb; one grouped

@@ -5,9 +5,10 @@
  *   for each block of NC columns of C (B_BUDGET_BYTES of packed binary32 B):
  *       decode the block's B rows exactly into panels of 16 columns, [K][16] floats
  *       for each strip of 6 rows of A: decode them exactly (binary32 A is read in place)
- *           for each panel: the pair's K blocks (32 for MX, 128 for BLOCK128, else all of
- *           K), each summed from +0 in k order and added to the tile's accumulator as
- *           docs/numerics.md section 6 says; then the tensorwise or rowwise scales, and C.
+ *           for each panel: the pair's K blocks (16 for NVFP4, 32 for MX, 128 for BLOCK128,
+ *           else all of K), each summed from +0 in k order and added to the tile's
+ *           accumulator as docs/numerics.md section 6 says; then the tensorwise, rowwise or
+ *           NVFP4 tensor scales, and C.
  *
  * Numerics. Each lane sums one element of C in k order, as the reference does. FP8 and FP4
  * products are exact in binary32, so a fused multiply-add rounds where the reference's
@@ -71,9 +72,9 @@ static int64_t nc_cols(const lowp_gemm_job *j) {
 }
 
 int lowp_cpu_gemm_avx2_supports(const lowp_gemm_job *j) {
-    /* every pair but NVFP4 (the reference for now) */
+    (void) j; /* every pair */
     const uint32_t need = LOWP_CAP_AVX2 | LOWP_CAP_FMA;
-    return j->pair != LOWP_PAIR_NV && (lowp_cpu_caps()->flags & need) == need;
+    return (lowp_cpu_caps()->flags & need) == need;
 }
 
 size_t lowp_cpu_gemm_avx2_ws_floats(const lowp_gemm_job *j) {
@@ -173,7 +174,9 @@ typedef struct ctx {
     const lowp_gemm_job *j;
     int64_t K, bk, nkb, nba, nbb;
     int mx, f32_scales; /* MX pair; binary32 scales (TENSOR, ROW, BLOCK128 pairs) */
-    float lut_a[256], lut_b[256];
+    int nv;             /* NVFP4: E4M3 block scales, and the tensor decode scales da, db */
+    float da, db;
+    float lut_a[256], lut_b[256], lut_e4m3[256];
 } ctx;
 
 /* The scale factor of A's row r (is_b: of B's row or, b_kn, column r) for the job's K block
@@ -184,6 +187,7 @@ static float scale_of(const ctx *x, int is_b, int64_t r, int64_t blk) {
     const int kn = is_b && j->b_kn;
     const int64_t b = blk + (is_b ? j->b_blk : j->a_blk), nb = is_b ? x->nbb : x->nba;
     if (x->mx) return e8m0_factor(lowp_gemm_scale_e8m0(q, kn, r, b, nb));
+    if (x->nv) return x->lut_e4m3[lowp_gemm_scale_nv(q, kn, r, b, nb)];
     return lowp_gemm_scale_f32(q, kn, r, b, nb);
 }
 
@@ -208,7 +212,7 @@ static int pack_panel(const ctx *x, int64_t n0, int w, float *dst, float *sb, fl
             }
         }
     }
-    if (x->mx || x->f32_scales)
+    if (x->mx || x->f32_scales || x->nv)
         for (int64_t blk = 0; blk < x->nkb; blk++)
             for (int i = 0; i < NR; i++)
                 sb[blk * NR + i] = i < w ? scale_of(x, 1, n0 + i, blk) : 1.0f;
@@ -261,9 +265,10 @@ static void tile_one_seq(const float *const *a, const float *b, int64_t K, float
     tile_one(a, b, K, P, 0);
 }
 
-/* The scaled pairs (MX, BLOCK128): P = 0, then for each K block P += (s sa[i]) sb[lane] in
- * binary32 (WIDE = 0) or round((s sa[i] sb[lane]) in binary64) (WIDE = 1). sa: [nkb][6],
- * sb: [nkb][16]. */
+/* The scaled pairs (MX, BLOCK128, NVFP4): P = 0, then for each K block P += (s sa[i]) sb[lane]
+ * in binary32 (WIDE = 0) or round((s sa[i] sb[lane]) in binary64) (WIDE = 1). sa: [nkb][6],
+ * sb: [nkb][16]. NVFP4: a block sum s has at most 12 significant bits and an E4M3 scale 4, so
+ * both products are exact and equal the reference's s (sa sb) (NaN scales give NaN in both). */
 AI void tile_blocks(const float *const *a, const float *b, int64_t K, int64_t bk, const float *sa,
                     const float *sb, float *P, const int WIDE) {
     for (int i = 0; i < MR * NR; i += 8) _mm256_storeu_ps(P + i, _mm256_setzero_ps());
@@ -316,13 +321,17 @@ static uint16_t to_bf16(float x) {
 }
 
 /* Rows [m0, m0 + rows) x columns [n0, n0 + w) of C from P (row stride 16), honouring
- * accumulate and BF16 output; TENSOR and ROW scale first, (P sa[i]) sb[c], as the reference. */
+ * accumulate and BF16 output; TENSOR and ROW scale first, (P sa[i]) sb[c], and NVFP4
+ * (P D_A) D_B, as the reference. */
 static void store(const ctx *x, int64_t m0, int rows, int64_t n0, int w, float *P, const float *sa,
                   const float *sb) {
     const lowp_gemm_job *j = x->j;
     if (j->pair == LOWP_PAIR_TENSOR || j->pair == LOWP_PAIR_ROW)
         for (int i = 0; i < rows; i++)
             for (int c = 0; c < w; c++) P[NR * i + c] = P[NR * i + c] * sa[i] * sb[c];
+    if (x->nv)
+        for (int i = 0; i < rows; i++)
+            for (int c = 0; c < w; c++) P[NR * i + c] = P[NR * i + c] * x->da * x->db;
     for (int i = 0; i < rows; i++) {
         const size_t ci = (size_t) (j->c_row_base + m0 + i) * (size_t) j->c->cols + (size_t) n0;
         const float *v = P + NR * i;
@@ -358,6 +367,10 @@ void lowp_cpu_gemm_avx2(const lowp_gemm_job *j) {
     x.mx = j->pair == LOWP_PAIR_MX || j->pair == LOWP_PAIR_MX_B32;
     x.f32_scales = j->pair == LOWP_PAIR_TENSOR || j->pair == LOWP_PAIR_ROW ||
                    j->pair == LOWP_PAIR_B128_W || j->pair == LOWP_PAIR_B128_B128;
+    x.nv = j->pair == LOWP_PAIR_NV;
+    lowp_gemm_decode_lut(LOWP_FORMAT_E4M3, x.lut_e4m3);
+    x.da = x.nv ? lowp_gemm_tensor_dec_nv(j->a) : 1.0f;
+    x.db = x.nv ? lowp_gemm_tensor_dec_nv(j->b) : 1.0f;
     lowp_gemm_decode_lut(j->a->format, x.lut_a);
     lowp_gemm_decode_lut(j->b->format, x.lut_b);
     int64_t sr;
@@ -398,7 +411,7 @@ void lowp_cpu_gemm_avx2(const lowp_gemm_job *j) {
                     const int e = max_exp(ar[i], K);
                     ea = e > ea ? e : ea;
                 }
-                if (x.mx || x.f32_scales)
+                if (x.mx || x.f32_scales || x.nv)
                     for (int64_t blk = 0; blk < nkb; blk++) {
                         sav[MR * blk + i] = scale_of(&x, 0, m0 + i, blk);
                         if (x.mx) {
@@ -410,7 +423,7 @@ void lowp_cpu_gemm_avx2(const lowp_gemm_job *j) {
             }
             for (int i = rows; i < MR; i++) {
                 ar[i] = ar[rows - 1];
-                for (int64_t blk = 0; (x.mx || x.f32_scales) && blk < nkb; blk++)
+                for (int64_t blk = 0; (x.mx || x.f32_scales || x.nv) && blk < nkb; blk++)
                     sav[MR * blk + i] = 1.0f;
             }
             float sa_end[MR]; /* TENSOR, ROW: the row's scale */

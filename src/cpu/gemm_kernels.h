@@ -58,6 +58,11 @@ LOWP_HIDDEN float lowp_gemm_scale_f32(const lowp_qtensor *q, int kn, int64_t r, 
 /* E8M0 code of operand q's row r for K-block `blk` (MX32, BLOCK32X32; kn as above). */
 LOWP_HIDDEN uint8_t lowp_gemm_scale_e8m0(const lowp_qtensor *q, int kn, int64_t r, int64_t blk,
                                          int64_t nb);
+/* E4M3 block scale code of NVFP4 operand q's row r for K-block `blk` (NV16, NV16X16; kn as
+ * above), and q's binary32 tensor decode scale. */
+LOWP_HIDDEN uint8_t lowp_gemm_scale_nv(const lowp_qtensor *q, int kn, int64_t r, int64_t blk,
+                                       int64_t nb);
+LOWP_HIDDEN float lowp_gemm_tensor_dec_nv(const lowp_qtensor *q);
 
 /* Whether a binary32 FMA sum over K of products of elements whose largest biased exponents are
  * ea and eb may differ from the reference's rounded multiply and add beyond rounding: when

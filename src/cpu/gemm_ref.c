@@ -79,14 +79,14 @@ float lowp_gemm_scale_f32(const lowp_qtensor *q, int kn, int64_t r, int64_t blk,
 
 /* E4M3 code of an NVFP4 operand's row r for K-block `blk` (kn as above), and its tensor
  * decode scale. */
-static uint8_t scale_nv(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
+uint8_t lowp_gemm_scale_nv(const lowp_qtensor *q, int kn, int64_t r, int64_t blk, int64_t nb) {
     const uint8_t *s = (const uint8_t *) q->scales;
     if (q->scaling == LOWP_SCALING_NV16X16)
         return kn ? s[blk * nb + r / 16] : s[(r / 16) * nb + blk];
     return s[r * nb + blk]; /* NV16 */
 }
 
-static float tensor_dec_nv(const lowp_qtensor *q) {
+float lowp_gemm_tensor_dec_nv(const lowp_qtensor *q) {
     size_t off;
     float g;
     lowp_qtensor_tensor_scale_offset(q, &off);
@@ -130,8 +130,8 @@ static float dot_blocks(const ref_ctx *x, const float *arow, const float *bp, in
         } else if (x->nv) {
             /* Exact: a 16-block sum has at most 12 significant bits, the product of two E4M3
              * values at most 8 (section 6). */
-            float sa = x->lut_e4m3[scale_nv(a, 0, m, j->a_blk + blk, x->nba)];
-            float sb = x->lut_e4m3[scale_nv(b, j->b_kn, n, j->b_blk + blk, x->nbb)];
+            float sa = x->lut_e4m3[lowp_gemm_scale_nv(a, 0, m, j->a_blk + blk, x->nba)];
+            float sb = x->lut_e4m3[lowp_gemm_scale_nv(b, j->b_kn, n, j->b_blk + blk, x->nbb)];
             acc += s * (sa * sb);
         } else if (x->blk128) {
             float sa = lowp_gemm_scale_f32(a, 0, m, j->a_blk + blk, x->nba);
@@ -174,8 +174,8 @@ void lowp_cpu_gemm_ref(const lowp_gemm_job *j) {
     x.blk128 = j->pair == LOWP_PAIR_B128_W || j->pair == LOWP_PAIR_B128_B128;
     x.nv = j->pair == LOWP_PAIR_NV;
     lowp_gemm_decode_lut(LOWP_FORMAT_E4M3, x.lut_e4m3);
-    x.ga = x.nv ? tensor_dec_nv(a) : 1.0f;
-    x.gb = x.nv ? tensor_dec_nv(b) : 1.0f;
+    x.ga = x.nv ? lowp_gemm_tensor_dec_nv(a) : 1.0f;
+    x.gb = x.nv ? lowp_gemm_tensor_dec_nv(b) : 1.0f;
     float lut_a[256], lut_b[256];
     lowp_gemm_decode_lut(a->format, lut_a);
     lowp_gemm_decode_lut(b->format, lut_b);

@@ -230,18 +230,13 @@ static lowp_status run(runner r, const lowp_qtensor *a, const lowp_qtensor *b, l
     return run_kn(r, a, b, 0, c, accumulate, threads);
 }
 
-/* NVFP4 operands: the AVX2 kernel does not take them (the reference runs them there). */
-static int is_nv(const lowp_qtensor *q) {
-    return q->scaling == LOWP_SCALING_NV16 || q->scaling == LOWP_SCALING_NV16X16;
-}
-
 static int runner_ok(runner r, const lowp_qtensor *a) {
     switch (r) {
     case RUN_AVX512: return g_have_avx512;
     case RUN_AMX: return g_have_amx && a->format != LOWP_FORMAT_F32;
     case RUN_AMX_EMU: return g_have_avx512 && a->format != LOWP_FORMAT_F32;
     case RUN_F32X: return g_have_avx512 && a->format != LOWP_FORMAT_F32;
-    case RUN_AVX2: return g_have_avx2 && !is_nv(a);
+    case RUN_AVX2: return g_have_avx2;
     default: return g_have_avx512 && g_have_bf16 && a->format != LOWP_FORMAT_F32;
     }
 }
@@ -456,7 +451,7 @@ static void grouped_case(const int32_t *sizes, int G, int64_t N, int64_t K, cons
             for (int path = 0; path < 3; path++) {
                 if (path == 0 && !g_have_avx512) continue;
                 if (path == 1 && !g_have_amx) continue;
-                if (path == 2 && (!g_have_avx2 || is_nv(&a.q))) continue;
+                if (path == 2 && !g_have_avx2) continue;
                 memcpy(fast.data, ref.data, es * (size_t) (Mtot * N));
                 lowp_tensor r2 = ref;
                 r2.data = malloc(es * (size_t) (Mtot * N));
@@ -527,7 +522,7 @@ static void check_wgrad_pair(const lowp_qtensor *qa, const lowp_qtensor *qb, con
         for (int path = 0; path < 3; path++) {
             if (path == 0 && !g_have_avx512) continue;
             if (path == 1 && !g_have_amx) continue;
-            if (path == 2 && (!g_have_avx2 || is_nv(qa))) continue;
+            if (path == 2 && !g_have_avx2) continue;
             lowp_tensor f2 = fast;
             f2.data = malloc(es * cn);
             memcpy(f2.data, fast.data, es * cn);
