@@ -14,6 +14,7 @@
 #include "cast.h"
 #include "scale.h"
 #include "quant.h"
+#include "hadamard.h"
 #include "layout.h"
 #include "delayed.h"
 #include "gemm.h"

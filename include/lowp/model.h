@@ -102,7 +102,9 @@ typedef struct lowp_model_run {
     int32_t training;              /* dropout on, activations kept for backward */
     int32_t activation_checkpoint; /* keep only layer inputs; recompute in backward (same
                                       losses and gradients, bit for bit) */
-    lowp_rng_tracker *rng;         /* dropout's generator (NULL: no dropout) */
+    lowp_rng_tracker *rng;         /* dropout's generator (NULL: no dropout), and in training
+                                      the linear layers' (lowp_linear_opts.rng: the FP4
+                                      recipes' SR and Hadamard signs) */
     const lowp_autocast *autocast; /* for RMSNorm (NULL: off); the softmaxes, SwiGLU and the
                                       loss always compute in binary32 */
     int32_t threads;               /* 0: all cores */

@@ -30,6 +30,7 @@
 
 #include "gemm.h"
 #include "recipe.h"
+#include "rng_tracker.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -102,6 +103,13 @@ typedef struct lowp_linear_opts {
                             quantized copies of x are reused when x's address, shape, groups and
                             input spec match (not for delayed scaling); a backward in between
                             drops them. 0: quantize x (the default) */
+    /* The RNG tracker of a wrapped weight whose configuration rounds stochastically or has
+     * wgrad_hadamard (NULL otherwise; such a call then fails naming opts.rng). Its state
+     * "stochastic_rounding" gives the SR words (each quantized copy of an [R, C] operand
+     * takes the next R * C: in a forward X's copy, then X's wgrad copy when kept; in a
+     * backward dY's dgrad copy, dY's wgrad copy, then X's wgrad copy), its state "hadamard"
+     * one sign word per backward, taken first (docs/numerics.md 4b). */
+    lowp_rng_tracker *rng;
 } lowp_linear_opts;
 
 /* What a forward keeps for its backward (opaque; freed by the backward or lowp_linear_saved_free).

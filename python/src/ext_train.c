@@ -204,7 +204,9 @@ free_state:
  * experts, offs) with the linear-layer preset (or built-in recipe) `preset`. All arrays
  * float32: x [M, K], w [max(G,1), N, K], dy [M, N], bias [N] or None (G = 0 only); outputs y
  * [M, N], dx [M, K], dw (+= the weight gradient, same shape as w), dbias [N] (+=) or None.
- * keep_quantized / wgrad_hp: -1 keeps the preset's choice. */
+ * keep_quantized / wgrad_hp: -1 keeps the preset's choice. Stochastic rounding and the
+ * Hadamard signs (the FP4 presets) draw from a tracker made for the call, so a call is
+ * reproducible. */
 static PyObject *py_train_linear(PyObject *self, PyObject *args) {
     (void) self;
     const char *fn = "train_linear";
@@ -270,13 +272,20 @@ static PyObject *py_train_linear(PyObject *self, PyObject *args) {
     lowp_tensor y = {LOWP_FORMAT_F32, M, N, yb.view.buf, LOWP_DEVICE_HOST};
     lowp_tensor dy = {LOWP_FORMAT_F32, M, N, dyb.view.buf, LOWP_DEVICE_HOST};
     lowp_tensor dx = {LOWP_FORMAT_F32, M, K, dxb.view.buf, LOWP_DEVICE_HOST};
+    /* The FP4 presets' SR and Hadamard signs: a fresh tracker per call, states
+     * "stochastic_rounding" (seed 1) and "hadamard" (seed 2) at offset 0. */
+    lowp_rng_tracker rng;
+    s = lowp_rng_tracker_init(&rng, 0);
+    if (s == LOWP_OK) s = lowp_rng_tracker_add(&rng, "stochastic_rounding", 1);
+    if (s == LOWP_OK) s = lowp_rng_tracker_add(&rng, "hadamard", 2);
     lowp_linear_opts opts = {.recompute = 0, .threads = threads, .fp32_plain = fp32_plain};
+    opts.rng = &rng;
     const int32_t *offs = ob.held ? ob.view.buf : NULL;
     const float *bias = bb.held ? bb.view.buf : NULL;
     float *dbias = dbb.held ? dbb.view.buf : NULL;
     Py_BEGIN_ALLOW_THREADS;
     lowp_linear_saved *saved = NULL;
-    s = lowp_train_prepare(&p, 1, &r);
+    if (s == LOWP_OK) s = lowp_train_prepare(&p, 1, &r);
     if (s == LOWP_OK)
         s = G > 0 ? lowp_grouped_linear_forward(&p, &x, offs, &y, &opts, &saved)
                   : lowp_linear_forward(&p, bias, &x, &y, &opts, &saved);

@@ -456,6 +456,7 @@ static lowp_status dense_forward(void *ctx, const char *fn, const int32_t *token
     ex.lin.threads = run->threads;
     ex.lin.fp32_plain = run->fp32_plain;
     ex.lin.cache_plain = 1;
+    ex.lin.rng = training ? run->rng : NULL; /* the FP4 recipes' SR and Hadamard signs */
     ex.nthreads = lowp_thread_count(run->threads);
     s->ex = ex;
 

@@ -439,6 +439,22 @@ static lowp_status save_rng(moe_model *m, int64_t row) {
                                        &m->rng_nstates);
 }
 
+/* Rewind the generator to a saved row for a recomputed forward, except the states that the
+ * linear layers' backward draws from (the FP4 recipes' "stochastic_rounding" and "hadamard"):
+ * those keep their offsets, so no backward reuses another's random bits. */
+static lowp_status rewind_rng(moe_model *m, int64_t row) {
+    lowp_rng_state in[LOWP_RNG_MAX_STATES], now[LOWP_RNG_MAX_STATES];
+    int32_t n = m->rng_nstates, nn = 0;
+    lowp_status st = lowp_rng_tracker_get_states(m->ex.rng, now, LOWP_RNG_MAX_STATES, &nn);
+    if (st != LOWP_OK) return st;
+    memcpy(in, m->rng_states[row], (size_t) n * sizeof *in);
+    for (int32_t i = 0; i < n; i++)
+        if (strcmp(in[i].name, "stochastic_rounding") == 0 || strcmp(in[i].name, "hadamard") == 0)
+            for (int32_t j = 0; j < nn; j++)
+                if (strcmp(now[j].name, in[i].name) == 0) in[i].offset = now[j].offset;
+    return lowp_rng_tracker_set_states(m->ex.rng, in, n);
+}
+
 static lowp_status with_context(lowp_status st, const char *fn, int64_t layer) {
     if (st == LOWP_OK) return st;
     if (layer >= 0)
@@ -473,6 +489,7 @@ static lowp_status moe_forward(void *ctx, const char *fn, const int32_t *tokens,
     ex.nthreads = lowp_thread_count(run->threads);
     ex.autocast = run->autocast;
     ex.rng = training && c->dropout > 0.0f ? run->rng : NULL;
+    ex.lin.rng = training ? run->rng : NULL; /* the FP4 recipes' SR and Hadamard signs */
     ex.dropout = c->dropout;
     m->ex = ex;
     m->checkpoint = checkpoint;
@@ -565,9 +582,7 @@ static lowp_status moe_backward(void *ctx, const char *fn) {
      * recompute set so the FP8 amax histories see the layer once per step. */
     for (int64_t l = d->L - 1; l >= 0; l--) {
         if (m->checkpoint) {
-            if (ex.rng && (st = lowp_rng_tracker_set_states(ex.rng, m->rng_states[l],
-                                                            m->rng_nstates)) != LOWP_OK)
-                return with_context(st, fn, l);
+            if (ex.rng && (st = rewind_rng(m, l)) != LOWP_OK) return with_context(st, fn, l);
             ex.lin.recompute = 1;
             st = layer_forward(m, l, &ex, 1);
             ex.lin.recompute = 0;
@@ -577,8 +592,7 @@ static lowp_status moe_backward(void *ctx, const char *fn) {
     }
     if (m->checkpoint && ex.rng) {
         /* Leave the generator where the forward left it, as without checkpointing. */
-        st = lowp_rng_tracker_set_states(ex.rng, m->rng_states[d->L], m->rng_nstates);
-        if (st != LOWP_OK) return with_context(st, fn, -1);
+        if ((st = rewind_rng(m, d->L)) != LOWP_OK) return with_context(st, fn, -1);
     }
 
     /* x_0 = embed[tokens]:  embed.grad += */

@@ -20,8 +20,10 @@
  * version into param->plain_cache (or, with opts.fp32_plain, multiplied in F32: the float
  * references of gradient checks). */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
+#include "lowp/hadamard.h"
 #include "lowp/threads.h"
 #include "core/profile_internal.h"
 #include "cpu/host.h"
@@ -63,6 +65,48 @@ static void plan_of(const lowp_param *w, const lowp_linear_opts *opts, plan *p) 
 /* The delayed scale of a role, or NULL when the role is current-scaled. */
 static const float *delayed_scale(const plan *p, const lowp_operand_spec *s, lowp_role role) {
     return p->fp8 && lowp_spec_delayed(s) ? &p->fp8->roles[role].scale : NULL;
+}
+
+/* ---- Random bits: stochastic rounding and the Hadamard signs ---- */
+
+/* Where a stochastically rounded copy takes its Philox words (NULL: RNE). */
+typedef struct sr_draw {
+    uint64_t seed, offset;
+} sr_draw;
+
+/* (seed, offset) of the named state of opts->rng, whose offset then moves on by `words`. */
+static lowp_status rng_take(const char *fn, const lowp_linear_opts *opts, const char *state,
+                            const char *why, uint64_t words, sr_draw *out) {
+    lowp_rng_tracker *t = opts ? opts->rng : NULL;
+    if (!t)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: opts.rng is NULL, but %s draws from its state \"%s\"", fn, why,
+                         state);
+    for (int32_t i = 0; i < t->count && i < LOWP_RNG_MAX_STATES; i++)
+        if (strncmp(t->states[i].name, state, LOWP_RNG_NAME_MAX) == 0) {
+            out->seed = t->states[i].seed;
+            out->offset = t->states[i].offset;
+            t->states[i].offset += words;
+            return LOWP_OK;
+        }
+    return lowp_fail(LOWP_ERR_INVALID_ARG,
+                     "%s: opts.rng has no state \"%s\" (lowp_rng_tracker_add), which %s draws from",
+                     fn, state, why);
+}
+
+/* The draw of `copies` quantized copies of a [rows, cols] operand with spec s: *sr points at d
+ * when s rounds stochastically (words rows * cols per copy), else NULL. */
+static lowp_status sr_take(const char *fn, const lowp_linear_opts *opts, const lowp_operand_spec *s,
+                           const char *role, int64_t rows, int64_t cols, int copies, sr_draw *d,
+                           const sr_draw **sr) {
+    *sr = NULL;
+    if (s->rounding != LOWP_ROUNDING_SR || copies == 0 || rows * cols == 0) return LOWP_OK;
+    char why[64];
+    snprintf(why, sizeof why, "cfg.%s.rounding (sr)", role);
+    lowp_status st = rng_take(fn, opts, "stochastic_rounding", why,
+                              (uint64_t) copies * (uint64_t) (rows * cols), d);
+    if (st == LOWP_OK) *sr = d;
+    return st;
 }
 
 /* ---- Owned operand buffers ---- */
@@ -180,7 +224,7 @@ static void transpose_f32(const float *src, int64_t rows, int64_t cols, float *d
  * the amax of x, for the delayed-scaling history. */
 static lowp_status fill_copies_raw(const char *fn, const lowp_tensor *x, const lowp_operand_spec *s,
                                    lowp_qtensor *row, lowp_qtensor *col, const float *scale,
-                                   float *amax, int32_t threads) {
+                                   float *amax, int32_t threads, const sr_draw *sr) {
     lowp_qtensor *rq = row && row->scaling != LOWP_SCALING_NONE ? row : NULL;
     lowp_qtensor *cq = col && col->scaling != LOWP_SCALING_NONE ? col : NULL;
     lowp_qtensor *rb = row && row->scaling == LOWP_SCALING_NONE ? row : NULL;
@@ -192,6 +236,7 @@ static lowp_status fill_copies_raw(const char *fn, const lowp_tensor *x, const l
     qc.threads = threads;
     qc.scale = scale;
     qc.amax_out = amax;
+    if (sr) qc.rounding = LOWP_ROUNDING_SR, qc.seed = sr->seed, qc.offset = sr->offset;
     lowp_status st = LOWP_OK;
     int have_amax = 0;
     if (rq && cq && !cq->group_offs) {
@@ -233,11 +278,20 @@ static lowp_status fill_copies_raw(const char *fn, const lowp_tensor *x, const l
     return st;
 }
 
+/* With sr (quantized copies only): the row copy takes words [offset, offset + R*C), then the col
+ * copy the next R*C, in two calls (one dual call would give both copies the same words). */
 static lowp_status fill_copies(const char *fn, const lowp_tensor *x, const lowp_operand_spec *s,
                                lowp_qtensor *row, lowp_qtensor *col, const float *scale,
-                               float *amax, int32_t threads) {
+                               float *amax, int32_t threads, const sr_draw *sr) {
     lowp_prof_push(LOWP_PHASE_QUANT);
-    lowp_status st = fill_copies_raw(fn, x, s, row, col, scale, amax, threads);
+    lowp_status st;
+    if (sr && row && col) {
+        const sr_draw second = {sr->seed, sr->offset + (uint64_t) (x->rows * x->cols)};
+        st = fill_copies_raw(fn, x, s, row, NULL, scale, amax, threads, sr);
+        if (st == LOWP_OK) st = fill_copies_raw(fn, x, s, NULL, col, scale, NULL, threads, &second);
+    } else {
+        st = fill_copies_raw(fn, x, s, row, col, scale, amax, threads, sr);
+    }
     lowp_prof_pop();
     return st;
 }
@@ -333,9 +387,9 @@ static lowp_status cache_fill_experts(const char *fn, const lowp_param *w, const
     for (int32_t g = 0; g < G; g++) {
         lowp_tensor src = {LOWP_FORMAT_F32, N, K, w->data + (size_t) g * (size_t) (N * K),
                            LOWP_DEVICE_HOST};
-        sts[g] =
-            fill_copies_raw(fn, &src, &p->cfg.weight, c->fwd[g].data ? &c->fwd[g] : NULL,
-                            c->dgr[g].data ? &c->dgr[g] : NULL, scale, scale ? &amax[g] : NULL, 1);
+        sts[g] = fill_copies_raw(fn, &src, &p->cfg.weight, c->fwd[g].data ? &c->fwd[g] : NULL,
+                                 c->dgr[g].data ? &c->dgr[g] : NULL, scale, scale ? &amax[g] : NULL,
+                                 1, NULL);
     }
     lowp_status st = LOWP_OK;
     for (int32_t g = 0; g < G && st == LOWP_OK; g++) {
@@ -389,7 +443,8 @@ static lowp_status cache_fill_raw(const char *fn, const lowp_param *w, const pla
         }
         float amax = 0.0f;
         st = fill_copies(fn, &src, ws, c->fwd[g].data ? &c->fwd[g] : NULL,
-                         c->dgr[g].data ? &c->dgr[g] : NULL, scale, scale ? &amax : NULL, threads);
+                         c->dgr[g].data ? &c->dgr[g] : NULL, scale, scale ? &amax : NULL, threads,
+                         NULL);
         if (st == LOWP_OK && scale) st = lowp_fp8_state_record(p->fp8, LOWP_ROLE_WEIGHT, amax);
     }
     free(fq);
@@ -687,8 +742,12 @@ static lowp_status forward(const char *fn, int grouped, lowp_param *w, const flo
                 goto done;
             float amax = 0.0f;
             lowp_tensor xv = {LOWP_FORMAT_F32, T, K, x->data, LOWP_DEVICE_HOST};
+            sr_draw d;
+            const sr_draw *sr;
+            if ((st = sr_take(fn, opts, is, "input", T, K, 1 + keep, &d, &sr)) != LOWP_OK)
+                goto done;
             st = fill_copies(fn, &xv, is, &xrow->q, keep ? &xcol->q : NULL, scale,
-                             scale ? &amax : NULL, threads);
+                             scale ? &amax : NULL, threads, sr);
             if (st != LOWP_OK) goto done;
             /* A recomputed forward sees the same x again: its amax is already in the history. */
             if (scale && !recompute &&
@@ -796,14 +855,55 @@ static lowp_status check_backward(const char *fn, int grouped, const lowp_param 
     return LOWP_OK;
 }
 
+/* *out [T, C] (F32, the caller frees it) = x [T, C] with the random Hadamard transform along
+ * its tokens under the sign word of h: transposed, lowp_hadamard16 along the rows of x^T
+ * (blocks restarting at each group of go), transposed back, so that the columnwise copy made
+ * from *out is the quantization of the transformed x^T. */
+static lowp_status hadamard_tokens(const char *fn, const lowp_tensor *x, const int32_t *go,
+                                   int32_t G, const sr_draw *h, int32_t threads, float **out) {
+    const int64_t T = x->rows, C = x->cols;
+    float *a = lowp_host_alloc((size_t) (T * C) * sizeof *a);
+    float *b = lowp_host_alloc((size_t) (T * C) * sizeof *b);
+    lowp_status st = LOWP_OK;
+    if (!a || !b) {
+        st = lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: Hadamard transform of %lld x %lld", fn,
+                       (long long) T, (long long) C);
+    } else {
+        lowp_prof_push(LOWP_PHASE_QUANT);
+        transpose_f32(x->data, T, C, a, threads);
+        lowp_hadamard_cfg hc;
+        lowp_hadamard_cfg_init(&hc);
+        hc.seed = h->seed;
+        hc.offset = h->offset;
+        hc.group_offs = go;
+        hc.groups = go ? G : 0;
+        hc.threads = threads;
+        lowp_tensor at = {LOWP_FORMAT_F32, C, T, a, LOWP_DEVICE_HOST};
+        lowp_tensor bt = {LOWP_FORMAT_F32, C, T, b, LOWP_DEVICE_HOST};
+        st = lowp_hadamard16(&at, &bt, &hc);
+        if (st == LOWP_OK) transpose_f32(b, C, T, a, threads);
+        lowp_prof_pop();
+    }
+    lowp_host_free(b);
+    if (st != LOWP_OK) {
+        lowp_host_free(a);
+        a = NULL;
+    }
+    *out = a;
+    return st;
+}
+
 /* dY's copies for the backward's two GEMMs: row-wise for dgrad (when dyrow is not NULL),
- * column-wise per group for wgrad; records dY's amax in the delayed-scaling state (not when
- * recomputing). T rows of N. */
+ * column-wise per group for wgrad (after the Hadamard transform under h, when not NULL);
+ * records dY's amax in the delayed-scaling state (not when recomputing). T rows of N. With
+ * SR the dgrad copy takes its words first, then the wgrad copy. */
 static lowp_status grad_output_copies(const char *fn, const plan *p, const lowp_tensor *dy,
                                       int64_t T, int64_t N, const int32_t *go, int32_t G,
-                                      int recompute, int32_t threads, lowp_qtensor *dyrow,
-                                      lowp_qtensor *dycol) {
+                                      const lowp_linear_opts *opts, const sr_draw *h,
+                                      lowp_qtensor *dyrow, lowp_qtensor *dycol) {
     const lowp_operand_spec *gs = &p->cfg.grad_output;
+    const int32_t threads = opts ? opts->threads : 0;
+    const int recompute = opts ? opts->recompute : 0;
     lowp_status st;
     if (dyrow &&
         (st = qt_alloc(fn, dyrow, gs, p->dgrad_q ? COPY_Q : p->hp, T, N, NULL, 0)) != LOWP_OK)
@@ -813,7 +913,25 @@ static lowp_status grad_output_copies(const char *fn, const plan *p, const lowp_
     const float *scale = delayed_scale(p, gs, LOWP_ROLE_GRAD_OUTPUT);
     float amax = 0.0f;
     lowp_tensor dyv = {LOWP_FORMAT_F32, T, N, dy->data, LOWP_DEVICE_HOST};
-    st = fill_copies(fn, &dyv, gs, dyrow, dycol, scale, scale ? &amax : NULL, threads);
+    sr_draw d;
+    const sr_draw *sr;
+    if ((st = sr_take(fn, opts, gs, "grad_output", T, N, 1 + (dyrow != NULL), &d, &sr)) != LOWP_OK)
+        return st;
+    if (!h) {
+        st = fill_copies(fn, &dyv, gs, dyrow, dycol, scale, scale ? &amax : NULL, threads, sr);
+    } else {
+        float *z = NULL;
+        st = dyrow
+                 ? fill_copies(fn, &dyv, gs, dyrow, NULL, scale, scale ? &amax : NULL, threads, sr)
+                 : LOWP_OK;
+        if (st == LOWP_OK) st = hadamard_tokens(fn, &dyv, go, G, h, threads, &z);
+        if (st == LOWP_OK) {
+            const sr_draw next = {d.seed, d.offset + (dyrow ? (uint64_t) (T * N) : 0)};
+            lowp_tensor zv = {LOWP_FORMAT_F32, T, N, z, LOWP_DEVICE_HOST};
+            st = fill_copies(fn, &zv, gs, NULL, dycol, scale, NULL, threads, sr ? &next : NULL);
+        }
+        lowp_host_free(z);
+    }
     if (st != LOWP_OK) return st;
     if (scale && !recompute) return lowp_fp8_state_record(p->fp8, LOWP_ROLE_GRAD_OUTPUT, amax);
     return LOWP_OK;
@@ -824,8 +942,10 @@ static lowp_status grad_output_copies(const char *fn, const plan *p, const lowp_
  * (the role's scale moves only at the end of the step; its amax is already recorded). */
 static lowp_status input_columns(const char *fn, const plan *p, const lowp_tensor *x,
                                  const lowp_linear_saved *saved, int64_t T, int64_t K,
-                                 const int32_t *go, int32_t G, int32_t threads, lowp_qtensor *xcol,
-                                 const lowp_qtensor **xc, int *kn) {
+                                 const int32_t *go, int32_t G, const lowp_linear_opts *opts,
+                                 const sr_draw *h, lowp_qtensor *xcol, const lowp_qtensor **xc,
+                                 int *kn) {
+    const int32_t threads = opts ? opts->threads : 0;
     const lowp_operand_spec *is = &p->cfg.input;
     lowp_status st;
     *xc = xcol;
@@ -840,8 +960,17 @@ static lowp_status input_columns(const char *fn, const plan *p, const lowp_tenso
         if ((st = qt_alloc(fn, xcol, is, p->wgrad_q ? COPY_Q : p->hp, K, T, go, G)) != LOWP_OK)
             return st;
         lowp_tensor xv = {LOWP_FORMAT_F32, T, K, x->data, LOWP_DEVICE_HOST};
-        return fill_copies(fn, &xv, is, NULL, xcol, delayed_scale(p, is, LOWP_ROLE_INPUT), NULL,
-                           threads);
+        float *z = NULL; /* X after the Hadamard transform along the tokens */
+        if (h && (st = hadamard_tokens(fn, &xv, go, G, h, threads, &z)) != LOWP_OK) return st;
+        if (z) xv.data = z;
+        sr_draw d;
+        const sr_draw *sr;
+        st = sr_take(fn, opts, is, "input", T, K, 1, &d, &sr);
+        if (st == LOWP_OK)
+            st = fill_copies(fn, &xv, is, NULL, xcol, delayed_scale(p, is, LOWP_ROLE_INPUT), NULL,
+                             threads, sr);
+        lowp_host_free(z);
+        return st;
     }
     return LOWP_OK;
 }
@@ -872,7 +1001,6 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
     const int64_t N = w->rows, K = w->cols, M = x->rows;
     const int32_t G = grouped ? w->groups : 1;
     const int32_t threads = opts ? opts->threads : 0;
-    const int recompute = opts ? opts->recompute : 0;
     const int64_t T = grouped ? offs[G - 1] : M;
     plan p;
     plan_of(w, opts, &p);
@@ -880,8 +1008,15 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
         if ((st = weight_operands(fn, w, &p, 0, dx != NULL, threads, &wc, &owned)) != LOWP_OK)
             goto out;
         const int32_t *go = grouped ? offs : NULL;
-        st = grad_output_copies(fn, &p, dy, T, N, go, G, recompute, threads, dx ? &dyrow : NULL,
-                                &dycol);
+        /* One sign word per backward, for both wgrad operands, before any SR words. */
+        sr_draw hd;
+        const sr_draw *h = NULL;
+        if (p.cfg.wgrad_hadamard && p.wgrad_q) {
+            if ((st = rng_take(fn, opts, "hadamard", "cfg.wgrad_hadamard", 1, &hd)) != LOWP_OK)
+                goto out;
+            h = &hd;
+        }
+        st = grad_output_copies(fn, &p, dy, T, N, go, G, opts, h, dx ? &dyrow : NULL, &dycol);
         if (st != LOWP_OK) goto out;
         lowp_gemm_cfg gc;
         lowp_gemm_cfg_init(&gc);
@@ -895,7 +1030,7 @@ static lowp_status backward(const char *fn, int grouped, lowp_param *w, const lo
         }
         const lowp_qtensor *xc = NULL;
         int xkn = 0;
-        st = input_columns(fn, &p, x, saved, T, K, go, G, threads, &xcol, &xc, &xkn);
+        st = input_columns(fn, &p, x, saved, T, K, go, G, opts, h, &xcol, &xc, &xkn);
         if (st != LOWP_OK) goto out;
         gc.accumulate = 1; /* dW adds into the FP32 gradient: micro-batches add up */
         lowp_tensor gt = {LOWP_FORMAT_F32, (int64_t) G * N, K, w->grad, LOWP_DEVICE_HOST};

@@ -81,6 +81,24 @@ void lowp_trainer_free(lowp_trainer *t) {
     free(t);
 }
 
+/* A recipe with stochastic rounding or the Hadamard transform (the FP4 recipes) draws from the
+ * tracker's states "stochastic_rounding" (seed + 1) and "hadamard" (seed + 2), which the
+ * trainer adds after "default" (seed); lowp.torch's trainer adds the same (docs/numerics.md
+ * 4b). Other recipes leave the tracker as it was, so their checkpoints do not change. */
+static lowp_status add_fp4_states(lowp_trainer *t, const lowp_recipe *recipe) {
+    int need = 0;
+    for (int32_t i = 0; i < recipe->nrules && i < LOWP_RECIPE_MAX_RULES; i++) {
+        const lowp_recipe_rule *r = &recipe->rules[i];
+        need |= !r->high_precision &&
+                (r->cfg.wgrad_hadamard || r->cfg.input.rounding == LOWP_ROUNDING_SR ||
+                 r->cfg.grad_output.rounding == LOWP_ROUNDING_SR);
+    }
+    if (!need) return LOWP_OK;
+    lowp_status st = lowp_rng_tracker_add(&t->rng, "stochastic_rounding", t->cfg.seed + 1);
+    if (st == LOWP_OK) st = lowp_rng_tracker_add(&t->rng, "hadamard", t->cfg.seed + 2);
+    return st;
+}
+
 lowp_status lowp_trainer_create(lowp_model *model, const lowp_data *data, const lowp_recipe *recipe,
                                 const lowp_trainer_cfg *cfg, lowp_trainer **out) {
     const char *fn = "lowp_trainer_create";
@@ -129,6 +147,7 @@ lowp_status lowp_trainer_create(lowp_model *model, const lowp_data *data, const 
     acfg.threads = t->cfg.threads; /* the trainer's thread count rules the optimizer too */
     if ((st = lowp_adamw_create(t->params, t->n, &acfg, &t->opt)) != LOWP_OK) goto fail;
     if ((st = lowp_rng_tracker_init(&t->rng, t->cfg.seed)) != LOWP_OK) goto fail;
+    if (recipe && (st = add_fp4_states(t, recipe)) != LOWP_OK) goto fail;
     size_t bt = (size_t) t->cfg.batch * (size_t) t->cfg.seq_len;
     t->tokens = malloc(bt * sizeof *t->tokens);
     t->targets = malloc(bt * sizeof *t->targets);
@@ -228,7 +247,7 @@ static lowp_model_run train_run(lowp_trainer *t, int training) {
     memset(&r, 0, sizeof r);
     r.training = training;
     r.activation_checkpoint = training ? t->cfg.activation_checkpoint : 0;
-    r.rng = (training && t->mcfg.dropout > 0) ? &t->rng : NULL;
+    r.rng = (training && (t->mcfg.dropout > 0 || t->rng.count > 1)) ? &t->rng : NULL;
     r.autocast = NULL;
     r.threads = t->cfg.threads;
     return r;

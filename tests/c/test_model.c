@@ -157,7 +157,8 @@ static int same_bits(const void *a, const void *b, size_t n) {
 }
 
 /* (2) Activation checkpointing on and off: the same losses, gradients, FP8 delayed-scaling
- * histories and dropout generator states, bit for bit, over a few steps. */
+ * histories and generator states (dropout's, and nvfp4's SR and Hadamard states), bit for bit,
+ * over a few steps. */
 static void test_checkpoint_equal(const char *recipe_name) {
     lowp_moe_config c = small_cfg();
     c.dim = 32; /* MX and block formats quantize in blocks of 32 */
@@ -176,6 +177,10 @@ static void test_checkpoint_equal(const char *recipe_name) {
         lowp_status st = lowp_train_prepare(ps[k], np[k], &r);
         CHECKF(st == LOWP_OK, "prepare %s: %s", recipe_name, lowp_last_error());
         lowp_rng_tracker_init(&rng[k], 99);
+        if (strcmp(recipe_name, "nvfp4") == 0) { /* SR and the Hadamard signs draw too */
+            CHECK_OK(lowp_rng_tracker_add(&rng[k], "stochastic_rounding", 100));
+            CHECK_OK(lowp_rng_tracker_add(&rng[k], "hadamard", 101));
+        }
     }
     enum { B = 3, T = 8 };
     int32_t tok[B * T], tgt[B * T];
@@ -585,6 +590,7 @@ int main(void) {
     test_checkpoint_equal("bf16");
     test_checkpoint_equal("fp8_delayed");
     test_checkpoint_equal("mix");
+    test_checkpoint_equal("nvfp4"); /* the backward's draws are not rewound with dropout's */
     test_loss_falls();
     test_attention_blocks();
     test_attention_rows();

@@ -334,8 +334,7 @@ static void check_once_per_step(int64_t M, int64_t N, int64_t K) {
                 CHECK(layer_forward(&L[i], NULL, &s) == LOWP_OK); /* no backward follows it */
                 memcpy(y1, L[i].y, sizeof(float) * (size_t) (L[i].M * L[i].N));
                 lowp_linear_saved_free(s);
-                const lowp_linear_opts re = {1, 0, 0, 0,
-                                             0}; /* activation checkpointing: recompute */
+                const lowp_linear_opts re = {1, 0, 0, 0, 0, NULL}; /* activation checkpointing */
                 CHECK(layer_forward(&L[i], &re, &s2) == LOWP_OK);
                 CHECK(same_bits(y1, L[i].y, L[i].M * L[i].N));
                 CHECK(layer_backward(&L[i], NULL, s2) == LOWP_OK);
@@ -402,7 +401,7 @@ static void check_delayed(int64_t M, int64_t N, int64_t K) {
         memcpy(hist + r0 * len, st->roles[r0].history, sizeof(float) * (size_t) len);
     /* A recomputed forward, even of a larger x, records nothing... */
     for (int64_t i = 0; i < M * K; i++) L.x[i] *= 2.0f;
-    const lowp_linear_opts re = {1, 0, 0, 0, 0};
+    const lowp_linear_opts re = {1, 0, 0, 0, 0, NULL};
     CHECK(layer_forward(&L, &re, NULL) == LOWP_OK);
     for (int64_t i = 0; i < M * K; i++) L.x[i] *= 0.5f;
     for (int r0 = 0; r0 < 3; r0++) CHECK(same_bits(hist + r0 * len, st->roles[r0].history, len));
@@ -462,7 +461,7 @@ static void check_threads(const char *preset, int32_t G, int64_t M, int64_t N, i
     const uint64_t seed = tu_rng;
     for (int t = 0; t < 2; t++) {
         twin_make(&L[t], seed, preset, -1, G, sizes, M, N, K);
-        const lowp_linear_opts o = {0, t + 1, 0, 0, 0};
+        const lowp_linear_opts o = {0, t + 1, 0, 0, 0, NULL};
         for (int step = 0; step < 2; step++) {
             lowp_linear_saved *sv = NULL;
             CHECK(layer_forward(&L[t], &o, &sv) == LOWP_OK);
@@ -530,7 +529,7 @@ static void reuse_layer(layer *L, const char *preset, int32_t G, const int32_t *
  * the old x; without reuse_input, after a backward, or with delayed scaling, of the new x. */
 static void check_reuse(const char *preset, int32_t G, int64_t M, int64_t N, int64_t K) {
     const int32_t sizes[3] = {(int32_t) (M / 3), 0, (int32_t) (M / 2)};
-    const lowp_linear_opts again = {0, 0, 0, 0, 1};
+    const lowp_linear_opts again = {0, 0, 0, 0, 1, NULL};
     const int64_t ng = G ? G : 1;
     const uint64_t seed = tu_rng;
     layer L[2][2]; /* [run: 0 without, 1 with reuse][weight] */
@@ -693,7 +692,7 @@ static void check_wgrad_hp(int64_t M, int64_t N, int64_t K) {
 /* fp32_plain: a plain weight multiplies in F32 (a float reference); a wrapped one ignores it. */
 static void check_fp32_plain(int64_t M, int64_t N, int64_t K) {
     const int32_t sizes[3] = {(int32_t) (M / 3), 1, (int32_t) (M / 2)};
-    const lowp_linear_opts f32 = {0, 0, 1, 0, 0};
+    const lowp_linear_opts f32 = {0, 0, 1, 0, 0, NULL};
     for (int32_t G = 0; G <= 3; G += 3) {
         layer L;
         layer_make(&L, "fc", G, sizes, M, N, K);
@@ -726,7 +725,7 @@ static void check_fp32_plain(int64_t M, int64_t N, int64_t K) {
  * a new version (the weights moved) is seen. */
 static void check_cache_plain(int64_t M, int64_t N, int64_t K) {
     const int32_t sizes[3] = {(int32_t) (M / 3), 0, (int32_t) (M / 2)};
-    const lowp_linear_opts cached = {0, 0, 0, 1, 0};
+    const lowp_linear_opts cached = {0, 0, 0, 1, 0, NULL};
     for (int32_t G = 0; G <= 3; G += 3) {
         layer a, b;
         layer_make(&a, "fc", G, sizes, M, N, K);
@@ -762,7 +761,7 @@ static void check_cache_plain(int64_t M, int64_t N, int64_t K) {
         layer_drop(&a);
         layer_drop(&b);
     }
-    const lowp_linear_opts bad = {0, 0, 0, 2, 0};
+    const lowp_linear_opts bad = {0, 0, 0, 2, 0, NULL};
     layer L;
     layer_make(&L, "fc", 0, sizes, M, N, K);
     CHECK(layer_forward(&L, &bad, NULL) == LOWP_ERR_INVALID_ARG);
@@ -843,8 +842,8 @@ static void check_bad_forward(layer *L, layer *G, const int32_t *sizes, int64_t 
     xb.format = LOWP_FORMAT_BF16;
     CHECK(lowp_linear_forward(&L->p, NULL, &xb, &y, NULL, NULL) == LOWP_ERR_UNSUPPORTED &&
           says("x.format"));
-    const lowp_linear_opts badopts = {2, 0, 0, 0, 0}, badthreads = {0, -1, 0, 0, 0},
-                           badf32 = {0, 0, 3, 0, 0};
+    const lowp_linear_opts badopts = {2, 0, 0, 0, 0, NULL}, badthreads = {0, -1, 0, 0, 0, NULL},
+                           badf32 = {0, 0, 3, 0, 0, NULL};
     CHECK(lowp_linear_forward(&L->p, NULL, &x, &y, &badopts, NULL) == LOWP_ERR_INVALID_ARG &&
           says("opts.recompute (2)"));
     CHECK(lowp_linear_forward(&L->p, NULL, &x, &y, &badthreads, NULL) == LOWP_ERR_INVALID_ARG &&

@@ -189,6 +189,7 @@ def test_resume_bit_exact():
     cases = [("fp8_delayed", "1"), ("mix", "2")] if not QUICK else [("fp8_delayed", "1")]
     if not QUICK:
         cases.append(("all_block_fp8", "1"))
+        cases.append(("nvfp4", "1"))  # the SR and Hadamard states' offsets resume too
     for recipe, threads in cases:
         name = f"resume {recipe} (threads {threads})"
         th = ["--threads", threads]
