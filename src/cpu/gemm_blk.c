@@ -4,6 +4,7 @@
  * 6). Compiled with AVX-512 F/BW/VL/DQ. */
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 
 #include "gemm_blk.h"
 #include "transpose_avx512.h"
@@ -58,7 +59,7 @@ typedef struct blk_ctx {
      * tensor decode scales of a and b */
     int nv;
     float nv_da, nv_db;
-    uint16_t nvlut[256][16];
+    uint16_t nvlut[256][16]; /* last: lowp_gemm_blk_run clears the context up to it */
 } blk_ctx;
 
 static int64_t rup32(int64_t x) {
@@ -810,7 +811,7 @@ __attribute__((target("prfchw"))) void lowp_gemm_prefetch_c(const lowp_gemm_job 
 
 void lowp_gemm_blk_run(const lowp_gemm_job *j, const lowp_gemm_blk_kernel *kern) {
     blk_ctx x;
-    memset(&x, 0, sizeof x);
+    memset(&x, 0, offsetof(blk_ctx, nvlut)); /* the table is written only for NVFP4 jobs */
     x.j = j;
     x.kern = kern;
     x.K = j->k1 - j->k0 > 0 ? j->k1 - j->k0 : 0;

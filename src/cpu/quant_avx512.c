@@ -5,6 +5,7 @@
  *   quant_avx512_mx.c      MX32, with the byte encoder's band path for dual-axis BF16 input;
  *   quant_avx512_block.c   Block FP8: BLOCK128, BLOCK128X128, BLOCK32X32;
  *   quant_avx512_tensor.c  the binary32-scale kinds TENSOR and ROW;
+ *   quant_avx512_nv.c      NVFP4: NV16 (with its grouped copy), NV16X16;
  * all built from the pieces of quant_avx512_simd.h. This file also holds the dispatcher's
  * whole-tensor passes (the TENSOR amax, the column maxima of ROW's columnwise copy), which
  * quant.c uses with these kernels. The measurements behind the kernels' choices are in
@@ -60,7 +61,8 @@ static q512_plan plan_of(const lowp_quant_job *j) {
 int lowp_cpu_quant_avx512_supports(const lowp_quant_job *j) {
     if (j->efmt == E2M1)
         return (j->xfmt == LOWP_FORMAT_F32 || j->xfmt == LOWP_FORMAT_BF16) &&
-               j->scaling == LOWP_SCALING_MX32;
+               (j->scaling == LOWP_SCALING_MX32 || j->scaling == LOWP_SCALING_NV16 ||
+                j->scaling == LOWP_SCALING_NV16X16);
     return lowp_quant_job_fp8(j);
 }
 
@@ -73,6 +75,8 @@ void lowp_cpu_quant_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1) {
     case LOWP_SCALING_BLOCK128:
     case LOWP_SCALING_BLOCK128X128:
     case LOWP_SCALING_BLOCK32X32: lowp_cpu_q512_block(j, r0, r1, &p); break;
+    case LOWP_SCALING_NV16:
+    case LOWP_SCALING_NV16X16: lowp_cpu_q512_nv(j, r0, r1, &p); break;
     default: break;
     }
     /* Non-temporal stores are weakly ordered: make them visible before the caller (or the

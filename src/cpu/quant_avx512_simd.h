@@ -1048,5 +1048,8 @@ LOWP_HIDDEN void lowp_cpu_q512_block(const lowp_quant_job *j, int64_t r0, int64_
                                      const q512_plan *p);
 LOWP_HIDDEN void lowp_cpu_q512_tensor(const lowp_quant_job *j, int64_t r0, int64_t r1,
                                       const q512_plan *p);
+/* quant_avx512_nv.c: NV16, NV16X16 (E2M1 elements). */
+LOWP_HIDDEN void lowp_cpu_q512_nv(const lowp_quant_job *j, int64_t r0, int64_t r1,
+                                  const q512_plan *p);
 
 #endif

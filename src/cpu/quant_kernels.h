@@ -66,6 +66,9 @@ LOWP_HIDDEN void lowp_cpu_dequant_ref(const lowp_qtensor *q, float *out, int64_t
 /* The AVX-512 kernels, bit-exact with the reference; supports() says which jobs they take. */
 LOWP_HIDDEN int lowp_cpu_quant_avx512_supports(const lowp_quant_job *j);
 LOWP_HIDDEN void lowp_cpu_quant_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1);
+/* NV16's grouped columnwise copy on AVX-512 (quant_avx512_nv.c): output rows (input columns)
+ * [c0, c1), c0 a multiple of 16; the tensor scale set. */
+LOWP_HIDDEN void lowp_cpu_quant_grouped_avx512_nv(const lowp_quant_job *j, int64_t c0, int64_t c1);
 
 /* The AVX2 kernel (E4M3 and E5M2 outputs), bit-exact with the reference. */
 LOWP_HIDDEN int lowp_cpu_quant_avx2_supports(const lowp_quant_job *j);
