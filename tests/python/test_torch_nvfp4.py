@@ -118,12 +118,50 @@ def test_quantize_bf16_input_and_stack_native_equals_portable(kind):
     assert len(ds) == 3
 
 
+def boundaries(amax, seed):
+    """x [48, 64] of amax `amax` whose blocks have their maxima a few ulps around the values
+    where the block scale's E4M3 code changes (v = bamax * (S * sixth) at a midpoint of two
+    codes) and whose elements lie a few ulps around E2M1 midpoints under their block's factor:
+    where the order of each rounded step matters."""
+    rng = np.random.default_rng(seed)
+    s_enc, s_dec = N.tensor_scale(np.float64(np.float32(amax)))
+    k = np.float32(np.float32(s_enc) * np.float32(N.SIXTH))
+    vals = N.e4m3_values(np.arange(0, 0x7F, dtype=np.uint8)).astype(np.float64)
+    mids = ((vals[1:] + vals[:-1]) / 2)[rng.integers(0, 125, 48 * 4)]
+    bamax = (mids / np.float64(k)).astype(np.float32)
+    bamax = np.nextafter(bamax, np.float32(np.inf) * rng.choice([-1, 1], bamax.shape))
+    bamax = np.minimum(bamax, np.float32(amax)).reshape(48, 4)
+    codes = N.block_codes(bamax.astype(np.float64), np.float64(np.float32(s_enc)))
+    f = N.elem_factor(codes, s_dec).astype(np.float32)
+    e2 = np.float32([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])[rng.integers(0, 7, (48, 4, 16))]
+    x = (e2 / f[:, :, None]).astype(np.float32)
+    x = np.nextafter(x, np.float32(np.inf) * rng.choice([-1, 1], x.shape)).astype(np.float32)
+    x = np.minimum(np.abs(x), bamax[:, :, None]) * rng.choice([-1, 1], x.shape)
+    x[:, :, 0] = bamax * rng.choice([-1, 1], bamax.shape)
+    x = x.reshape(48, 64).astype(np.float32)
+    x[0, 0] = np.float32(amax)
+    return x
+
+
+@pytest.mark.parametrize("amax,seed", [(2688.0, 1), (2688.0 * 1.37, 2), (5.1e-3, 3),
+                                       (2688.0 * 2.0 ** 11 * 1.9, 4)])
+def test_quantize_at_rounding_boundaries_equals_reference(amax, seed):
+    """Block maxima and elements a few ulps around the rounding boundaries of the block scale
+    and of the elements: both kernels give the reference's bytes (each rounded step of 4b
+    computed in its order)."""
+    x = boundaries(amax, seed)
+    want = N.quantize(x)
+    for portable in (False, True):
+        rd, rs = quantize(x, "nv16", "row", portable)[:2]
+        check_copy(rd, rs, want, "nv16", 48, 64)
+
+
 @pytest.mark.parametrize("offs", [[0, 5, 5, 40, 77], [77], [0, 0], [16, 32, 48], [3, 30]])
 def test_grouped_quantize_equals_reference(offs):
     """Grouped columnwise copies along tokens (MoE weight gradients): blocks restart at every
     group end, empty groups hold no block, tokens past offs[-1] hold code 0, and the tensor
     scale is that of the tokens in groups (here the tail holds the largest value)."""
-    x = with_specials(awkward(80, 23, 7))
+    x = awkward(80, 23, 7)
     x[-1, :] = 1.0e30
     codes, scales, d = N.quantize_grouped(x, offs)
     for portable in (False, True):
