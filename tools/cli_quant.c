@@ -7,9 +7,11 @@
  *   OUT.data.npy       uint8 [R, C] codes of the rowwise copy ([R, ceil(C/2)] for e2m1: two
  *                      codes per byte, element 2i in the low nibble)
  *   OUT.scale.npy      its scales in lowp's canonical layout: uint8 E8M0 codes (mx32,
- *                      block32x32) or float32 scale_inv (tensor, row, block128, block128x128)
+ *                      block32x32), uint8 E4M3 block scale codes (nv16, nv16x16) or float32
+ *                      scale_inv (tensor, row, block128, block128x128)
+ *   OUT.tensor_scale.npy  nv16, nv16x16: the float32 tensor decode scale D, shape (1,)
  *   OUT.col.data.npy   the columnwise copy: X^T [C, R] quantized along R (--axis col|both)
- *   OUT.col.scale.npy  its scales
+ *   OUT.col.scale.npy  its scales (and OUT.col.tensor_scale.npy)
  *   OUT.json           the metadata `lowp dequantize` reads back, written last (atomically,
  *                      after any old OUT.json is removed), with a 64-bit FNV-1a hash of each
  *                      array's bytes ("row_data_fnv1a64", ...): dequantize refuses codes and
@@ -30,21 +32,25 @@
 #include "npy.h"
 
 static const char QUANT_USAGE[] =
-    "usage: lowp quantize --format e4m3|e5m2|e2m1\n"
-    "                     --scaling tensor|row|mx32|block128|block128x128|block32x32\n"
+    "usage: lowp quantize --format e4m3|e5m2|e2m1|nvfp4\n"
+    "                     --scaling tensor|row|mx32|block128|block128x128|block32x32|nv16|\n"
+    "                               nv16x16\n"
     "                     [--scale-mode rceil|floor|ceil|even] [--pow2 | --no-pow2] [--eps X]\n"
     "                     [--axis row|col|both] [--threads N] IN.npy OUT\n"
     "\n"
-    "Quantize a 2-D float32 .npy array X [R, C] as lowp_quantize does (docs/numerics.md 3-4).\n"
+    "Quantize a 2-D float32 .npy array X [R, C] as lowp_quantize does (docs/numerics.md 3-4b).\n"
     "Writes OUT.data.npy (uint8 element codes [R, C]; e2m1 packed two per byte along the row,\n"
     "element 2i in the low nibble) and OUT.scale.npy (scales in lowp's canonical layout: uint8\n"
-    "E8M0 codes for mx32 and block32x32, float32 scale_inv for the others) for the rowwise copy;\n"
-    "OUT.col.data.npy and OUT.col.scale.npy for the columnwise copy (X^T [C, R] quantized along\n"
-    "R); and OUT.json with the metadata.\n"
+    "E8M0 codes for mx32 and block32x32, uint8 E4M3 codes for nv16 and nv16x16, float32\n"
+    "scale_inv for the others; nv16 and nv16x16 add OUT.tensor_scale.npy, the float32 tensor\n"
+    "decode scale, shape (1,)) for the rowwise copy; OUT.col.* for the columnwise copy (X^T\n"
+    "[C, R] quantized along R); and OUT.json with the metadata.\n"
     "\n"
-    "  --format F        element format: e4m3, e5m2, or e2m1 (mx32 only)\n"
+    "  --format F        element format: e4m3, e5m2, or e2m1 (mx32, nv16, nv16x16 only);\n"
+    "                    nvfp4 is e2m1 with --scaling nv16 unless another nv kind is given\n"
     "  --scaling K       scaling kind (one scale per tensor, per row, per 1x32 block with E8M0\n"
-    "                    scales, per 1x128 block, per 128x128 tile, per 32x32 tile with E8M0)\n"
+    "                    scales, per 1x128 block, per 128x128 tile, per 32x32 tile with E8M0,\n"
+    "                    NVFP4: per 1x16 block or 16x16 tile with E4M3, and a tensor scale)\n"
     "  --scale-mode M    mx32/block32x32: how the E8M0 scale is derived from the block amax;\n"
     "                    default rceil for mx32, floor for block32x32\n"
     "  --pow2, --no-pow2 binary32 kinds: round scales down to powers of two (default: on for\n"
@@ -101,10 +107,10 @@ static const char *mode_name(lowp_scale_mode m) {
     }
 }
 
-/* The six quantization kinds (not "none", lowp's name for an unscaled GEMM operand). */
+/* The eight quantization kinds (not "none", lowp's name for an unscaled GEMM operand). */
 static int parse_scaling(const char *s, lowp_scaling *out) {
-    static const char *const kinds[] = {"tensor",   "row",          "mx32",
-                                        "block128", "block128x128", "block32x32"};
+    static const char *const kinds[] = {"tensor",       "row",        "mx32", "block128",
+                                        "block128x128", "block32x32", "nv16", "nv16x16"};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (strcmp(s, kinds[i]) == 0) return lowp_scaling_from_name(s, out) == LOWP_OK;
     return 0;
@@ -117,6 +123,11 @@ static int parse_elem_format(const char *s, lowp_format *out) {
 
 static int is_e8m0_kind(lowp_scaling s) {
     return s == LOWP_SCALING_MX32 || s == LOWP_SCALING_BLOCK32X32;
+}
+
+/* NVFP4: E4M3 block scales and a binary32 tensor scale after them (section 4b). */
+static int is_nv_kind(lowp_scaling s) {
+    return s == LOWP_SCALING_NV16 || s == LOWP_SCALING_NV16X16;
 }
 
 /* 64-bit FNV-1a of an array's bytes: what OUT.json records to bind the set of files. */
@@ -159,16 +170,24 @@ typedef struct quant_args {
 static int interpret_quant_opts(const lowp_cli_args *p, const quant_opts *o, quant_args *a) {
     if (!o->format)
         return lowp_cli_fail(QCMD, 2,
-                             "missing --format e4m3|e5m2|e2m1 (see `lowp quantize --help`)");
-    if (!parse_elem_format(o->format, &a->format))
-        return lowp_cli_fail(QCMD, 2, "--format: '%s' is not e4m3, e5m2 or e2m1", o->format);
-    if (!o->scaling)
+                             "missing --format e4m3|e5m2|e2m1|nvfp4 (see `lowp quantize --help`)");
+    const int nvfp4 = strcmp(o->format, "nvfp4") == 0;
+    if (nvfp4)
+        a->format = LOWP_FORMAT_E2M1;
+    else if (!parse_elem_format(o->format, &a->format))
+        return lowp_cli_fail(QCMD, 2, "--format: '%s' is not e4m3, e5m2, e2m1 or nvfp4", o->format);
+    if (!o->scaling && nvfp4)
+        a->scaling = LOWP_SCALING_NV16;
+    else if (!o->scaling)
         return lowp_cli_fail(QCMD, 2, "missing --scaling KIND (see `lowp quantize --help`)");
-    if (!parse_scaling(o->scaling, &a->scaling))
+    else if (!parse_scaling(o->scaling, &a->scaling))
         return lowp_cli_fail(QCMD, 2,
-                             "--scaling: '%s' is not tensor, row, mx32, block128, block128x128 or "
-                             "block32x32",
+                             "--scaling: '%s' is not tensor, row, mx32, block128, block128x128, "
+                             "block32x32, nv16 or nv16x16",
                              o->scaling);
+    if (nvfp4 && !is_nv_kind(a->scaling))
+        return lowp_cli_fail(QCMD, 2, "--format nvfp4 needs --scaling nv16 or nv16x16 (not %s)",
+                             lowp_scaling_name(a->scaling));
     if (o->scale_mode && (lowp_scale_mode_from_name(o->scale_mode, &a->cfg.scale_mode) != LOWP_OK ||
                           a->cfg.scale_mode == LOWP_SCALE_MODE_DEFAULT))
         return lowp_cli_fail(QCMD, 2, "--scale-mode: '%s' is not rceil, floor, ceil or even",
@@ -181,10 +200,14 @@ static int interpret_quant_opts(const lowp_cli_args *p, const quant_opts *o, qua
     a->cfg.threads = o->threads;
     if (o->axis && !parse_axis(o->axis, 1, &a->axis))
         return lowp_cli_fail(QCMD, 2, "--axis: '%s' is not row, col or both", o->axis);
-    if (a->format == LOWP_FORMAT_E2M1 && a->scaling != LOWP_SCALING_MX32)
-        return lowp_cli_fail(QCMD, 2, "--format e2m1 needs --scaling mx32 (not %s)",
+    if (a->format == LOWP_FORMAT_E2M1 && a->scaling != LOWP_SCALING_MX32 && !is_nv_kind(a->scaling))
+        return lowp_cli_fail(QCMD, 2,
+                             "--format e2m1 needs --scaling mx32, nv16 or nv16x16 (not %s)",
                              lowp_scaling_name(a->scaling));
-    if (is_e8m0_kind(a->scaling) && (o->pow2 || o->no_pow2 || have_eps))
+    if (is_nv_kind(a->scaling) && a->format != LOWP_FORMAT_E2M1)
+        return lowp_cli_fail(QCMD, 2, "--scaling %s needs --format e2m1 (or nvfp4), not %s",
+                             lowp_scaling_name(a->scaling), o->format);
+    if ((is_e8m0_kind(a->scaling) || is_nv_kind(a->scaling)) && (o->pow2 || o->no_pow2 || have_eps))
         return lowp_cli_fail(QCMD, 2,
                              "--pow2, --no-pow2 and --eps apply to binary32 scales (tensor, row, "
                              "block128, block128x128), not %s",
@@ -222,8 +245,15 @@ typedef struct qcopy {
     lowp_qtensor q;
     int64_t srows, scols;
     int e8m0;
-    size_t data_bytes, scale_bytes;
+    int byte_scales; /* uint8 scale codes: E8M0 or E4M3 (nv16, nv16x16) */
+    int nv;          /* nv16, nv16x16: the tensor decode scale follows at ts_off */
+    size_t data_bytes, scale_bytes, ts_off;
 } qcopy;
+
+/* Bytes of the canonical block scales (OUT.scale.npy), without an NVFP4 tensor scale. */
+static size_t block_scale_bytes(const qcopy *c) {
+    return (size_t) c->srows * (size_t) c->scols * (c->byte_scales ? 1u : 4u);
+}
 
 static int alloc_copy(qcopy *c, lowp_format f, lowp_scaling s, int64_t rows, int64_t cols) {
     memset(c, 0, sizeof *c);
@@ -232,11 +262,16 @@ static int alloc_copy(qcopy *c, lowp_format f, lowp_scaling s, int64_t rows, int
     c->q.rows = rows;
     c->q.cols = cols;
     c->q.device = LOWP_DEVICE_HOST;
+    const lowp_scaling_traits *kt;
     if (lowp_qtensor_nbytes(&c->q, &c->data_bytes, &c->scale_bytes) != LOWP_OK ||
-        lowp_qtensor_scale_shape(&c->q, &c->srows, &c->scols, &c->e8m0) != LOWP_OK)
+        lowp_qtensor_scale_shape(&c->q, &c->srows, &c->scols, &c->e8m0) != LOWP_OK ||
+        lowp_scaling_get(s, &kt) != LOWP_OK)
         return 0;
+    c->byte_scales = c->e8m0 || kt->scale_format == LOWP_FORMAT_E4M3;
+    c->nv = kt->tensor_scale;
+    if (c->nv && lowp_qtensor_tensor_scale_offset(&c->q, &c->ts_off) != LOWP_OK) return 0;
     c->q.data = malloc(c->data_bytes + 1);
-    c->q.scales = malloc(c->scale_bytes + 1);
+    c->q.scales = calloc(c->scale_bytes + 1, 1); /* the padding before a tensor scale is 0 */
     return c->q.data && c->q.scales;
 }
 
@@ -254,22 +289,34 @@ static char *file_of(const char *out, const char *tag, const char *suffix) {
     return p;
 }
 
+/* The NVFP4 tensor decode scale of a copy. */
+static float tensor_scale_of(const qcopy *c) {
+    float g;
+    memcpy(&g, (const uint8_t *) c->q.scales + c->ts_off, sizeof g);
+    return g;
+}
+
 static int write_copy(const char *out, const char *tag, const qcopy *c) {
     char err[1024];
     char *dpath = file_of(out, tag, ".data.npy"), *spath = file_of(out, tag, ".scale.npy");
+    char *tpath = c->nv ? file_of(out, tag, ".tensor_scale.npy") : NULL;
     int rc = 0;
     size_t rb;
     lowp_row_nbytes(c->q.format, c->q.cols, &rb);
     int64_t dshape[2] = {c->q.rows, (int64_t) rb};
-    int64_t sshape[2] = {c->srows, c->scols};
-    if (!dpath || !spath)
+    int64_t sshape[2] = {c->srows, c->scols}, tshape[1] = {1};
+    const float g = c->nv ? tensor_scale_of(c) : 0.0f;
+    if (!dpath || !spath || (c->nv && !tpath))
         rc = lowp_cli_fail(QCMD, 1, "out of memory");
     else if (lowp_npy_write(dpath, LOWP_NPY_U1, 2, dshape, c->q.data, err, sizeof err) != LOWP_OK ||
-             lowp_npy_write(spath, c->e8m0 ? LOWP_NPY_U1 : LOWP_NPY_F4, 2, sshape, c->q.scales, err,
-                            sizeof err) != LOWP_OK)
+             lowp_npy_write(spath, c->byte_scales ? LOWP_NPY_U1 : LOWP_NPY_F4, 2, sshape,
+                            c->q.scales, err, sizeof err) != LOWP_OK ||
+             (c->nv &&
+              lowp_npy_write(tpath, LOWP_NPY_F4, 1, tshape, &g, err, sizeof err) != LOWP_OK))
         rc = lowp_cli_fail(QCMD, 1, "%s", err);
     free(dpath);
     free(spath);
+    free(tpath);
     return rc;
 }
 
@@ -277,7 +324,12 @@ static void json_hashes(FILE *f, const char *axis, const qcopy *c) {
     fprintf(f, "  \"%s_data_fnv1a64\": \"%016llx\",\n", axis,
             (unsigned long long) fnv1a64(c->q.data, c->data_bytes));
     fprintf(f, "  \"%s_scale_fnv1a64\": \"%016llx\",\n", axis,
-            (unsigned long long) fnv1a64(c->q.scales, c->scale_bytes));
+            (unsigned long long) fnv1a64(c->q.scales, block_scale_bytes(c)));
+    if (c->nv) {
+        const float g = tensor_scale_of(c);
+        fprintf(f, "  \"%s_tensor_scale_fnv1a64\": \"%016llx\",\n", axis,
+                (unsigned long long) fnv1a64(&g, sizeof g));
+    }
 }
 
 /* OUT.json, last, through OUT.json.tmp, fsync and rename. */
@@ -298,11 +350,13 @@ static int write_json(const quant_args *a, int64_t rows, int64_t cols, const qco
         mode =
             a->scaling == LOWP_SCALING_BLOCK32X32 ? LOWP_SCALE_MODE_FLOOR : LOWP_SCALE_MODE_RCEIL;
     const int pow2 = a->cfg.pow2_scales < 0 ? a->scaling == LOWP_SCALING_ROW : a->cfg.pow2_scales;
-    const int e8 = is_e8m0_kind(a->scaling);
+    const int e8 = is_e8m0_kind(a->scaling), nv = is_nv_kind(a->scaling);
     fprintf(f, "{\n");
     fprintf(f, "  \"format\": \"%s\",\n", t->name);
     fprintf(f, "  \"scaling\": \"%s\",\n", lowp_scaling_name(a->scaling));
-    if (e8)
+    if (nv)
+        fprintf(f, "  \"scale_mode\": null,\n  \"pow2\": null,\n  \"eps\": null,\n");
+    else if (e8)
         fprintf(f, "  \"scale_mode\": \"%s\",\n  \"pow2\": null,\n  \"eps\": null,\n",
                 mode_name(mode));
     else
@@ -310,7 +364,7 @@ static int write_json(const quant_args *a, int64_t rows, int64_t cols, const qco
                 pow2 ? "true" : "false", (double) a->cfg.eps);
     fprintf(f, "  \"rows\": %lld,\n  \"cols\": %lld,\n", (long long) rows, (long long) cols);
     fprintf(f, "  \"axis\": \"%s\",\n", axis_name(a->axis));
-    fprintf(f, "  \"scale_dtype\": \"%s\",\n", e8 ? "uint8" : "float32");
+    fprintf(f, "  \"scale_dtype\": \"%s\",\n", e8 || nv ? "uint8" : "float32");
     if (a->axis & AXIS_ROW) json_hashes(f, "row", row);
     if (a->axis & AXIS_COL) json_hashes(f, "col", col);
     fprintf(f, "  \"lowp_version\": \"%s\"\n}\n", lowp_version());
@@ -390,7 +444,7 @@ typedef struct deq_meta {
     lowp_scaling scaling;
     int written, axis;
     int64_t R, C;
-    uint64_t data_hash, scale_hash;
+    uint64_t data_hash, scale_hash, ts_hash; /* ts_hash: nv16, nv16x16's tensor scale */
 } deq_meta;
 
 static int json_hash(const char *text, const char *key, uint64_t *out) {
@@ -435,6 +489,10 @@ static int read_meta(const char *prefix, int axis, deq_meta *m) {
         else if (!json_hash(text, dk, &m->data_hash) || !json_hash(text, sk, &m->scale_hash))
             rc = lowp_cli_fail(DCMD, 2, "%s: the hashes %s and %s of the files are missing",
                                m->jpath, dk, sk);
+        snprintf(sk, sizeof sk, "%s_tensor_scale_fnv1a64", tag);
+        if (rc < 0 && is_nv_kind(m->scaling) && !json_hash(text, sk, &m->ts_hash))
+            rc = lowp_cli_fail(DCMD, 2, "%s: the hash %s of the tensor scale is missing", m->jpath,
+                               sk);
     }
     free(text);
     return rc;
@@ -442,14 +500,55 @@ static int read_meta(const char *prefix, int axis, deq_meta *m) {
 
 /* The codes and scales of the copy: shapes and dtypes as the metadata says, the very arrays it
  * describes (hashes), binary32 scales finite and positive. */
+/* nv16, nv16x16: the scales buffer lowp_dequantize reads, *buf (malloc'd): the block scale
+ * codes s, zero padding, then the tensor decode scale of OUT[.col].tensor_scale.npy (the one
+ * the metadata describes, finite and positive). -1: fine; else the exit status. */
+static int nv_scales(const char *prefix, const deq_meta *m, const lowp_qtensor *q,
+                     const lowp_npy *s, uint8_t **buf) {
+    char *tpath = file_of(prefix, m->axis == AXIS_COL ? ".col" : "", ".tensor_scale.npy");
+    char err[1024];
+    lowp_npy t;
+    memset(&t, 0, sizeof t);
+    size_t sb = 0, off = 0;
+    int rc = -1;
+    lowp_status st = LOWP_OK;
+    if (!tpath)
+        rc = lowp_cli_fail(DCMD, 1, "out of memory");
+    else if ((st = lowp_npy_read(tpath, LOWP_NPY_F4, &t, err, sizeof err)) != LOWP_OK)
+        rc = lowp_cli_fail(DCMD, st == LOWP_ERR_OUT_OF_MEMORY ? 1 : 2, "%s", err);
+    else if (t.ndim != 1 || t.shape[0] != 1)
+        rc = lowp_cli_fail(DCMD, 2, "%s: expected shape (1,) float32 (the tensor scale)", tpath);
+    else if (fnv1a64(t.data, t.nbytes) != m->ts_hash)
+        rc = lowp_cli_fail(DCMD, 2, "%s: not the tensor scale %s describes (hash differs)", tpath,
+                           m->jpath);
+    else if (!(*(const float *) t.data > 0.0f) || isinf(*(const float *) t.data))
+        rc = lowp_cli_fail(DCMD, 2,
+                           "%s: the tensor scale is %g; lowp quantize writes a finite "
+                           "positive one",
+                           tpath, (double) *(const float *) t.data);
+    else if (lowp_qtensor_nbytes(q, NULL, &sb) != LOWP_OK ||
+             lowp_qtensor_tensor_scale_offset(q, &off) != LOWP_OK)
+        rc = lowp_cli_fail(DCMD, 2, "%s: %s", m->jpath, lowp_last_error());
+    else if (!(*buf = calloc(sb + 1, 1)))
+        rc = lowp_cli_fail(DCMD, 1, "out of memory");
+    if (rc < 0) {
+        memcpy(*buf, s->data, s->nbytes);
+        memcpy(*buf + off, t.data, sizeof(float));
+    }
+    lowp_npy_free(&t);
+    free(tpath);
+    return rc;
+}
+
 static int read_copy(const char *prefix, const deq_meta *m, lowp_qtensor *q, lowp_npy *d,
-                     lowp_npy *s) {
+                     lowp_npy *s, uint8_t **nvbuf) {
     const char *tag = m->axis == AXIS_COL ? ".col" : "";
     char *dpath = file_of(prefix, tag, ".data.npy"), *spath = file_of(prefix, tag, ".scale.npy");
     char err[1024];
     int rc = -1;
     int64_t sr = 0, sc = 0;
     int e8 = 0;
+    const int nv = is_nv_kind(m->scaling);
     size_t rb = 0;
     lowp_qtensor shape = {m->format,
                           m->scaling,
@@ -462,13 +561,15 @@ static int read_copy(const char *prefix, const deq_meta *m, lowp_qtensor *q, low
                           0};
     *q = shape;
     lowp_status st = LOWP_OK;
+    const int shape_ok = lowp_qtensor_scale_shape(q, &sr, &sc, &e8) == LOWP_OK &&
+                         lowp_row_nbytes(m->format, q->cols, &rb) == LOWP_OK;
+    const int bytes = e8 || nv; /* uint8 scale codes: E8M0 or E4M3 */
     if (!dpath || !spath) {
         rc = lowp_cli_fail(DCMD, 1, "out of memory");
-    } else if (lowp_qtensor_scale_shape(q, &sr, &sc, &e8) != LOWP_OK ||
-               lowp_row_nbytes(m->format, q->cols, &rb) != LOWP_OK) {
+    } else if (!shape_ok) {
         rc = lowp_cli_fail(DCMD, 2, "%s: %s", m->jpath, lowp_last_error());
     } else if ((st = lowp_npy_read(dpath, LOWP_NPY_U1, d, err, sizeof err)) != LOWP_OK ||
-               (st = lowp_npy_read(spath, e8 ? LOWP_NPY_U1 : LOWP_NPY_F4, s, err, sizeof err)) !=
+               (st = lowp_npy_read(spath, bytes ? LOWP_NPY_U1 : LOWP_NPY_F4, s, err, sizeof err)) !=
                    LOWP_OK) {
         rc = lowp_cli_fail(DCMD, st == LOWP_ERR_OUT_OF_MEMORY ? 1 : 2, "%s", err);
     } else if (d->ndim != 2 || d->shape[0] != q->rows || d->shape[1] != (int64_t) rb) {
@@ -478,14 +579,14 @@ static int read_copy(const char *prefix, const deq_meta *m, lowp_qtensor *q, low
     } else if (s->ndim != 2 || s->shape[0] != sr || s->shape[1] != sc) {
         rc = lowp_cli_fail(DCMD, 2, "%s: shape does not match %s: expected (%lld, %lld) %s scales",
                            spath, m->jpath, (long long) sr, (long long) sc,
-                           e8 ? "uint8" : "float32");
+                           bytes ? "uint8" : "float32");
     } else if (fnv1a64(d->data, d->nbytes) != m->data_hash) {
         rc = lowp_cli_fail(DCMD, 2, "%s: not the codes %s describes (hash differs)", dpath,
                            m->jpath);
     } else if (fnv1a64(s->data, s->nbytes) != m->scale_hash) {
         rc = lowp_cli_fail(DCMD, 2, "%s: not the scales %s describes (hash differs)", spath,
                            m->jpath);
-    } else if (!e8) {
+    } else if (!bytes) {
         const float *v = s->data;
         for (size_t i = 0; i < s->count && rc < 0; i++)
             if (!(v[i] > 0.0f) || isinf(v[i]))
@@ -494,8 +595,9 @@ static int read_copy(const char *prefix, const deq_meta *m, lowp_qtensor *q, low
                                    "scales only",
                                    spath, i, (double) v[i]);
     }
+    if (rc < 0 && nv) rc = nv_scales(prefix, m, q, s, nvbuf);
     q->data = d->data;
-    q->scales = s->data;
+    q->scales = *nvbuf ? (void *) *nvbuf : s->data;
     free(dpath);
     free(spath);
     return rc;
@@ -540,9 +642,11 @@ static int run_dequantize(const char *prefix, const char *outpath, int axis) {
     memset(&d, 0, sizeof d);
     memset(&s, 0, sizeof s);
     lowp_qtensor q;
+    uint8_t *nvbuf = NULL;
     int rc = read_meta(prefix, axis, &m);
-    if (rc < 0) rc = read_copy(prefix, &m, &q, &d, &s);
+    if (rc < 0) rc = read_copy(prefix, &m, &q, &d, &s, &nvbuf);
     if (rc < 0) rc = decode_copy(&m, &q, outpath);
+    free(nvbuf);
     lowp_npy_free(&d);
     lowp_npy_free(&s);
     free(m.jpath);
