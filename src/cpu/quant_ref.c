@@ -34,11 +34,27 @@ static uint32_t get(const lowp_qtensor *q, int64_t r, int64_t c) {
     return (row[c / 2] >> (4 * (c & 1))) & 0xF;
 }
 
+/* Word w of stream seed (section 7). A Philox block gives four consecutive words and the
+ * kernels visit a copy's elements in index order, so the thread keeps its last block. */
+static uint32_t sr_word(uint64_t seed, uint64_t w) {
+    static _Thread_local struct {
+        int valid;
+        uint64_t seed, blk;
+        uint32_t out[4];
+    } c;
+    const uint64_t blk = w >> 2;
+    if (!c.valid || c.seed != seed || c.blk != blk) {
+        const uint32_t ctr[4] = {(uint32_t) blk, (uint32_t) (blk >> 32), 0, 0};
+        const uint32_t key[2] = {(uint32_t) seed, (uint32_t) (seed >> 32)};
+        lowp_philox_block(ctr, key, c.out);
+        c.valid = 1, c.seed = seed, c.blk = blk;
+    }
+    return c.out[w & 3];
+}
+
 /* The satfinite element code of a scaled value v: RNE, or SR with word offset + i. */
 static uint32_t enc_elem(const lowp_quant_job *j, float v, uint64_t i) {
-    if (j->sr)
-        return j->et->encode_sr(v, lowp_philox_word(j->seed, j->offset + i),
-                                LOWP_OVERFLOW_SATFINITE);
+    if (j->sr) return j->et->encode_sr(v, sr_word(j->seed, j->offset + i), LOWP_OVERFLOW_SATFINITE);
     return j->et->encode(v, LOWP_OVERFLOW_SATFINITE);
 }
 
