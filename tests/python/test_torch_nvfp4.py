@@ -340,19 +340,53 @@ def test_check_device_passes_the_portable_kernels_on_nvfp4_keys():
     """The portable kernels, registered as a device's kernels for every NVFP4 key, pass
     check_device's edge suite against the CPU golden kernels (split-M with 16x16 tiles on A
     included: their row slices are nv16 copies with the same values)."""
-    import importlib
+    import inspect
     import lowp.torch as lt
-    C = importlib.import_module("lowp.torch.check_device")  # the module, not the function
+    check = lt.check_device  # (the function; a module where an import of it shadowed it)
+    check = check.check_device if inspect.ismodule(check) else check
     names = []
     try:
         for op in ("quantize", "dequantize", "scaled_mm", "scaled_grouped_mm"):
             lt.register_kernel("cpu", op, L._PORTABLE[getattr(torch.ops.lowp, op).default],
                                name=f"test.nvfp4.{op}", supports=lambda k: "nv16" in str(k))
             names.append(f"test.nvfp4.{op}")
-        rep = C.check_device("cpu", kernels=names, suite="edge")
+        rep = check("cpu", kernels=names, suite="edge")
     finally:
         for n in names:
             lt.unregister_kernel(n)
     assert rep.passed and len(rep.results) > 100, rep.failures[:2]
     assert {r.op for r in rep.results} == {"quantize", "dequantize", "scaled_mm",
                                             "scaled_grouped_mm"}
+
+
+@pytest.mark.parametrize("N_", [33, 32])
+def test_kn_with_odd_n_takes_n(N_):
+    """b read as stored [K, N] holds E2M1 codes packed along N: the ops take N from `n` (an odd
+    N's last byte holds one code), split-M too."""
+    M, K, offs = 9, 40, [4, 9]
+    x = awkward(M, K, 11)
+    wt = np.stack([awkward(K, N_, 12 + g) for g in range(2)])  # stored [K, N] per expert
+    ad, asc = quantize(x, "nv16", "row")[:2]
+    bq = torch.ops.lowp.quantize(torch.from_numpy(wt), "e2m1", "nv16x16", "", -1, 0.0, "row")
+    a = deq(ad, asc, "e2m1", "nv16", M, K)
+    b0 = deq(bq[0][0], bq[1][0], "e2m1", "nv16x16", K, N_).t()
+    for got in run_both(torch.ops.lowp.scaled_mm, ad, asc, "e2m1", "nv16", bq[0][0], bq[1][0],
+                        "e2m1", "nv16x16", K, "f32", True, N_):
+        assert got.shape == (M, N_)
+        within_bound(got, a, b0)
+    o = torch.tensor(offs, dtype=torch.int32)
+    for got in run_both(torch.ops.lowp.scaled_grouped_mm, ad, asc, "e2m1", "nv16", bq[0], bq[1],
+                        "e2m1", "nv16x16", o, K, False, "f32", True, N_):
+        assert got.shape == (M, N_)
+        within_bound(got[:4], a[:4], b0)
+        within_bound(got[4:], a[4:], deq(bq[0][1], bq[1][1], "e2m1", "nv16x16", K, N_).t())
+
+
+def test_n_is_refused_where_it_does_not_apply():
+    ad, asc = quantize(awkward(4, 32, 1), "nv16", "row")[:2]
+    with pytest.raises(ValueError, match=r"n \(8\) is N of a b read as stored"):
+        torch.ops.lowp.scaled_mm(ad, asc, "e2m1", "nv16", ad, asc, "e2m1", "nv16", 32, "f32",
+                                 False, 8)
+    with pytest.raises(ValueError, match=r"n \(-2\) must be an int >= -1"):
+        torch.ops.lowp.scaled_mm(ad, asc, "e2m1", "nv16", ad, asc, "e2m1", "nv16", 32, "f32",
+                                 False, -2)

@@ -28,6 +28,7 @@ def _cases():
     xt, xts, _, _ = _q(X, scaling="tensor")
     nd, nsc, _, _ = _q(X, "e2m1", "nv16")  # NVFP4 (issue 38)
     nkd, nksc, _, _ = _q(X[:, :24].contiguous(), "e2m1", "nv16")
+    nod, nosc, _, _ = _q(W[0, :, :33].contiguous(), "e2m1", "nv16x16")  # stored [24, N=33]
     nwd, nwsc, _, _ = _q(W, "e2m1", "nv16x16", "both")
     _, _, ngd, ngsc = _q(X[:37], "e2m1", "nv16", "col", OFFS)
     _, _, nyd, nysc = _q(torch.randn(37, 24, generator=g), "e2m1", "nv16", "col", OFFS)
@@ -46,6 +47,9 @@ def _cases():
         "scaled_mm nv16x16 kn": (torch.ops.lowp.scaled_mm.default,
                                  (nkd, nksc, "e2m1", "nv16", nwd[0], nwsc[0], "e2m1", "nv16x16",
                                   24, "f32", True)),
+        "scaled_mm nv16x16 kn odd n": (torch.ops.lowp.scaled_mm.default,
+                                       (nkd, nksc, "e2m1", "nv16", nod, nosc, "e2m1", "nv16x16",
+                                        24, "f32", True, 33)),
         "scaled_grouped_mm nv split-M": (torch.ops.lowp.scaled_grouped_mm.default,
                                          (nd, nsc, "e2m1", "nv16", nwd, nwsc, "e2m1",
                                           "nv16x16", OFFS, 96, False)),

@@ -93,10 +93,12 @@ def trim_scale(scale: Tensor, scaling: str, rows: int, cols: int,
     return scale[:, :nb].contiguous()
 
 
-def kn_cols(b: Tensor, b_format: str) -> int:
-    """N of an operand b given as stored, [K, N] (or a stack of them): E2M1 codes are packed
-    two a byte along N, so a packed b reads as an even N (an odd N's copy is refused for the
-    [K, N] form: its pad nibble would read as one more column)."""
+def kn_cols(b: Tensor, b_format: str, n: int = -1) -> int:
+    """N of an operand b given as stored, [K, N] (or a stack of them): `n` when given (>= 0);
+    else b's stored columns, twice them for E2M1 codes (packed two a byte along N: the caller
+    of an odd N passes n, or the pad nibble would read as one more column)."""
+    if n >= 0:
+        return n
     return b.shape[-1] * 2 if b_format == "e2m1" else b.shape[-1]
 
 

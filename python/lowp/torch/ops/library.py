@@ -9,7 +9,8 @@ Four operators in the `lowp` namespace, defined with `torch.library.Library` and
         x [R, C], or [G, R, C]: G matrices quantized one by one into stacked copies
   lowp::dequantize(data, scale, format, scaling, rows, cols, offs) -> float32 [rows, cols]
   lowp::scaled_mm(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k)
-        -> float32 A . B^T (b_kn=True: A . B, b given as stored [k, N])
+        -> float32 A . B^T (b_kn=True: A . B, b given as stored [k, N]; n: N of packed
+           E2M1 codes given so, -1: twice their stored columns)
   lowp::scaled_grouped_mm(a, ..., b, ..., offs, k, wgrad) -> split-M [T, N] or split-K [G, N, K]
 
 Kernels, per dispatch key:
@@ -236,23 +237,25 @@ def _check_dequantize_args(data, scale, format, scaling, rows, cols, offs=None, 
 
 
 def _check_scaled_mm_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
-                          out_dtype="f32", b_kn=False, *, eager=False) -> None:
+                          out_dtype="f32", b_kn=False, n=-1, *, eager=False) -> None:
     fn = "lowp::scaled_mm"
     _check_out_dtype(fn, out_dtype)
+    _check_n(fn, n, b_kn)
     _check_k(fn, k, a, a_format, a_scaling)
     _check_operand(fn, "a", a, a_scale, a_format, a_scaling, a.shape[0], k)
     if b.dim() != 2:
         raise ValueError(f"{fn}: b must be 2-D, got shape {tuple(b.shape)}")
     if b_kn:
         kn_check(b_scaling, fn)
-        _check_operand(fn, "b", b, b_scale, b_format, b_scaling, k, kn_cols(b, b_format))
+        _check_operand(fn, "b", b, b_scale, b_format, b_scaling, k, kn_cols(b, b_format, n))
     else:
         _check_operand(fn, "b", b, b_scale, b_format, b_scaling, b.shape[0], k)
 
 
 def _check_grouped_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs,
-                        k, wgrad, out_dtype="f32", b_kn=False, *, eager=False) -> None:
+                        k, wgrad, out_dtype="f32", b_kn=False, n=-1, *, eager=False) -> None:
     fn = "lowp::scaled_grouped_mm"
+    _check_n(fn, n, b_kn)
     if b_kn and wgrad:
         raise ValueError(f"{fn}: b_kn is for split-M (wgrad=False)")
     _check_out_dtype(fn, out_dtype)
@@ -267,7 +270,7 @@ def _check_grouped_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b
         _check_operand(fn, "a", a, a_scale, a_format, a_scaling, a.shape[0], k)
         if b_kn:
             kn_check(b_scaling, fn)
-        rows, cols = (k, kn_cols(b, b_format)) if b_kn else (b.shape[1], k)
+        rows, cols = (k, kn_cols(b, b_format, n)) if b_kn else (b.shape[1], k)
         _check_operand(fn, "b", b, b_scale, b_format, b_scaling, rows, cols, stack=(G,))
         return
     # split-K: a = dY^T [N, T], b = X^T [K, T], quantized along the tokens (k = T)
@@ -279,6 +282,13 @@ def _check_grouped_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b
                                 ("b", b, b_scale, b_format, b_scaling)):
         grp = G if kind in P.TOKEN_BLOCK_KINDS else None
         _check_operand(fn, arg, t, sc, f, kind, t.shape[0], k, groups=grp)
+
+
+def _check_n(fn: str, n, b_kn: bool) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, torch.SymInt)) or n < -1:
+        raise ValueError(f"{fn}: n ({n!r}) must be an int >= -1")
+    if n >= 0 and not b_kn:
+        raise ValueError(f"{fn}: n ({n}) is N of a b read as stored [k, N] (b_kn=True)")
 
 
 def _check_offs_values(fn: str, ol: List[int], tokens: int, bound: str = "") -> None:
@@ -359,8 +369,8 @@ def _kn_operand(b: Tensor, b_scale: Tensor, b_format: str, b_scaling: str, k: in
 
 def _portable_scaled_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
                         b_scale: Tensor, b_format: str, b_scaling: str, k: int,
-                        out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
-    M, N = a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[0]
+                        out_dtype: str = "f32", b_kn: bool = False, n: int = -1) -> Tensor:
+    M, N = a.shape[0], kn_cols(b, b_format, n) if b_kn else b.shape[0]
     qa = _operand(a, a_scale, a_format, a_scaling, M, k)
     qb = (_kn_operand(b, b_scale, b_format, b_scaling, k, N) if b_kn else
           _operand(b, b_scale, b_format, b_scaling, N, k))
@@ -368,8 +378,8 @@ def _portable_scaled_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: st
 
 
 def _portable_split_m(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, ol, k,
-                      b_kn):
-    T, N = a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[1]
+                      b_kn, n=-1):
+    T, N = a.shape[0], kn_cols(b, b_format, n) if b_kn else b.shape[1]
     qa = _operand(a, a_scale, a_format, a_scaling, T, k)
     if b_kn:
         qb = [_kn_operand(b[g], b_scale[g] if b_scaling != "none" else b_scale, b_format,
@@ -394,14 +404,14 @@ def _portable_split_k(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_s
 def _portable_scaled_grouped_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str,
                                 b: Tensor, b_scale: Tensor, b_format: str, b_scaling: str,
                                 offs: Tensor, k: int, wgrad: bool, out_dtype: str = "f32",
-                                b_kn: bool = False) -> Tensor:
+                                b_kn: bool = False, n: int = -1) -> Tensor:
     ol = offs.tolist()
     if wgrad:
         out = _portable_split_k(a, a_scale, a_format, a_scaling, b, b_scale, b_format,
                                 b_scaling, ol, k)
     else:
         out = _portable_split_m(a, a_scale, a_format, a_scaling, b, b_scale, b_format,
-                                b_scaling, ol, k, b_kn)
+                                b_scaling, ol, k, b_kn, n)
     return out.to(OUT_DTYPES[out_dtype])
 
 
@@ -478,20 +488,20 @@ def _dequantize_fake(data, scale, format, scaling, rows, cols, offs=None):
 
 
 def _scaled_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
-                    out_dtype="f32", b_kn=False):
+                    out_dtype="f32", b_kn=False, n=-1):
     _check_scaled_mm_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k,
-                          out_dtype, b_kn)
-    return a.new_empty((a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[0]),
+                          out_dtype, b_kn, n)
+    return a.new_empty((a.shape[0], kn_cols(b, b_format, n) if b_kn else b.shape[0]),
                        dtype=OUT_DTYPES[out_dtype])
 
 
 def _scaled_grouped_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling,
-                            offs, k, wgrad, out_dtype="f32", b_kn=False):
+                            offs, k, wgrad, out_dtype="f32", b_kn=False, n=-1):
     _check_grouped_args(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs,
-                        k, wgrad, out_dtype, b_kn)
+                        k, wgrad, out_dtype, b_kn, n)
     odt = OUT_DTYPES[out_dtype]
     if not wgrad:
-        return a.new_empty((a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[1]),
+        return a.new_empty((a.shape[0], kn_cols(b, b_format, n) if b_kn else b.shape[1]),
                            dtype=odt)
     return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=odt)
 
@@ -506,10 +516,11 @@ _SCHEMAS = {
                   "SymInt cols, Tensor? offs=None) -> Tensor",
     "scaled_mm": "(Tensor a, Tensor a_scale, str a_format, str a_scaling, Tensor b, "
                  "Tensor b_scale, str b_format, str b_scaling, SymInt k, str out_dtype=\"f32\", "
-                 "bool b_kn=False) -> Tensor",
+                 "bool b_kn=False, SymInt n=-1) -> Tensor",
     "scaled_grouped_mm": "(Tensor a, Tensor a_scale, str a_format, str a_scaling, Tensor b, "
                          "Tensor b_scale, str b_format, str b_scaling, Tensor offs, SymInt k, "
-                         "bool wgrad, str out_dtype=\"f32\", bool b_kn=False) -> Tensor",
+                         "bool wgrad, str out_dtype=\"f32\", bool b_kn=False, "
+                         "SymInt n=-1) -> Tensor",
 }
 
 _SCHEMAS["delayed_update"] = ("(Tensor(a!) history, Tensor(b!) scales, str[] formats, "

@@ -94,7 +94,12 @@ def _mm(a: LowpQTensor, b: LowpQTensor, out_dtype: str = "f32", b_kn: bool = Fal
         ov: str = "default") -> Tensor:
     """a . b^T; b_kn: a . b, b (a forward copy [N, K]) read as stored."""
     return _op("scaled_mm", ov)(a.qdata, a.scale, a.format, a.scaling, b.qdata, b.scale,
-                                    b.format, b.scaling, a.cols, out_dtype, b_kn)
+                                    b.format, b.scaling, a.cols, out_dtype, b_kn, *_n(b, b_kn))
+
+
+def _n(b: LowpQTensor, b_kn: bool):
+    """The ops' n of b read as stored (packed E2M1 codes: N may be odd), else nothing."""
+    return (b.cols,) if b_kn and b.format == "e2m1" else ()
 
 
 def _stack(ops: List[LowpQTensor]) -> LowpQTensor:
@@ -108,7 +113,7 @@ def _grouped_mm(a: LowpQTensor, b: LowpQTensor, offs: Tensor, out_dtype: str = "
                 b_kn: bool = False, ov: str = "default") -> Tensor:
     return _op("scaled_grouped_mm", ov)(a.qdata, a.scale, a.format, a.scaling, b.qdata,
                                             b.scale, b.format, b.scaling, offs, a.cols, False,
-                                            out_dtype, b_kn)
+                                            out_dtype, b_kn, *_n(b, b_kn))
 
 
 def _wgrad_mm(a: LowpQTensor, b: LowpQTensor, offs: Tensor, out_dtype: str = "f32",

@@ -178,8 +178,8 @@ def dequantize(data: Tensor, scale: Tensor, format: str, scaling: str, rows: int
 
 def scaled_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
               b_scale: Tensor, b_format: str, b_scaling: str, k: int, out_dtype: str = "f32",
-              b_kn: bool = False) -> Tensor:
-    M, N = a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[0]
+              b_kn: bool = False, n: int = -1) -> Tensor:
+    M, N = a.shape[0], kn_cols(b, b_format, n) if b_kn else b.shape[0]
     out = torch.empty((M, N), dtype=torch.bfloat16 if out_dtype == "bf16" else torch.float32)
     bd = (_desc(b, b_scale, b_format, b_scaling, k, N) if b_kn
           else _desc(b, b_scale, b_format, b_scaling, N, k))
@@ -189,8 +189,8 @@ def scaled_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tens
 
 
 def _split_m(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs, k, odt,
-             out_dtype, b_kn):
-    T, N = a.shape[0], kn_cols(b, b_format) if b_kn else b.shape[1]
+             out_dtype, b_kn, n=-1):
+    T, N = a.shape[0], kn_cols(b, b_format, n) if b_kn else b.shape[1]
     G = b.shape[0]
     # lowp writes every row of every group and leaves the rows past offs[-1]: only those are
     # zeroed (a zero-filled output cost 5% of a medium MoE step).
@@ -223,13 +223,14 @@ def _split_k(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, o
 
 def scaled_grouped_mm(a: Tensor, a_scale: Tensor, a_format: str, a_scaling: str, b: Tensor,
                       b_scale: Tensor, b_format: str, b_scaling: str, offs: Tensor, k: int,
-                      wgrad: bool, out_dtype: str = "f32", b_kn: bool = False) -> Tensor:
+                      wgrad: bool, out_dtype: str = "f32", b_kn: bool = False,
+                      n: int = -1) -> Tensor:
     odt = torch.bfloat16 if out_dtype == "bf16" else torch.float32
     if wgrad:
         return _split_k(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs,
                         k, odt, out_dtype)
     return _split_m(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, offs, k,
-                    odt, out_dtype, b_kn)
+                    odt, out_dtype, b_kn, n)
 
 
 # ---- delayed scaling ----
