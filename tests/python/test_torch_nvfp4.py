@@ -313,6 +313,27 @@ def test_portable_quantize_under_torch_compile_equals_native(kind):
         assert torch.equal(g, w)
 
 
+@pytest.mark.parametrize("kind", ["nv16", "nv16x16"])
+@pytest.mark.parametrize("special", [False, True])
+def test_portable_torch_code_compiled_by_inductor_equals_native(kind, special):
+    """The portable quantization's torch code itself traced and compiled by inductor
+    (fullgraph, not the op called from a graph): the native kernel's bytes, D included."""
+    x = awkward(67, 150, 5, 2688.0 * 2.0 ** 5)
+    t = torch.from_numpy(with_specials(x) if special else x).to(torch.bfloat16)
+
+    def q(x):
+        r, c = P.quantize(x, "e2m1", kind, axis="both")
+        return r.qdata, r.scale, r.tensor_scale, c.qdata, c.scale, c.tensor_scale
+
+    torch._dynamo.reset()
+    got = torch.compile(q, fullgraph=True)(t)
+    rd, rs, cd, cs = torch.ops.lowp.quantize(t, "e2m1", kind, "", -1, 0.0, "both")
+    want = (rd, *nv_split(rs, *P.scale_shape(kind, 67, 150)),
+            cd, *nv_split(cs, *P.scale_shape(kind, 150, 67)))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(format="e4m3"), "NVFP4.*e2m1"), (dict(pow2=1), "pow2"), (dict(eps=1e-3), "eps"),
     (dict(scale_mode="rceil"), "scale_mode")])
