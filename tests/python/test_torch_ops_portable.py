@@ -609,6 +609,13 @@ def test_quantize_under_torch_compile_equals_eager(fmt, kind, mode):
 
 # ragged groups, an empty first and an empty middle group, rows past the last group
 GROUP_SIZES = ((0, 37, 1, 0, 52), (5, 0, 33, 64))
+
+
+@pytest.fixture
+def split_m_one_call(monkeypatch):
+    """Split-M as every device but the CPU runs it (the CPU keeps gemm group by group, faster
+    there): all the groups folded at once and multiplied in one call."""
+    monkeypatch.setattr(P, "_SPLIT_M_LOOP_DEVICES", set())
 SPLIT_M_SHAPES = ((3, 2), (40, 300), (17, 130), (64, 64))  # (N, K)
 
 
@@ -646,7 +653,7 @@ def _check_split_m(got, ad, asc, bd, bsc, fmts, offs, K, whole=None):
 
 @pytest.mark.parametrize("how", ["normal", "extreme", "mixed"])
 @pytest.mark.parametrize("fa,sa,fb,sb", ALL_PAIRS)
-def test_split_m_within_bound_of_block_oracle(fa, sa, fb, sb, how):
+def test_split_m_within_bound_of_block_oracle(fa, sa, fb, sb, how, split_m_one_call):
     """P.grouped_gemm (one torch._grouped_mm over every group, the groups holding rows out of
     the fold's range or NaN blocks computed again group by group) against the block-by-block
     oracle of each group: ragged, empty and tail rows, extreme scale codes, NaN and Inf."""
@@ -732,7 +739,7 @@ def _native_split_k(qa, qb, offs):
 
 @needs_native
 @pytest.mark.parametrize("fa,sa,fb,sb", ALL_PAIRS)
-def test_grouped_within_bound_of_native(fa, sa, fb, sb):
+def test_grouped_within_bound_of_native(fa, sa, fb, sb, split_m_one_call):
     """Split-M (every pair) and split-K (the pairs quantized along the tokens) against the
     native grouped kernels, on ordinary and extreme codes and scales (the mixed rows: the
     block-oracle tests above)."""
@@ -779,7 +786,7 @@ GROUPED_KINDS = [("mx32", "mx32"), ("mx32", "block32x32"), ("block128", "block12
 def test_grouped_gemms_are_one_grouped_mm(kind, monkeypatch):
     """Issue 35.1: a grouped GEMM of ordinary rows is one torch._grouped_mm over every group
     (binary32 operands on this CPU, whose kernel refuses a binary32 output of BF16 ones), not
-    a matmul per group."""
+    a matmul per group; the CPU's split-M stays group by group unless told otherwise."""
     real, calls = torch._grouped_mm, []
 
     def counting(a, b, **kw):
@@ -789,6 +796,9 @@ def test_grouped_gemms_are_one_grouped_mm(kind, monkeypatch):
     monkeypatch.setattr(torch, "_grouped_mm", counting)
     m, k = _ordinary_grouped(kind, np.random.default_rng(24))
     _check_split_m(_portable_split_m(*m[0]), *m[1])
+    assert calls == []
+    monkeypatch.setattr(P, "_SPLIT_M_LOOP_DEVICES", set())
+    _check_split_m(_portable_split_m(*m[0]), *m[1])
     assert calls.count(torch.float32) == 1 and len(calls) <= 2
     if k is not None:
         calls.clear()
@@ -797,7 +807,7 @@ def test_grouped_gemms_are_one_grouped_mm(kind, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", GROUPED_KINDS, ids=lambda k: "x".join(k))
-def test_grouped_gemms_without_grouped_mm(kind, monkeypatch):
+def test_grouped_gemms_without_grouped_mm(kind, monkeypatch, split_m_one_call):
     """A device whose torch._grouped_mm refuses every call: a loop of matmuls, same bound."""
     def refuse(a, b, **kw):
         raise RuntimeError("no grouped mm here")
@@ -833,7 +843,8 @@ def _standin_grouped_mm(a, b, offs=None, out_dtype=None):
 
 @pytest.mark.parametrize("how", ["normal", "extreme", "mixed"])
 @pytest.mark.parametrize("fa,sa,fb,sb", [p for p in ALL_PAIRS if p[1] != "block128"])
-def test_grouped_gemms_bf16_grouped_mm_standin(fa, sa, fb, sb, how, monkeypatch):
+def test_grouped_gemms_bf16_grouped_mm_standin(fa, sa, fb, sb, how, monkeypatch,
+                                                split_m_one_call):
     """The route of a device whose torch._grouped_mm multiplies BF16 operands into binary32
     (not this CPU: a float64 stand-in): the folds reach it exactly (a rounded operand would
     leave the bound), empty split-K groups are zeros whatever the kernel left there."""

@@ -15,9 +15,10 @@ Each GEMM is one vendor matmul on exactly represented operands: MX scales folded
 values relative to each row's largest block exponent (exact in BF16), FP8 codes as they are;
 rows whose scales leave the range where that is exact (and NaN/Inf would move) take the
 block-by-block reference route. On the CPU the matmul runs in binary32, where torch's BF16
-matmul would round its output to BF16. The grouped GEMMs (split-M, split-K) multiply every
-group in one `torch._grouped_mm` on the same operands (binary32 on the CPU, whose kernel gives
-BF16 operands only a BF16 output), a loop of matmuls where a device has none.
+matmul would round its output to BF16. The grouped GEMMs (split-M, split-K) fold every group
+at once and multiply them in one `torch._grouped_mm` where it takes the operands (binary32 on
+the CPU, whose kernel gives BF16 operands only a BF16 output), else group by group; the CPU
+keeps split-M group by group (faster there, see _SPLIT_M_LOOP_DEVICES).
 
 A quantized operand is a `LowpQTensor` (`qtensor.py`): element codes (`uint8`, E2M1 packed two
 per byte, element 2i in the low nibble), scales in lowp's canonical 2-D layout (E8M0 `uint8` or
@@ -841,21 +842,35 @@ def _try_grouped_mm(a, b, offs_t, dtype):
         return None
 
 
+def _mm_has_out_dtype(dev: str) -> bool:
+    """Whether the device's torch.mm multiplies BF16 operands into binary32 (`out_dtype`), as
+    _mm_exact finds out (once, on a 1 x 1 product)."""
+    if dev not in _NO_OUT_DTYPE and dev not in _OUT_DTYPE:
+        z = torch.zeros((1, 1), device=dev)
+        _mm_exact(z, z)
+        if dev not in _NO_OUT_DTYPE:
+            _OUT_DTYPE.add(dev)
+    return dev not in _NO_OUT_DTYPE
+
+
+_OUT_DTYPE = set()  # device types whose torch.mm has out_dtype (_mm_has_out_dtype)
+
+
 def _grouped_products(a: torch.Tensor, b: torch.Tensor, offs: List[int],
                       bf16_exact: bool) -> torch.Tensor:
-    """Every group's product in binary32, one torch._grouped_mm for all groups. Split-M (b 3-D):
-    a [T, K] with T == offs[-1], b [G, N, K] -> [T, N], rows of group g times b[g]^T. Split-K
-    (b 2-D): a [N, T], b [K, T] -> [G, N, K], group g's columns of a times b's (0 for an empty
-    group). bf16_exact: every element is exact in BF16, so every product is exact in binary32:
-    BF16 operands with `out_dtype=torch.float32` where the device has that (torch 2.15's CPU
-    kernel refuses a binary32 output of BF16 operands), else binary32 operands (on the CPU 1.2x
-    faster than a loop of `mm`, the same sums); a loop of matmuls where the device has no
-    `torch._grouped_mm`."""
-    G = len(offs)
+    """Every group's product in binary32. Split-M (b 3-D): a [T, K] with T == offs[-1],
+    b [G, N, K] -> [T, N], rows of group g times b[g]^T. Split-K (b 2-D): a [N, T], b [K, T] ->
+    [G, N, K], group g's columns of a times b's (0 for an empty group). bf16_exact: every
+    element is exact in BF16, so every product is exact in binary32. In order: one
+    torch._grouped_mm of BF16 operands with `out_dtype=torch.float32` (torch 2.15 refuses that
+    everywhere: "output dtype must match"); a loop of BF16 matmuls into binary32 where the
+    device's mm has out_dtype (CUDA); one torch._grouped_mm of binary32 operands (the CPU: its
+    kernel loops over binary32 mm, 1.2x faster than a Python loop, the same sums); a loop."""
+    G, dev = len(offs), a.device.type
     a, b = _align8(a), _align8(b)
     offs_t = torch.tensor(offs, dtype=torch.int32, device=a.device)
     c = _try_grouped_mm(a, b, offs_t, torch.bfloat16) if bf16_exact else None
-    if c is None:
+    if c is None and not (bf16_exact and _mm_has_out_dtype(dev)):
         c = _try_grouped_mm(a.to(torch.float32), b.to(torch.float32), offs_t, torch.float32)
     if c is None:
         mm = _mm_exact if bf16_exact else _mm
@@ -912,7 +927,7 @@ def _split_m_fast(a: LowpQTensor, b: Sequence[LowpQTensor], offs: List[int], rou
     if route in ("tensor", "row"):
         acc = _grouped_products(av, bv, offs, True)
         sa = a.scale[:T].reshape(-1, 1) if route == "row" else a.scale.reshape(1, 1)
-        return acc * sa * bsc.reshape(G, -1)[gid], None  # (acc * sa) * sb, as gemm
+        return acc * sa * bsc.reshape(G, -1).index_select(0, gid), None  # (acc * sa) * sb
     if route in ("mx", "mx_b32"):
         cb = bsc.to(torch.int32)
         if route == "mx_b32":
@@ -921,7 +936,8 @@ def _split_m_fast(a: LowpQTensor, b: Sequence[LowpQTensor], offs: List[int], rou
         fb, rb, deep_b, nan_b = _mx_fold(bv.reshape(G * N, K), cb.reshape(G * N, -1))
         sa = _pow2_int((ra - 127).clamp(-_MX_REACH, _MX_REACH))
         sb = _pow2_int((rb - 127).clamp(-_MX_REACH, _MX_REACH)).reshape(G, N)
-        c = _grouped_products(fa, fb.reshape(G, N, K), offs, True) * sa[:, None] * sb[gid]
+        c = _grouped_products(fa, fb.reshape(G, N, K), offs, True) * sa[:, None] \
+            * sb.index_select(0, gid)
         bad_a, bad_b = deep_a | nan_a, (deep_b | nan_b).reshape(G, N)
     else:  # 128-blocks: binary32 dequantization, one binary32 grouped matmul
         if b[0].scaling == "block128x128":
@@ -938,19 +954,26 @@ def _split_m_fast(a: LowpQTensor, b: Sequence[LowpQTensor], offs: List[int], rou
 
 
 _SPLIT_M_ROUTES = ("tensor", "row", "mx", "mx_b32", "b128")
+# Device types whose split-M stays group by group: on this project's CPU (MoE-medium shapes,
+# 4096 tokens x 384 -> 512, 8 groups, one thread, thread CPU time) folding and scaling all the
+# tokens at once is 0.8-0.9x as fast as gemm per group, which keeps a group in cache; split-K's
+# single route is 1.1-1.5x as fast as its loop, so it runs everywhere.
+_SPLIT_M_LOOP_DEVICES = {"cpu"}
 
 
 def grouped_gemm(a: LowpQTensor, b: Sequence[LowpQTensor], offs: Sequence[int],
                  out: Optional[torch.Tensor] = None):
     """Split-M: C[rows_g] = A[rows_g] . B[g]^T; rows past offs[-1] are 0 (or out's). The pairs of
-    gemm's one-matmul routes run every group in one torch._grouped_mm (_split_m_fast); a group
-    holding rows that route cannot take exactly is computed again by gemm, group by group."""
+    gemm's one-matmul routes fold every group at once and multiply them in one call
+    (_split_m_fast), except on _SPLIT_M_LOOP_DEVICES; a group holding rows that route cannot
+    take exactly is computed again by gemm, group by group."""
     offs = [int(o) for o in offs]
     N = b[0].rows
     if out is None:
         out = torch.zeros((a.rows, N), dtype=torch.float32, device=a.qdata.device)
     redo = range(len(offs))
-    if offs and offs[-1] and _pair(a, b[0]) in _SPLIT_M_ROUTES:
+    if offs and offs[-1] and _pair(a, b[0]) in _SPLIT_M_ROUTES \
+            and a.qdata.device.type not in _SPLIT_M_LOOP_DEVICES:
         c, bad = _split_m_fast(a, b, offs, _pair(a, b[0]))
         out[:offs[-1]] = c
         redo = [] if bad is None or c.device.type == "meta" else bad.nonzero()[:, 0].tolist()
