@@ -411,3 +411,23 @@ def test_n_is_refused_where_it_does_not_apply():
     with pytest.raises(ValueError, match=r"n \(-2\) must be an int >= -1"):
         torch.ops.lowp.scaled_mm(ad, asc, "e2m1", "nv16", ad, asc, "e2m1", "nv16", 32, "f32",
                                  False, -2)
+
+
+def test_gemm_overflow_to_inf_in_the_same_places():
+    """Tensor scales near FLT_MAX: (acc * D_A) * D_B overflows to +-Inf for the large rows and
+    stays finite for the others, in both kernels; the finite outputs within the bound."""
+    M, N_, K = 24, 20, 64
+    rng = np.random.default_rng(8)
+    xa = (rng.standard_normal((M, K)) * np.exp2(np.arange(M) * 5.0)[:, None]).astype(np.float32)
+    xa *= np.float32(3.0e38) / np.abs(xa).max()
+    xb = (rng.standard_normal((N_, K)) * 1.0e30).astype(np.float32)
+    ad, asc = quantize(xa, "nv16", "row")[:2]
+    bd, bsc = quantize(xb, "nv16x16", "row")[:2]
+    nat, por = run_both(torch.ops.lowp.scaled_mm, ad, asc, "e2m1", "nv16", bd, bsc, "e2m1",
+                        "nv16x16", K)
+    inf = torch.isinf(nat)
+    assert inf.any() and (~inf).any()
+    assert torch.equal(torch.isinf(por), inf) and torch.equal(por[inf], nat[inf])
+    want = deq(ad, asc, "e2m1", "nv16", M, K) @ deq(bd, bsc, "e2m1", "nv16x16", N_, K).t()
+    err = (por.double()[~inf] - want[~inf]).abs().max()
+    assert err <= 1e-5 * want[~inf].norm()
