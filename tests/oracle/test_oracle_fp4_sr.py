@@ -407,7 +407,7 @@ def same_bits(a, b):
 
 def check_hadamard():
     for (R, C), seed, offset in [((3, 16), 0, 0), ((7, 37), 5, 11), ((64, 300), 2 ** 35, 9),
-                                 ((300, 64), 17, 3)]:
+                                 ((300, 64), 17, 3), ((300, 250), 4, 1)]:
         x = (rng.standard_normal((R, C)) * 10).astype(np.float32)
         st, y = hadamard(x, seed, offset)
         s = signs(seed, offset)
@@ -425,9 +425,13 @@ def check_hadamard():
         rep.check(label + ": D H y / 4 gives x back within rounding",
                   np.all(np.abs(back - x[:, :nb]) <= tol))
         rep.check(label + ": partial block copied", same_bits(y[:, nb:], x[:, nb:]))
-        if R * C >= 65536 // 4:
+        if R * C >= 65536:  # the parallel path (all cores) against one thread, F32 and BF16
             st1, y1 = hadamard(x, seed, offset, threads=1)
             rep.check(label + ": one thread, same bits", st1 == 0 and same_bits(y, y1))
+            xb = x.astype(ml_dtypes.bfloat16)
+            st2, y2 = hadamard(xb.view(np.uint16), seed, offset, xfmt=Q.BF16, threads=2)
+            rep.check(label + ": bf16 on two threads, bits of the butterfly",
+                      st2 == 0 and same_bits(y2, butterfly32(xb.astype(np.float32), s)))
     # groups: blocks restart at each group, short ends and columns past the last group copied
     x = (rng.standard_normal((5, 90)) * 3).astype(np.float32)
     offs = [0, 20, 20, 52, 85]
