@@ -10,8 +10,11 @@ attributes that say how to read them:
 - `scaling`: "tensor", "row", "mx32", "block128", "block128x128", "block32x32", "nv16",
   "nv16x16" or "none";
 - `tensor_scale`: NVFP4's second level (kinds "nv16", "nv16x16"): the binary32 decode scale
-  D of the whole tensor as a float32 tensor of shape [1] ([G, 1] for a stack), beside the
-  E4M3 block scale codes in `scale` (docs/numerics.md 4b); None for every other kind;
+  D of the whole tensor as a float32 tensor of shape [1], beside the E4M3 block scale codes
+  in `scale` (docs/numerics.md 4b), as the portable kernels hold an NVFP4 operand; where a
+  `LowpQTensor` holds the ops' own tensors (the autograd linear's operands), `scale` is the
+  ops' one uint8 tensor of both levels (ops/layout.py) and `tensor_scale` is None; None for
+  every other kind;
 - `rows`, `cols`: the logical shape [rows, cols] (the contracted axis last);
 - `offs`: group ends along `cols` as host ints, for a copy quantized along the tokens in
   groups (the portable path's grouped copies), else None;
