@@ -17,6 +17,11 @@
  * lowp_grouped_gemm_wgrad_kn) became fields of lowp_gemm_cfg: b_layout = LOWP_LAYOUT_KN and
  * split = LOWP_GROUPED_SPLIT_K with lowp_gemm and lowp_grouped_gemm. They stay below as thin
  * wrappers (declared once gemm.h is included, which includes this file again at its end).
+ *
+ * lowp_quantize_grouped took (x, col_out, cfg) in 0.2 and takes (x, row_out, col_out, cfg) now,
+ * the rowwise copy from the same read as lowp_quantize's: one name cannot keep both forms, so
+ * C code fails to compile until it passes NULL as row_out; bindings that declare the C
+ * signature themselves (ctypes) must add the argument.
  */
 #ifndef LOWP_DEPRECATED_H
 #define LOWP_DEPRECATED_H

@@ -125,12 +125,12 @@ typedef struct lowp_backend_iface {
     lowp_status (*cast)(void *ctx, int32_t index, const struct lowp_tensor *src,
                         struct lowp_tensor *dst, const struct lowp_cast_cfg *cfg);
     /* Quantization (lowp_quantize, lowp_quantize_grouped, lowp_dequantize, lowp_amax); the
-     * ops layer has validated every argument. */
+     * ops layer has validated every argument. quantize serves both quantize calls: col_out
+     * with group_offs set is lowp_quantize_grouped's grouped copy (row_out then ungrouped or
+     * NULL), else either output may be NULL, not both. */
     lowp_status (*quantize)(void *ctx, int32_t index, const struct lowp_tensor *x,
                             struct lowp_qtensor *row_out, struct lowp_qtensor *col_out,
                             const struct lowp_quant_cfg *cfg);
-    lowp_status (*quantize_grouped)(void *ctx, int32_t index, const struct lowp_tensor *x,
-                                    struct lowp_qtensor *col_out, const struct lowp_quant_cfg *cfg);
     lowp_status (*dequantize)(void *ctx, int32_t index, const struct lowp_qtensor *q,
                               struct lowp_tensor *out);
     /* GEMMs (lowp_gemm; lowp_grouped_gemm, split-M with b[groups] or split-K with one b),
@@ -153,14 +153,17 @@ typedef struct lowp_backend_iface {
                         float *out, size_t out_count);
 } lowp_backend_iface;
 
-/* Version 4 has one GEMM slot and one grouped slot, B's layout and the split in the config
+/* Version 5 quantizes grouped copies in the quantize slot, with the rowwise copy from the same
+ * read (version 4 had a quantize_grouped slot after quantize, for the grouped copy alone).
+ * Version 4 has one GEMM slot and one grouped slot, B's layout and the split in the config
  * (version 3 had gemm, grouped_gemm and grouped_gemm_wgrad, destroy, amax, then gemm_kn,
  * grouped_gemm_kn and grouped_gemm_wgrad_kn; version 2 ended at amax, version 1 at destroy).
- * The registry still loads versions 1 to 3: it reads an older vtable in its own layout, no
- * further than its end, and serves it through adapters that route each (layout, split) to the
- * old slot (src/device/compat.c); a combination whose old slot is absent is
+ * The registry still loads versions 1 to 4: it reads an older vtable in its own layout, no
+ * further than its end, and serves it through adapters (src/device/compat.c) that route each
+ * (layout, split) to the old slot, and a grouped quantization to quantize_grouped (then the
+ * rowwise copy, if asked, to quantize); a call whose old slot is absent is
  * LOWP_ERR_UNSUPPORTED naming that slot. Other versions are refused with LOWP_ERR_VERSION. */
-#define LOWP_BACKEND_API_VERSION     4u
+#define LOWP_BACKEND_API_VERSION     5u
 #define LOWP_BACKEND_API_VERSION_MIN 1u
 #define LOWP_BACKEND_ENTRY_SYMBOL    "lowp_backend_entry"
 

@@ -60,12 +60,24 @@ LOWP_API lowp_status lowp_quant_cfg_init(lowp_quant_cfg *cfg);
 LOWP_API lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out,
                                    lowp_qtensor *col_out, const lowp_quant_cfg *cfg);
 
-/* MoE weight gradients: quantize x [M, K] (tokens x features) into the columnwise copy
- * col_out [K, M] with col_out->group_offs/groups set (offs: int32, cumulative, non-decreasing,
- * offs[G-1] <= M). Scaling MX32, BLOCK128 or NV16: no block straddles a group boundary (NV16's
- * tensor scale is that of the tokens in groups, rows [0, offs[G-1]) of x). */
-LOWP_API lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
-                                           const lowp_quant_cfg *cfg);
+/* MoE experts' inputs: quantize x [M, K] (tokens x features) into the grouped columnwise copy
+ * col_out [K, M] (for the weight-gradient GEMM) with col_out->group_offs/groups set (offs:
+ * int32, cumulative, non-decreasing, offs[G-1] <= M) and, when row_out is not NULL, the
+ * rowwise copy row_out [M, K] (for the forward GEMM, no group_offs), from one read of x, as
+ * lowp_quantize does for an ungrouped pair. Scaling MX32, BLOCK128 or NV16, the same in both:
+ * no block of col_out straddles a group boundary (NV16's tensor scale of col_out is that of the
+ * tokens in groups, rows [0, offs[G-1]) of x; row_out's is that of all of x). Each output has
+ * the bytes that lowp_quantize(x, row_out, NULL) and a grouped call without row_out give.
+ *
+ *   lowp_qtensor row = {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, M, K};
+ *   lowp_qtensor col = {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, K, M};
+ *   col.group_offs = offs;                  // offs[G]: the end row of each expert's tokens
+ *   col.groups = G;
+ *   ...                                     // buffers as above (lowp_qtensor_nbytes)
+ *   lowp_quantize_grouped(&x, &row, &col, &cfg);
+ */
+LOWP_API lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *row_out,
+                                           lowp_qtensor *col_out, const lowp_quant_cfg *cfg);
 
 /* Decode q into out (F32, same shape as q). */
 LOWP_API lowp_status lowp_dequantize(const lowp_qtensor *q, lowp_tensor *out);

@@ -163,7 +163,7 @@ static PyObject *py_quantize_grouped(PyObject *self, PyObject *args, PyObject *k
     }
     lowp_status st;
     Py_BEGIN_ALLOW_THREADS;
-    st = lowp_quantize_grouped(&x, &col.q, &cfg);
+    st = lowp_quantize_grouped(&x, NULL, &col.q, &cfg);
     Py_END_ALLOW_THREADS;
     ret = st != LOWP_OK ? ext_raise(st)
           : want_amax   ? PyFloat_FromDouble((double) amax)

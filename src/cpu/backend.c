@@ -88,15 +88,11 @@ static lowp_status cpu_cast(void *ctx, int32_t index, const lowp_tensor *src, lo
 static lowp_status cpu_quantize(void *ctx, int32_t index, const lowp_tensor *x, lowp_qtensor *row,
                                 lowp_qtensor *col, const lowp_quant_cfg *cfg) {
     (void) ctx;
-    lowp_status st = check_index("lowp_quantize", index);
-    return st == LOWP_OK ? lowp_cpu_quantize(x, row, col, cfg) : st;
-}
-
-static lowp_status cpu_quantize_grouped(void *ctx, int32_t index, const lowp_tensor *x,
-                                        lowp_qtensor *col, const lowp_quant_cfg *cfg) {
-    (void) ctx;
-    lowp_status st = check_index("lowp_quantize_grouped", index);
-    return st == LOWP_OK ? lowp_cpu_quantize_grouped(x, col, cfg) : st;
+    const int grouped = col && col->group_offs; /* lowp_quantize_grouped */
+    lowp_status st = check_index(grouped ? "lowp_quantize_grouped" : "lowp_quantize", index);
+    if (st != LOWP_OK) return st;
+    return grouped ? lowp_cpu_quantize_grouped(x, row, col, cfg)
+                   : lowp_cpu_quantize(x, row, col, cfg);
 }
 
 static lowp_status cpu_dequantize(void *ctx, int32_t index, const lowp_qtensor *q,
@@ -145,7 +141,6 @@ static const lowp_backend_iface k_cpu_iface = {
     .memcpy_d2d = cpu_d2d,
     .cast = cpu_cast,
     .quantize = cpu_quantize,
-    .quantize_grouped = cpu_quantize_grouped,
     .dequantize = cpu_dequantize,
     .gemm = cpu_gemm,
     .grouped_gemm = cpu_grouped_gemm,

@@ -88,7 +88,11 @@ struct lowp_quant_cfg;
 LOWP_HIDDEN lowp_status lowp_cpu_quantize(const lowp_tensor *x, struct lowp_qtensor *row,
                                           struct lowp_qtensor *col,
                                           const struct lowp_quant_cfg *cfg);
-LOWP_HIDDEN lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, struct lowp_qtensor *col,
+/* The grouped columnwise copy col (group_offs set) and, when row is not NULL, the rowwise copy
+ * row of x: from one read where a fast kernel takes the job (MX32 and BLOCK128 8-bit codes,
+ * every row of x in a group), else one copy after the other; the same bytes either way. */
+LOWP_HIDDEN lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, struct lowp_qtensor *row,
+                                                  struct lowp_qtensor *col,
                                                   const struct lowp_quant_cfg *cfg);
 LOWP_HIDDEN lowp_status lowp_cpu_amax(const lowp_tensor *x, int scaling, float *out);
 

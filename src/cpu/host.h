@@ -10,8 +10,7 @@
  *   transposes              lowp_cpu_transpose_f32_avx512, lowp_cpu_transpose_u16_avx512
  *   activation math         lowp_cpu_vmath (GELU, expf, SwiGLU on libmvec), lowp_cpu_vmath_pick
  *   attention core GEMMs    lowp_cpu_gemm_part, the packed panels lowp_cpu_sgp_*
- *   host quantization       lowp_cpu_quantize_grouped_dual (both copies of an expert input
- *                           from one read), lowp_cpu_dequantize on the caller's threads
+ *   host dequantization     lowp_cpu_dequantize on the caller's threads
  */
 #ifndef LOWP_CPU_HOST_H
 #define LOWP_CPU_HOST_H
@@ -24,7 +23,6 @@
 #include "lowp/tensor.h"
 
 struct lowp_qtensor;
-struct lowp_quant_cfg;
 
 /* Detected once (CPUID, XGETBV, and the AMX permission request); thread-safe. */
 LOWP_HIDDEN const lowp_caps *lowp_cpu_caps(void);
@@ -87,15 +85,6 @@ LOWP_HIDDEN void lowp_cpu_sgp_mul(const float *a, int64_t lda, int64_t m, const 
                                   int64_t n, int64_t k, int64_t n1, int64_t k0, int64_t k1,
                                   float *c, int64_t ldc);
 
-/* The training layer's dual-axis copies of expert inputs: the rowwise copy `row` of x and the
- * grouped columnwise copy `col` (group_offs set) from one read, as lowp_cpu_quantize(x, row,
- * NULL) and lowp_cpu_quantize_grouped(x, col) would make them, bit for bit. Host tensors whose
- * shapes and buffers the caller made; returns 1 when done, 0 (nothing written) when the
- * AVX-512 kernels do not take the job (E2M1, another scaling, a reference path) or memory ran
- * out: the caller then makes the copies one by one. */
-LOWP_HIDDEN int lowp_cpu_quantize_grouped_dual(const lowp_tensor *x, struct lowp_qtensor *row,
-                                               struct lowp_qtensor *col,
-                                               const struct lowp_quant_cfg *cfg);
 /* Host-side dequantize on `threads` (lowp/threads.h; lowp_dequantize passes 0, every core). */
 LOWP_HIDDEN lowp_status lowp_cpu_dequantize(const struct lowp_qtensor *q, lowp_tensor *out,
                                             int32_t threads);

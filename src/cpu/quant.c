@@ -292,7 +292,24 @@ static int quantize_grouped_fast(const lowp_quant_job *j, lowp_qtensor *row,
     return 1;
 }
 
-lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
+/* Both copies from one read (quantize_grouped_fast with row), for MX32 or BLOCK128 on a fast
+ * kernel (8-bit codes) when every row of x is in a group (the rowwise copy has the rows past
+ * the last group too). Returns 1 when done, 0 (nothing written) when the job is not one of
+ * those. */
+static int quantize_grouped_dual(const lowp_quant_job *j, lowp_qtensor *row,
+                                 const lowp_quant_cfg *cfg, int threads, band_kernel fast) {
+    const lowp_qtensor *col = j->col;
+    if (!fast || col->groups < 1 || col->group_offs[col->groups - 1] != j->rows ||
+        (j->scaling != LOWP_SCALING_MX32 && j->scaling != LOWP_SCALING_BLOCK128))
+        return 0;
+    if (cfg->amax_out) *cfg->amax_out = tensor_amax(j, threads, amax_bits_of(fast));
+    return quantize_grouped_fast(j, row, cfg, threads, fast);
+}
+
+/* With row: both copies from one read where quantize_grouped_dual takes the job, else the
+ * rowwise copy (lowp_cpu_quantize) and then the grouped one, once the grouped one's kernel is
+ * known to run (nothing is written when a forced path refuses). */
+lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *row, lowp_qtensor *col,
                                       const lowp_quant_cfg *cfg) {
     lowp_quant_job j;
     setup_job(&j, x, NULL, col, cfg);
@@ -308,6 +325,10 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
     const band_kernel fast = which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512
                              : which == LOWP_CPU_KERNEL_AVX2 ? lowp_cpu_quant_avx2
                                                              : NULL;
+    if (row) {
+        if (quantize_grouped_dual(&j, row, cfg, threads, fast)) return LOWP_OK;
+        if ((st = lowp_cpu_quantize(x, row, NULL, cfg)) != LOWP_OK) return st;
+    }
     if (cfg->amax_out) *cfg->amax_out = tensor_amax(&j, threads, amax_bits_of(fast));
     if (j.scaling == LOWP_SCALING_NV16) { /* the tensor scale of the tokens in groups */
         lowp_quant_job used = j;
@@ -324,25 +345,6 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col,
 #pragma omp parallel for num_threads(threads) schedule(static) if (j.rows * j.cols > 32768)
     for (int64_t c = 0; c < j.cols; c++) lowp_cpu_quant_grouped_ref(&j, c, c + 1);
     return LOWP_OK;
-}
-
-int lowp_cpu_quantize_grouped_dual(const lowp_tensor *x, lowp_qtensor *row, lowp_qtensor *col,
-                                   const lowp_quant_cfg *cfg) {
-    if (col->groups < 1 || col->group_offs[col->groups - 1] != x->rows)
-        return 0; /* rows past the last group: lowp_quantize's rowwise copy has them */
-    lowp_quant_job j;
-    setup_job(&j, x, NULL, col, cfg);
-    if (j.efmt == LOWP_FORMAT_E2M1 ||
-        (j.scaling != LOWP_SCALING_MX32 && j.scaling != LOWP_SCALING_BLOCK128))
-        return 0;
-    lowp_cpu_kernel which;
-    if (lowp_cpu_pick_kernel("lowp_quantize_grouped", cfg->path, lowp_cpu_quant_avx512_supports(&j),
-                             0, lowp_cpu_quant_avx2_supports(&j), &which) != LOWP_OK ||
-        (which != LOWP_CPU_KERNEL_AVX512 && which != LOWP_CPU_KERNEL_AVX2))
-        return 0;
-    return quantize_grouped_fast(&j, row, cfg, lowp_cpu_threads(cfg->threads, 0),
-                                 which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512
-                                                                 : lowp_cpu_quant_avx2);
 }
 
 lowp_status lowp_cpu_dequantize(const lowp_qtensor *q, lowp_tensor *out, int32_t threads) {

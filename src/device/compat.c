@@ -1,8 +1,9 @@
-/* Backends of API versions 1 to 3 (compat.h): the registry holds their vtable in its old
+/* Backends of API versions 1 to 4 (compat.h): the registry holds their vtable in the version-3
  * layout and serves it through these adapters, which call each old slot with the backend's
  * own context and route lowp_gemm and lowp_grouped_gemm by (cfg.b_layout, cfg.split) to the
  * slot that version had for it: gemm / gemm_kn, grouped_gemm / grouped_gemm_kn,
- * grouped_gemm_wgrad / grouped_gemm_wgrad_kn. */
+ * grouped_gemm_wgrad / grouped_gemm_wgrad_kn; and a grouped quantization (col_out with
+ * group_offs) to quantize_grouped, its rowwise copy to quantize. */
 #include <string.h>
 
 #include "device/compat.h"
@@ -40,14 +41,6 @@ static lowp_status ad_cast(void *ctx, int32_t index, const lowp_tensor *src, low
                            const lowp_cast_cfg *cfg) {
     return OLD(ctx)->cast(OCTX(ctx), index, src, dst, cfg);
 }
-static lowp_status ad_quantize(void *ctx, int32_t index, const lowp_tensor *x, lowp_qtensor *row,
-                               lowp_qtensor *col, const lowp_quant_cfg *cfg) {
-    return OLD(ctx)->quantize(OCTX(ctx), index, x, row, col, cfg);
-}
-static lowp_status ad_quantize_grouped(void *ctx, int32_t index, const lowp_tensor *x,
-                                       lowp_qtensor *col, const lowp_quant_cfg *cfg) {
-    return OLD(ctx)->quantize_grouped(OCTX(ctx), index, x, col, cfg);
-}
 static lowp_status ad_dequantize(void *ctx, int32_t index, const lowp_qtensor *q,
                                  lowp_tensor *out) {
     return OLD(ctx)->dequantize(OCTX(ctx), index, q, out);
@@ -65,6 +58,21 @@ static lowp_status missing(void *ctx, const char *fn, const char *slot) {
     const lowp_legacy_backend *l = ctx;
     return lowp_fail(LOWP_ERR_UNSUPPORTED, "%s: backend \"%s\" (API version %u) has no %s kernel",
                      fn, l->name, (unsigned) l->version, slot);
+}
+
+/* A grouped col (lowp_quantize_grouped) goes to the old quantize_grouped slot, and its rowwise
+ * copy, if asked, to quantize: two reads of x, the same bytes. Nothing is called when a slot
+ * that the call needs is absent. */
+static lowp_status ad_quantize(void *ctx, int32_t index, const lowp_tensor *x, lowp_qtensor *row,
+                               lowp_qtensor *col, const lowp_quant_cfg *cfg) {
+    const lowp_backend_iface_v3 *o = OLD(ctx);
+    if (!col || !col->group_offs)
+        return o->quantize ? o->quantize(OCTX(ctx), index, x, row, col, cfg)
+                           : missing(ctx, "lowp_quantize", "quantize");
+    if (!o->quantize_grouped) return missing(ctx, "lowp_quantize_grouped", "quantize_grouped");
+    if (row && !o->quantize) return missing(ctx, "lowp_quantize_grouped", "quantize");
+    lowp_status st = row ? o->quantize(OCTX(ctx), index, x, row, NULL, cfg) : LOWP_OK;
+    return st == LOWP_OK ? o->quantize_grouped(OCTX(ctx), index, x, col, cfg) : st;
 }
 
 static lowp_status ad_gemm(void *ctx, int32_t index, const lowp_qtensor *a, const lowp_qtensor *b,
@@ -93,17 +101,49 @@ static lowp_status ad_grouped_gemm(void *ctx, int32_t index, const lowp_qtensor 
     return f(OCTX(ctx), index, a, b, offs, groups, c, cfg);
 }
 
-/* How many bytes of a vtable of `version` there are to read. */
+/* How many bytes of a vtable of `version` (1 to 3) there are to read. */
 static size_t old_size(uint32_t version) {
     if (version >= 3) return sizeof(lowp_backend_iface_v3);
     return version == 2 ? offsetof(lowp_backend_iface_v3, gemm_kn)
                         : offsetof(lowp_backend_iface_v3, amax);
 }
 
+/* A version-4 vtable in the version-3 layout (compat.h). */
+static void from_v4(const lowp_backend_iface_v4 *v, lowp_backend_iface_v3 *o) {
+    *o = (lowp_backend_iface_v3){
+        .device_count = v->device_count,
+        .caps = v->caps,
+        .synchronize = v->synchronize,
+        .alloc = v->alloc,
+        .free = v->free,
+        .memcpy_h2d = v->memcpy_h2d,
+        .memcpy_d2h = v->memcpy_d2h,
+        .memcpy_d2d = v->memcpy_d2d,
+        .cast = v->cast,
+        .quantize = v->quantize,
+        .quantize_grouped = v->quantize_grouped,
+        .dequantize = v->dequantize,
+        .gemm = v->gemm,
+        .grouped_gemm = v->grouped_gemm,
+        .grouped_gemm_wgrad = v->grouped_gemm,
+        .destroy = v->destroy,
+        .amax = v->amax,
+        .gemm_kn = v->gemm,
+        .grouped_gemm_kn = v->grouped_gemm,
+        .grouped_gemm_wgrad_kn = v->grouped_gemm,
+    };
+}
+
 void lowp_legacy_adapt(const lowp_backend_reg *reg, const char *name, lowp_legacy_backend *legacy,
                        lowp_backend_iface *iface) {
     memset(legacy, 0, sizeof *legacy);
-    memcpy(&legacy->old, (const void *) reg->iface, old_size(reg->api_version));
+    if (reg->api_version == 4) {
+        lowp_backend_iface_v4 v4;
+        memcpy(&v4, (const void *) reg->iface, sizeof v4);
+        from_v4(&v4, &legacy->old);
+    } else {
+        memcpy(&legacy->old, (const void *) reg->iface, old_size(reg->api_version));
+    }
     legacy->ctx = reg->ctx;
     legacy->name = name;
     legacy->version = reg->api_version;
@@ -118,8 +158,7 @@ void lowp_legacy_adapt(const lowp_backend_reg *reg, const char *name, lowp_legac
         .memcpy_d2h = o->memcpy_d2h ? ad_d2h : NULL,
         .memcpy_d2d = o->memcpy_d2d ? ad_d2d : NULL,
         .cast = o->cast ? ad_cast : NULL,
-        .quantize = o->quantize ? ad_quantize : NULL,
-        .quantize_grouped = o->quantize_grouped ? ad_quantize_grouped : NULL,
+        .quantize = o->quantize || o->quantize_grouped ? ad_quantize : NULL,
         .dequantize = o->dequantize ? ad_dequantize : NULL,
         .gemm = o->gemm || o->gemm_kn ? ad_gemm : NULL,
         .grouped_gemm = o->grouped_gemm || o->grouped_gemm_kn || o->grouped_gemm_wgrad ||
@@ -133,7 +172,12 @@ void lowp_legacy_adapt(const lowp_backend_reg *reg, const char *name, lowp_legac
 
 lowp_backend_destroy_fn lowp_backend_destroy_of(const lowp_backend_reg *reg) {
     if (!reg->iface) return NULL;
-    if (reg->api_version >= 4) return reg->iface->destroy;
+    if (reg->api_version >= 5) return reg->iface->destroy;
+    if (reg->api_version == 4) {
+        lowp_backend_iface_v4 v4;
+        memcpy(&v4, (const void *) reg->iface, sizeof v4);
+        return v4.destroy;
+    }
     lowp_backend_iface_v3 old;
     memcpy(&old, (const void *) reg->iface,
            offsetof(lowp_backend_iface_v3, amax)); /* destroy is in every one */

@@ -29,7 +29,7 @@ typedef struct backend_slot {
     char name[NAME_CAP];
     lowp_backend_iface iface;   /* a copy: callers may pass a vtable that does not outlive them */
     void *ctx;                  /* the backend's, or &legacy for an older version's adapters */
-    lowp_legacy_backend legacy; /* a vtable of API version 1 to 3 (compat.h) */
+    lowp_legacy_backend legacy; /* a vtable of API version 1 to 4 (compat.h) */
     void *dl_handle;            /* kept open for the life of the process */
 } backend_slot;
 

@@ -110,6 +110,48 @@ static lowp_status check_q(const char *fn, const char *name, const lowp_qtensor 
     return LOWP_OK;
 }
 
+/* An ungrouped output `name` of x: [rows, cols], on x's device. */
+static lowp_status check_out(const char *fn, const char *name, const lowp_qtensor *q,
+                             const lowp_tensor *x, int64_t rows, int64_t cols) {
+    if (q->group_offs)
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: %s.group_offs is set; use lowp_quantize_grouped", fn, name);
+    lowp_status st = check_q(fn, name, q, rows, cols);
+    if (st != LOWP_OK) return st;
+    if (!lowp_same_device(q->device, x->device))
+        return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: %s.device (%d:%d) != x.device (%d:%d)", fn,
+                         name, q->device.type, q->device.index, x->device.type, x->device.index);
+    return LOWP_OK;
+}
+
+/* Both outputs of a dual-axis call use one format and scaling. */
+static lowp_status check_pair(const char *fn, const lowp_qtensor *row_out,
+                              const lowp_qtensor *col_out) {
+    if (row_out && col_out &&
+        (row_out->format != col_out->format || row_out->scaling != col_out->scaling))
+        return lowp_fail(LOWP_ERR_INVALID_ARG,
+                         "%s: row_out (format %d, scaling %d) and col_out (format %d, scaling %d) "
+                         "differ",
+                         fn, (int) row_out->format, (int) row_out->scaling, (int) col_out->format,
+                         (int) col_out->scaling);
+    return LOWP_OK;
+}
+
+/* No output overlaps x or another output; then the backend's quantize slot. */
+static lowp_status run_quantize(const char *fn, const lowp_tensor *x, lowp_qtensor *row_out,
+                                lowp_qtensor *col_out, const lowp_quant_cfg *cfg) {
+    lowp_span outs[4], in = lowp_tensor_span(x, "x.data");
+    lowp_qtensor_spans(row_out, "row_out.data", "row_out.scales", outs);
+    lowp_qtensor_spans(col_out, "col_out.data", "col_out.scales", outs + 2);
+    lowp_status st = lowp_check_no_alias(fn, outs, 4, &in, 1);
+    if (st != LOWP_OK) return st;
+    lowp_op_call c;
+    if ((st = lowp_op_begin(&c, fn, "x.device", x->device, LOWP_OP_SLOT(quantize))) != LOWP_OK)
+        return st;
+    st = c.iface->quantize(c.ctx, x->device.index, x, row_out, col_out, cfg);
+    return lowp_op_end(&c, st);
+}
+
 lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out, lowp_qtensor *col_out,
                           const lowp_quant_cfg *cfg) {
     const char *fn = "lowp_quantize";
@@ -123,48 +165,20 @@ lowp_status lowp_quantize(const lowp_tensor *x, lowp_qtensor *row_out, lowp_qten
         cfg = &defaults;
     }
     const lowp_qtensor *q0 = row_out ? row_out : col_out;
-    if (row_out && col_out &&
-        (row_out->format != col_out->format || row_out->scaling != col_out->scaling))
-        return lowp_fail(LOWP_ERR_INVALID_ARG,
-                         "%s: row_out (format %d, scaling %d) and col_out (format %d, scaling %d) "
-                         "differ",
-                         fn, (int) row_out->format, (int) row_out->scaling, (int) col_out->format,
-                         (int) col_out->scaling);
+    if ((st = check_pair(fn, row_out, col_out)) != LOWP_OK) return st;
     if ((st = check_cfg(fn, cfg, q0->scaling)) != LOWP_OK) return st;
     if ((st = check_rounding(fn, cfg, q0, x)) != LOWP_OK) return st;
-    if (row_out) {
-        if (row_out->group_offs)
-            return lowp_fail(LOWP_ERR_INVALID_ARG,
-                             "%s: row_out.group_offs is set; use lowp_quantize_grouped", fn);
-        if ((st = check_q(fn, "row_out", row_out, x->rows, x->cols)) != LOWP_OK) return st;
-        if (!lowp_same_device(row_out->device, x->device))
-            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: row_out.device (%d:%d) != x.device (%d:%d)",
-                             fn, row_out->device.type, row_out->device.index, x->device.type,
-                             x->device.index);
-    }
-    if (col_out) {
-        if (col_out->group_offs)
-            return lowp_fail(LOWP_ERR_INVALID_ARG,
-                             "%s: col_out.group_offs is set; use lowp_quantize_grouped", fn);
-        if ((st = check_q(fn, "col_out", col_out, x->cols, x->rows)) != LOWP_OK) return st;
-        if (!lowp_same_device(col_out->device, x->device))
-            return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.device (%d:%d) != x.device (%d:%d)",
-                             fn, col_out->device.type, col_out->device.index, x->device.type,
-                             x->device.index);
-    }
-    lowp_span outs[4], in = lowp_tensor_span(x, "x.data");
-    lowp_qtensor_spans(row_out, "row_out.data", "row_out.scales", outs);
-    lowp_qtensor_spans(col_out, "col_out.data", "col_out.scales", outs + 2);
-    if ((st = lowp_check_no_alias(fn, outs, 4, &in, 1)) != LOWP_OK) return st;
-    lowp_op_call c;
-    if ((st = lowp_op_begin(&c, fn, "x.device", x->device, LOWP_OP_SLOT(quantize))) != LOWP_OK)
+    if (row_out && (st = check_out(fn, "row_out", row_out, x, x->rows, x->cols)) != LOWP_OK)
         return st;
-    st = c.iface->quantize(c.ctx, x->device.index, x, row_out, col_out, cfg);
-    return lowp_op_end(&c, st);
+    if (col_out && (st = check_out(fn, "col_out", col_out, x, x->cols, x->rows)) != LOWP_OK)
+        return st;
+    return run_quantize(fn, x, row_out, col_out, cfg);
 }
 
-lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
-                                  const lowp_quant_cfg *cfg) {
+/* The backend's quantize slot takes the grouped col_out (group_offs set) with or without
+ * row_out: one read of x where the backend can (device.h). */
+lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *row_out,
+                                  lowp_qtensor *col_out, const lowp_quant_cfg *cfg) {
     const char *fn = "lowp_quantize_grouped";
     lowp_status st = check_input(fn, x);
     if (st != LOWP_OK) return st;
@@ -174,6 +188,7 @@ lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
         lowp_quant_cfg_init(&defaults);
         cfg = &defaults;
     }
+    if ((st = check_pair(fn, row_out, col_out)) != LOWP_OK) return st;
     if ((st = check_cfg(fn, cfg, col_out->scaling)) != LOWP_OK) return st;
     if ((st = check_rounding(fn, cfg, col_out, x)) != LOWP_OK) return st;
     if (!col_out->group_offs)
@@ -189,15 +204,9 @@ lowp_status lowp_quantize_grouped(const lowp_tensor *x, lowp_qtensor *col_out,
         return lowp_fail(LOWP_ERR_INVALID_ARG, "%s: col_out.device (%d:%d) != x.device (%d:%d)", fn,
                          col_out->device.type, col_out->device.index, x->device.type,
                          x->device.index);
-    lowp_span outs[2], in = lowp_tensor_span(x, "x.data");
-    lowp_qtensor_spans(col_out, "col_out.data", "col_out.scales", outs);
-    if ((st = lowp_check_no_alias(fn, outs, 2, &in, 1)) != LOWP_OK) return st;
-    lowp_op_call c;
-    if ((st = lowp_op_begin(&c, fn, "x.device", x->device, LOWP_OP_SLOT(quantize_grouped))) !=
-        LOWP_OK)
+    if (row_out && (st = check_out(fn, "row_out", row_out, x, x->rows, x->cols)) != LOWP_OK)
         return st;
-    st = c.iface->quantize_grouped(c.ctx, x->device.index, x, col_out, cfg);
-    return lowp_op_end(&c, st);
+    return run_quantize(fn, x, row_out, col_out, cfg);
 }
 
 lowp_status lowp_dequantize(const lowp_qtensor *q, lowp_tensor *out) {

@@ -239,22 +239,12 @@ static lowp_status fill_copies_raw(const char *fn, const lowp_tensor *x, const l
     if (sr) qc.rounding = LOWP_ROUNDING_SR, qc.seed = sr->seed, qc.offset = sr->offset;
     lowp_status st = LOWP_OK;
     int have_amax = 0;
-    if (rq && cq && !cq->group_offs) {
-        st = lowp_quantize(x, rq, cq, &qc); /* dual-axis: one read of x */
+    if (cq && cq->group_offs) { /* experts' inputs, dual-axis where rq is set: one read */
+        st = lowp_quantize_grouped(x, rq, cq, &qc);
         have_amax = 1;
-    } else if (rq && cq && !amax && lowp_cpu_quantize_grouped_dual(x, rq, cq, &qc)) {
-        have_amax = 1; /* experts' inputs, dual-axis (MX32, BLOCK128: no tensor amax) */
-    } else {
-        if (rq && st == LOWP_OK) {
-            st = lowp_quantize(x, rq, NULL, &qc);
-            qc.amax_out = NULL;
-            have_amax = 1;
-        }
-        if (cq && st == LOWP_OK) {
-            st = cq->group_offs ? lowp_quantize_grouped(x, cq, &qc)
-                                : lowp_quantize(x, NULL, cq, &qc);
-            have_amax = 1;
-        }
+    } else if (rq || cq) {
+        st = lowp_quantize(x, rq, cq, &qc); /* dual-axis when both: one read of x */
+        have_amax = 1;
     }
     if (st == LOWP_OK && amax && !have_amax) st = lowp_amax(x, LOWP_SCALING_TENSOR, amax, 1);
     if (st != LOWP_OK || (!rb && !cb)) return st;

@@ -1,6 +1,7 @@
-/* Backends built against older headers (API versions 1 to 3) still load, and the registry
- * serves their vtables, in their own layout, through the version-4 one (one GEMM slot and one
- * grouped slot, B's layout and the split in lowp_gemm_cfg):
+/* Backends built against older headers (API versions 1 to 4) still load, and the registry
+ * serves their vtables, in their own layout, through the version-5 one (one GEMM slot and one
+ * grouped slot, B's layout and the split in lowp_gemm_cfg; grouped quantization in the quantize
+ * slot):
  *
  * - version 1 (ends at destroy): lowp_amax is LOWP_ERR_UNSUPPORTED naming the slot; lowp_gemm
  *   with b_layout NK calls its gemm, with KN is LOWP_ERR_UNSUPPORTED naming gemm_kn;
@@ -9,11 +10,16 @@
  *   grouped_gemm, grouped_gemm_kn, grouped_gemm_wgrad, grouped_gemm_wgrad_kn), with the
  *   backend's own context, and lowp_backend_get hands back a vtable and context that work
  *   together;
- * - version 4 (the current one): its two GEMM slots see cfg.b_layout and cfg.split;
- * - versions 0 and 5 are refused.
+ * - version 4: its two GEMM slots see cfg.b_layout and cfg.split; lowp_quantize_grouped calls
+ *   its quantize_grouped slot with the grouped copy, and its quantize slot with the rowwise
+ *   copy when asked (without quantize_grouped: LOWP_ERR_UNSUPPORTED naming it, nothing called);
+ *   its destroy slot is read where version 4 had it;
+ * - version 5 (the current one): lowp_quantize_grouped reaches the quantize slot with both
+ *   copies;
+ * - versions 0 and 6 are refused.
  *
- * The old layout below is the version-3 vtable exactly as lowp/device.h declared it then: what a
- * plugin built against those headers hands the registry. */
+ * The old layouts below are the version-3 and version-4 vtables exactly as lowp/device.h
+ * declared them then: what a plugin built against those headers hands the registry. */
 #include <string.h>
 
 #include "lowp/lowp.h"
@@ -38,6 +44,26 @@ typedef struct iface_v3 {
     gemm_fn gemm_kn;
     grouped_fn grouped_gemm_kn, grouped_gemm_wgrad_kn;
 } iface_v3;
+
+typedef lowp_status (*quantize_fn)(void *, int32_t, const lowp_tensor *, lowp_qtensor *,
+                                   lowp_qtensor *, const lowp_quant_cfg *);
+typedef lowp_status (*quantize_grouped_fn)(void *, int32_t, const lowp_tensor *, lowp_qtensor *,
+                                           const lowp_quant_cfg *);
+typedef struct iface_v4 {
+    lowp_status (*device_count)(void *ctx, int32_t *count);
+    lowp_status (*caps)(void *ctx, int32_t index, lowp_caps *out);
+    lowp_status (*synchronize)(void *ctx, int32_t index);
+    lowp_status (*alloc)(void *ctx, int32_t index, size_t nbytes, void **ptr);
+    lowp_status (*free)(void *ctx, int32_t index, void *ptr);
+    void *memcpy_h2d, *memcpy_d2h, *memcpy_d2d, *cast;
+    quantize_fn quantize;
+    quantize_grouped_fn quantize_grouped;
+    void *dequantize;
+    gemm_fn gemm;
+    grouped_fn grouped_gemm;
+    void (*destroy)(void *ctx);
+    void *amax;
+} iface_v4;
 
 static int g_ctx_tag;       /* the backends' context: the adapters must pass it, not their own */
 static const char *g_last;  /* the last GEMM or amax slot called */
@@ -254,12 +280,58 @@ static void test_v3(void) {
     CHECK(g_last && strcmp(g_last, "grouped_gemm_wgrad_kn") == 0);
 }
 
+/* The quantize slots record what they got: "quantize(row)", "quantize(row,col)",
+ * "quantize(row,grouped col)", "quantize_grouped". */
+static char g_quant_calls[128];
+static void note(void *ctx, const char *what) {
+    record(ctx, NULL, NULL);
+    if (g_quant_calls[0]) strcat(g_quant_calls, " ");
+    strcat(g_quant_calls, what);
+}
+static lowp_status f_quantize(void *ctx, int32_t index, const lowp_tensor *x, lowp_qtensor *row,
+                              lowp_qtensor *col, const lowp_quant_cfg *cfg) {
+    (void) index, (void) x, (void) cfg;
+    note(ctx, !col              ? "quantize(row)"
+              : !row            ? (col->group_offs ? "quantize(grouped col)" : "quantize(col)")
+              : col->group_offs ? "quantize(row,grouped col)"
+                                : "quantize(row,col)");
+    return LOWP_OK;
+}
+static lowp_status f_quantize_grouped(void *ctx, int32_t index, const lowp_tensor *x,
+                                      lowp_qtensor *col, const lowp_quant_cfg *cfg) {
+    (void) index, (void) x, (void) cfg;
+    note(ctx, col->group_offs ? "quantize_grouped" : "quantize_grouped without offs");
+    return LOWP_OK;
+}
+static int g_destroyed;
+static void f_destroy(void *ctx) {
+    if (ctx == &g_ctx_tag) g_destroyed++;
+}
+
+/* lowp_quantize_grouped on device `type`, with the rowwise copy when `with_row`: the calls the
+ * backend's quantize slots saw ("" when none), and the status. */
+static lowp_status quantize_grouped_on(int32_t type, int with_row) {
+    const lowp_device d = {type, 0};
+    static uint8_t codes[2][128], scales[2][64];
+    static const int32_t offs[2] = {1, 4};
+    lowp_tensor x = {LOWP_FORMAT_F32, 4, 32, g_x, d}; /* [M, K], M = 4 tokens */
+    lowp_qtensor row = {
+        LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 4, 32, codes[0], scales[0], d, NULL, 0};
+    lowp_qtensor col = {
+        LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, 32, 4, codes[1], scales[1], d, offs, 2};
+    g_quant_calls[0] = 0;
+    g_bad_ctx = 0;
+    lowp_clear_error();
+    return lowp_quantize_grouped(&x, with_row ? &row : NULL, &col, NULL);
+}
+
 static void test_v4(void) {
-    lowp_backend_iface f = {0};
+    iface_v4 f = {0};
     f.device_count = f_count, f.synchronize = f_sync, f.alloc = f_alloc, f.free = f_free;
     f.gemm = f_gemm, f.grouped_gemm = f_grouped_gemm;
-    CHECK(LOWP_BACKEND_API_VERSION == 4u);
-    lowp_backend_reg reg = {LOWP_BACKEND_API_VERSION, sizeof reg, "apiv4", &f, &g_ctx_tag};
+    f.quantize = f_quantize, f.quantize_grouped = f_quantize_grouped;
+    lowp_backend_reg reg = {4u, sizeof reg, "apiv4", (const lowp_backend_iface *) (const void *) &f,
+                            &g_ctx_tag};
     int32_t type = -1;
     CHECK_OK(lowp_backend_register(&reg, &type));
     const char *want[6] = {"gemm",         "gemm",         "grouped_gemm",
@@ -270,11 +342,60 @@ static void test_v4(void) {
     ops o = ops_on(type);
     CHECK_OK(lowp_gemm_kn(&o.a, &o.b_kn, &o.c, NULL)); /* a twin sets the layout */
     CHECK(g_cfg.b_layout == LOWP_LAYOUT_KN && g_cfg.split == LOWP_GROUPED_SPLIT_M);
+    /* grouped quantization: the grouped copy to quantize_grouped, the rowwise one to quantize */
+    lowp_status st = quantize_grouped_on(type, 1);
+    CHECKF(st == LOWP_OK && strcmp(g_quant_calls, "quantize(row) quantize_grouped") == 0,
+           "v4 grouped with row: %s, calls \"%s\" (%s)", lowp_status_str(st), g_quant_calls,
+           lowp_last_error());
+    st = quantize_grouped_on(type, 0);
+    CHECKF(st == LOWP_OK && strcmp(g_quant_calls, "quantize_grouped") == 0 && g_bad_ctx == 0,
+           "v4 grouped: %s, calls \"%s\"", lowp_status_str(st), g_quant_calls);
+    /* without a quantize_grouped slot: refused, naming it, nothing called */
+    f.quantize_grouped = NULL;
+    reg.name = "apiv4noqg";
+    CHECK_OK(lowp_backend_register(&reg, &type));
+    st = quantize_grouped_on(type, 1);
+    CHECKF(st == LOWP_ERR_UNSUPPORTED && g_quant_calls[0] == 0 &&
+               strstr(lowp_last_error(), "(API version 4) has no quantize_grouped kernel"),
+           "v4 without quantize_grouped: %s, calls \"%s\" (%s)", lowp_status_str(st), g_quant_calls,
+           lowp_last_error());
+    /* destroy, read where version 4 had it, served with the backend's context */
+    f.destroy = f_destroy;
+    reg.name = "apiv4destroy";
+    CHECK_OK(lowp_backend_register(&reg, &type));
+    const lowp_backend_iface *iface;
+    void *ctx;
+    CHECK_OK(lowp_backend_get(type, &iface, &ctx));
+    g_destroyed = 0;
+    CHECK(iface->destroy != NULL);
+    if (iface->destroy) iface->destroy(ctx);
+    CHECKF(g_destroyed == 1, "v4 destroy reached the backend %d times", g_destroyed);
+}
+
+static void test_v5(void) {
+    lowp_backend_iface f = {0};
+    f.device_count = f_count, f.synchronize = f_sync, f.alloc = f_alloc, f.free = f_free;
+    f.gemm = f_gemm, f.grouped_gemm = f_grouped_gemm, f.quantize = f_quantize;
+    CHECK(LOWP_BACKEND_API_VERSION == 5u);
+    lowp_backend_reg reg = {LOWP_BACKEND_API_VERSION, sizeof reg, "apiv5", &f, &g_ctx_tag};
+    int32_t type = -1;
+    CHECK_OK(lowp_backend_register(&reg, &type));
+    const char *want[6] = {"gemm",         "gemm",         "grouped_gemm",
+                           "grouped_gemm", "grouped_gemm", "grouped_gemm"};
+    const char *missing[6] = {0};
+    check_forms(type, want, missing);
+    lowp_status st = quantize_grouped_on(type, 1);
+    CHECKF(st == LOWP_OK && strcmp(g_quant_calls, "quantize(row,grouped col)") == 0,
+           "v5 grouped with row: %s, calls \"%s\" (%s)", lowp_status_str(st), g_quant_calls,
+           lowp_last_error());
+    st = quantize_grouped_on(type, 0);
+    CHECKF(st == LOWP_OK && strcmp(g_quant_calls, "quantize(grouped col)") == 0,
+           "v5 grouped: %s, calls \"%s\"", lowp_status_str(st), g_quant_calls);
 
     lowp_backend_reg reg0 = {0u, sizeof reg0, "apiv0", &f, NULL};
     CHECK_FAIL(lowp_backend_register(&reg0, NULL), LOWP_ERR_VERSION, "reg.api_version (0)");
-    lowp_backend_reg reg5 = {LOWP_BACKEND_API_VERSION + 1, sizeof reg5, "apiv5", &f, NULL};
-    CHECK_FAIL(lowp_backend_register(&reg5, NULL), LOWP_ERR_VERSION, "reg.api_version (5)");
+    lowp_backend_reg reg6 = {LOWP_BACKEND_API_VERSION + 1, sizeof reg6, "apiv6", &f, NULL};
+    CHECK_FAIL(lowp_backend_register(&reg6, NULL), LOWP_ERR_VERSION, "reg.api_version (6)");
 }
 
 int main(void) {
@@ -282,5 +403,6 @@ int main(void) {
     test_v2();
     test_v3();
     test_v4();
+    test_v5();
     return testutil_finish();
 }

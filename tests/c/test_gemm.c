@@ -266,8 +266,8 @@ static void test_wgrad(void) {
         lowp_qtensor_nbytes(&b, &db, &sb);
         b.data = malloc(db), b.scales = malloc(sb);
         if (grouped) {
-            CHECKF(lowp_quantize_grouped(&dyt, &a, NULL) == LOWP_OK, "%s", lowp_last_error());
-            CHECK(lowp_quantize_grouped(&xt, &b, NULL) == LOWP_OK);
+            CHECKF(lowp_quantize_grouped(&dyt, NULL, &a, NULL) == LOWP_OK, "%s", lowp_last_error());
+            CHECK(lowp_quantize_grouped(&xt, NULL, &b, NULL) == LOWP_OK);
         } else {
             CHECK(lowp_quantize(&dyt, NULL, &a, NULL) == LOWP_OK);
             CHECK(lowp_quantize(&xt, NULL, &b, NULL) == LOWP_OK);

@@ -613,8 +613,9 @@ static void test_wgrad(void) {
             CHECK(lowp_qtensor_nbytes(&qb, &db, &sb) == LOWP_OK);
             qb.data = malloc(db + 64);
             qb.scales = malloc(sb + 64);
-            CHECKF(lowp_quantize_grouped(&tdy, &qa, NULL) == LOWP_OK, "%s", lowp_last_error());
-            CHECKF(lowp_quantize_grouped(&tx, &qb, NULL) == LOWP_OK, "%s", lowp_last_error());
+            CHECKF(lowp_quantize_grouped(&tdy, NULL, &qa, NULL) == LOWP_OK, "%s",
+                   lowp_last_error());
+            CHECKF(lowp_quantize_grouped(&tx, NULL, &qb, NULL) == LOWP_OK, "%s", lowp_last_error());
         }
         check_wgrad_pair(&qa, &qb, offs, G, N, K);
         free(qa.data);
@@ -656,8 +657,8 @@ static void test_wgrad_jobs(void) {
         for (int64_t c = 0; c < Mtot; c++) tb[c * K + r] = b.src[r * Mtot + c];
     lowp_tensor xa = {LOWP_FORMAT_F32, Mtot, N, ta, LOWP_DEVICE_HOST};
     lowp_tensor xb = {LOWP_FORMAT_F32, Mtot, K, tb, LOWP_DEVICE_HOST};
-    CHECK(lowp_quantize_grouped(&xa, &qa, NULL) == LOWP_OK);
-    CHECK(lowp_quantize_grouped(&xb, &qb, NULL) == LOWP_OK);
+    CHECK(lowp_quantize_grouped(&xa, NULL, &qa, NULL) == LOWP_OK);
+    CHECK(lowp_quantize_grouped(&xb, NULL, &qb, NULL) == LOWP_OK);
     for (int g = 0; g < 4; g++) {
         const int64_t end = offs[g];
         float *cr = calloc((size_t) (N * K), sizeof(float)), *cf = calloc((size_t) (N * K), 4);

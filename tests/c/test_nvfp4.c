@@ -108,7 +108,7 @@ static void test_errors(void) {
     const int32_t offs[1] = {1};
     lowp_qtensor g = {LOWP_FORMAT_E2M1, LOWP_SCALING_NV16X16, 32,   1, data,
                       scales,           LOWP_DEVICE_HOST,     offs, 1};
-    CHECK_FAIL(lowp_quantize_grouped(&t, &g, NULL), LOWP_ERR_UNSUPPORTED, "nv16x16");
+    CHECK_FAIL(lowp_quantize_grouped(&t, NULL, &g, NULL), LOWP_ERR_UNSUPPORTED, "nv16x16");
     lowp_qtensor a = {
         LOWP_FORMAT_E2M1, LOWP_SCALING_NV16, 0, 0, NULL, NULL, LOWP_DEVICE_HOST, NULL, 0};
     lowp_qtensor b = {

@@ -379,42 +379,67 @@ static void test_bad_grouped(void) {
     u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32);
     u.col.group_offs = offs_dec;
     u.col.groups = 2;
-    REFUSE("group_offs decreasing", lowp_quantize_grouped(&u.x, &u.col, &u.cfg),
+    REFUSE("group_offs decreasing", lowp_quantize_grouped(&u.x, NULL, &u.col, &u.cfg),
            LOWP_ERR_INVALID_ARG, "group_offs[1]");
     u.col.group_offs = offs_big;
-    REFUSE("group_offs > rows", lowp_quantize_grouped(&u.x, &u.col, &u.cfg), LOWP_ERR_INVALID_ARG,
-           "group_offs[1]");
+    REFUSE("group_offs > rows", lowp_quantize_grouped(&u.x, NULL, &u.col, &u.cfg),
+           LOWP_ERR_INVALID_ARG, "group_offs[1]");
     u.col.group_offs = offs_ok;
     u.col.groups = 0;
-    REFUSE("groups of 0", lowp_quantize_grouped(&u.x, &u.col, &u.cfg), LOWP_ERR_INVALID_ARG,
+    REFUSE("groups of 0", lowp_quantize_grouped(&u.x, NULL, &u.col, &u.cfg), LOWP_ERR_INVALID_ARG,
            "groups");
     u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32);
-    REFUSE("grouped without offs", lowp_quantize_grouped(&u.x, &u.col, &u.cfg),
+    REFUSE("grouped without offs", lowp_quantize_grouped(&u.x, NULL, &u.col, &u.cfg),
            LOWP_ERR_INVALID_ARG, "group_offs");
     u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_BLOCK32X32);
     u.col.group_offs = offs_ok;
     u.col.groups = 2;
-    REFUSE("grouped block32x32", lowp_quantize_grouped(&u.x, &u.col, &u.cfg), LOWP_ERR_UNSUPPORTED,
-           "block32x32");
+    REFUSE("grouped block32x32", lowp_quantize_grouped(&u.x, NULL, &u.col, &u.cfg),
+           LOWP_ERR_UNSUPPORTED, "block32x32");
     u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_TENSOR);
     u.col.group_offs = offs_ok;
     u.col.groups = 2;
-    REFUSE("grouped tensor", lowp_quantize_grouped(&u.x, &u.col, &u.cfg), LOWP_ERR_UNSUPPORTED,
-           "tensor");
+    REFUSE("grouped tensor", lowp_quantize_grouped(&u.x, NULL, &u.col, &u.cfg),
+           LOWP_ERR_UNSUPPORTED, "tensor");
     u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32);
     u.col.group_offs = offs_ok;
     u.col.groups = 2;
     REFUSE("group_offs through lowp_quantize", lowp_quantize(&u.x, NULL, &u.col, &u.cfg),
            LOWP_ERR_INVALID_ARG, "lowp_quantize_grouped");
     u.cfg.eps = -1.0f;
-    REFUSE("grouped negative eps", lowp_quantize_grouped(&u.x, &u.col, &u.cfg),
+    REFUSE("grouped negative eps", lowp_quantize_grouped(&u.x, NULL, &u.col, &u.cfg),
            LOWP_ERR_INVALID_ARG, "cfg.eps");
     u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32);
     u.col.group_offs = offs_ok;
     u.col.groups = 2;
     u.col.rows = C + 1;
-    REFUSE("grouped shape mismatch", lowp_quantize_grouped(&u.x, &u.col, &u.cfg),
+    REFUSE("grouped shape mismatch", lowp_quantize_grouped(&u.x, NULL, &u.col, &u.cfg),
            LOWP_ERR_INVALID_ARG, "col_out shape");
+    /* the rowwise copy beside the grouped one */
+    u = good(LOWP_FORMAT_E4M3, LOWP_SCALING_MX32);
+    u.col.group_offs = offs_ok;
+    u.col.groups = 2;
+    u.row.format = LOWP_FORMAT_E5M2;
+    REFUSE("grouped row_out of another format", lowp_quantize_grouped(&u.x, &u.row, &u.col, &u.cfg),
+           LOWP_ERR_INVALID_ARG, "row_out (format 4, scaling 2) and col_out");
+    u.row.format = LOWP_FORMAT_E4M3;
+    u.row.rows = R + 1;
+    REFUSE("grouped row_out shape", lowp_quantize_grouped(&u.x, &u.row, &u.col, &u.cfg),
+           LOWP_ERR_INVALID_ARG, "row_out shape");
+    u.row.rows = R;
+    u.row.group_offs = offs_ok;
+    u.row.groups = 2;
+    REFUSE("grouped row_out with group_offs", lowp_quantize_grouped(&u.x, &u.row, &u.col, &u.cfg),
+           LOWP_ERR_INVALID_ARG, "row_out.group_offs is set");
+    u.row.group_offs = NULL;
+    u.row.groups = 0;
+    u.row.data = u.col.data;
+    REFUSE("grouped row_out over col_out", lowp_quantize_grouped(&u.x, &u.row, &u.col, &u.cfg),
+           LOWP_ERR_INVALID_ARG, "row_out.data");
+    u.row.data = g_rd;
+    u.row.device = (lowp_device){LOWP_DEVICE_CPU, 1};
+    REFUSE("grouped row_out device", lowp_quantize_grouped(&u.x, &u.row, &u.col, &u.cfg),
+           LOWP_ERR_INVALID_ARG, "row_out.device");
 }
 
 /* Dequantize: output format and shape, scales, formats; nothing written. */
@@ -711,7 +736,7 @@ static void test_grouped_tail(void) {
     lowp_tensor t = {LOWP_FORMAT_F32, M, K, x, LOWP_DEVICE_HOST};
     lowp_qtensor q = {LOWP_FORMAT_E4M3, LOWP_SCALING_MX32, K, M, d, s, LOWP_DEVICE_HOST, offs, 3};
     memset(d, SENT, sizeof d);
-    CHECK(lowp_quantize_grouped(&t, &q, NULL) == LOWP_OK);
+    CHECK(lowp_quantize_grouped(&t, NULL, &q, NULL) == LOWP_OK);
     int zeros = 1, nonzero = 1;
     for (int k = 0; k < K; k++) {
         for (int m = 40; m < M; m++) zeros &= d[k * M + m] == 0;

@@ -471,7 +471,7 @@ class Lib:
         sigs = {
             "lowp_quant_cfg_init": [P(QuantCfg)],
             "lowp_quantize": [P(Tensor), P(QTensor), P(QTensor), P(QuantCfg)],
-            "lowp_quantize_grouped": [P(Tensor), P(QTensor), P(QuantCfg)],
+            "lowp_quantize_grouped": [P(Tensor), P(QTensor), P(QTensor), P(QuantCfg)],
             "lowp_dequantize": [P(QTensor), P(Tensor)],
             "lowp_amax": [P(Tensor), ctypes.c_int, vp, ctypes.c_size_t],
             "lowp_e8m0_scale": [ctypes.c_float, ctypes.c_int, ctypes.c_int, P(ctypes.c_uint8)],
@@ -598,7 +598,7 @@ class Lib:
         M, K = x.shape
         h = self.make_q(fmt, kind, K, M, offs=offs)
         c, keep = self.cfg(mode, pow2, eps, path, threads)
-        self.check(self.dll.lowp_quantize_grouped(ctypes.byref(t), ctypes.byref(h["q"]),
+        self.check(self.dll.lowp_quantize_grouped(ctypes.byref(t), None, ctypes.byref(h["q"]),
                                                   ctypes.byref(c)))
         return self.result(h)
 

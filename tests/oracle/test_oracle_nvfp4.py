@@ -279,7 +279,8 @@ def quantize_grouped(x, offs, xfmt=Q.F32, path=Q.PATH_AUTO):
     M, K = x.shape
     h = new_q(NV16, K, M, offs)
     c, keep = lib.cfg(path=path)
-    lib.check(d.lowp_quantize_grouped(ctypes.byref(t), ctypes.byref(h["q"]), ctypes.byref(c)))
+    lib.check(d.lowp_quantize_grouped(ctypes.byref(t), None, ctypes.byref(h["q"]),
+                                      ctypes.byref(c)))
     return h
 
 
