@@ -453,7 +453,9 @@ def check_hadamard():
     rep.check("hadamard inf: as the float32 butterfly (Inf and NaN)",
               same_bits(np.nan_to_num(y[1], nan=7.0), np.nan_to_num(want[1], nan=7.0)) and
               np.array_equal(np.isnan(y[1]), np.isnan(want[1])))
-    # errors
+
+
+def check_hadamard_errors():
     x = np.ones((2, 32), np.float32)
     t = Q.Tensor(Q.F32, 2, 32, x.ctypes.data, Q.Device(0, 0))
     st = d.lowp_hadamard16(ctypes.byref(t), ctypes.byref(t), None)
@@ -476,4 +478,5 @@ check_sr_grouped()
 check_unbiased()
 check_sr_errors()
 check_hadamard()
+check_hadamard_errors()
 rep.finish()
