@@ -913,44 +913,62 @@ def _b128_deq(vp: torch.Tensor, s: torch.Tensor):
     return vp * s[:, :, None], live & ~ok
 
 
-def _split_m_fast(a: LowpQTensor, b: Sequence[LowpQTensor], offs: List[int], route: str):
-    """Split-M of the rows [0, offs[-1]) as one torch._grouped_mm (see gemm for each route's
-    operands and the order of its scale factors). Returns (C [offs[-1], N], the groups whose
-    rows the one-matmul route cannot take exactly: deep MX rows, NaN blocks, 128-blocks with
-    scale_invs out of range)."""
+def _redo_split_m(c, offs, gid, bad_a, bad_b, loop, a_ops, b_ops) -> torch.Tensor:
+    """gemm's exact route (_redo_rows) for the rows bad_a [T] of A and bad_b [G, N] of B that
+    the one-matmul route cannot take, group by group: a_ops (values [T, K], scales), b_ops
+    (values [G, N, K], scales per row [G, N, nb])."""
+    if c.device.type == "meta":
+        return c
+    redo = _per_group_any(bad_a, gid, len(offs)) | bad_b.any(1)
+    for g in redo.nonzero()[:, 0].tolist():
+        s, e = offs[g - 1] if g else 0, offs[g]
+        if e > s:
+            _redo_rows(c[s:e], bad_a[s:e], bad_b[g], loop, (a_ops[0][s:e], a_ops[1][s:e]),
+                       (b_ops[0][g], b_ops[1][g]))
+    return c
+
+
+def _split_m_fast(a: LowpQTensor, b: Sequence[LowpQTensor], offs: List[int],
+                  route: str) -> torch.Tensor:
+    """Split-M of the rows [0, offs[-1]): every group folded at once and multiplied in one call
+    (see gemm for each route's operands and the order of its scale factors); the rows the
+    one-matmul route cannot take exactly (deep MX rows, 128-blocks with scale_invs out of
+    range) take gemm's exact route, NaN blocks give NaN as in gemm."""
     T, K, G, N = offs[-1], a.cols, len(offs), b[0].rows
-    dev = a.qdata.device
-    gid = _group_ids(offs, dev)
+    gid = _group_ids(offs, a.qdata.device)
     av = decode(unpack(rows_of(a, 0, T)), a.format)
     bv = torch.stack([decode(unpack(q), q.format) for q in b])  # [G, N, K]
     bsc = torch.stack([q.scale for q in b])
     if route in ("tensor", "row"):
         acc = _grouped_products(av, bv, offs, True)
         sa = a.scale[:T].reshape(-1, 1) if route == "row" else a.scale.reshape(1, 1)
-        return acc * sa * bsc.reshape(G, -1).index_select(0, gid), None  # (acc * sa) * sb
+        return acc * sa * bsc.reshape(G, -1).index_select(0, gid)  # (acc * sa) * sb, as gemm
     if route in ("mx", "mx_b32"):
-        cb = bsc.to(torch.int32)
+        ca, cb = a.scale[:T].to(torch.int32), bsc.to(torch.int32)
         if route == "mx_b32":
             cb = cb.repeat_interleave(32, 1)[:, :N]
-        fa, ra, deep_a, nan_a = _mx_fold(av, a.scale[:T].to(torch.int32))
+        fa, ra, deep_a, nan_a = _mx_fold(av, ca)
         fb, rb, deep_b, nan_b = _mx_fold(bv.reshape(G * N, K), cb.reshape(G * N, -1))
         sa = _pow2_int((ra - 127).clamp(-_MX_REACH, _MX_REACH))
         sb = _pow2_int((rb - 127).clamp(-_MX_REACH, _MX_REACH)).reshape(G, N)
         c = _grouped_products(fa, fb.reshape(G, N, K), offs, True) * sa[:, None] \
             * sb.index_select(0, gid)
-        bad_a, bad_b = deep_a | nan_a, (deep_b | nan_b).reshape(G, N)
-    else:  # 128-blocks: binary32 dequantization, one binary32 grouped matmul
-        if b[0].scaling == "block128x128":
-            bsc = bsc.repeat_interleave(128, 1)[:, :N]
-        nb = bsc.shape[-1]
-        pad = (0, nb * 128 - K)
-        da, bad_a = _b128_deq(torch.nn.functional.pad(av, pad).reshape(T, nb, 128), a.scale[:T])
-        db, bad_b = _b128_deq(torch.nn.functional.pad(bv, pad).reshape(G * N, nb, 128),
-                              bsc.reshape(G * N, nb))
-        with _ieee_f32():
-            c = _grouped_products(da.reshape(T, -1), db.reshape(G, N, -1), offs, False)
-        bad_a, bad_b = bad_a.any(1), bad_b.any(1).reshape(G, N)
-    return c, _per_group_any(bad_a, gid, G) | bad_b.any(1)
+        if c.device.type != "meta" and (bool(nan_a.any()) or bool(nan_b.any())):
+            nan = nan_a[:, None] | nan_b.reshape(G, N).index_select(0, gid)
+            c = torch.where(nan, torch.full_like(c, float("nan")), c)
+        return _redo_split_m(c, offs, gid, deep_a, deep_b.reshape(G, N), _mx_loop, (av, ca),
+                             (bv, cb))
+    if b[0].scaling == "block128x128":  # 128-blocks: binary32 dequantization, one matmul
+        bsc = bsc.repeat_interleave(128, 1)[:, :N]
+    nb = bsc.shape[-1]
+    pad = (0, nb * 128 - K)
+    da, bad_a = _b128_deq(torch.nn.functional.pad(av, pad).reshape(T, nb, 128), a.scale[:T])
+    db, bad_b = _b128_deq(torch.nn.functional.pad(bv, pad).reshape(G * N, nb, 128),
+                          bsc.reshape(G * N, nb))
+    with _ieee_f32():
+        c = _grouped_products(da.reshape(T, -1), db.reshape(G, N, -1), offs, False)
+    return _redo_split_m(c, offs, gid, bad_a.any(1), bad_b.any(1).reshape(G, N), _b128_loop,
+                         (av, a.scale[:T]), (bv, bsc))
 
 
 _SPLIT_M_ROUTES = ("tensor", "row", "mx", "mx_b32", "b128")
@@ -965,22 +983,20 @@ def grouped_gemm(a: LowpQTensor, b: Sequence[LowpQTensor], offs: Sequence[int],
                  out: Optional[torch.Tensor] = None):
     """Split-M: C[rows_g] = A[rows_g] . B[g]^T; rows past offs[-1] are 0 (or out's). The pairs of
     gemm's one-matmul routes fold every group at once and multiply them in one call
-    (_split_m_fast), except on _SPLIT_M_LOOP_DEVICES; a group holding rows that route cannot
-    take exactly is computed again by gemm, group by group."""
+    (_split_m_fast), except on _SPLIT_M_LOOP_DEVICES (gemm group by group)."""
     offs = [int(o) for o in offs]
     N = b[0].rows
     if out is None:
         out = torch.zeros((a.rows, N), dtype=torch.float32, device=a.qdata.device)
-    redo = range(len(offs))
     if offs and offs[-1] and _pair(a, b[0]) in _SPLIT_M_ROUTES \
             and a.qdata.device.type not in _SPLIT_M_LOOP_DEVICES:
-        c, bad = _split_m_fast(a, b, offs, _pair(a, b[0]))
-        out[:offs[-1]] = c
-        redo = [] if bad is None or c.device.type == "meta" else bad.nonzero()[:, 0].tolist()
-    for g in redo:
-        start, end = offs[g - 1] if g else 0, offs[g]
+        out[:offs[-1]] = _split_m_fast(a, b, offs, _pair(a, b[0]))
+        return out
+    start = 0
+    for g, end in enumerate(offs):
         if end > start:
             out[start:end] = gemm(rows_of(a, start, end), b[g])
+        start = end
     return out
 
 
@@ -1001,51 +1017,78 @@ def _token_blocks(q: LowpQTensor, offs: List[int], bs: int):
     return vp.reshape(q.rows, nb, bs), torch.tensor(seg, dtype=torch.long, device=dev), pends
 
 
+def _seg_any(flags: torch.Tensor, seg: torch.Tensor, G: int) -> torch.Tensor:
+    """[R, G]: any of row r's blocks of group g flagged (flags [R, nb], seg the group of each
+    block)."""
+    R, nb = flags.shape
+    out = torch.zeros((R, G), dtype=torch.int32, device=flags.device)
+    return out.scatter_reduce(1, seg[None, :].expand(R, nb), flags.to(torch.int32), "amax") > 0
+
+
 def _mx_fold_groups(vp: torch.Tensor, codes: torch.Tensor, seg: torch.Tensor, G: int):
     """_mx_fold of every (row, group) of a grouped copy: vp [R, nb, 32] values, codes [R, nb],
-    seg the group of each block. Returns (folded [R, nb * 32], r [R, G], rows that the fold
-    cannot take exactly: deep or holding a NaN block, [R, G])."""
+    seg the group of each block. Returns (folded [R, nb * 32], r [R, G], the deep rows that
+    the fold cannot take exactly [R, G], the rows holding a NaN block [R, G])."""
     R, nb, _ = vp.shape
     live = (vp != 0).any(-1) & (codes != 0xFF)
-    idx = seg[None, :].expand(R, nb)
     r = torch.full((R, G), -1, dtype=torch.int32, device=vp.device).scatter_reduce(
-        1, idx, torch.where(live, codes, torch.full_like(codes, -1)), "amax")
+        1, seg[None, :].expand(R, nb), torch.where(live, codes, torch.full_like(codes, -1)),
+        "amax")
     r = torch.where(r < 0, torch.full_like(r, 127), r)
     rb = r.index_select(1, seg)
-    bad = ((live & (codes < rb - _MX_SPREAD)) | (codes == 0xFF)).to(torch.int32)
-    bad = torch.zeros((R, G), dtype=torch.int32, device=vp.device).scatter_reduce(
-        1, idx, bad, "amax") > 0
+    deep = _seg_any(live & (codes < rb - _MX_SPREAD), seg, G) | ((r - 127).abs() > _MX_REACH)
     f = _pow2_int((codes - rb).clamp(min=-_MX_SPREAD - 1))
     f = torch.where(live, f, torch.zeros_like(f))
-    return (vp * f[:, :, None]).reshape(R, -1), r, bad | ((r - 127).abs() > _MX_REACH)
+    return (vp * f[:, :, None]).reshape(R, -1), r, deep, _seg_any(codes == 0xFF, seg, G)
 
 
-def _split_k_fast(a: LowpQTensor, b: LowpQTensor, offs: List[int], route: str):
-    """Split-K as one torch._grouped_mm (gemm's routes; the token-blocked copies on their
-    groups' blocks, zero-padded). Returns (dW [G, N, K], the groups that the one-matmul route
-    cannot take exactly)."""
-    G, dev = len(offs), a.qdata.device
+def _redo_split_k(c, offs, bs, bad_a, bad_b, loop, a_ops, b_ops) -> torch.Tensor:
+    """gemm's exact route (_redo_rows) for the rows bad_a [N, G] of A and bad_b [K, G] of B that
+    the one-matmul route cannot take, group by group: a_ops, b_ops (block values [R, nb, bs],
+    block scales [R, nb]) of the token-blocked copies."""
+    if c.device.type == "meta":
+        return c
+    groups = _group_blocks(offs, bs)
+    for g in (bad_a.any(0) | bad_b.any(0)).nonzero()[:, 0].tolist():
+        start, end, blk = groups[g]
+        n = _cdiv(end - start, bs)
+        if n:
+            a_g, b_g = ((v[:, blk:blk + n].reshape(v.shape[0], n * bs), sc[:, blk:blk + n])
+                        for v, sc in (a_ops, b_ops))
+            _redo_rows(c[g], bad_a[:, g], bad_b[:, g], loop, a_g, b_g)
+    return c
+
+
+def _split_k_fast(a: LowpQTensor, b: LowpQTensor, offs: List[int], route: str) -> torch.Tensor:
+    """Split-K in one call (gemm's routes; the token-blocked copies on their groups' blocks,
+    zero-padded); the rows of a group the one-matmul route cannot take exactly take gemm's
+    exact route, NaN blocks give NaN as in gemm."""
+    G = len(offs)
     if route in ("tensor", "row"):
         av = decode(unpack(a), a.format)[:, :offs[-1]]
         bv = decode(unpack(b), b.format)[:, :offs[-1]]
         acc = _grouped_products(av, bv, offs, True)
-        return acc * a.scale.reshape(-1, 1) * b.scale.reshape(1, -1), None
+        return acc * a.scale.reshape(-1, 1) * b.scale.reshape(1, -1)
     bs = block_of(a.scaling)
     vpa, seg, pends = _token_blocks(a, offs, bs)
     vpb, _, _ = _token_blocks(b, offs, bs)
     if route == "mx":
-        fa, ra, bad_a = _mx_fold_groups(vpa, a.scale.to(torch.int32), seg, G)
-        fb, rb, bad_b = _mx_fold_groups(vpb, b.scale.to(torch.int32), seg, G)
+        ca, cb = a.scale.to(torch.int32), b.scale.to(torch.int32)
+        fa, ra, deep_a, nan_a = _mx_fold_groups(vpa, ca, seg, G)
+        fb, rb, deep_b, nan_b = _mx_fold_groups(vpb, cb, seg, G)
         sa = _pow2_int((ra - 127).clamp(-_MX_REACH, _MX_REACH)).t()
         sb = _pow2_int((rb - 127).clamp(-_MX_REACH, _MX_REACH)).t()
         c = _grouped_products(fa, fb, pends, True) * sa[:, :, None] * sb[:, None, :]
-        return c, bad_a.any(0) | bad_b.any(0)
+        if c.device.type != "meta" and (bool(nan_a.any()) or bool(nan_b.any())):
+            nan = nan_a.t()[:, :, None] | nan_b.t()[:, None, :]
+            c = torch.where(nan, torch.full_like(c, float("nan")), c)
+        return _redo_split_k(c, offs, bs, deep_a, deep_b, _mx_loop, (vpa, ca), (vpb, cb))
     da, bad_a = _b128_deq(vpa, a.scale)  # 128-blocks: binary32 dequantization
     db, bad_b = _b128_deq(vpb, b.scale)
     with _ieee_f32():
         c = _grouped_products(da.reshape(a.rows, -1), db.reshape(b.rows, -1), pends, False)
-    blocks = torch.zeros(G, dtype=torch.int32, device=dev)
-    return c, blocks.index_add(0, seg, (bad_a.any(0) | bad_b.any(0)).to(torch.int32)) > 0
+    return _redo_split_k(c, offs, bs, _seg_any(bad_a, seg, G), _seg_any(bad_b, seg, G),
+                         _b128_loop, (vpa, a.scale), (vpb, b.scale))
 
 
 def _split_k_route(a: LowpQTensor, b: LowpQTensor, offs: List[int]) -> Optional[str]:
@@ -1063,20 +1106,15 @@ def _split_k_route(a: LowpQTensor, b: LowpQTensor, offs: List[int]) -> Optional[
 def grouped_gemm_wgrad(a: LowpQTensor, b: LowpQTensor, offs: Sequence[int]) -> torch.Tensor:
     """Split-K: dW[g] = A[:, rows_g] . B[:, rows_g]^T with A = dY^T [N, M], B = X^T [K, M]
     (token-blocked kinds quantized with the same offs); out [G, N, K]. The pairs of gemm's
-    one-matmul routes run every group in one torch._grouped_mm (_split_k_fast); a group that
-    route cannot take exactly is computed again by gemm."""
+    one-matmul routes fold every group at once and multiply them in one call (_split_k_fast);
+    the others run gemm group by group."""
     offs = [int(o) for o in offs]
     route = _split_k_route(a, b, offs) if offs and offs[-1] else None
     if route is not None:
-        out, bad = _split_k_fast(a, b, offs, route)
-        redo = [] if bad is None or out.device.type == "meta" else bad.nonzero()[:, 0].tolist()
-    else:
-        out = torch.zeros((len(offs), a.rows, b.rows), dtype=torch.float32, device=a.qdata.device)
-        redo = range(len(offs))
+        return _split_k_fast(a, b, offs, route)
+    out = torch.zeros((len(offs), a.rows, b.rows), dtype=torch.float32, device=a.qdata.device)
     bs = block_of(a.scaling) if a.scaling in TOKEN_BLOCK_KINDS else 1
-    groups = _group_blocks(offs, bs)
-    for g in redo:
-        start, end, blk = groups[g]
+    for g, (start, end, blk) in enumerate(_group_blocks(offs, bs)):
         if end > start:
             ag = _cols_of_group(a, start, end, blk)
             bg = _cols_of_group(b, start, end, blk)
