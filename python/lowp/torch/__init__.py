@@ -43,6 +43,7 @@ from .recipes import RECIPES, apply_recipe, plan_recipe
 from .state import DelayedScalingState, RNGStatesTracker, fp8_states
 from .norm import RMSNorm, rms_norm
 from .hadamard import hadamard
+from .ops.philox import PhiloxStates, philox_states
 from ._autocast import autocast_dtype
 
 __all__ += [
@@ -61,6 +62,8 @@ __all__ += [
     "autocast_dtype",
     "rms_norm",
     "hadamard",
+    "PhiloxStates",
+    "philox_states",
 ]
 
 from .patches import is_patched as torchao_patched, patch_torchao, unpatch_torchao

@@ -107,6 +107,7 @@ class OperandSpec:
     scale_mode: Optional[str] = None  # E8M0 kinds (None: RCEIL, FLOOR for block32x32)
     pow2: Optional[bool] = None  # binary32 kinds (None: on for row, off otherwise)
     delayed: bool = False  # tensorwise only: scale from the fp8_state history
+    rounding: str = "rne"  # elements: "rne" or "sr" (stochastic, C's lowp_operand_spec.rounding)
 
     @property
     def quantized(self) -> bool:
@@ -128,6 +129,7 @@ class MatmulSpec:
     amax_compute_algo: str = "max"
     name: str = "custom"
     kernel_preference: KernelPreference = KernelPreference.AUTO  # the config's: which kernels
+    wgrad_hadamard: bool = False  # the random Hadamard transform on both wgrad operands
 
     def __post_init__(self):
         _set(self, "kernel_preference",
@@ -166,6 +168,19 @@ def _format_of(dtype) -> str:
     return _FORMAT_OF_DTYPE.get(dtype, "e2m1")
 
 
+def _check_fp4_backward(cfg, fmt: str) -> None:
+    """A config's grad_output_rounding ("rne" or "sr") and wgrad_hadamard (a bool); both are
+    for FP4 elements (C's stochastic rounding takes E2M1 only)."""
+    r, h = cfg.grad_output_rounding, cfg.wgrad_hadamard
+    if r not in ("rne", "sr"):
+        raise ValueError(f"grad_output_rounding ({r!r}) is not one of rne, sr")
+    if not isinstance(h, bool):
+        raise TypeError(f"wgrad_hadamard ({h!r}) must be a bool")
+    if (r == "sr" or h) and fmt != "e2m1":
+        raise ValueError(f"grad_output_rounding {r!r} / wgrad_hadamard {h} are for FP4 "
+                         f"elements (e2m1), not {fmt}")
+
+
 def _set(cfg, name, value):
     object.__setattr__(cfg, name, value)  # __post_init__'s normalization of a frozen field
 
@@ -179,7 +194,8 @@ def _operand_of(s: dict) -> OperandSpec:
     mode = None
     if kind["scale"] == "e8m0":
         mode = kind["default_mode"] if s["scale_mode"] == "default" else s["scale_mode"]
-    return OperandSpec(s["format"], s["scaling"], mode, s["pow2"], s["delayed"])
+    return OperandSpec(s["format"], s["scaling"], mode, s["pow2"], s["delayed"],
+                       s.get("rounding", "rne"))
 
 
 def _preset_spec(preset: str, name: str, kernel_preference, **fields) -> MatmulSpec:
@@ -190,7 +206,8 @@ def _preset_spec(preset: str, name: str, kernel_preference, **fields) -> MatmulS
                       keep_quantized=c["keep_quantized"], wgrad_hp=c["wgrad_hp"],
                       fake_quant_mxfp4=c["fake_quant_mxfp4"], history_len=c["history_len"],
                       margin=c["margin"], amax_compute_algo=c["amax_compute_algo"], name=name,
-                      kernel_preference=kernel_preference)
+                      kernel_preference=kernel_preference,
+                      wgrad_hadamard=bool(c.get("wgrad_hadamard", False)))
     return spec.replace(**fields) if fields else spec
 
 
@@ -208,17 +225,23 @@ class MXQuantizeConfig(_LowpConfig):
     """OCP MX: 1x32 blocks with E8M0 scales for the weight, the activation and the gradient.
     ``dtype``: torch.float8_e4m3fn (default), torch.float8_e5m2 or torch.float4_e2m1fn_x2
     (also "e4m3", "e5m2", "e2m1", "fp4"); ``scale_mode``: a :class:`ScaleCalculationMode` or
-    its name."""
+    its name. FP4 only: ``grad_output_rounding="sr"`` rounds the gradient's elements
+    stochastically and ``wgrad_hadamard=True`` applies the random Hadamard transform to both
+    weight-gradient operands (C's ``rounding`` and ``wgrad_hadamard``); both together with
+    RCEIL are the C preset ``mxfp4`` (Tseng et al. 2025), the ``mxfp4`` recipe's config."""
 
     dtype: torch.dtype = torch.float8_e4m3fn
     block_size: int = 32
     scale_mode: ScaleCalculationMode = ScaleCalculationMode.RCEIL
     _: KW_ONLY
+    grad_output_rounding: str = "rne"
+    wgrad_hadamard: bool = False
     kernel_preference: KernelPreference = KernelPreference.AUTO
 
     def __post_init__(self):
         super().__post_init__()
         _set(self, "dtype", _dtype_of(self.dtype))
+        _check_fp4_backward(self, _format_of(self.dtype))
         b = self.block_size
         if isinstance(b, bool) or not isinstance(b, int):
             raise TypeError(f"block_size ({b!r}) must be an int")
@@ -232,13 +255,20 @@ class MXQuantizeConfig(_LowpConfig):
         return _format_of(self.dtype)
 
     def to_spec(self) -> MatmulSpec:
-        """The C preset mxfp8 in this config's element format and scale mode."""
+        """The C preset mxfp8 in this config's element format and scale mode (the C preset
+        mxfp4 with its gradient SR and wgrad Hadamard transform)."""
+        rceil = self.scale_mode is ScaleCalculationMode.RCEIL
+        if (self.format == "e2m1" and rceil and self.grad_output_rounding == "sr" and
+                self.wgrad_hadamard):
+            return _preset_spec("mxfp4", "mxfp4", self.kernel_preference)
         name = {"e4m3": "mxfp8", "e2m1": "mxfp4"}.get(self.format, "custom")
-        if self.scale_mode is not ScaleCalculationMode.RCEIL:
+        if not rceil or self.grad_output_rounding != "rne" or self.wgrad_hadamard:
             name = "custom"
         spec = _preset_spec("mxfp8", name, self.kernel_preference)
         s = dataclasses.replace(spec.input, format=self.format, scale_mode=self.scale_mode.value)
-        return spec.replace(input=s, weight=s, grad_output=s)
+        g = dataclasses.replace(s, rounding=self.grad_output_rounding)
+        return spec.replace(input=s, weight=s, grad_output=g, wgrad_hadamard=self.wgrad_hadamard,
+                            keep_quantized=spec.keep_quantized and not self.wgrad_hadamard)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ and torchtitan's, before 0.3.0 and in 0.3.0 (DeepSeek-V3, llama3, qwen3):
     embeddings      *embed*                                        high precision (always)
     output          head*, *.head, output*, *.output.*, *lm_head*  high precision (always)
     norms           *norm*                                         high precision (always)
+    last block      layers.{last}.*, *.layers.{last}.*             high precision (nvfp4, mxfp4;
+                    {last} is the highest N of the model's names holding "layers.N.")
     routed experts  *.moe.experts.* (lowp; torchtitan before 0.3.0: layers.N.moe.experts.w1),
                     *.moe.routed_experts.* (0.3.0: layers.N.moe.routed_experts.inner_experts.w1_EFD)
     shared experts  *.moe.shared_experts.*, *.moe.shared.*
@@ -31,6 +33,10 @@ weights (``ParamSwapConfig``'s default filter). The recipes:
     all_mxfp8      every weight MXFP8
     mix            attention, shared experts, dense layers MXFP8; routed experts Block FP8
     mix_fp4        mix, with MXFP4 fake quantization of the routed-expert weights
+    nvfp4          every weight NVFP4 (TransformerEngine's recipe: SR gradients, the wgrad
+                   Hadamard transform), the last transformer block in BF16
+    mxfp4          every weight MXFP4 with SR gradients and the wgrad Hadamard transform
+                   (Tseng et al. 2025), the last transformer block in BF16
     all_block_fp8  every weight Block FP8 (32x32 E8M0 weights, MX activations)
     block128       DeepSeek-V3 1x128 / 128x128
     fp8_rowwise    rowwise FP8
@@ -43,6 +49,7 @@ Each group of weights sharing a config is wrapped through torchao's own ``quanti
 """
 
 import fnmatch
+import re
 import sys
 import warnings
 from collections.abc import Iterable
@@ -72,26 +79,41 @@ _PRESET_CONFIGS = {
     "block_fp8": lambda: BlockQuantizeConfig(),
     "block_fp8_fp4": lambda: BlockQuantizeConfig(
         mxfp4_fake_quantize_config=MXQuantizeConfig(dtype="fp4")),
+    "mxfp4": lambda: MXQuantizeConfig(dtype="fp4", grad_output_rounding="sr",
+                                      wgrad_hadamard=True),
 }
 _LABELS = {"*router*": "router", "*embed*": "embeddings", "*norm*": "norms",
            **dict.fromkeys(("head*", "*.head", "output*", "*.output.*", "*lm_head*"), "output"),
            **dict.fromkeys(("*.moe.experts.*", "*.moe.routed_experts.*"), "routed experts"),
            **dict.fromkeys(("*.moe.shared_experts.*", "*.moe.shared.*"), "shared experts"),
-           "*": "everything else"}
+           "*": "everything else",
+           **dict.fromkeys(("layers.{last}.*", "*.layers.{last}.*"), "last block")}
 
 RECIPES = tuple(_rules.TABLES["recipes"])
 
 
-def _recipe_table(name):
-    """[(label, patterns, config)] of the C recipe `name`, in its order; consecutive rules with
-    one label and one preset form one rule (one config object per preset)."""
+_LAYER_N = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _last_block(names):
+    """The highest N of the names holding ``layers.N.`` at their start or after a dot (-1:
+    none), what C's lowp_train_prepare binds ``{last}`` to (lowp_recipe_bind_last)."""
+    ns = [int(m.group(1)) for n in names for m in _LAYER_N.finditer(n)]
+    return max(ns) if ns else -1
+
+
+def _recipe_table(name, last=-1):
+    """[(label, patterns, config)] of the C recipe `name`, in its order, ``{last}`` bound to
+    the last transformer block ``last`` (-1: left literal, matching no name); consecutive rules
+    with one label and one preset form one rule (one config object per preset)."""
     if not isinstance(name, str) or name not in RECIPES:
         raise ValueError("name (%r) is not a recipe (%s)" % (name, ", ".join(RECIPES)))
     configs, table = {}, []
-    for pattern, preset in _rules.recipe(name):
+    for raw, preset in _rules.recipe(name):
+        pattern = raw.replace("{last}", str(last)) if last >= 0 else raw
         if preset not in configs:
             configs[preset] = _PRESET_CONFIGS[preset]() if preset else None
-        cfg, label = configs[preset], _LABELS.get(pattern, pattern)
+        cfg, label = configs[preset], _LABELS.get(raw, pattern)
         if table and table[-1][0] == label and table[-1][2] is cfg:
             table[-1] = (label, table[-1][1] + (pattern,), cfg)
         else:
@@ -115,8 +137,8 @@ def _check_rules(rules):
     return out
 
 
-def _table(name, rules):
-    return _check_rules(rules) + _recipe_table(name)
+def _table(name, rules, names=()):
+    return _check_rules(rules) + _recipe_table(name, _last_block(names))
 
 
 def _first_match(fqn, table):
@@ -173,11 +195,12 @@ def plan_recipe(model, name, rules=None):
     every name, None meaning high precision: the rules' answer for a weight of that name
     (which names the param swap can wrap, 2-D linear and 3-D expert weights, takes the
     module)."""
-    table = _table(name, rules)
     if isinstance(model, nn.Module):
-        plan, _ = _plan(_candidates(model), table)
+        items = _candidates(model)
+        plan, _ = _plan(items, _table(name, rules, [f for f, _ in items]))
         return {k: v for k, v in plan.items() if v is not None}
-    plan, _ = _plan([(n, True) for n in _check_names(model)], table)
+    names = _check_names(model)
+    plan, _ = _plan([(n, True) for n in names], _table(name, rules, names))
     return plan
 
 
@@ -196,8 +219,9 @@ def apply_recipe(model, name, rules=None, verbose=False):
     model's expert names."""
     from torchao.quantization import quantize_
 
-    table = _table(name, rules)
-    full, hits = _plan(_candidates(model), table)
+    items = _candidates(model)
+    table = _table(name, rules, [f for f, _ in items])
+    full, hits = _plan(items, table)
     plan = {k: v for k, v in full.items() if v is not None}
     groups = {}
     for fqn, cfg in plan.items():

@@ -4,8 +4,11 @@ each device runs, chosen by torch's dispatcher.
 Four operators in the `lowp` namespace, defined with `torch.library.Library` and given fake
 (meta) kernels so that FakeTensor tracing, `torch.compile` and `opcheck` see ordinary ops:
 
-  lowp::quantize(x, format, scaling, scale_mode, pow2, eps, axis, offs, scale)
+  lowp::quantize(x, format, scaling, scale_mode, pow2, eps, axis, offs, scale, rounding,
+                 seed, offset)
         -> (data, scale, data_col, scale_col)     (empty tensors for a copy not asked for)
+        rounding "sr": stochastic rounding of the elements, element i of a copy (row-major in
+        the copy's own [rows, cols]) taking Philox word offset + i of stream seed
         x [R, C], or [G, R, C]: G matrices quantized one by one into stacked copies
   lowp::dequantize(data, scale, format, scaling, rows, cols, offs) -> float32 [rows, cols]
   lowp::scaled_mm(a, a_scale, a_format, a_scaling, b, b_scale, b_format, b_scaling, k)
@@ -178,8 +181,9 @@ def _check_out_dtype(fn: str, out_dtype) -> None:
 
 
 def _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs=None,
-                         scale=None, *, eager=False) -> None:
+                         scale=None, rounding="rne", seed=0, offset=0, *, eager=False) -> None:
     fn = "lowp::quantize"
+    _check_rounding(fn, rounding, seed, offset, format, scaling)
     if not x.is_floating_point():
         raise TypeError(f"{fn}: x must be a floating-point tensor, got {x.dtype}")
     if x.dim() not in (2, 3) or (x.dim() == 3 and offs is not None):
@@ -214,6 +218,19 @@ def _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs=N
         _check_offs_values(fn, offs.tolist(), x.shape[0])
     if scale is not None and eager and not 0 < float(scale.reshape(())) < float("inf"):
         raise ValueError(f"{fn}: scale ({float(scale.reshape(()))}) must be finite and > 0")
+
+
+def _check_rounding(fn: str, rounding, seed, offset, format, scaling) -> None:
+    """SR's arguments: rounding "rne" or "sr" (SR for the E2M1 elements of mx32, nv16 and
+    nv16x16, as C's lowp_quantize takes it), the stream position seed, offset in [0, 2^63) (the
+    op's SymInts are int64)."""
+    _check_name(fn, "rounding", rounding, P.ROUNDINGS)
+    if rounding == "sr" and (format != "e2m1" or scaling not in ("mx32",) + P.NV_KINDS):
+        raise ValueError(f"{fn}: rounding 'sr' is for e2m1 elements of mx32, nv16 or nv16x16, "
+                         f"not {format} {scaling}")
+    for name, v in (("seed", seed), ("offset", offset)):
+        if isinstance(v, bool) or not isinstance(v, (int, torch.SymInt)) or v < 0:
+            raise ValueError(f"{fn}: {name} ({v!r}) must be an int in [0, 2^63)")
 
 
 def _check_dequantize_args(data, scale, format, scaling, rows, cols, offs=None, *,
@@ -309,7 +326,8 @@ def _check_offs_values(fn: str, ol: List[int], tokens: int, bound: str = "") -> 
 
 def _portable_quantize(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int,
                        eps: float, axis: str, offs: Optional[Tensor] = None,
-                       scale: Optional[Tensor] = None):
+                       scale: Optional[Tensor] = None, rounding: str = "rne", seed: int = 0,
+                       offset: int = 0):
     mode = P.default_mode(scaling, scale_mode or None)
     p2 = None if pow2 < 0 else bool(pow2)
     dev = x.device
@@ -317,17 +335,19 @@ def _portable_quantize(x: Tensor, format: str, scaling: str, scale_mode: str, po
         R, C = x.shape
         sc_out = torch.zeros((C, grouped_scale_bound(scaling, R, offs.numel())),
                              dtype=scale_dtype(scaling), device=dev)
-        q = P.quantize_grouped(x, offs.tolist(), format, scaling, mode, eps, p2)
+        q = P.quantize_grouped(x, offs.tolist(), format, scaling, mode, eps, p2, rounding, seed,
+                               offset)
         sc_out[:, : q.scale.shape[1]] = q.scale
         if scaling in P.NV_KINDS:
             sc_out = nv_join(sc_out, q.tensor_scale)
         return empty(dev), empty(dev), q.qdata, sc_out
-    if x.dim() == 3:  # stacked copies: one matrix at a time
-        parts = [_portable_quantize(m, format, scaling, scale_mode, pow2, eps, axis, None, scale)
-                 for m in x]
+    if x.dim() == 3:  # stacked copies: one matrix at a time, each taking its own words
+        n = x.shape[1] * x.shape[2]
+        parts = [_portable_quantize(m, format, scaling, scale_mode, pow2, eps, axis, None, scale,
+                                    rounding, seed, offset + g * n) for g, m in enumerate(x)]
         return tuple(torch.stack(p) if p[0].numel() or p[0].dim() > 1 else empty(dev)
                      for p in zip(*parts))
-    row, col = P.quantize(x, format, scaling, mode, axis, eps, p2, scale)
+    row, col = P.quantize(x, format, scaling, mode, axis, eps, p2, scale, rounding, seed, offset)
     return (row.qdata if row else empty(dev), _op_scale(row) if row else empty(dev),
             col.qdata if col else empty(dev), _op_scale(col) if col else empty(dev))
 
@@ -463,8 +483,10 @@ def _check_delayed_update_args(history, scales, formats, margin, algo, *,
 # ---- the fake kernels ----
 
 
-def _quantize_fake(x, format, scaling, scale_mode, pow2, eps, axis, offs=None, scale=None):
-    _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs, scale)
+def _quantize_fake(x, format, scaling, scale_mode, pow2, eps, axis, offs=None, scale=None,
+                   rounding="rne", seed=0, offset=0):
+    _check_quantize_args(x, format, scaling, scale_mode, pow2, eps, axis, offs, scale, rounding,
+                         seed, offset)
     R, C = x.shape[-2:]
     stack = tuple(x.shape[:-2])
     sdt = scale_dtype(scaling)
@@ -510,8 +532,8 @@ def _scaled_grouped_mm_fake(a, a_scale, a_format, a_scaling, b, b_scale, b_forma
 
 _SCHEMAS = {
     "quantize": "(Tensor x, str format, str scaling, str scale_mode, SymInt pow2, float eps, "
-                "str axis, Tensor? offs=None, Tensor? scale=None) -> (Tensor, Tensor, Tensor, "
-                "Tensor)",
+                "str axis, Tensor? offs=None, Tensor? scale=None, str rounding=\"rne\", "
+                "SymInt seed=0, SymInt offset=0) -> (Tensor, Tensor, Tensor, Tensor)",
     "dequantize": "(Tensor data, Tensor scale, str format, str scaling, SymInt rows, "
                   "SymInt cols, Tensor? offs=None) -> Tensor",
     "scaled_mm": "(Tensor a, Tensor a_scale, str a_format, str a_scaling, Tensor b, "

@@ -28,9 +28,11 @@ from . import portable as P
 from .cache import WeightCache, _InputMemo, _graph_anchor
 from ... import rules
 from .layout import OUT_DTYPES, empty
+from .philox import HADAMARD_STATE, SR_STATE, philox_states
 from .library import KernelPreference, _check_offs_values, check_preference
 from .qtensor import LowpQTensor
 from .._autocast import exact, out_dtype as _autocast_out
+from ..hadamard import hadamard
 from ..config import MatmulSpec, OperandSpec, resolve_config
 
 __all__ = ["linear", "mm", "grouped_mm"]
@@ -56,14 +58,15 @@ _PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 
 
 def _quant(x: Tensor, s: OperandSpec, axis: str, scale: Optional[Tensor] = None,
-           offs: Optional[Tensor] = None, ov: str = "default"):
+           offs: Optional[Tensor] = None, ov: str = "default", sr=None):
     """(row LowpQTensor or None, col LowpQTensor or None) of x [R, C] (or [G, R, C], stacked
-    copies) per spec s."""
+    copies) per spec s; sr: None (RNE), or the (seed, offset) of stochastic rounding."""
     R, C = x.shape[-2:]
     mode = s.scale_mode or ""
     pow2 = -1 if s.pow2 is None else int(s.pow2)
+    rnd, seed, offset = ("rne", 0, 0) if sr is None else ("sr", sr[0], sr[1])
     rd, rs, cd, cs = _op("quantize", ov)(x, s.format, s.scaling, mode, pow2, 0.0, axis, offs,
-                                             scale)
+                                             scale, rnd, seed, offset)
     row = LowpQTensor(rd, rs, s.format, s.scaling, R, C) if axis in ("row", "both") else None
     col = (LowpQTensor(cd, cs, s.format, s.scaling, C, R, grouped=offs is not None)
            if axis in ("col", "both") else None)
@@ -316,7 +319,9 @@ class _LowpMatmul(torch.autograd.Function):
             wf, _ = _weight_copies(W3, spec, fwd_q, dgrad_q, True, False, fp8_state, True)
 
         xs = _in_groups(_x32(x2d.detach()), T, offs, traced)
-        keep = keep_quantized and wgrad_q and T > 0
+        # with the wgrad Hadamard transform, X's wgrad copy is made in the backward, after it
+        keep = keep_quantized and wgrad_q and T > 0 and not spec.wgrad_hadamard
+        ctx.rng = _draws(spec, (fwd_q, dgrad_q, wgrad_q), T, N, ctx.needs_input_grad[:2])
         xrow, xcol = _input_copies(x2d, xs, spec, fwd_q, keep, grouped, offs, fp8_state)
         yodt = _odt(odt) if bias is None else "f32"  # a bias is added in binary32
         if grouped:
@@ -366,6 +371,31 @@ class _LowpMatmul(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None, None
 
 
+def _draws(spec: MatmulSpec, plan, T: int, N: int, needs) -> dict:
+    """The Philox positions this matmul's backward uses, taken in the forward (so that a
+    compiled backward never reads host state): "hadamard", one sign word for both wgrad
+    operands; "dgrad" and "wgrad", dY's copies' SR words (T * N each, the dgrad copy first),
+    from lowp.torch's Philox states (ops/philox.py, C's RNG tracker states)."""
+    _, dgrad_q, wgrad_q = plan
+    need_dx, need_dw = needs
+    states, out = philox_states(), {}
+    if spec.wgrad_hadamard and wgrad_q and need_dw:
+        out["hadamard"] = states.take(HADAMARD_STATE, 1)
+    if spec.grad_output.rounding == "sr":
+        for key, used in (("dgrad", need_dx and dgrad_q), ("wgrad", need_dw and wgrad_q)):
+            if used:
+                out[key] = states.take(SR_STATE, T * N)
+    return out
+
+
+def _hadamard_tokens(t: Tensor, ctx, offs) -> Tensor:
+    """t [T, C] with the random Hadamard transform along its tokens (blocks restarting at each
+    group), as [T, C] again: its columnwise copy quantizes the transformed t^T."""
+    seed, offset = ctx.rng["hadamard"]
+    go = offs[:ctx.dims[2]] if ctx.grouped else None
+    return hadamard(t.t(), seed, offset, go).t()
+
+
 def _grad_copies(ctx, dys: Tensor, offs, need_dx: bool, need_dw: bool):
     """(rowwise copy of dY for the input gradient, columnwise copy for the weight gradient),
     None where not needed."""
@@ -376,16 +406,20 @@ def _grad_copies(ctx, dys: Tensor, offs, need_dx: bool, need_dw: bool):
     if delayed:
         fp8_state.record("grad_output", _amax(dys))
     tok = ctx.grouped and gspec.scaling in P.TOKEN_BLOCK_KINDS
+    # one call for both copies only where they take the same source and no SR words
+    joint = not ctx.spec.wgrad_hadamard and gspec.rounding != "sr"
     dyrow = dycol = None
     if need_dx:
         if dgrad_q:
-            axis = "both" if (need_dw and wgrad_q and not tok) else "row"
-            dyrow, dycol = _quant(dys, gspec, axis, gscale, None, ov)
+            axis = "both" if (need_dw and wgrad_q and not tok and joint) else "row"
+            dyrow, dycol = _quant(dys, gspec, axis, gscale, None, ov, ctx.rng.get("dgrad"))
         else:
             dyrow = _plain(dys)
     if need_dw and dycol is None:
         if wgrad_q:
-            _, dycol = _quant(dys, gspec, "col", gscale, offs if tok else None, ov)
+            src = _hadamard_tokens(dys, ctx, offs) if "hadamard" in ctx.rng else dys
+            _, dycol = _quant(src, gspec, "col", gscale, offs if tok else None, ov,
+                              ctx.rng.get("wgrad"))
         else:
             dycol = _plain(dys.t())
     return dyrow, dycol
@@ -427,6 +461,8 @@ def _wgrad(ctx, dycol: LowpQTensor, saved) -> Tensor:
         xcol = LowpQTensor(saved[3], saved[4], f, s, r, c, grouped=gr)
     elif wgrad_q:
         xs = _in_groups(_x32(x2d.detach()), ctx.T, offs, ctx.traced)
+        if "hadamard" in ctx.rng:
+            xs = _hadamard_tokens(xs, ctx, offs)
         delayed = fp8_state is not None and ispec.delayed
         iscale = fp8_state.scale("input") if delayed else None
         itok = ctx.grouped and ispec.scaling in P.TOKEN_BLOCK_KINDS
@@ -482,6 +518,11 @@ def _run(x2d, W3, bias, offs, config, keep_quantized, wgrad_hp, cache, fp8_state
     if not isinstance(wgrad_hp, bool):
         raise TypeError(f"wgrad_hp ({wgrad_hp!r}) must be a bool")
     _check_opts(cache, fp8_state, spec)
+    for role in ("input", "weight"):
+        if getattr(spec, role).rounding != "rne":
+            raise ValueError(f"config ({spec.name}): {role} rounding "
+                             f"({getattr(spec, role).rounding!r}) must be 'rne'; lowp.torch "
+                             "rounds only the output gradient stochastically")
     if x2d.device != W3.device:
         raise ValueError(f"x.device ({x2d.device}) != w.device ({W3.device})")
     check_preference(_pref(spec), x2d.device)

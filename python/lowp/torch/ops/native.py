@@ -110,12 +110,18 @@ def _settings(scaling, scale_mode, pow2):
     return "default", pow2
 
 
-def _quantize_grouped(x, fmt, scaling, mode, pow2, eps, offs):
+def _sr_kw(sr) -> dict:
+    """QuantCfg's stochastic-rounding keywords of sr = (SR?, seed, offset) (none for RNE)."""
+    return {"sr": True, "seed": sr[1], "offset": sr[2]} if sr[0] else {}
+
+
+def _quantize_grouped(x, fmt, scaling, mode, pow2, eps, offs, sr=(False, 0, 0)):
     R, C = x.shape
     o32 = offs.to(torch.int32).contiguous()
     ob = _buf(o32)
     cd, cs = _alloc(fmt, scaling, C, R, ob)
-    cfg = _ext.QuantCfg(scale_mode=mode, pow2=pow2, eps=float(eps), threads=_threads())
+    cfg = _ext.QuantCfg(scale_mode=mode, pow2=pow2, eps=float(eps), threads=_threads(),
+                        **_sr_kw(sr))
     _ext.quantize_grouped(_plain(x), _ext.QDesc(fmt, scaling, C, R, _buf(cd), _buf(cs), ob), cfg)
     d = None
     if scaling in P.NV_KINDS:  # the op pads the blocks to the static bound, then D
@@ -125,24 +131,28 @@ def _quantize_grouped(x, fmt, scaling, mode, pow2, eps, offs):
     return empty(x.device), empty(x.device), cd, sc_out if d is None else nv_join(sc_out, d)
 
 
-def _quantize_into(x, fmt, scaling, mode, pow2, eps, axis, s, out):
+def _quantize_into(x, fmt, scaling, mode, pow2, eps, axis, s, out, sr=(False, 0, 0)):
     """Quantize 2-D x into out = (row codes, row scales, col codes, col scales), None where an
-    axis is not wanted."""
+    axis is not wanted; sr: (stochastic rounding?, seed, offset)."""
     R, C = x.shape
     rd, rs, cd, cs = out
     row = None if rd is None else _ext.QDesc(fmt, scaling, R, C, _buf(rd), _buf(rs))
     col = None if cd is None else _ext.QDesc(fmt, scaling, C, R, _buf(cd), _buf(cs))
-    cfg = _ext.QuantCfg(scale_mode=mode, pow2=pow2, eps=float(eps), scale=s, threads=_threads())
+    cfg = _ext.QuantCfg(scale_mode=mode, pow2=pow2, eps=float(eps), scale=s, threads=_threads(),
+                        **_sr_kw(sr))
     _ext.quantize(_plain(x), row, col, cfg)
 
 
 def quantize(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int, eps: float,
-             axis: str, offs: Optional[Tensor] = None, scale: Optional[Tensor] = None):
-    """lowp::quantize on lowp's kernels. x [R, C], or [G, R, C] (G matrices, stacked copies)."""
+             axis: str, offs: Optional[Tensor] = None, scale: Optional[Tensor] = None,
+             rounding: str = "rne", seed: int = 0, offset: int = 0):
+    """lowp::quantize on lowp's kernels. x [R, C], or [G, R, C] (G matrices, stacked copies;
+    with SR, matrix g's copies start at word offset + g * R * C)."""
     x = _src(x)
     mode, p2 = _settings(scaling, scale_mode, pow2)
+    sr = (rounding == "sr", int(seed), int(offset))
     if offs is not None:
-        return _quantize_grouped(x, format, scaling, mode, p2, eps, offs)
+        return _quantize_grouped(x, format, scaling, mode, p2, eps, offs, sr)
     s = None if scale is None else float(scale.reshape(()).item())
     R, C = x.shape[-2:]
     stack = tuple(x.shape[:-2])
@@ -150,10 +160,11 @@ def quantize(x: Tensor, format: str, scaling: str, scale_mode: str, pow2: int, e
     col = _alloc(format, scaling, C, R, stack=stack) if axis in ("col", "both") else (None, None)
     out = row + col
     if not stack:
-        _quantize_into(x, format, scaling, mode, p2, eps, axis, s, out)
+        _quantize_into(x, format, scaling, mode, p2, eps, axis, s, out, sr)
     for g in range(stack[0] if stack else 0):
         _quantize_into(x[g], format, scaling, mode, p2, eps, axis, s,
-                       tuple(None if t is None else t[g] for t in out))
+                       tuple(None if t is None else t[g] for t in out),
+                       (sr[0], sr[1], sr[2] + g * R * C))
     return tuple(empty(x.device) if t is None else t for t in out)
 
 

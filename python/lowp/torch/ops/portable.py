@@ -39,6 +39,7 @@ import torch
 
 from ... import rules
 from .._autocast import exact
+from .philox import philox_words
 from .qtensor import LowpQTensor
 
 __all__ = [
@@ -147,6 +148,32 @@ def encode(x: torch.Tensor, fmt: str) -> torch.Tensor:
     code = code | sbit
     nan = torch.full_like(code, f.nan_code) | (sbit if f.nan_code else 0)
     return torch.where(a > 0x7F800000, nan, code)
+
+
+def encode_sr(x: torch.Tensor, fmt: str, r: torch.Tensor) -> torch.Tensor:
+    """Codes (int32) of binary32 x in `fmt` with stochastic rounding, satfinite
+    (docs/numerics.md section 2, C's encode_sr): the significand as a number of target quanta
+    with 32 fraction bits, plus the element's random word r (int64 in [0, 2^32), x's shape),
+    truncated. NaN, Inf, zero and binary32 subnormals as `encode`."""
+    f = FORMATS[fmt]
+    u = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    a = u & 0x7FFFFFFF
+    sbit = ((u >> 31) & 1) << (f.bits - 1)
+    e32 = a >> 23
+    m24 = (a & 0x7FFFFF) | 0x800000
+    e = e32 - 127 + f.bias
+    shift = (23 - f.mbits) + torch.clamp(1 - e, min=0)
+    up = torch.clamp(32 - shift, min=0)  # shift <= 32: m24 << (32 - shift) (< 2^35)
+    down = torch.clamp(shift - 32, 0, 40)  # shift > 32: m24 >> (shift - 32) (0 past 24)
+    v = torch.where(shift <= 32, m24 << up, m24 >> down)
+    q = (v + r.to(torch.int64)) >> 32
+    code = torch.where(e >= 1, ((e - 1) << f.mbits) + q, q)
+    code = torch.clamp(code, max=f.max_code)
+    code = torch.where(a == 0x7F800000, torch.full_like(code, f.max_code), code)
+    code = torch.where(e32 == 0, torch.zeros_like(code), code)
+    code = code | sbit
+    nan = torch.full_like(code, f.nan_code) | (sbit if f.nan_code else 0)
+    return torch.where(a > 0x7F800000, nan, code).to(torch.int32)
 
 
 def _decode_value(fmt: str, code: int) -> float:
@@ -278,25 +305,44 @@ def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, cols - c, 0, rows - r))
 
 
+def _enc(y: torch.Tensor, fmt: str, r: Optional[torch.Tensor]) -> torch.Tensor:
+    """Element codes of y: RNE, or (r: the elements' random words, y's shape) SR."""
+    return encode(y, fmt) if r is None else encode_sr(y, fmt, r)
+
+
+def sr_words(seed: int, offset: int, rows: int, cols: int, device) -> torch.Tensor:
+    """The SR words of a [rows, cols] copy: element (i, j) takes word offset + i * cols + j of
+    stream seed (int64 [rows, cols])."""
+    return philox_words(seed, offset, rows * cols, device).reshape(rows, cols)
+
+
+def _tile_words(r: Optional[torch.Tensor], nbr: int, nbc: int, bs: int):
+    """SR words r [R, C] laid out as the padded tiles [nbr, bs, nbc, bs] (None stays None)."""
+    if r is None:
+        return None
+    return _pad_to(r, nbr * bs, nbc * bs).reshape(nbr, bs, nbc, bs)
+
+
 def _quant_rows(x: torch.Tensor, fmt: str, scaling: str, mode: str, eps: float, pow2: bool,
-                scale: Optional[torch.Tensor]):
-    """Rowwise quantization of float32 x [R, C] (blocks along C). Returns (codes int32, scales)."""
+                scale: Optional[torch.Tensor], r: Optional[torch.Tensor] = None):
+    """Rowwise quantization of float32 x [R, C] (blocks along C). Returns (codes int32, scales).
+    r: None (RNE), or the elements' SR words (int64 [R, C])."""
     R, C = x.shape
     f = FORMATS[fmt]
     if scaling in NV_KINDS:
-        return _quant_nv(x, scaling, scale)
+        return _quant_nv(x, scaling, scale, r)
     if scaling == "tensor":
         if scale is None:
             s = fp32_scales(_amax(x, (0, 1)) if x.numel() else torch.zeros((), device=x.device),
                             fmt, eps, pow2)
         else:
             s = scale.to(device=x.device, dtype=torch.float32).reshape(())
-        codes = encode(x * s, fmt)
+        codes = _enc(x * s, fmt, r)
         return codes, (torch.ones_like(s) / s).reshape(1, 1)
     if scaling == "row":
         am = _amax(x, (1,)) if C else torch.zeros(R, device=x.device)
         s = fp32_scales(am, fmt, eps, pow2)
-        codes = encode(x * s[:, None], fmt)
+        codes = _enc(x * s[:, None], fmt, r)
         return codes, (torch.ones_like(s) / s).reshape(R, 1)
     bs = block_of(scaling)
     if scaling in TILE_KINDS:
@@ -306,12 +352,12 @@ def _quant_rows(x: torch.Tensor, fmt: str, scaling: str, mode: str, eps: float, 
         if scaling == "block32x32":
             code = e8m0_codes(am, fmt, mode)
             y = xp * _e8m0_quant_factor(code)[:, None, :, None]
-            c = encode(y, fmt)
+            c = _enc(y, fmt, _tile_words(r, nbr, nbc, bs))
             c = torch.where(code[:, None, :, None] == 0xFF, torch.full_like(c, f.nan_code), c)
             sc = code.to(torch.uint8)
         else:
             s = fp32_scales(am, fmt, eps, pow2)
-            c = encode(xp * s[:, None, :, None], fmt)
+            c = _enc(xp * s[:, None, :, None], fmt, _tile_words(r, nbr, nbc, bs))
             sc = torch.ones_like(s) / s
         return c.reshape(nbr * bs, nbc * bs)[:R, :C], sc
     nb = _cdiv(C, bs)
@@ -328,12 +374,12 @@ def _quant_rows(x: torch.Tensor, fmt: str, scaling: str, mode: str, eps: float, 
     # slice into a cast, leaving a partial last block's bytes unwritten.
     if scaling == "mx32":
         code = e8m0_codes(am, fmt, mode)
-        c = encode(x * per_element(_e8m0_quant_factor(code)), fmt)
+        c = _enc(x * per_element(_e8m0_quant_factor(code)), fmt, r)
         c = torch.where(per_element(code == 0xFF), torch.full_like(c, f.nan_code), c)
         sc = code.to(torch.uint8)
     else:
         s = fp32_scales(am, fmt, eps, pow2)
-        c = encode(x * per_element(s), fmt)
+        c = _enc(x * per_element(s), fmt, r)
         sc = torch.ones_like(s) / s
     return c, sc
 
@@ -375,7 +421,7 @@ def _nv_blocks(bamax: torch.Tensor, s: torch.Tensor):
     return code, torch.where(torch.isinf(f), torch.full_like(f, _F32_MAX), f)
 
 
-def _quant_nv(x: torch.Tensor, scaling: str, s: torch.Tensor):
+def _quant_nv(x: torch.Tensor, scaling: str, s: torch.Tensor, r: Optional[torch.Tensor] = None):
     """Element codes (int32 [R, C]) and E4M3 block codes (uint8) of float32 x [R, C] under
     the tensor encode scale s (4b steps 2-4): nv16 blocks of 1x16 along the rows, nv16x16
     tiles. A NaN block's elements are code 0."""
@@ -384,7 +430,7 @@ def _quant_nv(x: torch.Tensor, scaling: str, s: torch.Tensor):
         nbr, nbc = _cdiv(R, 16), _cdiv(C, 16)
         xp = _pad_to(x, nbr * 16, nbc * 16).reshape(nbr, 16, nbc, 16)
         code, f = _nv_blocks(_amax(xp, (1, 3)), s)
-        c = encode(xp * f[:, None, :, None], "e2m1")
+        c = _enc(xp * f[:, None, :, None], "e2m1", _tile_words(r, nbr, nbc, 16))
         c = torch.where(code[:, None, :, None] == _NV_NAN, torch.zeros_like(c), c)
         return c.reshape(nbr * 16, nbc * 16)[:R, :C], code.to(torch.uint8)
     nb = _cdiv(C, 16)
@@ -392,7 +438,7 @@ def _quant_nv(x: torch.Tensor, scaling: str, s: torch.Tensor):
     am = _amax(xp, (2,)) if nb else torch.zeros((R, 0), device=x.device)
     code, f = _nv_blocks(am, s)
     block = torch.arange(C, device=x.device) // 16  # each column's block (as in _quant_rows)
-    c = encode(x * f.index_select(1, block), "e2m1")
+    c = _enc(x * f.index_select(1, block), "e2m1", r)
     c = torch.where((code == _NV_NAN).index_select(1, block), torch.zeros_like(c), c)
     return c, code.to(torch.uint8)
 
@@ -401,6 +447,19 @@ def _nv_amax_scales(x: torch.Tensor):
     """(S, D) of float32 x from its amax (NaN wins; an empty x has amax 0)."""
     am = _amax(x, (0, 1)) if x.numel() else torch.zeros((), device=x.device)
     return nv_tensor_scales(am)
+
+
+ROUNDINGS = ("rne", "sr")
+
+
+def _check_rounding(rounding: str, seed: int, offset: int) -> bool:
+    """Whether `rounding` asks for SR (after checking it and the stream position)."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding ({rounding!r}) is not one of {', '.join(ROUNDINGS)}")
+    for name, v in (("seed", seed), ("offset", offset)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 64:
+            raise ValueError(f"{name} ({v!r}) must be an int in [0, 2^64)")
+    return rounding == "sr"
 
 
 def _finish(codes: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -419,13 +478,18 @@ def default_pow2(scaling: str, pow2: Optional[bool]) -> bool:
 
 def quantize(x: torch.Tensor, fmt: str, scaling: str, scale_mode: Optional[str] = None,
              axis: str = "row", eps: float = 0.0, pow2: Optional[bool] = None,
-             scale: Optional[torch.Tensor] = None):
+             scale: Optional[torch.Tensor] = None, rounding: str = "rne", seed: int = 0,
+             offset: int = 0):
     """Quantize 2-D float32/bfloat16 x [R, C]: returns (row LowpQTensor or None, col
     LowpQTensor or None).
 
     The columnwise copy is the rowwise quantization of x^T ([C, R]); for the tile kinds it is
     the transpose of the rowwise copy, scales included. `scale` (tensorwise only): the delayed
-    scale to multiply by, instead of one from the amax."""
+    scale to multiply by, instead of one from the amax. `rounding` "sr": stochastic rounding of
+    the elements, element (i, j) of a copy [rows, cols] taking Philox word
+    offset + i * cols + j of stream `seed`, the columnwise copy by its own index (a tile
+    kind's columnwise copy then has the rowwise copy's scales, transposed, but its own
+    elements)."""
     if fmt not in FORMATS:
         raise ValueError(f"format ({fmt!r}) is not one of e4m3, e5m2, e2m1")
     if scaling not in SCALINGS:
@@ -438,14 +502,19 @@ def quantize(x: torch.Tensor, fmt: str, scaling: str, scale_mode: Optional[str] 
     p2 = default_pow2(scaling, pow2)
     xf = x.to(torch.float32)
     R, C = xf.shape
+    sr = _check_rounding(rounding, seed, offset)
+    rw = sr_words(seed, offset, R, C, x.device) if sr else None
+    cw = sr_words(seed, offset, C, R, x.device) if sr else None
     row = col = ts = None
     if scaling in NV_KINDS:  # one tensor scale for both copies
         scale, ts = _nv_amax_scales(xf)
     if scaling in TILE_KINDS:
-        codes, sc = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale)
+        codes, sc = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale, rw)
         if axis in ("row", "both"):
             row = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, R, C, tensor_scale=ts)
         if axis in ("col", "both"):
+            if sr:  # the columnwise copy's own words: its codes differ from the rowwise copy's
+                codes, _ = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale, cw.t())
             col = LowpQTensor(_finish(codes.t().contiguous(), fmt),
                               sc.t().clone(memory_format=torch.contiguous_format), fmt,
                               scaling, C, R, tensor_scale=ts)
@@ -456,17 +525,18 @@ def quantize(x: torch.Tensor, fmt: str, scaling: str, scale_mode: Optional[str] 
                         fmt, eps, p2)
         scale = s
     if axis in ("row", "both"):
-        codes, sc = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale)
+        codes, sc = _quant_rows(xf, fmt, scaling, mode, eps, p2, scale, rw)
         row = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, R, C, tensor_scale=ts)
     if axis in ("col", "both"):
-        codes, sc = _quant_rows(xf.t().contiguous(), fmt, scaling, mode, eps, p2, scale)
+        codes, sc = _quant_rows(xf.t().contiguous(), fmt, scaling, mode, eps, p2, scale, cw)
         col = LowpQTensor(_finish(codes, fmt), sc, fmt, scaling, C, R, tensor_scale=ts)
     return row, col
 
 
 def quantize_grouped(x: torch.Tensor, offs: Sequence[int], fmt: str, scaling: str,
                      scale_mode: Optional[str] = None, eps: float = 0.0,
-                     pow2: Optional[bool] = None) -> LowpQTensor:
+                     pow2: Optional[bool] = None, rounding: str = "rne", seed: int = 0,
+                     offset: int = 0) -> LowpQTensor:
     """Columnwise copy [K, M] of x [M, K] (tokens x features) whose token blocks restart at
     every group end in offs (mx32, block128, nv16); tokens past offs[-1] hold code 0. An nv16
     copy's tensor scale is that of the tokens in groups (docs/numerics.md 4b step 1)."""
@@ -478,6 +548,8 @@ def quantize_grouped(x: torch.Tensor, offs: Sequence[int], fmt: str, scaling: st
     xf = x.to(torch.float32)
     M, K = xf.shape
     offs = [int(o) for o in offs]
+    words = sr_words(seed, offset, K, M, x.device) if _check_rounding(rounding, seed,
+                                                                       offset) else None
     s = ts = None
     if scaling in NV_KINDS:
         s, ts = _nv_amax_scales(xf[:offs[-1] if offs else 0])
@@ -486,7 +558,8 @@ def quantize_grouped(x: torch.Tensor, offs: Sequence[int], fmt: str, scaling: st
     start = 0
     for end in offs:
         if end > start:
-            c, sc = _quant_rows(xf[start:end].t().contiguous(), fmt, scaling, mode, eps, p2, s)
+            c, sc = _quant_rows(xf[start:end].t().contiguous(), fmt, scaling, mode, eps, p2, s,
+                                None if words is None else words[:, start:end])
             codes.append(c)
             scales.append(sc)
         start = end

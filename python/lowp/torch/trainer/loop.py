@@ -167,6 +167,8 @@ class Trainer:
         self.run_steps = 0
         self.t0 = time.perf_counter()
         torch.manual_seed(cfg.seed)  # dropout draws from the default generator
+        # the FP4 recipes' SR and Hadamard signs: seed + 1 and seed + 2, as lowp's C trainer
+        lt.philox_states().reset(cfg.seed)
 
     # ---- one update
 
