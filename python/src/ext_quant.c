@@ -276,6 +276,49 @@ done_src:
     return ret;
 }
 
+/* hadamard16(x, x_fmt, y, rows, cols, seed, offset, offs, threads): y (F32 [rows, cols]) = the
+ * random Hadamard transform of x (F32 or BF16) along its rows (lowp_hadamard16); offs None or
+ * int32 group ends along the columns. */
+static PyObject *py_hadamard16(PyObject *self, PyObject *args) {
+    (void) self;
+    const char *fn = "lowp.hadamard16", *xfmt;
+    PyObject *x_o, *y_o, *offs_o;
+    long long rows, cols;
+    unsigned long long seed, offset;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OsOLLKKOi", &x_o, &xfmt, &y_o, &rows, &cols, &seed, &offset,
+                          &offs_o, &threads))
+        return NULL;
+    lowp_format xf;
+    if (ext_format(xfmt, &xf)) return NULL;
+    ext_buf x, y, o;
+    if (ext_buf_get(x_o, &x, 0, 0, fn, "x")) return NULL;
+    if (ext_buf_get(y_o, &y, 1, 0, fn, "y")) return ext_buf_release(&x), NULL;
+    if (ext_buf_get(offs_o, &o, 0, 1, fn, "offs"))
+        return ext_buf_release(&x), ext_buf_release(&y), NULL;
+    lowp_tensor xt = {xf, rows, cols, x.view.buf, LOWP_DEVICE_HOST};
+    lowp_tensor yt = {LOWP_FORMAT_F32, rows, cols, y.view.buf, LOWP_DEVICE_HOST};
+    PyObject *ret = NULL;
+    if (!ext_tensor_need(&x, &xt, fn, "x") && !ext_tensor_need(&y, &yt, fn, "y")) {
+        lowp_hadamard_cfg hc;
+        lowp_hadamard_cfg_init(&hc);
+        hc.seed = seed;
+        hc.offset = offset;
+        hc.group_offs = o.held ? (const int32_t *) o.view.buf : NULL;
+        hc.groups = o.held ? (int32_t) (o.view.len / (Py_ssize_t) sizeof(int32_t)) : 0;
+        hc.threads = threads;
+        lowp_status st;
+        Py_BEGIN_ALLOW_THREADS;
+        st = lowp_hadamard16(&xt, &yt, &hc);
+        Py_END_ALLOW_THREADS;
+        ret = ext_none_or_raise(st);
+    }
+    ext_buf_release(&o);
+    ext_buf_release(&y);
+    ext_buf_release(&x);
+    return ret;
+}
+
 /* philox_fill(seed, offset, out, n): words offset .. offset + n - 1 of stream seed into out
  * (uint32 [n]), lowp_philox_fill. */
 static PyObject *py_philox_fill(PyObject *self, PyObject *args) {
@@ -296,6 +339,8 @@ static PyObject *py_philox_fill(PyObject *self, PyObject *args) {
 }
 
 PyMethodDef ext_quant_methods[] = {
+    {"hadamard16", py_hadamard16, METH_VARARGS,
+     "hadamard16(x, x_fmt, y, rows, cols, seed, offset, offs, threads)"},
     {"philox_fill", py_philox_fill, METH_VARARGS, "philox_fill(seed, offset, out, n)"},
     {"scale_layout", py_scale_layout, METH_VARARGS,
      "scale_layout(src, srows, scols, layout, to_canonical, dst) -> None, or the layout's bytes "
