@@ -5,8 +5,8 @@ other device run the portable torch implementation, which gives the same bytes.
 Each helper appends its own imports below (keep this file a plain list of imports)."""
 
 from .config import (Block128Config, BlockQuantizeConfig, Float8RowwiseConfig,
-                     Float8TensorwiseConfig, MatmulSpec, MXQuantizeConfig, OperandSpec, PRESETS,
-                     resolve_config)
+                     Float8TensorwiseConfig, MatmulSpec, MXQuantizeConfig, NVFP4QuantizeConfig,
+                     OperandSpec, PRESETS, resolve_config)
 from .ops import (KernelPreference, LowpQTensor, WeightCache, has_native_kernel,
                   kernel_preference, native_available, portable, reset_stats, stats)
 from .ops.linear import grouped_mm, linear, mm
@@ -18,6 +18,7 @@ __all__ = [
     "Float8TensorwiseConfig",
     "MatmulSpec",
     "MXQuantizeConfig",
+    "NVFP4QuantizeConfig",
     "OperandSpec",
     "PRESETS",
     "resolve_config",

@@ -57,6 +57,7 @@ __all__ = [
     "OperandSpec",
     "MatmulSpec",
     "MXQuantizeConfig",
+    "NVFP4QuantizeConfig",
     "BlockQuantizeConfig",
     "Block128Config",
     "Float8RowwiseConfig",
@@ -272,6 +273,48 @@ class MXQuantizeConfig(_LowpConfig):
 
 
 @dataclass(frozen=True)
+class NVFP4QuantizeConfig(_LowpConfig):
+    """NVIDIA's NVFP4 (TransformerEngine's ``NVFP4BlockScaling``): E2M1 elements in 1x16
+    blocks with E4M3 block scales under one binary32 tensor scale (docs/numerics.md 4b) for the
+    activation and the gradient, and 16x16 tiles for the weight, so that one quantized weight
+    serves the forward and the input-gradient GEMM. TE's recipe switches, on by default as in
+    TE: ``weight_2d`` (False: 1x16 weight blocks, quantized again along the other axis for the
+    input gradient), ``grad_output_rounding`` ("sr": stochastic rounding of the gradient's
+    elements; "rne") and ``wgrad_hadamard`` (the random Hadamard transform on both
+    weight-gradient operands). All three on: the C preset ``nvfp4``, the ``nvfp4`` recipe's
+    config."""
+
+    weight_2d: bool = True
+    _: KW_ONLY
+    grad_output_rounding: str = "sr"
+    wgrad_hadamard: bool = True
+    kernel_preference: KernelPreference = KernelPreference.AUTO
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.weight_2d, bool):
+            raise TypeError(f"weight_2d ({self.weight_2d!r}) must be a bool")
+        _check_fp4_backward(self, "e2m1")
+
+    @property
+    def format(self) -> str:
+        """lowp's name of the element format: "e2m1"."""
+        return "e2m1"
+
+    def to_spec(self) -> MatmulSpec:
+        """The C preset nvfp4, with the switches that are off turned off in it (without the
+        transform, X's wgrad copy is kept from the forward, as in the other presets)."""
+        te = self.weight_2d and self.grad_output_rounding == "sr" and self.wgrad_hadamard
+        spec = _preset_spec("nvfp4", "nvfp4" if te else "custom", self.kernel_preference)
+        if te:
+            return spec
+        w = spec.weight if self.weight_2d else dataclasses.replace(spec.weight, scaling="nv16")
+        g = dataclasses.replace(spec.grad_output, rounding=self.grad_output_rounding)
+        return spec.replace(weight=w, grad_output=g, wgrad_hadamard=self.wgrad_hadamard,
+                            keep_quantized=not self.wgrad_hadamard)
+
+
+@dataclass(frozen=True)
 class BlockQuantizeConfig(_LowpConfig):
     """The NPU's Block FP8: 32x32 E8M0 (FLOOR) e4m3 weight tiles, one copy for the forward and
     the input-gradient GEMM; MX32 e4m3 RCEIL activations and gradients. With
@@ -372,6 +415,7 @@ class Float8TensorwiseConfig(_LowpConfig):
 
 PRESETS = {
     "mxfp8": lambda: MXQuantizeConfig(),
+    "nvfp4": lambda: NVFP4QuantizeConfig(),
     "mxfp4": lambda: MXQuantizeConfig(dtype="fp4"),
     "block32x32": lambda: BlockQuantizeConfig(),
     "block128": lambda: Block128Config(),
@@ -381,7 +425,7 @@ PRESETS = {
 }
 
 _CONFIG_TYPES = (MXQuantizeConfig, BlockQuantizeConfig, Block128Config, Float8RowwiseConfig,
-                 Float8TensorwiseConfig)
+                 Float8TensorwiseConfig, NVFP4QuantizeConfig)
 
 # The GEMM operand pairs lowp multiplies, (a format, a scaling, b format, b scaling): the C
 # library's (src/core/gemm_pair.c, through lowp.rules).
@@ -433,7 +477,7 @@ def resolve_config(config_or_preset: Union[str, object, None],
                             kernel_preference=_joint_preference(spec, act))
     for role in ("input", "grad_output"):
         s = getattr(spec, role)
-        if s.scaling in ("block128x128", "block32x32"):
+        if s.scaling in ("block128x128", "block32x32", "nv16x16"):
             raise ValueError(f"{role} scaling ({s.scaling}) is a weight tiling; activations and "
                              "gradients are quantized along one axis")
     _check_pair("forward", "input", spec.input, "weight", spec.weight)
@@ -506,9 +550,10 @@ class ParamSwapConfig(*_SWAP_BASES):
     def _check_configs(self):
         if self.weight_config is not None and not _is_lowp_config(self.weight_config):
             raise TypeError(
-                "weight_config must be a lowp config (MXQuantizeConfig, BlockQuantizeConfig, "
-                "Block128Config, Float8RowwiseConfig, Float8TensorwiseConfig) or a preset "
-                "name, got %s" % type(self.weight_config).__name__)
+                "weight_config must be a lowp config (MXQuantizeConfig, NVFP4QuantizeConfig, "
+                "BlockQuantizeConfig, Block128Config, Float8RowwiseConfig, "
+                "Float8TensorwiseConfig) or a preset name, got %s" %
+                type(self.weight_config).__name__)
         if self.activation_config is not None and not _is_lowp_config(self.activation_config):
             raise TypeError("activation_config must be a lowp config or preset name, got %s" %
                             type(self.activation_config).__name__)

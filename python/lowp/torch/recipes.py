@@ -58,7 +58,7 @@ import torch.nn as nn
 
 from .. import rules as _rules
 from .config import (Block128Config, BlockQuantizeConfig, Float8RowwiseConfig,
-                     Float8TensorwiseConfig, MXQuantizeConfig)
+                     Float8TensorwiseConfig, MXQuantizeConfig, NVFP4QuantizeConfig)
 from .config import ParamSwapConfig
 from .quantize import _default_params_filter, _owners, param_swap_filter
 from .tensor import LowpWeight
@@ -79,6 +79,7 @@ _PRESET_CONFIGS = {
     "block_fp8": lambda: BlockQuantizeConfig(),
     "block_fp8_fp4": lambda: BlockQuantizeConfig(
         mxfp4_fake_quantize_config=MXQuantizeConfig(dtype="fp4")),
+    "nvfp4": lambda: NVFP4QuantizeConfig(),
     "mxfp4": lambda: MXQuantizeConfig(dtype="fp4", grad_output_rounding="sr",
                                       wgrad_hadamard=True),
 }
