@@ -22,7 +22,10 @@
 
 int lowp_cpu_quant_avx2_supports(const lowp_quant_job *j) {
     const uint32_t need = LOWP_CAP_AVX2 | LOWP_CAP_FMA;
-    return (lowp_cpu_caps()->flags & need) == need && lowp_quant_job_fp8(j);
+    const int nv = j->efmt == LOWP_FORMAT_E2M1 &&
+                   (j->xfmt == LOWP_FORMAT_F32 || j->xfmt == LOWP_FORMAT_BF16) &&
+                   (j->scaling == LOWP_SCALING_NV16 || j->scaling == LOWP_SCALING_NV16X16);
+    return (lowp_cpu_caps()->flags & need) == need && (lowp_quant_job_fp8(j) || nv);
 }
 
 /* ---- loads ---- */
@@ -393,6 +396,10 @@ void lowp_cpu_quant_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1) {
     static const fn k[2][2][2] = {
         {{run_e4m3_f32, run_e5m2_f32}, {run_e4m3_bf16, run_e5m2_bf16}},
         {{run_e4m3_f32_rne, run_e5m2_f32_rne}, {run_e4m3_bf16_rne, run_e5m2_bf16_rne}}};
+    if (j->efmt == LOWP_FORMAT_E2M1) { /* NVFP4 (supports) */
+        lowp_cpu_quant_avx2_nv(j, r0, r1);
+        return;
+    }
     const int rne = (_mm_getcsr() & 0x6000u) == 0; /* MXCSR.RC: round to nearest */
     k[rne][j->xfmt == LOWP_FORMAT_BF16][j->efmt == LOWP_FORMAT_E5M2](j, r0, r1);
 }

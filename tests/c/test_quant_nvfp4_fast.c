@@ -244,8 +244,7 @@ static void check_grouped(const lowp_tensor *x, const int32_t *offs, int32_t G, 
         lowp_quant_cfg_init(&cfg);
         cfg.threads = p ? threads : 1;
         cfg.path = p ? g_path : LOWP_KERNEL_PATH_REFERENCE;
-        lowp_status st = lowp_quantize_grouped(x, &q, &cfg);
-        if (st == LOWP_OK && with_row) st = lowp_quantize(x, &r, NULL, &cfg);
+        lowp_status st = lowp_quantize_grouped(x, with_row ? &r : NULL, &q, &cfg);
         CHECKF(st == LOWP_OK, "grouped, %s path: %s", p ? g_name : "reference", lowp_last_error());
     }
     same_pad(&r, o.b[0][1], o.b[1][1]);
@@ -324,7 +323,10 @@ int main(void) {
     printf("testing the %s kernel\n", g_name);
     test_shapes();
     test_special_tensors();
-    test_grouped();
+    if (g_path == LOWP_KERNEL_PATH_AVX512)
+        test_grouped();
+    else /* the AVX2 path has no grouped kernel: lowp_quantize_grouped stays on the reference */
+        printf("grouped: not on the %s path\n", g_name);
     printf("%d quantize calls compared with the reference\n", g_runs);
     return testutil_finish();
 }
