@@ -862,3 +862,37 @@ def test_grouped_gemms_bf16_grouped_mm_standin(fa, sa, fb, sb, how, monkeypatch,
             qb = _grouped_operand(fb, sb, K, offs, how, rng, True)
             _check_split_k(P.grouped_gemm_wgrad(qa, qb, offs), qa, qb, offs)
     assert ("cpu", torch.bfloat16) not in P._GROUPED_REFUSED
+
+
+@pytest.mark.parametrize("kind", [k for k in GROUPED_KINDS if k[0] != "block128"],
+                         ids=lambda k: "x".join(k))
+def test_grouped_gemms_mm_out_dtype_device(kind, monkeypatch, split_m_one_call):
+    """A device whose torch._grouped_mm refuses a binary32 output of BF16 operands (torch 2.15,
+    everywhere) but whose mm takes out_dtype (CUDA): the folded groups go to that mm, one BF16
+    matmul per nonempty group, never to a binary32 grouped matmul (slow there)."""
+    real_gmm, real_mm, grouped, mms = torch._grouped_mm, P._mm, [], []
+
+    def gmm(a, b, **kw):
+        grouped.append(a.dtype)
+        return real_gmm(a, b, **kw)
+
+    def mm_exact(a, b):  # the device's BF16 mm into binary32 (exact here: binary32)
+        for t in (a, b):  # the folds are exact in BF16 (NaN elements aside)
+            assert torch.allclose(t.to(torch.bfloat16).float(), t.float(), rtol=0, atol=0,
+                                  equal_nan=True)
+        mms.append(a.shape)
+        return real_mm(a.float(), b.float())
+
+    monkeypatch.setattr(torch, "_grouped_mm", gmm)
+    monkeypatch.setattr(P, "_mm_exact", mm_exact)
+    monkeypatch.setattr(P, "_GROUPED_REFUSED", set())
+    monkeypatch.setattr(P, "_NO_OUT_DTYPE", set())
+    monkeypatch.setattr(P, "_OUT_DTYPE", {"cpu"})
+    m, k = _ordinary_grouped(kind, np.random.default_rng(27))
+    _check_split_m(_portable_split_m(*m[0]), *m[1])
+    nonempty = sum(1 for s, e in zip([0] + m[0][8], m[0][8]) if e > s)
+    assert grouped == [torch.bfloat16] and len(mms) == nonempty
+    if k is not None:
+        mms.clear()
+        _check_split_k(P.grouped_gemm_wgrad(*k), *k)
+        assert grouped == [torch.bfloat16] and len(mms) == nonempty

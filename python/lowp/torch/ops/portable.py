@@ -1047,8 +1047,9 @@ def _split_m_fast(a: LowpQTensor, b: Sequence[LowpQTensor], offs: List[int],
 _SPLIT_M_ROUTES = ("tensor", "row", "mx", "mx_b32", "b128")
 # Device types whose split-M stays group by group: on this project's CPU (MoE-medium shapes,
 # 4096 tokens x 384 -> 512, 8 groups, one thread, thread CPU time) folding and scaling all the
-# tokens at once is 0.8-0.9x as fast as gemm per group, which keeps a group in cache; split-K's
-# single route is 1.1-1.5x as fast as its loop, so it runs everywhere.
+# tokens at once is 0.7-0.9x as fast as gemm per group, which keeps a group in cache; split-K's
+# single route is 0.95-1.5x as fast as its loop (rowwise 1.4x), so it runs everywhere
+# (docs/benchmarks.md, the portable grouped GEMMs).
 _SPLIT_M_LOOP_DEVICES = {"cpu"}
 
 
