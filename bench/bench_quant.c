@@ -9,11 +9,16 @@
  * baseline copies the input (B bytes read, B written) and is timed in the same rounds: every round
  * runs memcpy and then each kernel once, so that the noise of a shared machine hits all of them
  * alike, and the medians of many such short rounds are reported.
+ *
+ * --fp4 measures the E2M1 kinds instead: NVFP4 (nv16 rowwise and dual-axis, nv16x16) and MXFP4
+ * (mx32 rowwise and dual-axis); --clock cpu times the calling thread's CPU time on one thread
+ * (for a shared, loaded machine).
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench_util.h"
 #include "cli.h"
@@ -28,11 +33,15 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lowp bench quant [--json] [--rows R --cols C] [--reps N]\n"
             "                        [--path auto|reference|avx512|avx2] [--input bf16|f32]\n"
+            "                        [--fp4] [--clock cpu]\n"
             "  --rows R, --cols C  shape of the input (default %dx%d)\n"
             "  --input F    the input's format, bf16 (default) or f32\n"
             "  --reps N     timed rounds; each runs memcpy and every kernel once (default %d)\n"
             "  --path P     the kernel path to measure (default auto)\n"
             "  --json       one JSON object per line instead of the table\n"
+            "  --fp4        the E2M1 kinds instead: nvfp4_row, nvfp4_dual, nvfp4_16x16 (nv16x16),\n"
+            "               mxfp4_row, mxfp4_dual (mx32)\n"
+            "  --clock cpu  the calling thread's CPU time instead of the wall clock, 1 thread\n"
             "Kernels (E4M3 elements): mxfp8_row, mxfp8_dual (row + col copies), block128_row,\n"
             "block128x128, block32x32, block128_dual, row_dual, tensor_dual. Bandwidth is (bytes "
             "read + bytes written) / median time\n"
@@ -52,6 +61,30 @@ static const kernel_def KERNELS[NKERNELS] = {
     {"block32x32", LOWP_SCALING_BLOCK32X32, 0}, {"block128_dual", LOWP_SCALING_BLOCK128, 1},
     {"row_dual", LOWP_SCALING_ROW, 1},          {"tensor_dual", LOWP_SCALING_TENSOR, 1},
 };
+
+#define NFP4 5
+static const kernel_def FP4_KERNELS[NFP4] = {
+    {"nvfp4_row", LOWP_SCALING_NV16, 0},      {"nvfp4_dual", LOWP_SCALING_NV16, 1},
+    {"nvfp4_16x16", LOWP_SCALING_NV16X16, 0}, {"mxfp4_row", LOWP_SCALING_MX32, 0},
+    {"mxfp4_dual", LOWP_SCALING_MX32, 1},
+};
+
+/* The kernel set measured (KERNELS, or FP4_KERNELS with --fp4), its size and element format. */
+static const kernel_def *g_kern = KERNELS;
+static int g_nkern = NKERNELS;
+static lowp_format g_efmt = LOWP_FORMAT_E4M3;
+
+/* The calling thread's CPU time, seconds (--clock cpu). */
+static double thread_cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double) t.tv_sec + 1e-9 * (double) t.tv_nsec;
+}
+
+static double (*g_clock)(void) = lowp_bench_now;
+
+/* Kernels a forced --path refused (LOWP_ERR_UNSUPPORTED in the warm-up): reported as n/a. */
+static int g_skip[NKERNELS];
 
 typedef struct kernel_run {
     lowp_qtensor row, col;
@@ -116,6 +149,18 @@ static int parse_args(int argc, char **argv, quant_opts *o) {
             return 1;
         } else if (strcmp(a, "--json") == 0) {
             o->json = 1;
+        } else if (strcmp(a, "--fp4") == 0) {
+            g_kern = FP4_KERNELS;
+            g_nkern = NFP4;
+            g_efmt = LOWP_FORMAT_E2M1;
+        } else if (strcmp(a, "--clock") == 0) {
+            if (i + 1 >= argc || strcmp(argv[i + 1], "cpu") != 0) {
+                fprintf(stderr, "lowp bench quant: --clock takes cpu (the default is the wall "
+                                "clock)\n");
+                return 2;
+            }
+            i++;
+            g_clock = thread_cpu_now;
         } else if (strcmp(a, "--rows") == 0 || strcmp(a, "--cols") == 0 ||
                    strcmp(a, "--reps") == 0 || strcmp(a, "--path") == 0 ||
                    strcmp(a, "--input") == 0) {
@@ -156,23 +201,16 @@ static int parse_args(int argc, char **argv, quant_opts *o) {
 /* Every kernel's output descriptors and buffers for a rows x cols input, and the bytes one
  * call moves (input read, codes and scales written). -1 on failure (message printed). */
 static int alloc_outputs(kernel_run *kr, int64_t rows, int64_t cols, size_t in_bytes) {
-    for (int k = 0; k < NKERNELS; k++) {
+    for (int k = 0; k < g_nkern; k++) {
         kernel_run *r = &kr[k];
-        const lowp_qtensor proto = {LOWP_FORMAT_E4M3,
-                                    KERNELS[k].scaling,
-                                    rows,
-                                    cols,
-                                    NULL,
-                                    NULL,
-                                    LOWP_DEVICE_HOST,
-                                    NULL,
-                                    0};
+        const lowp_qtensor proto = {g_efmt, g_kern[k].scaling, rows, cols, NULL,
+                                    NULL,   LOWP_DEVICE_HOST,  NULL, 0};
         r->row = proto;
         r->col = proto;
         r->col.rows = cols;
         r->col.cols = rows;
         r->bytes = in_bytes;
-        for (int c = 0; c <= KERNELS[k].col; c++) {
+        for (int c = 0; c <= g_kern[k].col; c++) {
             lowp_qtensor *q = c ? &r->col : &r->row;
             size_t db, sb;
             if (lowp_qtensor_nbytes(q, &db, &sb) != LOWP_OK) {
@@ -214,22 +252,33 @@ static int time_rounds(const lowp_tensor *xt, void *mdst, size_t in_bytes, kerne
     cfg->threads = threads;
     /* Warm-up: thread pool started, code and TLB entries hot. */
     lowp_bench_memcpy(mdst, xt->data, in_bytes, threads);
-    for (int k = 0; k < NKERNELS; k++)
-        if (quant_once(xt, &kr[k], KERNELS[k].col, cfg)) return -1;
+    for (int k = 0; k < g_nkern; k++) {
+        const lowp_status st =
+            lowp_quantize(xt, &kr[k].row, g_kern[k].col ? &kr[k].col : NULL, cfg);
+        if (st == LOWP_ERR_UNSUPPORTED && cfg->path != LOWP_PATH_AUTO && !g_skip[k]) {
+            fprintf(stderr, "lowp bench quant: %s: n/a (%s)\n", g_kern[k].name, lowp_last_error());
+            g_skip[k] = 1;
+        } else if (st != LOWP_OK && !g_skip[k] && quant_once(xt, &kr[k], g_kern[k].col, cfg)) {
+            return -1;
+        }
+    }
     for (int r = 0; r < reps; r++) {
-        double t0 = lowp_bench_now();
+        double t0 = g_clock();
         lowp_bench_memcpy(mdst, xt->data, in_bytes, threads);
-        double t1 = lowp_bench_now();
+        double t1 = g_clock();
         times[r] = t1 - t0;
-        for (int k = 0; k < NKERNELS; k++) {
-            t0 = lowp_bench_now();
-            if (quant_once(xt, &kr[k], KERNELS[k].col, cfg)) return -1;
-            t1 = lowp_bench_now();
+        for (int k = 0; k < g_nkern; k++) {
+            if (g_skip[k]) continue;
+            t0 = g_clock();
+            if (quant_once(xt, &kr[k], g_kern[k].col, cfg)) return -1;
+            t1 = g_clock();
             times[(size_t) (k + 1) * (size_t) reps + (size_t) r] = t1 - t0;
         }
     }
-    for (int k = 0; k <= NKERNELS; k++)
-        med[k] = lowp_bench_median(times + (size_t) k * (size_t) reps, (size_t) reps);
+    for (int k = 0; k <= g_nkern; k++)
+        med[k] = k && g_skip[k - 1]
+                     ? 0
+                     : lowp_bench_median(times + (size_t) k * (size_t) reps, (size_t) reps);
     return 0;
 }
 
@@ -237,12 +286,14 @@ static int time_rounds(const lowp_tensor *xt, void *mdst, size_t in_bytes, kerne
 static void report(const quant_opts *o, const char *path_name, int threads, const double *med,
                    const kernel_run *kr, size_t in_bytes) {
     const double mgbps = med[0] > 0 ? 2.0 * (double) in_bytes / med[0] / 1e9 : 0;
-    for (int k = 0; k <= NKERNELS; k++) {
-        const char *name = k ? KERNELS[k - 1].name : "memcpy";
+    for (int k = 0; k <= g_nkern; k++) {
+        const char *name = k ? g_kern[k - 1].name : "memcpy";
         const size_t bytes = k ? kr[k - 1].bytes : 2 * in_bytes;
         const double sec = med[k], gbps = sec > 0 ? (double) bytes / sec / 1e9 : 0;
         const double ratio = k && mgbps > 0 ? gbps / mgbps : 0;
-        if (o->json) {
+        if (k && g_skip[k - 1]) {
+            if (!o->json) printf("%-14s %7d %10s\n", name, threads, "n/a");
+        } else if (o->json) {
             emit_json(name, o->f32 ? "f32" : "bf16", threads, o->rows, o->cols, bytes, o->reps,
                       path_name, sec, gbps, ratio);
         } else {
@@ -265,7 +316,7 @@ int lowp_bench_quant(int argc, char **argv) {
     uint8_t *mdst = lowp_bench_alloc(in_bytes);
     kernel_run kr[NKERNELS];
     memset(kr, 0, sizeof kr);
-    double *times = malloc(sizeof(double) * (size_t) o.reps * (NKERNELS + 1));
+    double *times = malloc(sizeof(double) * (size_t) o.reps * (NKERNELS + 1)); /* >= g_nkern */
     if (!x || !mdst || !times) {
         fprintf(stderr, "lowp bench quant: out of memory for a %lldx%lld input\n",
                 (long long) o.rows, (long long) o.cols);
@@ -279,17 +330,20 @@ int lowp_bench_quant(int argc, char **argv) {
     lowp_quant_cfg_init(&cfg);
     cfg.path = o.path;
     double med[2][NKERNELS + 1]; /* [threads-1][0: memcpy, 1..: kernels] */
-    for (int ti = 0; ti < 2; ti++)
+    const int nthreads = g_clock == lowp_bench_now ? 2 : 1;
+    for (int ti = 0; ti < nthreads; ti++)
         if (time_rounds(&xt, mdst, in_bytes, kr, &cfg, ti + 1, o.reps, times, med[ti])) goto out;
     if (!o.json) {
-        printf("lowp bench quant: %lldx%lld %s -> e4m3, path %s, pages %s (from 4 MiB),\n"
-               "median of %d rounds (memcpy of the %.1f MiB input, then each kernel)\n\n",
-               (long long) o.rows, (long long) o.cols, o.f32 ? "f32" : "bf16", path_name,
-               lowp_bench_pages(), o.reps, (double) in_bytes / (1 << 20));
+        printf("lowp bench quant: %lldx%lld %s -> %s, path %s, pages %s (from 4 MiB),\n"
+               "median of %d rounds (memcpy of the %.1f MiB input, then each kernel), %s\n\n",
+               (long long) o.rows, (long long) o.cols, o.f32 ? "f32" : "bf16",
+               g_efmt == LOWP_FORMAT_E2M1 ? "e2m1" : "e4m3", path_name, lowp_bench_pages(), o.reps,
+               (double) in_bytes / (1 << 20),
+               g_clock == lowp_bench_now ? "wall clock" : "CPU time of the calling thread");
         printf("%-14s %7s %10s %10s %9s %10s\n", "kernel", "threads", "MB moved", "ms", "GB/s",
                "vs memcpy");
     }
-    for (int ti = 0; ti < 2; ti++) report(&o, path_name, ti + 1, med[ti], kr, in_bytes);
+    for (int ti = 0; ti < nthreads; ti++) report(&o, path_name, ti + 1, med[ti], kr, in_bytes);
     status = 0;
 out:
     for (int k = 0; k < NKERNELS; k++) {

@@ -118,6 +118,23 @@ def test_bad_usage():
                  "tensor_scale")
 
 
+def test_bench_fp4():
+    """`lowp bench quant --fp4 --clock cpu`: the E2M1 kernels on one thread; nvfp4_row reads the
+    input and writes the packed codes, the block scales padded to 4 bytes and the tensor scale."""
+    R, C = 67, 96
+    rc, so, se = run("bench", "quant", "--fp4", "--clock", "cpu", "--rows", R, "--cols", C,
+                     "--reps", 1, "--json")
+    rows = [json.loads(ln) for ln in so.splitlines() if ln.strip()]
+    by = {(r["kernel"], r["threads"]): r for r in rows}
+    want = {"memcpy", "nvfp4_row", "nvfp4_dual", "nvfp4_16x16", "mxfp4_row", "mxfp4_dual"}
+    rep.check("bench quant --fp4 --clock cpu: exit 0, every E2M1 kernel on 1 thread",
+              rc == 0 and set(by) == {(k, 1) for k in want}, [se.strip()[-200:], str(sorted(by))])
+    nb = R * ((C + 15) // 16)
+    want_bytes = 2 * R * C + R * ((C + 1) // 2) + (nb + 3) // 4 * 4 + 4
+    got = by.get(("nvfp4_row", 1), {}).get("bytes")
+    rep.check("bench quant --fp4: nvfp4_row's bytes", got == want_bytes, [f"{got} != {want_bytes}"])
+
+
 def main():
     try:
         x = (rng.standard_normal((37, 70)) * 10.0 ** rng.uniform(-3, 3, (37, 1))).astype(np.float32)
@@ -133,6 +150,7 @@ def main():
         test_tensor("special", y)
         test_alias_default()
         test_bad_usage()
+        test_bench_fp4()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rep.finish()
