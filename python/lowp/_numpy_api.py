@@ -48,10 +48,12 @@ _FMT, _KIND = _TABLES["formats"], _TABLES["scalings"]
 #: Element formats of quantized tensors.
 FORMATS = tuple(n for n in sorted(_FMT, key=lambda n: _FMT[n]["code"])
                 if _FMT[n]["signed"] and _FMT[n]["bits"] <= 8)
-#: Scaling kinds, as on the command line (the NVFP4 kinds, whose tensor scale follows the block
-#: scales, are not served by the numpy API yet).
-SCALINGS = tuple(n for n in sorted(_KIND, key=lambda n: _KIND[n]["code"])
-                 if n != "none" and not _KIND[n].get("tensor_scale"))
+#: Scaling kinds, as on the command line.
+SCALINGS = tuple(n for n in sorted(_KIND, key=lambda n: _KIND[n]["code"]) if n != "none")
+#: NVFP4 kinds: E4M3 block scale codes and a binary32 tensor decode scale D (docs/numerics.md 4b).
+_NV_KINDS = tuple(k for k in SCALINGS if _KIND[k].get("tensor_scale"))
+#: Kinds whose columnwise copy can be quantized in groups along the tokens (offs).
+_GROUPED_KINDS = tuple(k for k in SCALINGS if _KIND[k]["grouped"])
 #: E8M0 scale modes (mx32 and block32x32).
 SCALE_MODES = tuple(m for m in sorted(_TABLES["scale_modes"], key=_TABLES["scale_modes"].get)
                     if m != "default")
@@ -195,8 +197,12 @@ class QTensor:
     canonical layouts (see ``include/lowp/quant.h``).
 
     Attributes: ``data`` (uint8 codes [R, C], e2m1 packed two per byte [R, ceil(C/2)], element
-    2i in the low nibble), ``scale`` (uint8 E8M0 codes for mx32/block32x32, float32 scale_inv
-    for the others), ``data_col``/``scale_col`` (the columnwise copy, [C, R]), ``format``,
+    2i in the low nibble), ``scale`` (uint8 E8M0 codes for mx32/block32x32, uint8 E4M3 block
+    codes for nv16/nv16x16, float32 scale_inv for the others), ``tensor_scale`` (nv16, nv16x16:
+    the float32 tensor decode scale D of the rowwise copy, shape [1], or [G, 1] for a stack;
+    None for the other kinds), ``data_col``/``scale_col``/``tensor_scale_col`` (the columnwise
+    copy, [C, R]; its D is the rowwise copy's, except in a grouped copy, where it is that of the
+    tokens in groups), ``format``,
     ``scaling``, ``scale_mode`` (E8M0 kinds), ``shape`` (the logical (R, C), or (G, R, C) for
     a stack of G matrices), ``offs`` (int32 group ends along the rows - the tokens - when the
     columnwise copy was quantized in groups), ``amax`` (tensor scaling: the tensor's amax),
@@ -205,10 +211,12 @@ class QTensor:
     """
 
     __slots__ = ("data", "scale", "data_col", "scale_col", "format", "scaling", "scale_mode",
-                 "shape", "offs", "amax", "layout", "_colview")
+                 "shape", "offs", "amax", "layout", "tensor_scale", "tensor_scale_col",
+                 "_colview")
 
     def __init__(self, data, scale, format, scaling, shape, scale_mode=None, data_col=None,
-                 scale_col=None, offs=None, amax=None, layout="canonical", _colview=False):
+                 scale_col=None, offs=None, amax=None, layout="canonical", _colview=False, *,
+                 tensor_scale=None, tensor_scale_col=None):
         fn = "lowp.QTensor"
         self.layout = _name(layout, fn, "layout", _LAYOUTS)
         if self.layout != "canonical" and scaling != "mx32":
@@ -232,13 +240,17 @@ class QTensor:
         if data is None and data_col is None:
             raise ValueError(f"{fn}: data and data_col are both None")
         R, C = shape[-2:]
-        o = offs if self.scaling in ("mx32", "block128") else None  # grouped copies' scales
+        o = offs if self.scaling in _GROUPED_KINDS else None  # grouped copies' scales
         _check_copy(fn, ("data", "scale"), data, scale, self, R, C, shape[:-2],
                     o if _colview else None, _colview)
         _check_copy(fn, ("data_col", "scale_col"), data_col, scale_col, self, C, R, shape[:-2],
                     None if _colview else o, not _colview)
+        _check_tensor_scale(fn, "tensor_scale", tensor_scale, data, self.scaling, shape[:-2])
+        _check_tensor_scale(fn, "tensor_scale_col", tensor_scale_col, data_col, self.scaling,
+                            shape[:-2])
         self.shape = shape
         self.data, self.scale, self.data_col, self.scale_col = data, scale, data_col, scale_col
+        self.tensor_scale, self.tensor_scale_col = tensor_scale, tensor_scale_col
         self.offs = offs
         self.amax = amax
         self._colview = _colview
@@ -256,7 +268,7 @@ class QTensor:
         shape = self.shape[:-2] + (self.shape[-1], self.shape[-2])
         return QTensor(self.data_col, self.scale_col, self.format, self.scaling, shape,
                        self.scale_mode, offs=self.offs, amax=self.amax, layout=self.layout,
-                       _colview=True)
+                       _colview=True, tensor_scale=self.tensor_scale_col)
 
     def dequantize(self, axis="row"):
         return dequantize(self, axis)
@@ -272,8 +284,8 @@ class QTensor:
     # The extension's descriptor (a lowp._lowp.QDesc) of one matrix (index g of a stack) of the
     # rowwise or columnwise copy.
     def _desc(self, which, fn, arg, g=None):
-        data, scale = (self.data, self.scale) if which == "row" else (self.data_col,
-                                                                      self.scale_col)
+        data, scale, ts = ((self.data, self.scale, self.tensor_scale) if which == "row"
+                           else (self.data_col, self.scale_col, self.tensor_scale_col))
         if data is None:
             hint = " (use q.col() for a columnwise copy)" if which == "row" else ""
             raise ValueError(f"{fn}: {arg} has no {which}wise copy{hint}")
@@ -288,6 +300,10 @@ class QTensor:
         is_col = (which == "col") != self._colview  # the original tensor's columnwise copy
         if self.offs is not None and is_col:
             offs = A.int32_input(self.offs, fn, f"{arg}.offs")[0]
+        if self.scaling in _NV_KINDS:
+            t = A.to_numpy(ts, fn, f"{arg}.tensor_scale")[0]
+            s = _nv_join(s, t if g is None else t[g], self.format, self.scaling, rows, cols,
+                         offs)
         if self.layout != "canonical":
             stacked = len(self.shape) == 3 and g is None
             s = _scales_to_canonical(s, self.layout, is_col, self.format, rows, cols, offs,
@@ -308,6 +324,40 @@ def _check_array(fn, arg, x, np_dtype, shape):
         raise ValueError(f"{fn}: {arg} has shape {tuple(x.shape)}, expected {tuple(shape)}")
 
 
+def _check_tensor_scale(fn, arg, ts, data, scaling, stack):
+    """NVFP4's tensor decode scale of one copy: float32 [(G,) 1] beside its data, else None."""
+    if scaling not in _NV_KINDS or data is None:
+        if ts is not None:
+            raise ValueError(f"{fn}: {arg} applies to a present copy of kind nv16 or nv16x16, "
+                             f"not {scaling}" + ("" if data is not None else " (no codes)"))
+        return
+    if ts is None:
+        raise ValueError(f"{fn}: {arg} is needed with scaling {scaling}")
+    _check_array(fn, arg, ts, np.float32, stack + (1,))
+
+
+def _nv_join(blocks, d, fmt, scaling, rows, cols, offs):
+    """The C library's NVFP4 scale bytes of one matrix or a stack: the E4M3 block codes, zero
+    padding to a multiple of 4 bytes, then D (lowp_qtensor_tensor_scale_offset)."""
+    _, sb, _, _, _ = _lowp.layout(fmt, scaling, rows, cols, offs)
+    stack = blocks.shape[:-2]
+    n = blocks.shape[-2] * blocks.shape[-1]
+    out = np.zeros(stack + (sb,), np.uint8)
+    out[..., :n] = blocks.reshape(stack + (n,))
+    out[..., sb - 4:] = np.ascontiguousarray(d, np.float32).reshape(stack + (1,)).view(np.uint8)
+    return out
+
+
+def _nv_split(buf, sr, sc, as_torch):
+    """(block codes [(G,) sr, sc], D [(G,) 1]) of the C library's NVFP4 scale bytes."""
+    stack = buf.shape[:-1]
+    blocks = A.empty(stack + (sr, sc), np.uint8, as_torch)
+    np.copyto(blocks, buf[..., :sr * sc].reshape(stack + (sr, sc)))
+    d = A.empty(stack + (1,), np.float32, as_torch)
+    np.copyto(d, np.ascontiguousarray(buf[..., -4:]).view(np.float32))
+    return blocks, d
+
+
 def _check_copy(fn, names, data, scale, q, rows, cols, stack, offs, is_col):
     """One copy of QTensor q, [rows, cols] per matrix of the stack: uint8 codes and the scales
     its format, scaling, layout and (grouped copies) offs make, as lowp_qtensor_nbytes sizes
@@ -324,7 +374,8 @@ def _check_copy(fn, names, data, scale, q, rows, cols, stack, offs, is_col):
     o = None if offs is None else A.int32_input(offs, fn, "offs")[0]
     _, _, sr, sc, e8 = _lowp.layout(q.format, q.scaling, rows, cols, o)
     sshape = (sr, sc) if q.layout == "canonical" else _layout_shape(q.layout, is_col, sr, sc, o)
-    _check_array(fn, sn, scale, np.uint8 if e8 else np.float32, stack + sshape)
+    codes = e8 or q.scaling in _NV_KINDS  # uint8 E8M0 or E4M3 codes
+    _check_array(fn, sn, scale, np.uint8 if codes else np.float32, stack + sshape)
 
 
 def _check_enum_options(fn, scaling, scale_mode, pow2, eps):
@@ -338,6 +389,9 @@ def _check_enum_options(fn, scaling, scale_mode, pow2, eps):
         return mode, "default" if scale_mode is None else mode, -1
     if scale_mode is not None:
         raise ValueError(f"{fn}: scale_mode applies to mx32 and block32x32, not {scaling}")
+    if scaling in _NV_KINDS and (pow2 is not None or eps):
+        raise ValueError(f"{fn}: {'pow2' if pow2 is not None else 'eps'} applies to the binary32 "
+                         f"scalings, not {scaling} (NVFP4's scales take no options)")
     if pow2 is None:
         p = -1
     elif isinstance(pow2, (bool, np.bool_)):
@@ -348,9 +402,12 @@ def _check_enum_options(fn, scaling, scale_mode, pow2, eps):
 
 
 def _alloc_copy(fmt, scaling, rows, cols, offs=None, stack=(), as_torch=False):
+    """(codes, scales) of a copy; NVFP4's scales are the C library's bytes (_nv_split them)."""
     db, sb, sr, sc, e8 = _lowp.layout(fmt, scaling, rows, cols, offs)
     data = A.empty(stack + (rows, (cols + 1) // 2 if fmt == "e2m1" else cols), np.uint8,
                    as_torch)
+    if scaling in _NV_KINDS:
+        return data, np.empty(stack + (sb,), np.uint8)
     scale = A.empty(stack + (sr, sc), np.uint8 if e8 else np.float32, as_torch)
     n = int(np.prod(stack, dtype=np.int64))
     assert data.nbytes == db * n and scale.nbytes == sb * n
@@ -406,8 +463,11 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
     """Quantize x (float32 or bfloat16, [R, C], or [G, R, C] for G matrices quantized one by
     one) as ``lowp quantize`` does, into a QTensor.
 
-    format: e4m3, e5m2 or e2m1 (mx32 only; also a torch float8 dtype). scaling: tensor, row,
-    mx32, block128, block128x128, block32x32. scale_mode (mx32, block32x32): rceil (mx32's
+    format: e4m3, e5m2 or e2m1 (mx32, nv16, nv16x16 only; also a torch float8 dtype).
+    scaling: tensor, row, mx32, block128, block128x128, block32x32, nv16 (NVFP4 1x16 blocks)
+    or nv16x16 (NVFP4 16x16 weight tiles): NVFP4 scales are uint8 E4M3 block codes in
+    q.scale and the float32 tensor decode scale D in q.tensor_scale (docs/numerics.md 4b),
+    and take none of scale_mode, eps, pow2, scale. scale_mode (mx32, block32x32): rceil (mx32's
     default), floor (block32x32's default), ceil, even. axis: "row" (the rowwise copy), "col"
     (the columnwise copy: x^T [C, R] quantized along R) or "both" (from one read of x).
     eps (binary32 kinds): amax floor (torchao uses 1e-12). pow2 (binary32 kinds): round scales
@@ -417,10 +477,11 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
     [R, ceil(C/64), 2], columnwise [ceil(R/64), C, 2]; a grouped copy, each group's blocks in
     pairs, [sum_g ceil(nb_g/2), C, 2], npu_grouped_dynamic_mx_quant's); dequantize and gemm
     accept every layout.
-    offs (int32 cumulative group ends along the rows, the tokens; mx32 or
-    block128, 2-D x): the columnwise copy is quantized per group, no block straddling a group
-    boundary (for the split-K grouped GEMM). scale (tensor scaling only, keyword): quantize
-    with this scale (delayed scaling) instead of one from the amax; q.amax is the amax.
+    offs (int32 cumulative group ends along the rows, the tokens; mx32, block128 or nv16, 2-D
+    x): the columnwise copy is quantized per group, no block straddling a group boundary (for
+    the split-K grouped GEMM; nv16: its D, q.tensor_scale_col, is the tokens' in groups).
+    scale (tensor scaling only, keyword): quantize with this scale (delayed scaling) instead
+    of one from the amax; q.amax is the amax.
     """
     fn = "lowp.quantize"
     fmt = _name(format, fn, "format", FORMATS)
@@ -447,17 +508,31 @@ def quantize(x, format="e4m3", scaling="mx32", scale_mode=None, axis="row", eps=
     cfg = _lowp.QuantCfg(scale_mode=mode_arg, pow2=p, eps=float(eps), scale=scale,
                          amax=kind == "tensor", threads=thr)
     amax = _quantize_into(a, xfmt, fmt, kind, row, col, o, cfg)
-    if kind == "tensor" and amax:
-        amax = amax[0] if not stack else np.asarray(amax, np.float32)
-    else:
-        amax = None
+    amax = (amax[0] if not stack else np.asarray(amax, np.float32)) if kind == "tensor" and amax \
+        else None
     if lay != "canonical":
         row = (row[0], _scales_to_layout(row[1], lay, False, stack, tor))
         col = (col[0], _scales_to_layout(col[1], lay, True, stack, tor, o))
+    row, col, ts = _nv_copies(fmt, kind, R, C, o, row, col, tor)
     w = (lambda t: None if t is None else A.out_array(t, tor))
     return QTensor(w(row[0]), w(row[1]), fmt, kind, a.shape, mode_name, w(col[0]), w(col[1]),
                    offs=None if o is None else A.out_array(o, tor) if tor else o, amax=amax,
-                   layout=lay)
+                   layout=lay, tensor_scale=w(ts[0]), tensor_scale_col=w(ts[1]))
+
+
+def _nv_copies(fmt, kind, R, C, o, row, col, tor):
+    """quantize's NVFP4 copies with their scale bytes split: (row, col, [D row, D col]); the
+    other kinds' copies as they are."""
+    ts = [None, None]
+    if kind not in _NV_KINDS:
+        return row, col, ts
+    copies = [row, col]
+    for i, (rows, cols, offs) in enumerate(((R, C, None), (C, R, o))):
+        if copies[i][0] is not None:
+            _, _, sr, sc, _ = _lowp.layout(fmt, kind, rows, cols, offs)
+            blocks, ts[i] = _nv_split(copies[i][1], sr, sc, tor)
+            copies[i] = (copies[i][0], blocks)
+    return copies[0], copies[1], ts
 
 
 def _layout_name(layout, is_col):
@@ -599,7 +674,8 @@ def gemm(a, b, out=None, accumulate=False):
     to it). a [M, K] and b [N, K] are QTensors (their rowwise copies; pass ``q.col()`` for a
     columnwise copy) or float32/bfloat16 arrays (both plain, of one dtype). The pairs of
     ``include/lowp/gemm.h`` are supported: tensor x tensor, row x row, mx32 x mx32,
-    block128 x block128x128, block128 x block128, mx32 x block32x32, plain x plain."""
+    block128 x block128x128, block128 x block128, mx32 x block32x32, nv16 or nv16x16 x nv16
+    or nv16x16, plain x plain."""
     fn = "lowp.gemm"
     da, sa, ta = _operand(a, fn, "a")
     db, sb, tb = _operand(b, fn, "b")
@@ -617,8 +693,8 @@ def gemm_kn(a, b, out=None, accumulate=False):
     """C = A . B in float32 (or into `out`, as in `gemm`), with b given as stored, [K, N]: the
     input gradient dX = dY . W reads the weight's own copy W [N, K] (``lowp_gemm`` with
     ``b_layout`` ``LOWP_LAYOUT_KN``). b is a QTensor (its rowwise copy) of a kind whose
-    transposed copy is the transpose of this one (tensor, block128x128, block32x32), or a plain
-    float32/bfloat16 array; the result has the bits of ``gemm(a, b.col())`` for the same
+    transposed copy is the transpose of this one (tensor, block128x128, block32x32, nv16x16),
+    or a plain float32/bfloat16 array; the result has the bits of ``gemm(a, b.col())`` for the same
     input. Other kinds raise ValueError (their columnwise copy is a different quantization:
     pass it to `gemm`)."""
     fn = "lowp.gemm_kn"
@@ -686,7 +762,7 @@ def _wgrad_operand(x, o, fn, arg):
             raise ValueError(f"{fn}: {arg} must be 2-D, got {x.shape}")
         which = "row" if x._colview else "col"
         if x.offs is None:
-            if x.scaling in ("mx32", "block128"):  # blocks along the tokens: grouped copies
+            if x.scaling in _GROUPED_KINDS:  # blocks along the tokens: grouped copies
                 raise ValueError(f"{fn}: {arg} was not quantized along the tokens with offs")
         elif not np.array_equal(A.int32_input(x.offs, fn, f"{arg}.offs")[0], o):
             raise ValueError(f"{fn}: {arg}.offs differs from offs")

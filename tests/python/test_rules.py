@@ -170,7 +170,8 @@ def test_recipes_are_the_c_table():
 def test_numpy_api_names_are_unchanged():
     from lowp import _numpy_api as A
     assert lowp.FORMATS == ("e4m3", "e5m2", "e2m1")
-    assert lowp.SCALINGS == ("tensor", "row", "mx32", "block128", "block128x128", "block32x32")
+    assert lowp.SCALINGS == ("tensor", "row", "mx32", "block128", "block128x128", "block32x32",
+                             "nv16", "nv16x16")
     assert lowp.SCALE_MODES == ("rceil", "floor", "ceil", "even")
     assert A._E8M0_KINDS == ("mx32", "block32x32")
     assert A._DEFAULT_MODE == {"mx32": "rceil", "block32x32": "floor"}
