@@ -73,6 +73,17 @@ def test_numpy_quantize_nvfp4_nan_inf_and_stack(kind):
     assert q.tensor_scale[0, 0] == 1.0 and 0x7F in q.scale[0]
 
 
+@pytest.mark.parametrize("kind", ["nv16", "nv16x16"])
+def test_numpy_quantize_nvfp4_bf16_input(kind):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = _awkward(24, 50, 9, huge=False).astype(ml_dtypes.bfloat16)
+    q = lowp.quantize(x, "e2m1", kind, axis="both")
+    xf = x.astype(np.float32)  # exact widening: the oracle sees the same values
+    _check_copy(q.data, q.scale, q.tensor_scale, xf, kind == "nv16x16")
+    _check_copy(q.data_col, q.scale_col, q.tensor_scale_col, np.ascontiguousarray(xf.T),
+                kind == "nv16x16")
+
+
 def test_numpy_quantize_nv16_grouped_along_tokens():
     x = _awkward(70, 24, 3, huge=False)
     x[65:] = 1.0e30  # tokens past offs[-1]: their amax must not reach the grouped copy's D
