@@ -1,4 +1,4 @@
-"""lowp: low-precision training numerics (FP8, MXFP8, MXFP4, Block FP8) from Python.
+"""lowp: low-precision training numerics (FP8, MXFP8, MXFP4, Block FP8, NVFP4) from Python.
 
 The kernels are lowp's C library (liblowp), reached through the extension module
 ``lowp._lowp``; this package is the numpy API over it. Every function takes C-contiguous
@@ -10,6 +10,8 @@ CPU tensors, and answers numpy for numpy and torch for torch, sharing memory (no
     q = lowp.quantize(x, "e4m3", "mx32", axis="both")   # MXFP8, rowwise + columnwise copies
     q.data, q.scale            # uint8 [64, 128] E4M3 codes, uint8 [64, 4] E8M0 scales
     y = lowp.dequantize(q)     # float32 [64, 128]
+    n = lowp.quantize(x, "e2m1", "nv16")   # NVFP4: n.data uint8 [64, 64] (two codes a byte),
+    n.scale, n.tensor_scale    # uint8 [64, 8] E4M3 block codes, float32 [1] decode scale D
     c = lowp.gemm(q, lowp.quantize(w, "e4m3", "mx32"))   # float32 C = A . B^T
 
 The numerics are those of ``lowp quantize``/``lowp cast`` and docs/numerics.md: the same bytes as
