@@ -173,10 +173,16 @@ static void whole_tensor_scales(lowp_quant_job *j, const lowp_quant_cfg *cfg, in
     if (cfg->amax_out) *cfg->amax_out = have_amax ? amax : tensor_amax(j, threads, fast);
 }
 
+/* Whether the AVX-512 kernel takes the job's rounding: RNE, or SR of NVFP4's elements
+ * (quant_avx512_nv.c); MX32's SR stays on the reference. */
+static int avx512_rounding(const lowp_quant_job *j) {
+    return !j->sr || j->scaling == LOWP_SCALING_NV16 || j->scaling == LOWP_SCALING_NV16X16;
+}
+
 static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, const char *fn,
                                lowp_status *st) {
     lowp_cpu_kernel which;
-    *st = lowp_cpu_pick_kernel(fn, path, !j->sr && lowp_cpu_quant_avx512_supports(j), 0,
+    *st = lowp_cpu_pick_kernel(fn, path, avx512_rounding(j) && lowp_cpu_quant_avx512_supports(j), 0,
                                !j->sr && lowp_cpu_quant_avx2_supports(j), &which);
     if (*st != LOWP_OK) return NULL;
     return which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512
@@ -315,8 +321,8 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *row, l
     setup_job(&j, x, NULL, col, cfg);
     const int threads = lowp_cpu_threads(cfg->threads, 0);
     lowp_cpu_kernel which;
-    /* NV16's E2M1 codes on their own AVX-512 kernel (RNE; SR runs on the reference) */
-    const int nv = j.scaling == LOWP_SCALING_NV16 && !j.sr;
+    /* NV16's E2M1 codes on their own AVX-512 kernel (RNE or SR) */
+    const int nv = j.scaling == LOWP_SCALING_NV16;
     lowp_status st = lowp_cpu_pick_kernel(
         "lowp_quantize_grouped", cfg->path,
         (j.efmt != LOWP_FORMAT_E2M1 || nv) && lowp_cpu_quant_avx512_supports(&j), 0,

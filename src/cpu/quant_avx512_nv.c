@@ -20,6 +20,7 @@
  *     are zeroed before the pack. Padding lanes load as +0, whose code is 0 (the pad nibble).
  * Compiled with the AVX-512 flags (src/cpu/CMakeLists.txt); it never fails.
  */
+#include "core/philox.h"
 #include "quant_avx512_simd.h"
 
 static const lowp_format E4M3 = LOWP_FORMAT_E4M3;
@@ -56,9 +57,63 @@ AI __m512 nv_factors(__m512i code, float dec) {
     return _mm512_min_ps(f, _mm512_set1_ps(FLT_MAX));
 }
 
-/* Step 4: the E2M1 codes (sign at bit 3) of one block x with factor f; 0 for a NaN block. */
-AI __m512i nv_enc(__m512 x, float f, int nan) {
-    const __m512i c = enc16(_mm512_mul_ps(x, _mm512_set1_ps(f)), E2M1, 1);
+/* ---- stochastic rounding (job->sr) ---- */
+
+/* 32x32 -> 64-bit products of the 16 lanes of a by m: the high halves, the low ones in *lo. */
+AI __m512i sr_mulhilo(__m512i a, __m512i m, __m512i *lo) {
+    const __m512i pe = _mm512_mul_epu32(a, m);
+    const __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+    *lo = _mm512_mask_blend_epi32(0xAAAA, pe, _mm512_slli_epi64(po, 32));
+    return _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);
+}
+
+/* Philox4x32-10 (core/philox.h) of the 16 counters {c0, c1, 0, 0}, key `seed`: words 0-3 of
+ * each lane's block into w[0..3]. */
+AI void sr_philox16(uint64_t seed, __m512i c0, __m512i c1, __m512i w[4]) {
+    uint32_t k0 = (uint32_t) seed, k1 = (uint32_t) (seed >> 32);
+    __m512i c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
+    for (int round = 0; round < 10; round++) {
+        __m512i lo0, lo1;
+        const __m512i hi0 = sr_mulhilo(c0, V32(LOWP_PHILOX_M0), &lo0);
+        const __m512i hi1 = sr_mulhilo(c2, V32(LOWP_PHILOX_M1), &lo1);
+        c0 = _mm512_ternarylogic_epi32(hi1, c1, V32(k0), 0x96); /* three-way xor */
+        c2 = _mm512_ternarylogic_epi32(hi0, c3, V32(k1), 0x96);
+        c1 = lo1;
+        c3 = lo0;
+        k0 += LOWP_PHILOX_W0;
+        k1 += LOWP_PHILOX_W1;
+    }
+    w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
+}
+
+/* Satfinite E2M1 codes of y by section 2's SR with the words r, lane by lane as the reference
+ * (core/format.c small_encode): the significand as a count of quanta with 32 fraction bits,
+ * plus r, the carry out of the fraction rounding up. Shift counts of 32 and more give 0, the
+ * reference's q = 0 for tiny values; binary32 zeros and subnormals give the signed zero; NaN
+ * gives 0 (a NaN block is zeroed anyway); Inf and overflow clamp at 6 (code 7). */
+AI __m512i e2m1_sr16(__m512 y, __m512i r) {
+    const __m512i u = _mm512_castps_si512(y), a = _mm512_and_si512(u, V32(0x7FFFFFFF));
+    const __m512i m24 = _mm512_or_si512(_mm512_and_si512(a, V32(0x7FFFFF)), V32(0x800000));
+    const __m512i em1 = _mm512_sub_epi32(_mm512_srli_epi32(a, 23), V32(127)); /* e - 1 */
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i shift =
+        _mm512_add_epi32(_mm512_max_epi32(_mm512_sub_epi32(zero, em1), zero), V32(22));
+    const __m512i hi = _mm512_srlv_epi32(m24, shift);
+    const __m512i lo = _mm512_or_si512(_mm512_sllv_epi32(m24, _mm512_sub_epi32(V32(32), shift)),
+                                       _mm512_srlv_epi32(m24, _mm512_sub_epi32(shift, V32(32))));
+    const __mmask16 carry = _mm512_cmplt_epu32_mask(_mm512_add_epi32(lo, r), lo);
+    __m512i code = _mm512_add_epi32(_mm512_slli_epi32(_mm512_max_epi32(em1, zero), 1),
+                                    _mm512_mask_add_epi32(hi, carry, hi, V32(1)));
+    code = _mm512_min_epu32(code, V32(7));
+    const __m512i res = _mm512_ternarylogic_epi32(_mm512_srli_epi32(u, 28), V32(8), code, 0xEA);
+    return _mm512_maskz_mov_epi32(_mm512_cmple_epu32_mask(a, V32(0x7F800000)), res);
+}
+
+/* Step 4: the E2M1 codes (sign at bit 3) of one block x with factor f, RNE or (rnd) SR with
+ * the block's words; 0 for a NaN block. */
+AI __m512i nv_enc(__m512 x, float f, int nan, const __m512i *rnd) {
+    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(f));
+    const __m512i c = rnd ? e2m1_sr16(y, *rnd) : enc16(y, E2M1, 1);
     return nan ? _mm512_setzero_si512() : c;
 }
 
@@ -72,14 +127,17 @@ AI __m256i nv_pack4(__m512i c0, __m512i c1, __m512i c2, __m512i c3) {
     return _mm256_permutexvar_epi16(idx, h);
 }
 
-/* 16 blocks x[i] with factors f[i] (nan bit i: block i is a NaN block) packed as 128 bytes. */
-AI void nv_pack16(const __m512 x[16], const float f[16], unsigned nan, uint8_t out[128]) {
+/* 16 blocks x[i] with factors f[i] (nan bit i: block i is a NaN block) packed as 128 bytes;
+ * rnd: NULL (RNE) or block i's SR words in rnd[i]. */
+AI void nv_pack16(const __m512 x[16], const float f[16], unsigned nan, const __m512i *rnd,
+                  uint8_t out[128]) {
     for (int q = 0; q < 4; q++) {
         const int b = 4 * q;
-        __m256i h = nv_pack4(nv_enc(x[b], f[b], nan >> b & 1),
-                             nv_enc(x[b + 1], f[b + 1], nan >> (b + 1) & 1),
-                             nv_enc(x[b + 2], f[b + 2], nan >> (b + 2) & 1),
-                             nv_enc(x[b + 3], f[b + 3], nan >> (b + 3) & 1));
+        __m256i h =
+            nv_pack4(nv_enc(x[b], f[b], nan >> b & 1, rnd ? rnd + b : NULL),
+                     nv_enc(x[b + 1], f[b + 1], nan >> (b + 1) & 1, rnd ? rnd + b + 1 : NULL),
+                     nv_enc(x[b + 2], f[b + 2], nan >> (b + 2) & 1, rnd ? rnd + b + 2 : NULL),
+                     nv_enc(x[b + 3], f[b + 3], nan >> (b + 3) & 1, rnd ? rnd + b + 3 : NULL));
         _mm256_storeu_si256((__m256i *) (out + 32 * q), h);
     }
 }
@@ -111,6 +169,44 @@ AI void nv_transpose(const __m512 r[16], __m512 t[16]) {
     }
 }
 
+/* The 32-bit lanes (truncated) of 16 uint64 values. */
+AI __m512i sr_lo32(__m512i a, __m512i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(a)),
+                              _mm512_cvtepi64_epi32(b), 1);
+}
+
+/* The random words of 16 blocks: R[i] lane l = word w + i * step + l of stream job->seed, w =
+ * job->offset + base. Lane i of the k-th Philox run computes block (w_i >> 2) + k of block i's
+ * window of 20 words (16 when every w_i is a multiple of 4); lane i of Rt[l] then picks word
+ * (w_i & 3) + l of it, and the transpose makes the blocks' vectors. */
+AI void sr_words16(const lowp_quant_job *j, uint64_t base, uint64_t step, __m512i R[16]) {
+    uint64_t w[16];
+    for (int i = 0; i < 16; i++) w[i] = j->offset + base + (uint64_t) i * step;
+    const __m512i wa = _mm512_loadu_si512(w), wb = _mm512_loadu_si512(w + 8);
+    const __m512i a = _mm512_and_si512(sr_lo32(wa, wb), V32(3));
+    const __m512i blo = sr_lo32(_mm512_srli_epi64(wa, 2), _mm512_srli_epi64(wb, 2));
+    const __m512i bhi = sr_lo32(_mm512_srli_epi64(wa, 34), _mm512_srli_epi64(wb, 34));
+    __m512i W[20], Rt[16];
+    const int runs = _mm512_test_epi32_mask(a, a) ? 5 : 4;
+    for (int k = 0; k < runs; k++) { /* counter (w_i >> 2) + k, the carry into its high word */
+        const __m512i c0 = _mm512_add_epi32(blo, V32(k));
+        const __m512i c1 =
+            _mm512_mask_add_epi32(bhi, _mm512_cmplt_epu32_mask(c0, blo), bhi, V32(1));
+        sr_philox16(j->seed, c0, c1, W + 4 * k);
+    }
+    if (runs == 4)
+        for (int k = 16; k < 20; k++) W[k] = _mm512_setzero_si512();
+    const __mmask16 m1 = _mm512_cmpeq_epi32_mask(a, V32(1)),
+                    m2 = _mm512_cmpeq_epi32_mask(a, V32(2)),
+                    m3 = _mm512_cmpeq_epi32_mask(a, V32(3));
+    for (int l = 0; l < 16; l++) {
+        __m512i v = _mm512_mask_mov_epi32(W[l], m1, W[l + 1]);
+        v = _mm512_mask_mov_epi32(v, m2, W[l + 2]);
+        Rt[l] = _mm512_mask_mov_epi32(v, m3, W[l + 3]);
+    }
+    nv_transpose((const __m512 *) Rt, (__m512 *) R);
+}
+
 /* Lane-wise maximum of the 16 vectors' |x| patterns. */
 AI __m512i nv_lanemax(const __m512 v[16]) {
     __m512i m = nv_abs(v[0]);
@@ -129,7 +225,7 @@ AI unsigned nv_scales(const lowp_quant_job *j, __m512i amax, uint8_t sc[16], flo
 
 /* ---- NV16, the rowwise copy alone ---- */
 
-AI void nv_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf) {
+AI void nv_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, int sr) {
     const int64_t C = j->cols, nb = (C + 15) / 16;
     const size_t es = xsize(xf), ob = code_bytes(E2M1, C);
     for (int64_t r = r0; r < r1; r++) {
@@ -150,7 +246,9 @@ AI void nv_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf)
             const int64_t g = min64(16, nb - b0);
             memcpy(srow + b0, sc, (size_t) g);
             uint8_t out[128];
-            nv_pack16(x, f, nan, out);
+            __m512i rnd[16];
+            if (sr) sr_words16(j, (uint64_t) (r * C + 16 * b0), 16, rnd);
+            nv_pack16(x, f, nan, sr ? rnd : NULL, out);
             const size_t o = (size_t) (8 * b0), n = ob - o < 128 ? ob - o : 128;
             memcpy(orow + o, out, n);
         }
@@ -175,28 +273,32 @@ AI void nv_load_tile(const lowp_quant_job *j, int64_t rb, int64_t nr, int64_t c0
 }
 
 AI void nv_tile(const lowp_quant_job *j, int64_t rb, int64_t nr, int64_t c0, int64_t nc,
-                lowp_format xf) {
+                lowp_format xf, int sr) {
     const int64_t R = j->rows, C = j->cols;
     const size_t rob = code_bytes(E2M1, C);
     __m512 r[16], t[16];
+    __m512i rr[16], rc[16]; /* SR words of the row and the column blocks */
     uint8_t sc[16], out[128];
     float f[16];
     nv_load_tile(j, rb, nr, c0, nc, xf, r);
     if (j->col) nv_transpose(r, t);
+    if (sr && j->row) sr_words16(j, (uint64_t) (rb * C + c0), (uint64_t) C, rr);
+    if (sr && j->col) sr_words16(j, (uint64_t) (c0 * R + rb), (uint64_t) R, rc);
+    const __m512i *pr = sr ? rr : NULL, *pc = sr ? rc : NULL;
     if (j->scaling == LOWP_SCALING_NV16X16) {
         const __m512i m = _mm512_set1_epi32((int) _mm512_reduce_max_epu32(nv_lanemax(r)));
         const unsigned nan = nv_scales(j, m, sc, f) ? 0xFFFFu : 0u;
         if (j->row) {
             const int64_t nbc = (C + 15) / 16;
             ((uint8_t *) j->row->scales)[(rb / 16) * nbc + c0 / 16] = sc[0];
-            nv_pack16(r, f, nan, out);
+            nv_pack16(r, f, nan, pr, out);
             nv_put_blocks(out, (int) nr, (uint8_t *) j->row->data + (size_t) rb * rob + c0 / 2, rob,
                           (size_t) (nc + 1) / 2);
         }
         if (j->col) {
             const int64_t nbr = (R + 15) / 16;
             ((uint8_t *) j->col->scales)[(c0 / 16) * nbr + rb / 16] = sc[0];
-            nv_pack16(t, f, nan, out);
+            nv_pack16(t, f, nan, pc, out);
             nv_put_blocks(out, (int) nc,
                           (uint8_t *) j->col->data + (size_t) c0 * j->col_ob + rb / 2, j->col_ob,
                           (size_t) (nr + 1) / 2);
@@ -208,7 +310,7 @@ AI void nv_tile(const lowp_quant_job *j, int64_t rb, int64_t nr, int64_t c0, int
         const int64_t nbc = (C + 15) / 16;
         uint8_t *s = (uint8_t *) j->row->scales + rb * nbc + c0 / 16;
         for (int i = 0; i < nr; i++) s[i * nbc] = sc[i];
-        nv_pack16(r, f, nan, out);
+        nv_pack16(r, f, nan, pr, out);
         nv_put_blocks(out, (int) nr, (uint8_t *) j->row->data + (size_t) rb * rob + c0 / 2, rob,
                       (size_t) (nc + 1) / 2);
     }
@@ -216,20 +318,20 @@ AI void nv_tile(const lowp_quant_job *j, int64_t rb, int64_t nr, int64_t c0, int
         const unsigned nan = nv_scales(j, nv_lanemax(r), sc, f);
         uint8_t *s = (uint8_t *) j->col->scales + c0 * j->col_nbr + rb / 16;
         for (int i = 0; i < nc; i++) s[i * j->col_nbr] = sc[i];
-        nv_pack16(t, f, nan, out);
+        nv_pack16(t, f, nan, pc, out);
         nv_put_blocks(out, (int) nc, (uint8_t *) j->col->data + (size_t) c0 * j->col_ob + rb / 2,
                       j->col_ob, (size_t) (nr + 1) / 2);
     }
 }
 
-AI void nv_body(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf) {
+AI void nv_body(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, int sr) {
     if (j->scaling == LOWP_SCALING_NV16 && !j->col) {
-        nv_rows(j, r0, r1, xf);
+        nv_rows(j, r0, r1, xf, sr);
         return;
     }
     for (int64_t rb = r0; rb < r1; rb += 16) /* r0 is a multiple of 16 (band_rows) */
         for (int64_t c0 = 0; c0 < j->cols; c0 += 16)
-            nv_tile(j, rb, min64(16, r1 - rb), c0, min64(16, j->cols - c0), xf);
+            nv_tile(j, rb, min64(16, r1 - rb), c0, min64(16, j->cols - c0), xf, sr);
 }
 
 /* ---- NV16's grouped columnwise copy ---- */
@@ -249,7 +351,7 @@ AI void nv_put_nibbles(uint8_t *row, int64_t s, int64_t n, uint64_t v) {
 /* The blocks of input columns [c0, c0 + nc) over tokens [s, s + n) of one group, block index
  * blk of each output row. */
 AI void nv_group_block(const lowp_quant_job *j, int64_t s, int64_t n, int64_t c0, int64_t nc,
-                       int64_t blk, int64_t nbt, lowp_format xf) {
+                       int64_t blk, int64_t nbt, lowp_format xf, int sr) {
     const lowp_qtensor *q = j->col;
     const size_t ob = code_bytes(E2M1, j->rows);
     __m512 r[16], t[16];
@@ -258,7 +360,9 @@ AI void nv_group_block(const lowp_quant_job *j, int64_t s, int64_t n, int64_t c0
     nv_load_tile(j, s, n, c0, nc, xf, r);
     nv_transpose(r, t);
     const unsigned nan = nv_scales(j, nv_lanemax(r), sc, f);
-    nv_pack16(t, f, nan, out);
+    __m512i rc[16];
+    if (sr) sr_words16(j, (uint64_t) (c0 * j->rows + s), (uint64_t) j->rows, rc);
+    nv_pack16(t, f, nan, sr ? rc : NULL, out);
     for (int i = 0; i < nc; i++) {
         ((uint8_t *) q->scales)[(c0 + i) * nbt + blk] = sc[i];
         uint64_t v;
@@ -267,7 +371,7 @@ AI void nv_group_block(const lowp_quant_job *j, int64_t s, int64_t n, int64_t c0
     }
 }
 
-AI void nv_grouped_body(const lowp_quant_job *j, int64_t c0, int64_t c1, lowp_format xf) {
+AI void nv_grouped_body(const lowp_quant_job *j, int64_t c0, int64_t c1, lowp_format xf, int sr) {
     const lowp_qtensor *q = j->col;
     int64_t nbt = 0, used = 0; /* blocks per output row, over every group */
     for (int32_t g = 0; g < q->groups; g++) {
@@ -281,7 +385,7 @@ AI void nv_grouped_body(const lowp_quant_job *j, int64_t c0, int64_t c1, lowp_fo
         for (int32_t g = 0; g < q->groups; g++) {
             const int64_t end = q->group_offs[g];
             for (int64_t s = start; s < end; s += 16, blk++)
-                nv_group_block(j, s, min64(16, end - s), cc, nc, blk, nbt, xf);
+                nv_group_block(j, s, min64(16, end - s), cc, nc, blk, nbt, xf, sr);
             start = end;
         }
         if (u0 < ob) /* tokens past offs[G-1]: code 0 */
@@ -290,33 +394,32 @@ AI void nv_grouped_body(const lowp_quant_job *j, int64_t c0, int64_t c1, lowp_fo
     }
 }
 
-/* ---- entries, one noinline instance per input format ---- */
+/* ---- entries, one noinline instance per input format and rounding ---- */
 
-static __attribute__((noinline)) void nv_f32(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    nv_body(j, r0, r1, F32);
-}
-static __attribute__((noinline)) void nv_bf16(const lowp_quant_job *j, int64_t r0, int64_t r1) {
-    nv_body(j, r0, r1, LOWP_FORMAT_BF16);
-}
+#define NV_ENTRY(NAME, BODY, XF, SR)                                                               \
+    static __attribute__((noinline)) void NAME(const lowp_quant_job *j, int64_t a, int64_t b) {    \
+        BODY(j, a, b, XF, SR);                                                                     \
+    }
+NV_ENTRY(nv_f32, nv_body, F32, 0)
+NV_ENTRY(nv_bf16, nv_body, LOWP_FORMAT_BF16, 0)
+NV_ENTRY(nv_f32_sr, nv_body, F32, 1)
+NV_ENTRY(nv_bf16_sr, nv_body, LOWP_FORMAT_BF16, 1)
+NV_ENTRY(nvg_f32, nv_grouped_body, F32, 0)
+NV_ENTRY(nvg_bf16, nv_grouped_body, LOWP_FORMAT_BF16, 0)
+NV_ENTRY(nvg_f32_sr, nv_grouped_body, F32, 1)
+NV_ENTRY(nvg_bf16_sr, nv_grouped_body, LOWP_FORMAT_BF16, 1)
 
 void lowp_cpu_q512_nv(const lowp_quant_job *j, int64_t r0, int64_t r1, const q512_plan *p) {
     (void) p;
     if (j->xfmt == F32)
-        nv_f32(j, r0, r1);
+        (j->sr ? nv_f32_sr : nv_f32)(j, r0, r1);
     else
-        nv_bf16(j, r0, r1);
-}
-
-static __attribute__((noinline)) void nvg_f32(const lowp_quant_job *j, int64_t c0, int64_t c1) {
-    nv_grouped_body(j, c0, c1, F32);
-}
-static __attribute__((noinline)) void nvg_bf16(const lowp_quant_job *j, int64_t c0, int64_t c1) {
-    nv_grouped_body(j, c0, c1, LOWP_FORMAT_BF16);
+        (j->sr ? nv_bf16_sr : nv_bf16)(j, r0, r1);
 }
 
 void lowp_cpu_quant_grouped_avx512_nv(const lowp_quant_job *j, int64_t c0, int64_t c1) {
     if (j->xfmt == F32)
-        nvg_f32(j, c0, c1);
+        (j->sr ? nvg_f32_sr : nvg_f32)(j, c0, c1);
     else
-        nvg_bf16(j, c0, c1);
+        (j->sr ? nvg_bf16_sr : nvg_bf16)(j, c0, c1);
 }

@@ -34,8 +34,8 @@ typedef struct lowp_quant_job {
      * at a group's span of a larger output and sets that output's. */
     size_t col_ob;
     int64_t col_nbr;
-    /* Stochastic rounding of the elements (reference kernel only): element i of a copy uses
-     * Philox word offset + i of stream seed (quant_ref.c). */
+    /* Stochastic rounding of the elements (the reference; NV16 and NV16X16 on AVX-512 too):
+     * element i of a copy uses Philox word offset + i of stream seed (quant_ref.c). */
     int sr;
     uint64_t seed, offset;
 } lowp_quant_job;

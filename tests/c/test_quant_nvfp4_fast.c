@@ -12,7 +12,8 @@
  * forced to 1, block codes saturating at 0x7E). Grouped columnwise copies (lowp_quantize_grouped,
  * with and without the rowwise copy) with empty groups, groups shorter than a block, odd group
  * starts (a byte shared by two groups) and tokens past offs[G-1]. Output buffers are filled with
- * different garbage per path so a byte one of them forgets shows up.
+ * different garbage per path so a byte one of them forgets shows up. On the AVX-512 path all
+ * of it again with stochastic rounding, for several seeds and offsets (test_sr).
  */
 #include <float.h>
 #include <math.h>
@@ -29,6 +30,15 @@
 static lowp_kernel_path g_path = LOWP_KERNEL_PATH_AVX512;
 static const char *g_name = "avx512";
 static int g_runs, g_reports;
+/* Stochastic rounding (cfg.rounding SR with this seed and offset) when g_sr is set. */
+static int g_sr;
+static uint64_t g_seed, g_offset;
+
+static void set_rounding(lowp_quant_cfg *cfg) {
+    cfg->rounding = g_sr ? LOWP_ROUNDING_SR : LOWP_ROUNDING_RNE;
+    cfg->seed = g_seed;
+    cfg->offset = g_offset;
+}
 
 /* E4M3 code c's value (c < 0x7F). */
 static double e4m3_value(int c) {
@@ -158,16 +168,18 @@ static void check_case(const lowp_tensor *x, lowp_scaling sc, int orient, int th
         lowp_quant_cfg_init(&cfg);
         cfg.threads = p ? threads : 1;
         cfg.path = p ? g_path : LOWP_KERNEL_PATH_REFERENCE;
+        set_rounding(&cfg);
         lowp_status st = lowp_quantize(x, orient & 1 ? &row : NULL, orient & 2 ? &col : NULL, &cfg);
         CHECKF(st == LOWP_OK, "%s path: %s", p ? g_name : "reference", lowp_last_error());
     }
     same_pad(&row, o.b[0][1], o.b[1][1]);
     same_pad(&col, o.b[0][3], o.b[1][3]);
     char ctx[160];
-    snprintf(ctx, sizeof ctx, "%s orient %d, x %s %lldx%lld, threads %d",
-             sc == LOWP_SCALING_NV16 ? "nv16" : "nv16x16", orient,
-             x->format == LOWP_FORMAT_F32 ? "f32" : "bf16", (long long) x->rows,
-             (long long) x->cols, threads);
+    snprintf(
+        ctx, sizeof ctx, "%s orient %d, x %s %lldx%lld, threads %d, sr %d seed %llu offset %llu",
+        sc == LOWP_SCALING_NV16 ? "nv16" : "nv16x16", orient,
+        x->format == LOWP_FORMAT_F32 ? "f32" : "bf16", (long long) x->rows, (long long) x->cols,
+        threads, g_sr, (unsigned long long) g_seed, (unsigned long long) g_offset);
     static const char *what[4] = {"row codes", "row scales", "col codes", "col scales"};
     for (int i = 0; i < 4; i++)
         if (orient & (i < 2 ? 1 : 2))
@@ -244,6 +256,7 @@ static void check_grouped(const lowp_tensor *x, const int32_t *offs, int32_t G, 
         lowp_quant_cfg_init(&cfg);
         cfg.threads = p ? threads : 1;
         cfg.path = p ? g_path : LOWP_KERNEL_PATH_REFERENCE;
+        set_rounding(&cfg);
         lowp_status st = lowp_quantize_grouped(x, with_row ? &r : NULL, &q, &cfg);
         CHECKF(st == LOWP_OK, "grouped, %s path: %s", p ? g_name : "reference", lowp_last_error());
     }
@@ -293,6 +306,29 @@ static void test_grouped(void) {
     }
 }
 
+/* Stochastic rounding (issue 38): the same comparisons with cfg.rounding SR, for seeds and
+ * offsets that are and are not multiples of 4 (a block's 16 words then span 5 Philox blocks),
+ * one of them 6 words below Philox block 2^32 (the counter's carry into its high word inside
+ * a block's window) and one whose block index has high bits set. The AVX2 path takes no SR
+ * job (the reference does). */
+static void test_sr(void) {
+    static const uint64_t so[][2] = {{0, 0},
+                                     {1, 3},
+                                     {0x0123456789ABCDEFull, 1},
+                                     {42, 0xFFFFFFFFull * 4 - 2},
+                                     {7, 0x00000005FFFFFFF6ull},
+                                     {0xFFFFFFFFFFFFFFFFull, 0x3FFFFFFFFFFF0001ull}};
+    g_sr = 1;
+    for (size_t i = 0; i < sizeof so / sizeof so[0]; i++) {
+        g_seed = so[i][0];
+        g_offset = so[i][1];
+        test_shapes();
+        test_special_tensors();
+        test_grouped();
+    }
+    g_sr = 0;
+}
+
 /* Whether `path` takes an NV16 job here (unsupported: prints why). */
 static int path_available(lowp_kernel_path path) {
     float v[16] = {1.0f};
@@ -327,6 +363,7 @@ int main(void) {
         test_grouped();
     else /* the AVX2 path has no grouped kernel: lowp_quantize_grouped stays on the reference */
         printf("grouped: not on the %s path\n", g_name);
+    if (g_path == LOWP_KERNEL_PATH_AVX512) test_sr();
     printf("%d quantize calls compared with the reference\n", g_runs);
     return testutil_finish();
 }
