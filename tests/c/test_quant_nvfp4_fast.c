@@ -138,6 +138,7 @@ static void bufs_free(bufs *o) {
 static void same_pad(const lowp_qtensor *q, const uint8_t *ref, uint8_t *fast) {
     int64_t sr, sc;
     size_t off;
+    if (q->scaling == LOWP_SCALING_MX32) return; /* no tensor scale */
     CHECK_OK(lowp_qtensor_scale_shape(q, &sr, &sc, NULL));
     CHECK_OK(lowp_qtensor_tensor_scale_offset(q, &off));
     if ((size_t) (sr * sc) < off) memcpy(fast + sr * sc, ref + sr * sc, off - (size_t) (sr * sc));
@@ -175,11 +176,14 @@ static void check_case(const lowp_tensor *x, lowp_scaling sc, int orient, int th
     same_pad(&row, o.b[0][1], o.b[1][1]);
     same_pad(&col, o.b[0][3], o.b[1][3]);
     char ctx[160];
-    snprintf(
-        ctx, sizeof ctx, "%s orient %d, x %s %lldx%lld, threads %d, sr %d seed %llu offset %llu",
-        sc == LOWP_SCALING_NV16 ? "nv16" : "nv16x16", orient,
-        x->format == LOWP_FORMAT_F32 ? "f32" : "bf16", (long long) x->rows, (long long) x->cols,
-        threads, g_sr, (unsigned long long) g_seed, (unsigned long long) g_offset);
+    snprintf(ctx, sizeof ctx,
+             "%s orient %d, x %s %lldx%lld, threads %d, sr %d seed %llu offset %llu",
+             sc == LOWP_SCALING_NV16   ? "nv16"
+             : sc == LOWP_SCALING_MX32 ? "mx32"
+                                       : "nv16x16",
+             orient, x->format == LOWP_FORMAT_F32 ? "f32" : "bf16", (long long) x->rows,
+             (long long) x->cols, threads, g_sr, (unsigned long long) g_seed,
+             (unsigned long long) g_offset);
     static const char *what[4] = {"row codes", "row scales", "col codes", "col scales"};
     for (int i = 0; i < 4; i++)
         if (orient & (i < 2 ? 1 : 2))
@@ -306,6 +310,28 @@ static void test_grouped(void) {
     }
 }
 
+/* MX32 with E2M1 elements under SR (its own AVX-512 kernel): rowwise, columnwise and both, on
+ * shapes with partial blocks in both dimensions and bands of 64 rows, NaN and Inf blocks. */
+static void test_sr_mx32(void) {
+    static const int64_t shapes[][2] = {{1, 1},   {5, 33},    {32, 32},
+                                        {70, 97}, {129, 300}, {200, 513}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t R = shapes[si][0], C = shapes[si][1];
+        float *f = malloc((size_t) (R * C) * sizeof *f);
+        gen(f, R, C, (int) si * 3 - 6, (int) si & 1);
+        for (int xi = 0; xi < 2; xi++) {
+            const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+            void *data = as_format(f, (size_t) (R * C), xf);
+            lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
+            for (int orient = 1; orient <= 3; orient++)
+                for (int threads = 1; threads <= 2; threads++)
+                    check_case(&x, LOWP_SCALING_MX32, orient, threads);
+            free(data);
+        }
+        free(f);
+    }
+}
+
 /* Stochastic rounding (issue 38): the same comparisons with cfg.rounding SR, for seeds and
  * offsets that are and are not multiples of 4 (a block's 16 words then span 5 Philox blocks),
  * one of them 6 words below Philox block 2^32 (the counter's carry into its high word inside
@@ -325,9 +351,42 @@ static void test_sr(void) {
         test_shapes();
         test_special_tensors();
         test_grouped();
+        test_sr_mx32();
     }
     g_sr = 0;
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* The MXCSR of the calling thread (both paths on one thread): FTZ and DAZ, rounding toward
+ * zero, and upward. The kernels' products, factor division and block scale multiply round as
+ * the reference's scalar operations do under any MXCSR; only the encoders' own rounding is
+ * pinned to nearest even, as the reference's integer encoders are. */
+static void test_mxcsr(void) {
+    static const unsigned modes[] = {0x8040u, 0x6000u, 0x4000u};
+    const int64_t R = 33, C = 70;
+    float *f = malloc((size_t) (R * C) * sizeof *f);
+    for (int mi = 0; mi < 3; mi++) {
+        gen(f, R, C, mi == 0 ? -130 : 3 * mi, 1); /* -130: blocks of binary32 subnormals */
+        for (int xi = 0; xi < 2; xi++) {
+            const lowp_format xf = xi ? LOWP_FORMAT_BF16 : LOWP_FORMAT_F32;
+            void *data = as_format(f, (size_t) (R * C), xf);
+            lowp_tensor x = {xf, R, C, data, LOWP_DEVICE_HOST};
+            for (int s = 0; s < 2; s++) {
+                const unsigned csr = _mm_getcsr();
+                _mm_setcsr((csr & ~0x6000u) | modes[mi]);
+                for (int orient = 1; orient <= 3; orient++)
+                    check_case(&x, s ? LOWP_SCALING_NV16X16 : LOWP_SCALING_NV16, orient, 1);
+                _mm_setcsr(csr);
+            }
+            free(data);
+        }
+    }
+    free(f);
+}
+#else
+static void test_mxcsr(void) {}
+#endif
 
 /* Whether `path` takes an NV16 job here (unsupported: prints why). */
 static int path_available(lowp_kernel_path path) {
@@ -364,6 +423,7 @@ int main(void) {
     else /* the AVX2 path has no grouped kernel: lowp_quantize_grouped stays on the reference */
         printf("grouped: not on the %s path\n", g_name);
     if (g_path == LOWP_KERNEL_PATH_AVX512) test_sr();
+    test_mxcsr();
     printf("%d quantize calls compared with the reference\n", g_runs);
     return testutil_finish();
 }
