@@ -173,10 +173,11 @@ static void whole_tensor_scales(lowp_quant_job *j, const lowp_quant_cfg *cfg, in
     if (cfg->amax_out) *cfg->amax_out = have_amax ? amax : tensor_amax(j, threads, fast);
 }
 
-/* Whether the AVX-512 kernel takes the job's rounding: RNE, or SR of NVFP4's elements
- * (quant_avx512_nv.c); MX32's SR stays on the reference. */
+/* Whether the AVX-512 kernel takes the job's rounding: RNE, or SR of the E2M1 elements of
+ * NV16, NV16X16 and MX32 (quant_avx512_nv.c), the only SR jobs the ops layer lets through. */
 static int avx512_rounding(const lowp_quant_job *j) {
-    return !j->sr || j->scaling == LOWP_SCALING_NV16 || j->scaling == LOWP_SCALING_NV16X16;
+    return !j->sr || j->scaling == LOWP_SCALING_NV16 || j->scaling == LOWP_SCALING_NV16X16 ||
+           j->scaling == LOWP_SCALING_MX32;
 }
 
 static band_kernel pick_kernel(const lowp_quant_job *j, lowp_kernel_path path, const char *fn,

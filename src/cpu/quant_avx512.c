@@ -71,7 +71,12 @@ void lowp_cpu_quant_avx512(const lowp_quant_job *j, int64_t r0, int64_t r1) {
     switch (j->scaling) {
     case LOWP_SCALING_TENSOR:
     case LOWP_SCALING_ROW: lowp_cpu_q512_tensor(j, r0, r1, &p); break;
-    case LOWP_SCALING_MX32: lowp_cpu_q512_mx(j, r0, r1, &p); break;
+    case LOWP_SCALING_MX32:
+        if (j->sr)
+            lowp_cpu_q512_mx_sr(j, r0, r1);
+        else
+            lowp_cpu_q512_mx(j, r0, r1, &p);
+        break;
     case LOWP_SCALING_BLOCK128:
     case LOWP_SCALING_BLOCK128X128:
     case LOWP_SCALING_BLOCK32X32: lowp_cpu_q512_block(j, r0, r1, &p); break;

@@ -18,6 +18,9 @@
  *     1 / (decode * D) (one rounded multiply, one correctly rounded division), +Inf to FLT_MAX;
  *   - elements: enc16 (E2M1, satfinite RNE, sign of zero kept) of x * f; a NaN block's codes
  *     are zeroed before the pack. Padding lanes load as +0, whose code is 0 (the pad nibble).
+ * Stochastic rounding (job->sr, docs/numerics.md 4b): step 4's RNE replaced by section 2's
+ * SR, each block's 16 Philox words from sr_words16, lane by lane as the reference; MX32's E2M1
+ * copies under SR have their own kernel here too (mxsr_*), the MX kernel staying RNE.
  * Compiled with the AVX-512 flags (src/cpu/CMakeLists.txt); it never fails.
  */
 #include "core/philox.h"
@@ -394,6 +397,106 @@ AI void nv_grouped_body(const lowp_quant_job *j, int64_t c0, int64_t c1, lowp_fo
     }
 }
 
+/* ---- MX32 with E2M1 elements under SR ----
+ * The reference's steps (section 3) on the vectors above: each 1x32 block is two 16-lane
+ * vectors, the block maxima as |x| bit patterns (NaN above Inf above numbers), then per block
+ * the scalar rules: the E8M0 code of the maximum under the job's mode and its quantization
+ * factor; the elements x * factor rounded by SR (0 in a block of code 0xFF). The rowwise copy
+ * takes a row 512 elements at a time, the columnwise one tiles of 32 rows by 16 columns (two
+ * 16x16 transposes). */
+
+/* Block codes into sc and factors into f for 16 blocks of maxima `amax`; returns the NaN
+ * blocks' bits. */
+AI unsigned mxsr_scales(const lowp_quant_job *j, __m512i amax, uint8_t sc[16], float f[16]) {
+    uint32_t a[16];
+    unsigned nan = 0;
+    _mm512_storeu_si512(a, amax);
+    for (int i = 0; i < 16; i++) {
+        sc[i] = lowp_rule_e8m0_code(lowp_u2f(a[i]), j->et, j->mode);
+        f[i] = lowp_rule_e8m0_quant_factor(sc[i]);
+        if (sc[i] == 0xFF) nan |= 1u << i;
+    }
+    return nan;
+}
+
+/* 16 blocks of 32 (lo[i], hi[i]: block i's two halves, with their SR words rl[i], rh[i])
+ * packed as 256 bytes, block i's 16 at 16i. */
+AI void mxsr_pack16(const __m512 *lo, const __m512 *hi, int step, const float f[16], unsigned nan,
+                    const __m512i rl[16], const __m512i rh[16], uint8_t out[256]) {
+    for (int b = 0; b < 16; b += 2) {
+        const int n0 = nan >> b & 1, n1 = nan >> (b + 1) & 1;
+        const __m256i h =
+            nv_pack4(nv_enc(lo[b * step], f[b], n0, rl + b), nv_enc(hi[b * step], f[b], n0, rh + b),
+                     nv_enc(lo[(b + 1) * step], f[b + 1], n1, rl + b + 1),
+                     nv_enc(hi[(b + 1) * step], f[b + 1], n1, rh + b + 1));
+        _mm256_storeu_si256((__m256i *) (out + 16 * b), h);
+    }
+}
+
+AI void mxsr_rows(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf) {
+    const int64_t C = j->cols, nb = (C + 31) / 32;
+    const size_t es = xsize(xf), ob = code_bytes(E2M1, C);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *xr = xrow(j, xf, r);
+        uint8_t *orow = (uint8_t *) j->row->data + (size_t) r * ob;
+        uint8_t *srow = (uint8_t *) j->row->scales + (size_t) r * (size_t) nb;
+        for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+            __m512 x[32];
+            __m512i m[16], rl[16], rh[16];
+            for (int k = 0; k < 32; k++) {
+                const int64_t c = 16 * (2 * b0 + k);
+                x[k] = nv_ld16(xr + (size_t) c * es, xf, C - c);
+            }
+            for (int k = 0; k < 16; k++)
+                m[k] = _mm512_max_epu32(nv_abs(x[2 * k]), nv_abs(x[2 * k + 1]));
+            uint8_t sc[16], out[256];
+            float f[16];
+            const unsigned nan = mxsr_scales(j, tree16(m, 0), sc, f);
+            memcpy(srow + b0, sc, (size_t) min64(16, nb - b0));
+            sr_words16(j, (uint64_t) (r * C + 32 * b0), 32, rl);
+            sr_words16(j, (uint64_t) (r * C + 32 * b0 + 16), 32, rh);
+            mxsr_pack16(x, x + 1, 2, f, nan, rl, rh, out);
+            const size_t o = (size_t) (16 * b0), n = ob - o < 256 ? ob - o : 256;
+            memcpy(orow + o, out, n);
+        }
+    }
+}
+
+/* The columnwise copy of input rows [r0, r1), r0 a multiple of 32. */
+AI void mxsr_cols(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf) {
+    const int64_t R = j->rows, C = j->cols;
+    for (int64_t rb = r0; rb < r1; rb += 32) {
+        const int64_t nr = min64(32, r1 - rb);
+        for (int64_t c0 = 0; c0 < C; c0 += 16) {
+            const int64_t nc = min64(16, C - c0);
+            __m512 r[32], t[32];
+            __m512i rl[16], rh[16];
+            uint8_t sc[16], out[256];
+            float f[16];
+            nv_load_tile(j, rb, min64(16, nr), c0, nc, xf, r);
+            nv_load_tile(j, rb + 16, nr - 16, c0, nc, xf, r + 16);
+            const unsigned nan =
+                mxsr_scales(j, _mm512_max_epu32(nv_lanemax(r), nv_lanemax(r + 16)), sc, f);
+            uint8_t *s = (uint8_t *) j->col->scales + c0 * j->col_nbr + rb / 32;
+            for (int i = 0; i < nc; i++) s[i * j->col_nbr] = sc[i];
+            nv_transpose(r, t);
+            nv_transpose(r + 16, t + 16);
+            sr_words16(j, (uint64_t) (c0 * R + rb), (uint64_t) R, rl);
+            sr_words16(j, (uint64_t) (c0 * R + rb + 16), (uint64_t) R, rh);
+            mxsr_pack16(t, t + 16, 1, f, nan, rl, rh, out);
+            for (int i = 0; i < nc; i++)
+                memcpy((uint8_t *) j->col->data + (size_t) (c0 + i) * j->col_ob + rb / 2,
+                       out + 16 * i, (size_t) (nr + 1) / 2);
+        }
+    }
+}
+
+AI void mxsr_body(const lowp_quant_job *j, int64_t r0, int64_t r1, lowp_format xf, int sr) {
+    (void) sr;
+    if (j->row) mxsr_rows(j, r0, r1, xf);
+    if (j->col) mxsr_cols(j, r0, r1, xf);
+}
+
 /* ---- entries, one noinline instance per input format and rounding ---- */
 
 #define NV_ENTRY(NAME, BODY, XF, SR)                                                               \
@@ -408,6 +511,12 @@ NV_ENTRY(nvg_f32, nv_grouped_body, F32, 0)
 NV_ENTRY(nvg_bf16, nv_grouped_body, LOWP_FORMAT_BF16, 0)
 NV_ENTRY(nvg_f32_sr, nv_grouped_body, F32, 1)
 NV_ENTRY(nvg_bf16_sr, nv_grouped_body, LOWP_FORMAT_BF16, 1)
+NV_ENTRY(mxsr_f32, mxsr_body, F32, 1)
+NV_ENTRY(mxsr_bf16, mxsr_body, LOWP_FORMAT_BF16, 1)
+
+void lowp_cpu_q512_mx_sr(const lowp_quant_job *j, int64_t r0, int64_t r1) {
+    (j->xfmt == F32 ? mxsr_f32 : mxsr_bf16)(j, r0, r1);
+}
 
 void lowp_cpu_q512_nv(const lowp_quant_job *j, int64_t r0, int64_t r1, const q512_plan *p) {
     (void) p;

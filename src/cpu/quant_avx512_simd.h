@@ -1051,5 +1051,7 @@ LOWP_HIDDEN void lowp_cpu_q512_tensor(const lowp_quant_job *j, int64_t r0, int64
 /* quant_avx512_nv.c: NV16, NV16X16 (E2M1 elements). */
 LOWP_HIDDEN void lowp_cpu_q512_nv(const lowp_quant_job *j, int64_t r0, int64_t r1,
                                   const q512_plan *p);
+/* quant_avx512_nv.c: MX32 with E2M1 elements under stochastic rounding (job->sr). */
+LOWP_HIDDEN void lowp_cpu_q512_mx_sr(const lowp_quant_job *j, int64_t r0, int64_t r1);
 
 #endif
