@@ -7,7 +7,8 @@
  * declared here.
  *
  *   CPU features            lowp_cpu_caps, lowp_cpu_has_avx512
- *   transposes              lowp_cpu_transpose_f32_avx512, lowp_cpu_transpose_u16_avx512
+ *   transposes              lowp_cpu_transpose_f32_avx512, lowp_cpu_transpose_u16_avx512,
+ *                           lowp_cpu_bf16_dual_avx512 (both BF16 copies from one read)
  *   activation math         lowp_cpu_vmath (GELU, expf, SwiGLU on libmvec), lowp_cpu_vmath_pick
  *   attention core GEMMs    lowp_cpu_gemm_part, the packed panels lowp_cpu_sgp_*
  *   host dequantization     lowp_cpu_dequantize on the caller's threads
@@ -42,6 +43,14 @@ LOWP_HIDDEN void lowp_cpu_transpose_f32_avx512(const float *src, int64_t rows, i
 /* The same for 16-bit elements (BF16 bits). */
 LOWP_HIDDEN void lowp_cpu_transpose_u16_avx512(const uint16_t *src, int64_t rows, int64_t cols,
                                                int64_t lds, uint16_t *dst, int64_t ldd);
+
+/* Both BF16 copies of a binary32 src [rows, cols] (row stride lds) from one read: row [rows,
+ * cols] (stride ldr) and col [cols, rows] (stride ldc), the bits of lowp_cast's default (RNE,
+ * Inf on overflow, NaN 0x7FC0 with its sign) and of its transpose (vmath_avx512.c;
+ * lowp_cpu_has_avx512()). */
+LOWP_HIDDEN void lowp_cpu_bf16_dual_avx512(const float *src, int64_t rows, int64_t cols,
+                                           int64_t lds, uint16_t *row, int64_t ldr, uint16_t *col,
+                                           int64_t ldc);
 
 /* The vector forms of the models' transcendental kernels (cpu.h declares each one). */
 typedef struct lowp_cpu_vmath {

@@ -1,5 +1,6 @@
 /* Helpers of the models compiled with the AVX-512 flags and called only where the CPU has
- * AVX-512 (cpu.h): strided transposes of 32- and 16-bit elements (bits moved unchanged), and
+ * AVX-512 (cpu.h): strided transposes of 32- and 16-bit elements (bits moved unchanged), the
+ * BF16 row and column copies of a binary32 matrix from one read, and
  * element-wise transcendental kernels (GELU, SwiGLU, the attention softmax's exponentials) on
  * glibc's libmvec (its AVX-512 erff and expf, 16 lanes a call) where the build found it
  * (LOWP_HAVE_LIBMVEC). Every element goes through the same vector call, the last partial vector
@@ -45,6 +46,63 @@ void lowp_cpu_transpose_u16_avx512(const uint16_t *src, int64_t rows, int64_t co
     }
     for (; r0 < rows; r0++)
         for (int64_t c = 0; c < cols; c++) dst[c * ldd + r0] = src[r0 * lds + c];
+}
+
+/* F32 bits -> BF16 code in the low half of each lane: cast_avx512.c's bf16_enc with RNE and
+ * the default overflow (Inf), NaN -> 0x7FC0 with the sign. */
+static inline __m512i bf16_rne16(__m512i u) {
+    const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i add =
+        _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                         _mm512_and_si512(_mm512_srli_epi32(a, 16), _mm512_set1_epi32(1)));
+    __m512i code = _mm512_min_epu32(_mm512_srli_epi32(_mm512_add_epi32(a, add), 16),
+                                    _mm512_set1_epi32(0x7F80));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000));
+    code = _mm512_mask_mov_epi32(code, nan, _mm512_set1_epi32(0x7FC0));
+    return _mm512_ternarylogic_epi32(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000), code,
+                                     0xEA);
+}
+
+/* Bands of 32 rows: the band's row copy first (a stream), then its transpose from that copy
+ * while it is in cache, 32 rows x 16 columns at a time, so that every column line is one whole
+ * 64-byte line, stored non-temporally where aligned: the column lines lie ldc * 2 bytes apart
+ * (4 KiB at 2,048 tokens), which thrashes the cache when stored in pieces. */
+void lowp_cpu_bf16_dual_avx512(const float *src, int64_t rows, int64_t cols, int64_t lds,
+                               uint16_t *row, int64_t ldr, uint16_t *col, int64_t ldc) {
+    _Alignas(64) uint32_t a[2][256], b[2][256];
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+        const int nr = rows - r0 < 32 ? (int) (rows - r0) : 32;
+        const __mmask32 rm = nr == 32 ? ~(__mmask32) 0 : (__mmask32) ((1u << nr) - 1);
+        for (int64_t r = r0; r < r0 + nr; r++)
+            for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+                const __mmask16 cm =
+                    cols - c0 >= 16 ? 0xFFFF : (__mmask16) ((1u << (cols - c0)) - 1);
+                const __m512i v = bf16_rne16(_mm512_maskz_loadu_epi32(cm, src + r * lds + c0));
+                _mm256_mask_storeu_epi16(row + r * ldr + c0, cm, _mm512_cvtepi32_epi16(v));
+            }
+        for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+            const int nc = cols - c0 < 16 ? (int) (cols - c0) : 16;
+            const __mmask16 cm = (__mmask16) ((1u << nc) - 1);
+            for (int i = 0; i < 32; i++)
+                _mm512_store_si512(a[i >> 4] + 16 * (i & 15),
+                                   i < nr ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                                                cm, row + (r0 + i) * ldr + c0))
+                                          : _mm512_setzero_si512());
+            lowp_transpose16x16_u32(a[0], 16, b[0], 16);
+            lowp_transpose16x16_u32(a[1], 16, b[1], 16);
+            for (int p = 0; p < nc; p++) {
+                const __m256i lo = _mm512_cvtepi32_epi16(_mm512_load_si512(b[0] + 16 * p));
+                const __m256i hi = _mm512_cvtepi32_epi16(_mm512_load_si512(b[1] + 16 * p));
+                const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                uint16_t *d = col + (c0 + p) * ldc + r0;
+                if (nr == 32 && ((uintptr_t) d & 63) == 0)
+                    _mm512_stream_si512((void *) d, v);
+                else
+                    _mm512_mask_storeu_epi16(d, rm, v);
+            }
+        }
+    }
+    _mm_sfence(); /* the streamed lines are visible before the caller reads them */
 }
 
 #if LOWP_HAVE_LIBMVEC

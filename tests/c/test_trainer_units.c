@@ -462,6 +462,70 @@ static void test_vector_swiglu(void) {
 /* The AVX-512 strided transposes (32- and 16-bit) against the scalar one, bit for bit (NaN
  * payloads, -0, subnormals), on shapes with and without whole 16x16 blocks and with padded strides.
  */
+/* lowp_cpu_bf16_dual_avx512 (train/linear.c's BF16 row and column copies from one read) against
+ * the scalar reference cast and a scalar transpose, bit for bit: NaN payloads and signs, Inf,
+ * -0, subnormals, the binary32 maximum and BF16 rounding ties; bands with and without the
+ * aligned whole column lines the kernel streams, partial 16-column blocks, padded strides. */
+static size_t up64(size_t n) {
+    return (n + 63) / 64 * 64; /* aligned_alloc wants a multiple of the alignment */
+}
+
+static void test_bf16_dual(void) {
+    if (!lowp_cpu_has_avx512()) {
+        printf("AVX-512 BF16 dual copy: not here, skipped\n");
+        return;
+    }
+    static const uint32_t special[] = {0x7F800000u, 0xFF800000u, 0x7FC00001u, 0xFF812345u,
+                                       0x00000001u, 0x807FFFFFu, 0x7F7FFFFFu, 0xFF7F8000u,
+                                       0x3F808000u, 0x3F818000u, 0x80000000u, 0x7F7F7FFFu};
+    static const int64_t shapes[][3] = {{1, 1, 0},   {37, 53, 3},  {64, 48, 0},  {64, 48, 5},
+                                        {96, 17, 0}, {33, 130, 0}, {256, 256, 0}};
+    uint32_t r = 11;
+    for (int si = 0; si < 7; si++) {
+        const int64_t R = shapes[si][0], C = shapes[si][1], pad = shapes[si][2];
+        const int64_t lds = C + pad, ldr = C + pad, ldc = R + pad;
+        float *src = aligned_alloc(64, up64((size_t) (R * lds) * 4));
+        uint16_t *want_r = malloc((size_t) (R * C) * 2);
+        uint16_t *row = aligned_alloc(64, up64((size_t) (R * ldr) * 2));
+        uint16_t *col = aligned_alloc(64, up64((size_t) (C * ldc) * 2));
+        uint16_t *want_c = malloc((size_t) (C * ldc) * 2);
+        float *dense = malloc((size_t) (R * C) * 4);
+        for (int64_t i = 0; i < R * lds; i++) {
+            r = r * 1664525u + 1013904223u;
+            const uint32_t u = i % 5 == 0 ? special[(r >> 8) % 12] : r;
+            memcpy(&src[i], &u, 4);
+        }
+        for (int64_t i = 0; i < R; i++) memcpy(dense + i * C, src + i * lds, (size_t) C * 4);
+        lowp_cast_cfg cc;
+        lowp_cast_cfg_init(&cc);
+        cc.path = LOWP_KERNEL_PATH_REFERENCE;
+        lowp_tensor x = {LOWP_FORMAT_F32, R, C, dense, LOWP_DEVICE_HOST};
+        lowp_tensor b = {LOWP_FORMAT_BF16, R, C, want_r, LOWP_DEVICE_HOST};
+        CHECK(lowp_cast(&x, &b, &cc) == LOWP_OK);
+        memset(row, 0x5A, (size_t) (R * ldr) * 2);
+        memset(col, 0x5A, (size_t) (C * ldc) * 2);
+        memset(want_c, 0x5A, (size_t) (C * ldc) * 2);
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) want_c[j * ldc + i] = want_r[i * C + j];
+        lowp_cpu_bf16_dual_avx512(src, R, C, lds, row, ldr, col, ldc);
+        int bad = 0;
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < ldr; j++)
+                bad += row[i * ldr + j] != (j < C ? want_r[i * C + j] : 0x5A5A);
+        CHECKF(bad == 0, "BF16 dual %lldx%lld (pad %lld): %d row elements differ", (long long) R,
+               (long long) C, (long long) pad, bad);
+        CHECKF(memcmp(col, want_c, (size_t) (C * ldc) * 2) == 0,
+               "BF16 dual %lldx%lld (pad %lld): the column copy differs", (long long) R,
+               (long long) C, (long long) pad);
+        free(src);
+        free(want_r);
+        free(row);
+        free(col);
+        free(want_c);
+        free(dense);
+    }
+}
+
 static void test_transpose(void) {
     if (!lowp_cpu_has_avx512()) {
         printf("AVX-512 transpose: not here, skipped\n");
@@ -506,6 +570,7 @@ static void test_transpose(void) {
 
 int main(void) {
     test_transpose();
+    test_bf16_dual();
     test_vector_swiglu();
     test_data();
     test_schedule();
