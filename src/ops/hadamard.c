@@ -38,6 +38,63 @@ static void span16(const float *buf, int64_t c0, int64_t c1, uint32_t w, float *
     for (; c < c1; c++) y[c] = buf[c];
 }
 
+/* The block of 16 rows at x (row pitch C) transformed down each column into y: block16's
+ * operations in its order, 64 columns at a time. */
+static void block16_cols(const float *x, int64_t C, uint32_t w, float *y) {
+    float t[16][64];
+    for (int64_t c0 = 0; c0 < C; c0 += 64) {
+        const int64_t n = C - c0 < 64 ? C - c0 : 64;
+        for (int i = 0; i < 16; i++)
+            for (int64_t c = 0; c < n; c++) {
+                const float v = x[i * C + c0 + c];
+                t[i][c] = (w >> i) & 1u ? -v : v;
+            }
+        for (int h = 1; h < 16; h <<= 1)
+            for (int i = 0; i < 16; i++)
+                if ((i & h) == 0)
+                    for (int64_t c = 0; c < n; c++) {
+                        const float a = t[i][c], b = t[i + h][c];
+                        t[i][c] = a + b;
+                        t[i + h][c] = a - b;
+                    }
+        for (int i = 0; i < 16; i++)
+            for (int64_t c = 0; c < n; c++) y[i * C + c0 + c] = t[i][c] * 0.25f;
+    }
+}
+
+/* Rows [r0, r1) of x [., C] along the token axis: whole blocks of 16 from r0, the rest copied. */
+static void tokens16(const float *x, int64_t C, int64_t r0, int64_t r1, uint32_t w, int nt,
+                     float *y) {
+    const int64_t nb = (r1 - r0) / 16, tail = r0 + 16 * nb;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nb * 16 * C >= 65536)
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t o = (size_t) (r0 + 16 * b) * (size_t) C;
+        block16_cols(x + o, C, w, y + o);
+    }
+    if (r1 > tail)
+        memcpy(y + (size_t) tail * (size_t) C, x + (size_t) tail * (size_t) C,
+               (size_t) ((r1 - tail) * C) * sizeof *y);
+}
+
+void lowp_hadamard16_tokens(const float *x, int64_t T, int64_t C, const int32_t *go, int32_t G,
+                            uint64_t seed, uint64_t offset, int32_t threads, float *y) {
+    if (T == 0 || C == 0) return;
+    const uint32_t w = lowp_philox_word(seed, offset);
+    const int nt = (int) lowp_thread_count(threads);
+    int64_t start = 0;
+    for (int32_t g = 0; go && g < G; g++) {
+        tokens16(x, C, start, go[g], w, nt, y);
+        start = go[g];
+    }
+    if (!go) {
+        tokens16(x, C, 0, T, w, nt, y);
+        return;
+    }
+    if (start < T)
+        memcpy(y + (size_t) start * (size_t) C, x + (size_t) start * (size_t) C,
+               (size_t) ((T - start) * C) * sizeof *y);
+}
+
 static void row16(const lowp_tensor *x, int64_t r, const lowp_hadamard_cfg *cfg, uint32_t w,
                   float *buf, float *y) {
     const int64_t C = x->cols;

@@ -51,4 +51,11 @@ LOWP_HIDDEN lowp_status lowp_op_check_threads_path(const char *fn, int32_t threa
 LOWP_HIDDEN lowp_status lowp_check_offs(const char *fn, const int32_t *offs, int32_t groups,
                                         int64_t limit, const char *limit_name);
 
+/* lowp_hadamard16 of x^T [C, T] (F32; blocks of 16 tokens restarting at each of the G group
+ * ends go, NULL: one group), transposed back into y [T, C] (no alias), computed down the
+ * columns of x [T, C] with the same operations; threads as lowp_hadamard_cfg's. */
+LOWP_HIDDEN void lowp_hadamard16_tokens(const float *x, int64_t T, int64_t C, const int32_t *go,
+                                        int32_t G, uint64_t seed, uint64_t offset, int32_t threads,
+                                        float *y);
+
 #endif

@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "lowp/hadamard.h"
 #include "lowp/threads.h"
 #include "core/profile_internal.h"
 #include "cpu/host.h"
@@ -864,41 +863,22 @@ static lowp_status check_backward(const char *fn, int grouped, const lowp_param 
 }
 
 /* *out [T, C] (F32, the caller frees it) = x [T, C] with the random Hadamard transform along
- * its tokens under the sign word of h: transposed, lowp_hadamard16 along the rows of x^T
- * (blocks restarting at each group of go), transposed back, so that the columnwise copy made
- * from *out is the quantization of the transformed x^T. */
+ * its tokens under the sign word of h: lowp_hadamard16 of x^T (blocks restarting at each group
+ * of go) transposed back, computed down x's columns without the transposes, so that the
+ * columnwise copy made from *out is the quantization of the transformed x^T. */
 static lowp_status hadamard_tokens(const char *fn, const lowp_tensor *x, const int32_t *go,
                                    int32_t G, const sr_draw *h, int32_t threads, float **out) {
     const int64_t T = x->rows, C = x->cols;
     float *a = lowp_host_alloc((size_t) (T * C) * sizeof *a);
-    float *b = lowp_host_alloc((size_t) (T * C) * sizeof *b);
-    lowp_status st = LOWP_OK;
-    if (!a || !b) {
-        st = lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: Hadamard transform of %lld x %lld", fn,
-                       (long long) T, (long long) C);
-    } else {
-        lowp_prof_push(LOWP_PHASE_QUANT);
-        transpose_f32(x->data, T, C, a, threads);
-        lowp_hadamard_cfg hc;
-        lowp_hadamard_cfg_init(&hc);
-        hc.seed = h->seed;
-        hc.offset = h->offset;
-        hc.group_offs = go;
-        hc.groups = go ? G : 0;
-        hc.threads = threads;
-        lowp_tensor at = {LOWP_FORMAT_F32, C, T, a, LOWP_DEVICE_HOST};
-        lowp_tensor bt = {LOWP_FORMAT_F32, C, T, b, LOWP_DEVICE_HOST};
-        st = lowp_hadamard16(&at, &bt, &hc);
-        if (st == LOWP_OK) transpose_f32(b, C, T, a, threads);
-        lowp_prof_pop();
-    }
-    lowp_host_free(b);
-    if (st != LOWP_OK) {
-        lowp_host_free(a);
-        a = NULL;
-    }
     *out = a;
-    return st;
+    if (!a)
+        return lowp_fail(LOWP_ERR_OUT_OF_MEMORY, "%s: Hadamard transform of %lld x %lld", fn,
+                         (long long) T, (long long) C);
+    lowp_prof_push(LOWP_PHASE_QUANT);
+    lowp_hadamard16_tokens((const float *) x->data, T, C, go, go ? G : 0, h->seed, h->offset,
+                           threads, a);
+    lowp_prof_pop();
+    return LOWP_OK;
 }
 
 /* dY's copies for the backward's two GEMMs: row-wise for dgrad (when dyrow is not NULL),

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "lowp/lowp.h"
+#include "ops/ops_internal.h"
 #include "testutil.h"
 
 static float *gauss_array(int64_t n, float sigma) {
@@ -306,8 +307,49 @@ static void check_errors(void) {
     free(w.data), free(w.grad);
 }
 
+/* lowp_hadamard16_tokens (the layer's transform of dY and X along the tokens, down their
+ * columns) against lowp_hadamard16 between two transposes, bit for bit: partial blocks, groups
+ * (empty, shorter than a block, tokens past the last), NaN and Inf, 1 and 2 threads. */
+static void check_hadamard_tokens(void) {
+    static const struct {
+        int64_t T, C;
+        int32_t G, go[4];
+    } cases[] = {{1, 1, 0, {0}},          {16, 3, 0, {0}},         {37, 70, 0, {0}},
+                 {300, 129, 0, {0}},      {50, 9, 3, {0, 20, 41}}, {100, 64, 4, {16, 16, 47, 90}},
+                 {64, 1100, 2, {48, 64}}, {33, 17, 1, {33}}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int64_t T = cases[k].T, C = cases[k].C, n = T * C;
+        float *x = malloc((size_t) n * 4), *xt = malloc((size_t) n * 4),
+              *yt = malloc((size_t) n * 4);
+        float *got = malloc((size_t) n * 4);
+        for (int64_t i = 0; i < n; i++) x[i] = (float) (urand() * 8.0 - 4.0);
+        if (n > 40) x[rnd_below((uint32_t) n)] = NAN, x[rnd_below((uint32_t) n)] = -INFINITY;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t c = 0; c < C; c++) xt[c * T + t] = x[t * C + c];
+        for (int threads = 1; threads <= 2; threads++) {
+            const uint64_t seed = 1000 + k, offset = 3 * k + (uint64_t) threads;
+            lowp_hadamard_cfg hc;
+            CHECK_OK(lowp_hadamard_cfg_init(&hc));
+            hc.seed = seed, hc.offset = offset, hc.threads = threads;
+            hc.group_offs = cases[k].G ? (int32_t *) cases[k].go : NULL;
+            hc.groups = cases[k].G;
+            lowp_tensor a = {LOWP_FORMAT_F32, C, T, xt, LOWP_DEVICE_HOST};
+            lowp_tensor b = {LOWP_FORMAT_F32, C, T, yt, LOWP_DEVICE_HOST};
+            CHECK_OK(lowp_hadamard16(&a, &b, &hc));
+            lowp_hadamard16_tokens(x, T, C, hc.group_offs, hc.groups, seed, offset, threads, got);
+            int64_t bad = -1;
+            for (int64_t i = 0; i < n && bad < 0; i++)
+                if (memcmp(&got[i], &yt[(i % C) * T + i / C], 4) != 0) bad = i;
+            CHECKF(bad < 0, "hadamard tokens %lldx%lld G %d threads %d: element %lld differs",
+                   (long long) T, (long long) C, cases[k].G, threads, (long long) bad);
+        }
+        free(x), free(xt), free(yt), free(got);
+    }
+}
+
 int main(void) {
     tu_seed(38);
+    check_hadamard_tokens();
     check_nvfp4_model(72, 48, 80);
     check_nvfp4_model(40, 33, 19); /* partial blocks everywhere */
     printf("FP4 presets against the float64 unquantized layer:\n");
