@@ -48,6 +48,12 @@ def test_philox_words_equal_c_stream(seed, offset, n):
     np.testing.assert_array_equal(got.astype(np.uint32), want)
 
 
+def test_philox_word_on_the_host_equals_the_tensor_stream():
+    from lowp.torch.ops.philox import philox_word
+    for seed, off in [(0, 0), (1234, 7), (2**64 - 1, 2**63 + 5), (3, 2**34 - 1)]:
+        assert philox_word(seed, off) == int(philox_words(seed, off, 1)[0])
+
+
 def test_philox_words_bad_arguments():
     with pytest.raises(ValueError, match="seed"):
         philox_words(-1, 0, 4)

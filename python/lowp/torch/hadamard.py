@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops.philox import philox_words
+from .ops.philox import philox_word
 
 __all__ = ["hadamard", "hadamard_signs"]
 
@@ -33,9 +33,9 @@ BLOCK = 16
 def hadamard_signs(seed: int, offset: int, device=None) -> torch.Tensor:
     """The 16 signs (binary32 +-1) of (seed, offset): bit i of Philox word ``offset`` of stream
     ``seed`` set gives -1 for element i of every block."""
-    w = philox_words(seed, offset, 1, device)
-    bits = (w >> torch.arange(BLOCK, dtype=torch.int64, device=w.device)) & 1
-    return 1.0 - 2.0 * bits.to(torch.float32)
+    w = philox_word(seed, offset)  # on the host: one word, no device work
+    return torch.tensor([-1.0 if (w >> i) & 1 else 1.0 for i in range(BLOCK)],
+                        dtype=torch.float32, device=device)
 
 
 def _butterflies(t: torch.Tensor) -> torch.Tensor:
@@ -46,18 +46,6 @@ def _butterflies(t: torch.Tensor) -> torch.Tensor:
         a, b = u[..., 0, :], u[..., 1, :]
         t = torch.stack((a + b, a - b), dim=-2).reshape(*lead, BLOCK)
     return t
-
-
-def _blocks(x32: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """The transform of x32 [..., K] under the signs s, blocks from column 0."""
-    K = x32.shape[-1]
-    full = K - K % BLOCK
-    if full == 0:
-        return x32
-    lead = x32.shape[:-1]
-    t = x32[..., :full].reshape(*lead, full // BLOCK, BLOCK) * s
-    y = (_butterflies(t) * 0.25).reshape(*lead, full)
-    return y if full == K else torch.cat((y, x32[..., full:]), dim=-1)
 
 
 def _check_offs(offs, K: int):
@@ -93,14 +81,18 @@ def hadamard(x: torch.Tensor, seed: int = 0, offset: int = 0, offs=None) -> torc
         if not 0 <= v < 1 << 64:
             raise ValueError(f"hadamard: {name} ({v}) is not in [0, 2^64)")
     x32 = x.to(torch.float32)
-    s = hadamard_signs(seed, offset, x32.device)
-    if offs is None:
-        y = _blocks(x32, s)
-        return x32.clone() if y is x32 else y
     K = x32.shape[-1]
-    parts, start = [], 0
-    for end in _check_offs(offs, K):
-        parts.append(_blocks(x32[..., start:end], s))
-        start = end
-    parts.append(x32[..., start:])
-    return torch.cat(parts, dim=-1)
+    starts, begin = [], 0
+    for end in ([K] if offs is None else _check_offs(offs, K)):
+        starts.extend(range(begin, end - BLOCK + 1, BLOCK))  # a group's full blocks
+        begin = end
+    if not starts:
+        return x32.clone()
+    # every full block at once: gathered [..., nb, 16], transformed, written back in place of
+    # the originals; the other columns (short blocks, past the groups) stay as they are
+    idx = (torch.tensor(starts, dtype=torch.int64, device=x32.device)[:, None] +
+           torch.arange(BLOCK, dtype=torch.int64, device=x32.device))
+    t = x32[..., idx] * hadamard_signs(seed, offset, x32.device)
+    out = x32.clone()
+    out[..., idx] = _butterflies(t) * 0.25
+    return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["philox_block", "philox_words", "PhiloxStates", "philox_states"]
+__all__ = ["philox_block", "philox_words", "philox_word", "PhiloxStates", "philox_states"]
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
@@ -38,6 +38,21 @@ def philox_block(c0, c1, c2, c3, k0: int, k1: int):
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
         k0, k1 = (k0 + _W0) & _LO32, (k1 + _W1) & _LO32
     return c0, c1, c2, c3
+
+
+def philox_word(seed: int, offset: int) -> int:
+    """Word ``offset`` of stream ``seed`` as a Python int, computed on the host: one word (the
+    Hadamard transform's signs) costs no device work (C's lowp_philox_word)."""
+    _check_u64("seed", seed)
+    _check_u64("offset", offset)
+    b = offset >> 2
+    c = [b & _LO32, b >> 32, 0, 0]
+    k0, k1 = seed & _LO32, seed >> 32
+    for _ in range(10):
+        p0, p1 = _M0 * c[0], _M1 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & _LO32, (p0 >> 32) ^ c[3] ^ k1, p0 & _LO32]
+        k0, k1 = (k0 + _W0) & _LO32, (k1 + _W1) & _LO32
+    return c[offset & 3]
 
 
 def _check_u64(name: str, v) -> int:
