@@ -199,3 +199,34 @@ def test_fp4_backward_config_fields():
     with pytest.raises(ValueError, match="rounding"):
         torch.ops.lowp.quantize(torch.randn(4, 32), "e4m3", "mx32", "", -1, 0.0, "row", None,
                                 None, "sr", 0, 0)
+
+
+@pytest.mark.parametrize("pref", ["portable", "auto"])
+def test_linear_fp4_backward_compiled_equals_eager(pref):
+    """torch.compile gives the eager bytes, and a second compiled call takes new Philox words
+    (the positions are drawn at run time, never baked into the graph)."""
+    if pref == "auto" and _ext is None:
+        pytest.skip("needs lowp's C extension")
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(48, 64, generator=g), torch.randn(32, 64, generator=g)
+    dy = torch.randn(48, 32, generator=g)
+    cfg = lt.MXQuantizeConfig(dtype="fp4", grad_output_rounding="sr", wgrad_hadamard=True,
+                              kernel_preference=pref)
+
+    def step(xx, ww):
+        y = lt.linear(xx, ww, None, cfg)
+        y.backward(dy)
+        return y
+
+    compiled = torch.compile(step)
+    out = []
+    for fn in (step, compiled, compiled):
+        if fn is step or not out[1:]:
+            philox_states().reset(5)
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = fn(xx, ww)
+        out.append((y.detach(), xx.grad, ww.grad))
+    for a, b in zip(out[0], out[1]):
+        assert torch.equal(a, b)
+    assert not torch.equal(out[1][2], out[2][2])  # the second call's words are new
+    assert philox_states().get_states()["stochastic_rounding"][1] == 2 * 2 * 48 * 32
