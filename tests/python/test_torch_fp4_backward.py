@@ -230,3 +230,38 @@ def test_linear_fp4_backward_compiled_equals_eager(pref):
         assert torch.equal(a, b)
     assert not torch.equal(out[1][2], out[2][2])  # the second call's words are new
     assert philox_states().get_states()["stochastic_rounding"][1] == 2 * 2 * 48 * 32
+
+
+# ---- the trainer ----
+
+@needs_ext
+@pytest.mark.parametrize("recipe", ["all_mxfp8", "mxfp4"])
+def test_trainer_resume_keeps_the_philox_positions(tmp_path, recipe):
+    """A resumed mxfp4 run continues the SR and Hadamard streams where the checkpoint left
+    them: the same weights as the run without the stop (bit for bit, as for every recipe)."""
+    from lowp.torch.trainer import CharData, MoEConfig, MoETransformer, TrainConfig, Trainer
+
+    def trainer():
+        data = CharData.builtin()
+        cfg = TrainConfig(steps=4, batch=2, warmup=1, eval_every=0, eval_batches=1, seed=7)
+        return Trainer(MoETransformer(MoEConfig.preset("tiny", data.vocab), 7), data, recipe,
+                       cfg)
+
+    whole = trainer()
+    whole.run(4)
+    want = {k: v.clone() for k, v in whole.model.state_dict().items()}
+    first = trainer()
+    first.run(2)
+    path = str(tmp_path / "run.ckpt")
+    first.save(path)
+    second = trainer()  # its Philox states start again from the seed...
+    second.load(path)  # ...until the checkpoint's positions are restored
+    assert lt.philox_states().get_states() == first_states(path)
+    second.run(4)  # (until step 4)
+    for k, v in second.model.state_dict().items():
+        assert torch.equal(v, want[k]), k
+
+
+def first_states(path):
+    from lowp.torch.trainer.checkpoint import read_checkpoint
+    return read_checkpoint(path)["philox"]

@@ -368,6 +368,20 @@ def _meta_value(meta: dict, key: str, typ, path: str):
     return v
 
 
+def _meta_philox(meta: dict, path: str):
+    """The Philox stream positions {name: (seed, offset)} (lowp.torch.philox_states, the FP4
+    recipes' SR and Hadamard signs), or None in a checkpoint written before they were kept."""
+    if "philox" not in meta:
+        return None
+    v = _meta_value(meta, "philox", dict, path)
+    ok = all(isinstance(k, str) and isinstance(p, list) and len(p) == 2 and
+             all(type(i) is int and 0 <= i < 2 ** 64 for i in p) for k, p in v.items())
+    if not ok:
+        raise ValueError(f"--resume {path}: metadata 'philox' ({v!r}) is not "
+                         "{name: [seed, offset]} of integers in [0, 2^64)")
+    return {k: (p[0], p[1]) for k, p in v.items()}
+
+
 def _meta_fields(meta: dict, prefix: str, cls, path: str) -> dict:
     types = {"int": int, "float": float, "bool": bool, "str": str}
     return {f.name: _meta_value(meta, f"{prefix}.{f.name}", types.get(str(f.type), f.type), path)
@@ -391,6 +405,7 @@ def read_checkpoint(path: str) -> dict:
     ck = {k: _meta_value(meta, k, t, path) for k, t in (
         ("step", int), ("data_pos", int), ("recipe", str), ("model_seed", int),
         ("data_name", str), ("data_hash", int))}
+    ck["philox"] = _meta_philox(meta, path)
     ck["config"] = _meta_fields(meta, "config", MoEConfig, path)
     ck["train"] = _meta_fields(meta, "train", TrainConfig, path)
     try:

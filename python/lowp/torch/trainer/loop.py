@@ -298,7 +298,8 @@ class Trainer:
         meta = {"format": ckfile.CHECKPOINT_FORMAT, "version": ckfile.CHECKPOINT_VERSION,
                 "step": self.step_n, "data_pos": self.data_pos, "recipe": self.recipe,
                 "model_seed": self.model_seed, "data_name": self.data.name,
-                "data_hash": self.data.hash}
+                "data_hash": self.data.hash,
+                "philox": {k: list(v) for k, v in lt.philox_states().get_states().items()}}
         meta.update({"config." + k: v for k, v in dataclasses.asdict(self.model.cfg).items()})
         meta.update({"train." + k: v for k, v in dataclasses.asdict(self.cfg).items()})
         return tensors, {k: json.dumps(v) for k, v in meta.items()}
@@ -319,6 +320,8 @@ class Trainer:
         params, opt_state, extra, rng = ckfile.checked_state(
             ck["tensors"], self.model, self._param_order(), self._extra_state(), ck["step"], path)
         self._apply(params, opt_state, extra, rng, path)
+        if ck["philox"] is not None:  # the FP4 recipes' SR and Hadamard stream positions
+            lt.philox_states().set_states(ck["philox"])
         self.step_n, self.data_pos = ck["step"], ck["data_pos"]
         self.run_steps = 0
         self.t0 = time.perf_counter()
