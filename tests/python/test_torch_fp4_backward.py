@@ -265,3 +265,18 @@ def test_trainer_resume_keeps_the_philox_positions(tmp_path, recipe):
 def first_states(path):
     from lowp.torch.trainer.checkpoint import read_checkpoint
     return read_checkpoint(path)["philox"]
+
+
+@needs_ext
+@pytest.mark.parametrize("shape,offs", [((5, 48), None), ((3, 37), None), ((4, 70), [16, 33, 60]),
+                                        ((3, 40), [])])
+def test_hadamard_op_native_equals_portable(shape, offs):
+    x = _sr_input(*shape, 9)
+    o = None if offs is None else torch.tensor(offs, dtype=torch.int32)
+    for xx in (x, x.to(torch.bfloat16)):
+        nat = torch.ops.lowp.hadamard16.default(xx, 12, 34, o)
+        por = torch.ops.lowp.hadamard16.portable(xx, 12, 34, o)
+        assert nat.dtype == torch.float32
+        assert torch.equal(nat.view(torch.int32), por.view(torch.int32))
+    with pytest.raises(ValueError, match="offs"):
+        torch.ops.lowp.hadamard16(x, 0, 0, torch.tensor([9, 3], dtype=torch.int32))

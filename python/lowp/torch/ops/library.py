@@ -59,6 +59,7 @@ from . import portable as P
 from .layout import (OUT_DTYPES, data_shape, empty, grouped_scale_bound, kn_check, kn_cols,
                      nv_join, nv_split, op_scale_shape, scale_dtype, trim_scale)
 from .qtensor import LowpQTensor
+from ..hadamard import hadamard
 
 __all__ = [
     "KernelPreference",
@@ -545,6 +546,31 @@ _SCHEMAS = {
                          "SymInt n=-1) -> Tensor",
 }
 
+_SCHEMAS["hadamard16"] = ("(Tensor x, SymInt seed, SymInt offset, Tensor? offs=None) -> Tensor")
+
+
+def _check_hadamard_args(x, seed, offset, offs=None, *, eager=False) -> None:
+    fn = "lowp::hadamard16"
+    if x.dtype not in _PLAIN_DTYPES or x.dim() != 2:
+        raise ValueError(f"{fn}: x must be a 2-D float32 or bfloat16 tensor, got {x.dtype} of "
+                         f"shape {tuple(x.shape)}")
+    _check_rounding(fn, "rne", seed, offset, "e2m1", "mx32")
+    if offs is not None and offs.dim() != 1:
+        raise ValueError(f"{fn}: offs must be 1-D, got shape {tuple(offs.shape)}")
+    if offs is not None and eager:
+        _check_offs_values(fn, offs.tolist(), x.shape[1])
+
+
+def _hadamard_fake(x, seed, offset, offs=None):
+    _check_hadamard_args(x, seed, offset, offs)
+    return x.new_empty(x.shape, dtype=torch.float32)
+
+
+def _portable_hadamard(x, seed, offset, offs=None):
+    """lowp.torch.hadamard along x's rows (its torch ops: any device)."""
+    return hadamard(x, int(seed), int(offset), None if offs is None else offs.tolist())
+
+
 _SCHEMAS["delayed_update"] = ("(Tensor(a!) history, Tensor(b!) scales, str[] formats, "
                               "float margin, str algo) -> ()")
 
@@ -564,6 +590,7 @@ _OPS = {
                           _portable_scaled_grouped_mm, native.scaled_grouped_mm),
     "delayed_update": (_check_delayed_update_args, _delayed_update_fake,
                        _portable_delayed_update, native.delayed_update),
+    "hadamard16": (_check_hadamard_args, _hadamard_fake, _portable_hadamard, native.hadamard16),
 }
 
 

@@ -32,7 +32,6 @@ from .philox import HADAMARD_STATE, SR_STATE, philox_states
 from .library import KernelPreference, _check_offs_values, check_preference
 from .qtensor import LowpQTensor
 from .._autocast import exact, out_dtype as _autocast_out
-from ..hadamard import hadamard
 from ..config import MatmulSpec, OperandSpec, resolve_config
 
 __all__ = ["linear", "mm", "grouped_mm"]
@@ -393,7 +392,7 @@ def _hadamard_tokens(t: Tensor, ctx, offs) -> Tensor:
     group), as [T, C] again: its columnwise copy quantizes the transformed t^T."""
     seed, offset = ctx.rng["hadamard"]
     go = offs[:ctx.dims[2]] if ctx.grouped else None
-    return hadamard(t.t(), seed, offset, go).t()
+    return _op("hadamard16", _ov(ctx.spec))(t.t().contiguous(), seed, offset, go).t()
 
 
 def _grad_copies(ctx, dys: Tensor, offs, need_dx: bool, need_dw: bool):

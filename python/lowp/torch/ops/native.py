@@ -25,7 +25,7 @@ except Exception:  # pragma: no cover - depends on the build
     _lp = _ext = None
 
 __all__ = ["available", "quantize", "dequantize", "scaled_mm", "scaled_grouped_mm",
-           "delayed_update"]
+           "delayed_update", "hadamard16"]
 
 _XFMT = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -254,3 +254,18 @@ def delayed_update(history: Tensor, scales: Tensor, formats, margin: float, algo
         s, _ = _ext.delayed_update((row.data_ptr(), row.numel() * 4), float(scales[r]), fmt,
                                    float(margin), algo)
         scales[r] = s
+
+
+# ---- the random Hadamard transform ----
+
+
+def hadamard16(x: Tensor, seed: int, offset: int, offs: Optional[Tensor] = None) -> Tensor:
+    """lowp::hadamard16 on C's lowp_hadamard16: float32 [R, C], x's rows transformed."""
+    x = _src(x)
+    if offs is not None and offs.numel() == 0:  # no group: nothing transformed (as portable)
+        return x.to(torch.float32, copy=True)
+    out = torch.empty(x.shape, dtype=torch.float32)
+    o = None if offs is None else offs.to(torch.int32).contiguous()
+    _ext.hadamard16(_buf(x), _XFMT[x.dtype], _buf(out), x.shape[0], x.shape[1], int(seed),
+                    int(offset), _buf(o), _threads())
+    return out
