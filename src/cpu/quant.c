@@ -322,12 +322,12 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *row, l
     setup_job(&j, x, NULL, col, cfg);
     const int threads = lowp_cpu_threads(cfg->threads, 0);
     lowp_cpu_kernel which;
-    /* NV16's E2M1 codes on their own AVX-512 kernel (RNE or SR) */
+    /* NV16's E2M1 codes on their own kernels: AVX-512 (RNE or SR), AVX2 (RNE) */
     const int nv = j.scaling == LOWP_SCALING_NV16;
     lowp_status st = lowp_cpu_pick_kernel(
         "lowp_quantize_grouped", cfg->path,
         (j.efmt != LOWP_FORMAT_E2M1 || nv) && lowp_cpu_quant_avx512_supports(&j), 0,
-        j.efmt != LOWP_FORMAT_E2M1 && lowp_cpu_quant_avx2_supports(&j), &which);
+        (j.efmt != LOWP_FORMAT_E2M1 || (nv && !j.sr)) && lowp_cpu_quant_avx2_supports(&j), &which);
     if (st != LOWP_OK) return st;
     const band_kernel fast = which == LOWP_CPU_KERNEL_AVX512 ? lowp_cpu_quant_avx512
                              : which == LOWP_CPU_KERNEL_AVX2 ? lowp_cpu_quant_avx2
@@ -342,10 +342,12 @@ lowp_status lowp_cpu_quantize_grouped(const lowp_tensor *x, lowp_qtensor *row, l
         used.rows = col->group_offs[col->groups - 1];
         nv_tensor_scales(&j, tensor_amax(&used, threads, amax_bits_of(fast)));
     }
-    if (nv && fast == lowp_cpu_quant_avx512) { /* 16 output rows at a time: no byte shared */
+    if (nv && fast) { /* 16 output rows at a time: no byte shared */
+        void (*nvk)(const lowp_quant_job *, int64_t, int64_t) =
+            fast == lowp_cpu_quant_avx512 ? lowp_cpu_quant_grouped_avx512_nv
+                                          : lowp_cpu_quant_grouped_avx2_nv;
 #pragma omp parallel for num_threads(threads) schedule(static) if (j.rows * j.cols > 32768)
-        for (int64_t c = 0; c < j.cols; c += 16)
-            lowp_cpu_quant_grouped_avx512_nv(&j, c, c + 16 < j.cols ? c + 16 : j.cols);
+        for (int64_t c = 0; c < j.cols; c += 16) nvk(&j, c, c + 16 < j.cols ? c + 16 : j.cols);
         return LOWP_OK;
     }
     if (fast && quantize_grouped_fast(&j, NULL, cfg, threads, fast)) return LOWP_OK;

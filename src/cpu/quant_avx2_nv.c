@@ -1,6 +1,7 @@
 /* The AVX2 NVFP4 quantization kernel (docs/numerics.md section 4b, bit for bit the
  * reference's): nv16 rowwise, columnwise or both from one read, and nv16x16, for CPUs without
- * AVX-512 (lowp_cpu_quant_avx2 hands it the nv jobs; the grouped copy stays on the reference).
+ * AVX-512 (lowp_cpu_quant_avx2 hands it the nv jobs), and nv16's grouped columnwise copy under
+ * RNE (lowp_cpu_quant_grouped_avx2_nv; under SR the grouped copy stays on the reference).
  *
  * The input is taken 16x16 tiles at a time (rows [rb, rb + 16) from a multiple of 16 when a
  * columnwise copy or tiles are asked; any rows for the rowwise copy alone), two 8-lane binary32
@@ -183,4 +184,95 @@ void lowp_cpu_quant_avx2_nv(const lowp_quant_job *j, int64_t r0, int64_t r1) {
         nv_run_bf16(j, r0, r1);
     else
         nv_run_f32(j, r0, r1);
+}
+
+/* ---- NV16's grouped columnwise copy (quant_avx512_nv.c's design on eight lanes) ---- */
+
+/* Writes the n codes c[0], c[16], ... at element s of an output row: an odd s completes the
+ * byte whose low nibble the previous group wrote; an odd end leaves a high nibble of 0 for the
+ * next group to complete. */
+AI void nv_put_run(uint8_t *row, int64_t s, int64_t n, const uint8_t *c) {
+    if (n > 0 && (s & 1)) {
+        row[s / 2] = (uint8_t) ((row[s / 2] & 0x0F) | c[0] << 4);
+        c += 16;
+        s++;
+        n--;
+    }
+    nv_pack_run(row + s / 2, c, 16, n);
+}
+
+/* The blocks of input columns [c0, c0 + nc) over tokens [s, s + n) of one group (n <= 16),
+ * block index blk of each output row (nbt blocks a row). */
+AI void nv_group_block(const lowp_quant_job *j, int64_t s, int64_t n, int64_t c0, int64_t nc,
+                       int64_t blk, int64_t nbt, const int BF) {
+    const lowp_qtensor *q = j->col;
+    __m256 x[16][2];
+    __m256i cm0 = _mm256_setzero_si256(), cm1 = cm0;
+    for (int i = 0; i < n; i++) {
+        x[i][0] = nv_ld8(j, s + i, c0, nc, BF);
+        x[i][1] = nv_ld8(j, s + i, c0 + 8, nc - 8, BF);
+        cm0 = _mm256_max_epu32(cm0, nv_abs8(x[i][0]));
+        cm1 = _mm256_max_epu32(cm1, nv_abs8(x[i][1]));
+    }
+    _Alignas(32) uint32_t cmax[16];
+    _mm256_store_si256((__m256i *) cmax, cm0);
+    _mm256_store_si256((__m256i *) (cmax + 8), cm1);
+    _Alignas(32) float fc[16];
+    uint8_t sc[16], cd[16][16];
+    for (int c = 0; c < 16; c++) sc[c] = nv_block(j, cmax[c], &fc[c]);
+    const __m256 f0 = _mm256_load_ps(fc), f1 = _mm256_load_ps(fc + 8);
+    const __m256i nan = _mm256_set1_epi32(0x7F);
+    const __m256i z0 =
+        _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((__m128i *) sc)), nan);
+    const __m256i z1 =
+        _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((__m128i *) (sc + 8))), nan);
+    for (int i = 0; i < n; i++) {
+        nv_enc8(x[i][0], f0, z0, cd[i]);
+        nv_enc8(x[i][1], f1, z1, cd[i] + 8);
+    }
+    const size_t ob = ((size_t) j->rows + 1) / 2;
+    for (int c = 0; c < nc; c++) {
+        ((uint8_t *) q->scales)[(c0 + c) * nbt + blk] = sc[c];
+        nv_put_run((uint8_t *) q->data + (size_t) (c0 + c) * ob, s, n, &cd[0][c]);
+    }
+}
+
+/* Output rows (input columns) [c0, c1): each group's blocks restart at its first token, the
+ * last one short; the tokens past offs[G-1] get code 0. */
+AI void nv_grouped_run(const lowp_quant_job *j, int64_t c0, int64_t c1, const int BF) {
+    const lowp_qtensor *q = j->col;
+    int64_t nbt = 0, used = 0; /* blocks per output row, over every group */
+    for (int32_t g = 0; g < q->groups; g++) {
+        nbt += (q->group_offs[g] - used + 15) / 16;
+        used = q->group_offs[g];
+    }
+    const size_t ob = ((size_t) j->rows + 1) / 2, u0 = ((size_t) used + 1) / 2;
+    for (int64_t cc = c0; cc < c1; cc += 16) {
+        const int64_t nc = c1 - cc < 16 ? c1 - cc : 16;
+        int64_t start = 0, blk = 0;
+        for (int32_t g = 0; g < q->groups; g++) {
+            const int64_t end = q->group_offs[g];
+            for (int64_t s = start; s < end; s += 16, blk++)
+                nv_group_block(j, s, end - s < 16 ? end - s : 16, cc, nc, blk, nbt, BF);
+            start = end;
+        }
+        if (u0 < ob) /* tokens past offs[G-1]: code 0 */
+            for (int64_t i = 0; i < nc; i++)
+                memset((uint8_t *) q->data + (size_t) (cc + i) * ob + u0, 0, ob - u0);
+    }
+}
+
+static __attribute__((noinline)) void nvg_run_f32(const lowp_quant_job *j, int64_t c0, int64_t c1) {
+    nv_grouped_run(j, c0, c1, 0);
+}
+static __attribute__((noinline)) void nvg_run_bf16(const lowp_quant_job *j, int64_t c0,
+                                                   int64_t c1) {
+    nv_grouped_run(j, c0, c1, 1);
+}
+
+void lowp_cpu_quant_grouped_avx2_nv(const lowp_quant_job *j, int64_t c0, int64_t c1) {
+    if (j->xfmt == LOWP_FORMAT_BF16)
+        nvg_run_bf16(j, c0, c1);
+    else
+        nvg_run_f32(j, c0, c1);
 }

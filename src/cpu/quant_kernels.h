@@ -75,6 +75,8 @@ LOWP_HIDDEN int lowp_cpu_quant_avx2_supports(const lowp_quant_job *j);
 LOWP_HIDDEN void lowp_cpu_quant_avx2(const lowp_quant_job *j, int64_t r0, int64_t r1);
 /* Its NVFP4 part (quant_avx2_nv.c): nv16 (not grouped) and nv16x16 with E2M1 elements. */
 LOWP_HIDDEN void lowp_cpu_quant_avx2_nv(const lowp_quant_job *j, int64_t r0, int64_t r1);
+/* NV16's grouped columnwise copy on AVX2 under RNE, as lowp_cpu_quant_grouped_avx512_nv. */
+LOWP_HIDDEN void lowp_cpu_quant_grouped_avx2_nv(const lowp_quant_job *j, int64_t c0, int64_t c1);
 
 /* Whether the job quantizes binary32 or BF16 input to E4M3 or E5M2 with a scaling of
  * lowp_quantize's (the jobs both fast kernels take; the AVX-512 one takes E2M1 MX32 too). */
