@@ -20,8 +20,8 @@
  */
 #include <immintrin.h>
 
-#include "core/philox.h"
 #include "cpu.h"
+#include "philox_avx512.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define V32(x)        _mm512_set1_epi32((int) (uint32_t) (x))
@@ -225,22 +225,13 @@ ALWAYS_INLINE void store_bytes64(uint8_t *d, __m512i c0, __m512i c1, __m512i c2,
 
 /* ---- vectorized Philox4x32-10 ---- */
 
-/* 32x32 -> 64 products of all 16 lanes with a constant: mul_epu32 multiplies the even lanes;
- * the odd lanes are shifted down for a second multiply. Returns the high halves, *lo the low. */
-ALWAYS_INLINE __m512i mul_hilo(__m512i a, __m512i m, __m512i *lo) {
-    __m512i pe = _mm512_mul_epu32(a, m);
-    __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
-    *lo = _mm512_mask_blend_epi32(0xAAAA, pe, _mm512_slli_epi64(po, 32));
-    return _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);
-}
-
 /* The word stream from word j0 on, 64 words per call, in element order. Philox runs on 16
  * consecutive counters (one per lane); the 4x16 outputs are transposed into 64 words of
  * 4 aligned blocks each, and since j0 need not be a multiple of 4, each output vector is
  * the window [s, s+16) of two consecutive aligned vectors (s = j0 % 4). */
 typedef struct sr_stream {
     uint64_t blk; /* next block to generate */
-    uint32_t k0[10], k1[10];
+    uint64_t seed;
     __m512i window; /* lane t selects word s + t of (cur[m], cur[m+1]) */
     __m512i cur[4]; /* words 4*(blk-16) .. 4*blk - 1 */
 } sr_stream;
@@ -256,22 +247,11 @@ static void philox64(sr_stream *st, __m512i out[4]) {
     __m512i c1 =
         _mm512_mask_add_epi32(V32((uint32_t) (b >> 32)), cy, V32((uint32_t) (b >> 32)), V32(1));
     c1 = _mm512_and_si512(c1, V32(0x3FFFFFFF));
-    __m512i c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
-    const __m512i m0 = V32(LOWP_PHILOX_M0), m1 = V32(LOWP_PHILOX_M1);
-    for (int round = 0; round < 10; round++) {
-        __m512i lo0, lo1;
-        __m512i hi0 = mul_hilo(c0, m0, &lo0);
-        __m512i hi1 = mul_hilo(c2, m1, &lo1);
-        __m512i n0 = _mm512_ternarylogic_epi32(hi1, c1, V32(st->k0[round]), 0x96); /* xor3 */
-        __m512i n2 = _mm512_ternarylogic_epi32(hi0, c3, V32(st->k1[round]), 0x96);
-        c1 = lo1;
-        c3 = lo0;
-        c0 = n0;
-        c2 = n2;
-    }
+    __m512i w[4];
+    lowp_philox16(st->seed, c0, c1, w);
     /* 4x4 transpose within each 128-bit lane: T_k lane q = block 4q+k, words 0..3. */
-    __m512i t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpackhi_epi32(c0, c1);
-    __m512i t2 = _mm512_unpacklo_epi32(c2, c3), t3 = _mm512_unpackhi_epi32(c2, c3);
+    __m512i t0 = _mm512_unpacklo_epi32(w[0], w[1]), t1 = _mm512_unpackhi_epi32(w[0], w[1]);
+    __m512i t2 = _mm512_unpacklo_epi32(w[2], w[3]), t3 = _mm512_unpackhi_epi32(w[2], w[3]);
     __m512i T0 = _mm512_unpacklo_epi64(t0, t2), T1 = _mm512_unpackhi_epi64(t0, t2);
     __m512i T2 = _mm512_unpacklo_epi64(t1, t3), T3 = _mm512_unpackhi_epi64(t1, t3);
     /* Then a 4x4 transpose of 128-bit lanes: out[m] = (T0.m, T1.m, T2.m, T3.m). */
@@ -286,13 +266,7 @@ static void philox64(sr_stream *st, __m512i out[4]) {
 }
 
 static void sr_init(sr_stream *st, uint64_t seed, uint64_t j0) {
-    uint32_t k0 = (uint32_t) seed, k1 = (uint32_t) (seed >> 32);
-    for (int r = 0; r < 10; r++) {
-        st->k0[r] = k0;
-        st->k1[r] = k1;
-        k0 += LOWP_PHILOX_W0;
-        k1 += LOWP_PHILOX_W1;
-    }
+    st->seed = seed;
     st->blk = j0 >> 2;
     st->window =
         _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),

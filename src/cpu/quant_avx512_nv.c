@@ -23,7 +23,7 @@
  * copies under SR have their own kernel here too (mxsr_*), the MX kernel staying RNE.
  * Compiled with the AVX-512 flags (src/cpu/CMakeLists.txt); it never fails.
  */
-#include "core/philox.h"
+#include "philox_avx512.h"
 #include "quant_avx512_simd.h"
 
 static const lowp_format E4M3 = LOWP_FORMAT_E4M3;
@@ -61,33 +61,6 @@ AI __m512 nv_factors(__m512i code, float dec) {
 }
 
 /* ---- stochastic rounding (job->sr) ---- */
-
-/* 32x32 -> 64-bit products of the 16 lanes of a by m: the high halves, the low ones in *lo. */
-AI __m512i sr_mulhilo(__m512i a, __m512i m, __m512i *lo) {
-    const __m512i pe = _mm512_mul_epu32(a, m);
-    const __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
-    *lo = _mm512_mask_blend_epi32(0xAAAA, pe, _mm512_slli_epi64(po, 32));
-    return _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);
-}
-
-/* Philox4x32-10 (core/philox.h) of the 16 counters {c0, c1, 0, 0}, key `seed`: words 0-3 of
- * each lane's block into w[0..3]. */
-AI void sr_philox16(uint64_t seed, __m512i c0, __m512i c1, __m512i w[4]) {
-    uint32_t k0 = (uint32_t) seed, k1 = (uint32_t) (seed >> 32);
-    __m512i c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
-    for (int round = 0; round < 10; round++) {
-        __m512i lo0, lo1;
-        const __m512i hi0 = sr_mulhilo(c0, V32(LOWP_PHILOX_M0), &lo0);
-        const __m512i hi1 = sr_mulhilo(c2, V32(LOWP_PHILOX_M1), &lo1);
-        c0 = _mm512_ternarylogic_epi32(hi1, c1, V32(k0), 0x96); /* three-way xor */
-        c2 = _mm512_ternarylogic_epi32(hi0, c3, V32(k1), 0x96);
-        c1 = lo1;
-        c3 = lo0;
-        k0 += LOWP_PHILOX_W0;
-        k1 += LOWP_PHILOX_W1;
-    }
-    w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
-}
 
 /* Satfinite E2M1 codes of y by section 2's SR with the words r, lane by lane as the reference
  * (core/format.c small_encode): the significand as a count of quanta with 32 fraction bits,
@@ -195,7 +168,7 @@ AI void sr_words16(const lowp_quant_job *j, uint64_t base, uint64_t step, __m512
         const __m512i c0 = _mm512_add_epi32(blo, V32(k));
         const __m512i c1 =
             _mm512_mask_add_epi32(bhi, _mm512_cmplt_epu32_mask(c0, blo), bhi, V32(1));
-        sr_philox16(j->seed, c0, c1, W + 4 * k);
+        lowp_philox16(j->seed, c0, c1, W + 4 * k);
     }
     if (runs == 4)
         for (int k = 16; k < 20; k++) W[k] = _mm512_setzero_si512();
